@@ -1,0 +1,128 @@
+//! `session/list` (and `GET /api/sessions`): the caller's sessions from the store, newest first,
+//! keyset-paginated with signed cursors.
+
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+use crate::app::Gateway;
+use crate::protocol::RpcError;
+use crate::store::{ListFilter, Position, SessionRecord, iso8601, now_micros, parse_iso8601};
+
+/// Page size when the client names none.
+pub const DEFAULT_LIMIT: u32 = 50;
+/// Largest page.
+pub const MAX_LIMIT: u32 = 1000;
+
+/// The parameters of `session/list`: ACP v1 (`cwd`, `cursor`) and the seed RFD's filters.
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ListParams {
+    /// Only sessions with this working directory.
+    pub cwd: Option<String>,
+    /// Continue after a previous page.
+    pub cursor: Option<String>,
+    /// ISO 8601.
+    pub created_after: Option<String>,
+    /// ISO 8601.
+    pub created_before: Option<String>,
+    /// ISO 8601.
+    pub updated_after: Option<String>,
+    /// Page size (1..=1000, default 50).
+    pub limit: Option<u32>,
+    /// Substring of title or metadata.
+    pub search: Option<String>,
+}
+
+fn time(name: &str, value: Option<&str>) -> Result<Option<i64>, RpcError> {
+    value
+        .map(|v| parse_iso8601(v).ok_or_else(|| RpcError::invalid_params(format!("{name} must be an ISO 8601 date-time, got {v:?}"))))
+        .transpose()
+}
+
+/// Answers a `session/list` for `user`; `params` is raw JSON (an object, or `null`).
+pub async fn list_sessions(gw: &Gateway, user: &str, params: &str) -> Result<Value, RpcError> {
+    let p: ListParams = if params.trim() == "null" {
+        ListParams::default()
+    } else {
+        serde_json::from_str(params).map_err(|e| RpcError::invalid_params(format!("invalid session/list params: {e}")))?
+    };
+    list(gw, user, p).await
+}
+
+/// [`list_sessions`] with parsed parameters.
+pub async fn list(gw: &Gateway, user: &str, p: ListParams) -> Result<Value, RpcError> {
+    let limit = p.limit.unwrap_or(DEFAULT_LIMIT);
+    if !(1..=MAX_LIMIT).contains(&limit) {
+        return Err(RpcError::invalid_params(format!("limit must be between 1 and {MAX_LIMIT}")));
+    }
+    let filter = ListFilter {
+        cwd: p.cwd,
+        created_after: time("createdAfter", p.created_after.as_deref())?,
+        created_before: time("createdBefore", p.created_before.as_deref())?,
+        updated_after: time("updatedAfter", p.updated_after.as_deref())?,
+        search: p.search.filter(|s| !s.is_empty()),
+    };
+    let now = now_micros();
+    let after = match p.cursor.as_deref().filter(|c| !c.is_empty()) {
+        Some(c) => Some(gw.cursors.decode(c, user, &filter, now).ok_or_else(|| RpcError::invalid_params("invalid or expired cursor"))?),
+        None => None,
+    };
+    let position = after.as_ref().map(|a| Position { updated_at: a.updated_at, id: &a.id });
+    // Everything a client saw reported is in the rows we read.
+    gw.persister.flush().await;
+    let mut rows = gw.store.list_sessions(user, &filter, position, limit + 1).await.map_err(|e| {
+        tracing::error!(error = %e, "session/list failed");
+        RpcError::internal("session store unavailable")
+    })?;
+    let more = rows.len() > limit as usize;
+    rows.truncate(limit as usize);
+    let next = if more { rows.last().map(|r| gw.cursors.encode(user, &filter, r.updated_at, &r.id, now)) } else { None };
+    let mut result = json!({ "sessions": rows.iter().map(session_info).collect::<Vec<_>>() });
+    if let Some(next) = next {
+        result["nextCursor"] = Value::String(next);
+    }
+    Ok(result)
+}
+
+/// A stored session as an ACP `SessionInfo` plus the gateway's `_meta`.
+pub fn session_info(r: &SessionRecord) -> Value {
+    let mut info = json!({
+        "sessionId": r.id,
+        "cwd": r.cwd,
+        "title": r.title,
+        "createdAt": iso8601(r.created_at),
+        "updatedAt": iso8601(r.updated_at),
+        "_meta": { "messageCount": r.message_count, "agent": r.agent, "lastSeq": r.last_seq },
+    });
+    if let Ok(dirs) = serde_json::from_str::<Vec<Value>>(&r.additional_dirs) {
+        if !dirs.is_empty() {
+            info["additionalDirectories"] = Value::Array(dirs);
+        }
+    }
+    info
+}
+
+/// Deletes `user`'s session `id`: closes it on its agent, forgets it, removes it and its
+/// transcript from the store. Unknown and foreign ids get `-32002`.
+pub async fn delete_session(gw: &Gateway, user: &str, id: &str) -> Result<(), RpcError> {
+    if let Some(s) = gw.registry.get(id).filter(|s| &*s.owner == user) {
+        if let Some(b) = s.take_binding().await {
+            let params = json!({ "sessionId": &*b.agent_session_id }).to_string();
+            if gw.pools.get(&s.agent).and_then(|p| p.cached_info()).is_some_and(|i| i.can_close()) {
+                let _ = b.process.request("session/close", &params, std::time::Duration::from_secs(10)).await;
+            }
+        }
+        gw.registry.remove(id);
+    }
+    gw.persister.flush().await;
+    let deleted = gw.store.delete_session(user, id).await.map_err(|e| {
+        tracing::error!(error = %e, "cannot delete session");
+        RpcError::internal("session store unavailable")
+    })?;
+    if deleted {
+        tracing::info!(user, session = id, "session deleted");
+        Ok(())
+    } else {
+        Err(RpcError::session_not_found())
+    }
+}

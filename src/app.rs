@@ -1,0 +1,200 @@
+//! Start-up and shutdown: builds every part from a [`Config`], binds the listener, serves until a
+//! signal, then drains (stops accepting, closes connections, flushes the transcript, stops the
+//! agents) within the grace period.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use anyhow::Context;
+use axum::serve::ListenerExt;
+use tokio::net::TcpListener;
+use tokio::sync::Semaphore;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::auth::Authenticator;
+use crate::config::Config;
+use crate::pool::Pools;
+use crate::session::Registry;
+use crate::store::cursor::CursorCodec;
+use crate::store::persister::Persister;
+use crate::store::{self, Store};
+
+/// Transcript items queued before publishers wait for the database.
+const PERSIST_QUEUE: usize = 65_536;
+
+/// Everything a request handler can reach.
+#[derive(Debug)]
+pub struct Gateway {
+    /// The loaded configuration.
+    pub config: Config,
+    /// Token verification.
+    pub auth: Authenticator,
+    /// Sessions and transcripts.
+    pub store: Arc<dyn Store>,
+    /// The transcript writer.
+    pub persister: Persister,
+    /// Agent processes.
+    pub pools: Arc<Pools>,
+    /// Sessions in memory.
+    pub registry: Registry,
+    /// Signs `session/list` cursors.
+    pub cursors: CursorCodec,
+    /// Fired when shutdown starts.
+    pub shutdown: CancellationToken,
+    /// Every connection, request and agent task (axum does not wait for WebSocket tasks).
+    pub tracker: TaskTracker,
+    /// Set while draining: `/readyz` answers 503.
+    pub draining: AtomicBool,
+    /// Caps concurrent WebSocket connections.
+    pub connection_slots: Arc<Semaphore>,
+    /// Prefix of connection ids, unique per replica run.
+    pub replica: String,
+}
+
+/// A built, bound gateway, ready to run.
+pub struct Application {
+    /// The bound listener.
+    listener: TcpListener,
+    /// Shared state.
+    gateway: Arc<Gateway>,
+    /// The transcript writer's task, awaited at shutdown.
+    persister_task: tokio::task::JoinHandle<()>,
+    /// Stops the writer when the database stays unreachable during shutdown.
+    persister_cancel: CancellationToken,
+}
+
+impl Application {
+    /// Connects the store (migrating it), sets up keys and pools, and binds the listener.
+    pub async fn build(config: Config) -> anyhow::Result<Self> {
+        let auth = Authenticator::from_config(&config.jwt, &config.data_dir).context("setting up JWT verification")?;
+        let store = store::connect(&config.database_url).await.with_context(|| format!("opening database {}", redact(&config.database_url)))?;
+        let cursors = CursorCodec::new(store.cursor_key().await.context("loading the cursor key")?);
+        let persister_cancel = CancellationToken::new();
+        let (persister, persister_task) = Persister::spawn(store.clone(), PERSIST_QUEUE, persister_cancel.clone());
+        let tracker = TaskTracker::new();
+        let pools = Arc::new(Pools::new(&config, tracker.clone()));
+        let listener = TcpListener::bind(config.listen).await.with_context(|| format!("binding {}", config.listen))?;
+        let replica = config.replica_id.clone().unwrap_or_else(|| uuid::Uuid::new_v4().simple().to_string()[..8].to_string());
+        let gateway = Arc::new(Gateway {
+            connection_slots: Arc::new(Semaphore::new(config.limits.max_connections)),
+            config,
+            auth,
+            store,
+            persister,
+            pools,
+            registry: Registry::default(),
+            cursors,
+            shutdown: CancellationToken::new(),
+            tracker,
+            draining: AtomicBool::new(false),
+            replica,
+        });
+        Ok(Self { listener, gateway, persister_task, persister_cancel })
+    }
+
+    /// The address actually bound (port 0 resolved).
+    pub fn local_addr(&self) -> SocketAddr {
+        self.listener.local_addr().unwrap_or(self.gateway.config.listen)
+    }
+
+    /// Shared state (for tests and the CLI).
+    pub fn gateway(&self) -> &Arc<Gateway> {
+        &self.gateway
+    }
+
+    /// Serves until `stop` resolves, then drains.
+    pub async fn run_until_stopped(self, stop: impl std::future::Future<Output = ()> + Send + 'static) -> anyhow::Result<()> {
+        let gw = self.gateway.clone();
+        let maintenance = tokio::spawn(gw.pools.clone().run_maintenance(Duration::from_secs(1), gw.shutdown.clone()));
+        let sweeper = {
+            let gw = gw.clone();
+            tokio::spawn(async move {
+                let mut tick = tokio::time::interval(Duration::from_secs(30));
+                loop {
+                    tokio::select! {
+                        _ = tick.tick() => gw.registry.sweep(),
+                        () = gw.shutdown.cancelled() => return,
+                    }
+                }
+            })
+        };
+        let router = crate::http::router(gw.clone());
+        // TCP_NODELAY on every accepted socket: a prompt round trip must not wait on Nagle.
+        let listener = self.listener.tap_io(|tcp| {
+            let _ = tcp.set_nodelay(true);
+        });
+        let shutdown = gw.shutdown.clone();
+        let signal_gw = gw.clone();
+        let serve = axum::serve(listener, router.into_make_service_with_connect_info::<SocketAddr>()).with_graceful_shutdown(async move {
+            stop.await;
+            tracing::info!("shutting down: draining connections");
+            signal_gw.draining.store(true, Ordering::Release);
+            shutdown.cancel();
+        });
+        serve.await.context("HTTP server failed")?;
+        gw.shutdown.cancel();
+        let grace = Duration::from_secs(gw.config.limits.shutdown_grace_secs);
+        // WebSocket tasks are ours to wait for (axum's graceful shutdown does not).
+        gw.tracker.close();
+        gw.pools.stop_all();
+        if tokio::time::timeout(grace, gw.tracker.wait()).await.is_err() {
+            tracing::warn!("some connections or agent processes did not finish within the grace period");
+        }
+        let _ = maintenance.await;
+        let _ = sweeper.await;
+        // Everything acknowledged is written before we exit.
+        let flushed = tokio::time::timeout(grace, gw.persister.flush()).await;
+        if flushed.is_err() {
+            self.persister_cancel.cancel();
+        }
+        drop(gw);
+        let _ = tokio::time::timeout(grace, self.persister_task).await;
+        tracing::info!("stopped");
+        Ok(())
+    }
+}
+
+/// A database URL with its password hidden, for messages.
+pub fn redact(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(scheme), Some(at)) if at > scheme => {
+            let creds = &url[scheme + 3..at];
+            match creds.split_once(':') {
+                Some((user, _)) => format!("{}{user}:***{}", &url[..scheme + 3], &url[at..]),
+                None => url.to_string(),
+            }
+        }
+        _ => url.to_string(),
+    }
+}
+
+/// Resolves on SIGTERM or Ctrl-C.
+pub async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    tokio::select! {
+        () = ctrl_c => {}
+        () = term => {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn redacts_passwords() {
+        assert_eq!(super::redact("postgres://u:secret@h/db"), "postgres://u:***@h/db");
+        assert_eq!(super::redact("sqlite://data/x.db"), "sqlite://data/x.db");
+    }
+}

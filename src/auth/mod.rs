@@ -1,0 +1,275 @@
+//! Who is calling: JWT verification and minting.
+//!
+//! The configured key pins the algorithm: an HS256 secret accepts only HS256 tokens, a PEM public
+//! key only its own family (RS256, ES256 or EdDSA). `alg: none`, a token signed with another
+//! algorithm, or an HS256 token forged with the public key as its secret are all refused.
+//! `exp` and `sub` are required, `nbf` honoured, `iss`/`aud` checked when configured.
+
+pub mod extract;
+
+use std::path::Path;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use base64::Engine;
+use jsonwebtoken::{Algorithm, DecodingKey, EncodingKey, Header, Validation};
+use secrecy::{ExposeSecret, SecretString};
+use serde::{Deserialize, Serialize};
+
+use crate::config::JwtConfig;
+
+/// Name of the file in the data directory that holds the generated secret.
+const GENERATED_SECRET_FILE: &str = "jwt-secret";
+
+/// An authenticated caller.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Identity {
+    /// The token's `sub`: the user every session belongs to.
+    pub user: String,
+    /// The token's `exp`, in seconds since the epoch; a connection is closed when it passes.
+    pub expires_at: u64,
+}
+
+/// Why a token was refused. Callers answer every variant the same way (`401`); the variant is
+/// for the log.
+#[derive(Debug, thiserror::Error)]
+pub enum AuthError {
+    /// No token in the request.
+    #[error("no token")]
+    Missing,
+    /// The token failed verification.
+    #[error("invalid token: {0}")]
+    Invalid(#[from] jsonwebtoken::errors::Error),
+    /// `sub` was empty.
+    #[error("token has an empty sub")]
+    EmptySubject,
+}
+
+/// A key could not be set up from the configuration.
+#[derive(Debug, thiserror::Error)]
+pub enum KeyError {
+    /// Reading or writing a key file failed.
+    #[error("{path}: {source}")]
+    Io {
+        /// The file.
+        path: String,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// The PEM is not an RSA, EC (P-256) or Ed25519 public key.
+    #[error("{0}: not an RSA, EC P-256 or Ed25519 public key in PEM form")]
+    BadPem(String),
+    /// Minting needs the HS256 secret.
+    #[error("this gateway verifies tokens with a public key; mint tokens with your identity provider")]
+    CannotMint,
+    /// Encoding failed.
+    #[error("cannot sign token: {0}")]
+    Sign(#[from] jsonwebtoken::errors::Error),
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+struct Claims {
+    sub: String,
+    exp: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    iat: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    iss: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    aud: Option<serde_json::Value>,
+}
+
+/// Verifies tokens (and, with an HS256 secret, mints them).
+pub struct Authenticator {
+    /// The key tokens must be signed with.
+    decoding: DecodingKey,
+    /// Pinned algorithm and claim rules.
+    validation: Validation,
+    /// Present only with an HS256 secret.
+    encoding: Option<EncodingKey>,
+    /// `iss` and `aud` to put in minted tokens.
+    issuer: Option<String>,
+    audience: Option<String>,
+}
+
+impl std::fmt::Debug for Authenticator {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Authenticator").field("algorithms", &self.validation.algorithms).finish_non_exhaustive()
+    }
+}
+
+impl Authenticator {
+    /// Builds the verifier from the configuration; with no key at all, generates (once) and reuses
+    /// a secret in `data_dir`.
+    pub fn from_config(cfg: &JwtConfig, data_dir: &Path) -> Result<Self, KeyError> {
+        let (decoding, encoding, alg) = if let Some(path) = &cfg.public_key {
+            let pem = std::fs::read(path).map_err(|source| KeyError::Io { path: path.display().to_string(), source })?;
+            let (key, alg) = public_key(&pem).ok_or_else(|| KeyError::BadPem(path.display().to_string()))?;
+            (key, None, alg)
+        } else {
+            let secret = match &cfg.secret {
+                Some(s) => s.clone(),
+                None => generated_secret(data_dir)?,
+            };
+            let bytes = secret.expose_secret().as_bytes();
+            (DecodingKey::from_secret(bytes), Some(EncodingKey::from_secret(bytes)), Algorithm::HS256)
+        };
+        let mut validation = Validation::new(alg);
+        validation.algorithms = vec![alg];
+        validation.leeway = 5;
+        validation.validate_exp = true;
+        validation.validate_nbf = true;
+        validation.set_required_spec_claims(&["exp", "sub"]);
+        match &cfg.issuer {
+            Some(iss) => validation.set_issuer(&[iss]),
+            None => validation.iss = None,
+        }
+        match &cfg.audience {
+            Some(aud) => validation.set_audience(&[aud]),
+            None => validation.validate_aud = false,
+        }
+        Ok(Self { decoding, validation, encoding, issuer: cfg.issuer.clone(), audience: cfg.audience.clone() })
+    }
+
+    /// Verifies a token and returns its caller.
+    pub fn verify(&self, token: &str) -> Result<Identity, AuthError> {
+        let data = jsonwebtoken::decode::<Claims>(token, &self.decoding, &self.validation)?;
+        if data.claims.sub.trim().is_empty() {
+            return Err(AuthError::EmptySubject);
+        }
+        Ok(Identity { user: data.claims.sub, expires_at: data.claims.exp })
+    }
+
+    /// Mints an HS256 token for `sub`, valid for `ttl_secs`.
+    pub fn mint(&self, sub: &str, ttl_secs: u64) -> Result<String, KeyError> {
+        let key = self.encoding.as_ref().ok_or(KeyError::CannotMint)?;
+        let now = now_secs();
+        let claims = Claims {
+            sub: sub.to_string(),
+            exp: now + ttl_secs,
+            iat: Some(now),
+            iss: self.issuer.clone(),
+            aud: self.audience.clone().map(serde_json::Value::String),
+        };
+        Ok(jsonwebtoken::encode(&Header::new(Algorithm::HS256), &claims, key)?)
+    }
+}
+
+/// Seconds since the epoch.
+pub fn now_secs() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
+}
+
+/// Reads a PEM public key and the one algorithm it may verify.
+fn public_key(pem: &[u8]) -> Option<(DecodingKey, Algorithm)> {
+    let text = std::str::from_utf8(pem).ok()?;
+    if text.contains("PRIVATE KEY") {
+        return None;
+    }
+    if let Ok(k) = DecodingKey::from_ed_pem(pem) {
+        if key_family(text) == Some("ed") {
+            return Some((k, Algorithm::EdDSA));
+        }
+    }
+    if key_family(text) == Some("ec") {
+        return DecodingKey::from_ec_pem(pem).ok().map(|k| (k, Algorithm::ES256));
+    }
+    DecodingKey::from_rsa_pem(pem).ok().map(|k| (k, Algorithm::RS256))
+}
+
+/// Looks at the SubjectPublicKeyInfo algorithm OID to tell key families apart.
+fn key_family(pem_text: &str) -> Option<&'static str> {
+    let body: String = pem_text.lines().filter(|l| !l.starts_with("-----")).collect();
+    let der = base64::engine::general_purpose::STANDARD.decode(body.trim()).ok()?;
+    const ED25519: &[u8] = &[0x06, 0x03, 0x2b, 0x65, 0x70];
+    const EC_PUBLIC_KEY: &[u8] = &[0x06, 0x07, 0x2a, 0x86, 0x48, 0xce, 0x3d, 0x02, 0x01];
+    let has = |needle: &[u8]| der.windows(needle.len()).any(|w| w == needle);
+    if has(ED25519) {
+        Some("ed")
+    } else if has(EC_PUBLIC_KEY) {
+        Some("ec")
+    } else {
+        Some("rsa")
+    }
+}
+
+/// Loads the secret kept in `data_dir`, creating it (mode 0600) on first use.
+fn generated_secret(data_dir: &Path) -> Result<SecretString, KeyError> {
+    let path = data_dir.join(GENERATED_SECRET_FILE);
+    let io = |source| KeyError::Io { path: path.display().to_string(), source };
+    match std::fs::read_to_string(&path) {
+        Ok(s) if !s.trim().is_empty() => return Ok(SecretString::from(s.trim().to_string())),
+        Ok(_) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(io(e)),
+    }
+    std::fs::create_dir_all(data_dir).map_err(io)?;
+    let bytes: [u8; 32] = rand::random();
+    let secret = base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(bytes);
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut file = std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(&path).map_err(io)?;
+    file.write_all(secret.as_bytes()).map_err(io)?;
+    Ok(SecretString::from(secret))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn hs(secret: &str) -> Authenticator {
+        let cfg = JwtConfig { secret: Some(SecretString::from(secret.to_string())), ..Default::default() };
+        Authenticator::from_config(&cfg, Path::new("/nonexistent")).expect("hs256")
+    }
+
+    fn forge(claims: serde_json::Value, alg: Algorithm, secret: &[u8]) -> String {
+        jsonwebtoken::encode(&Header::new(alg), &claims, &EncodingKey::from_secret(secret)).expect("encode")
+    }
+
+    #[test]
+    fn mints_and_verifies() {
+        let a = hs("s3cret");
+        let t = a.mint("alice", 60).expect("mint");
+        assert_eq!(a.verify(&t).expect("valid").user, "alice");
+        assert!(hs("other").verify(&t).is_err(), "another secret refuses it");
+    }
+
+    #[test]
+    fn refuses_expired_missing_exp_future_nbf_and_other_algs() {
+        let a = hs("k");
+        let now = now_secs();
+        assert!(a.verify(&forge(serde_json::json!({"sub":"a","exp":now - 100}), Algorithm::HS256, b"k")).is_err());
+        assert!(a.verify(&forge(serde_json::json!({"sub":"a"}), Algorithm::HS256, b"k")).is_err());
+        assert!(a.verify(&forge(serde_json::json!({"sub":"a","exp":now+100,"nbf":now+100}), Algorithm::HS256, b"k")).is_err());
+        assert!(a.verify(&forge(serde_json::json!({"sub":"a","exp":now+100}), Algorithm::HS384, b"k")).is_err());
+        assert!(a.verify(&forge(serde_json::json!({"sub":"","exp":now+100}), Algorithm::HS256, b"k")).is_err());
+        // alg: none
+        let b64 = |v: &str| base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(v);
+        let none = format!("{}.{}.", b64(r#"{"alg":"none","typ":"JWT"}"#), b64(&format!(r#"{{"sub":"a","exp":{}}}"#, now + 100)));
+        assert!(a.verify(&none).is_err());
+    }
+
+    #[test]
+    fn issuer_and_audience_are_enforced_when_set() {
+        let cfg = JwtConfig {
+            secret: Some(SecretString::from("k".to_string())),
+            issuer: Some("me".into()),
+            audience: Some("gw".into()),
+            ..Default::default()
+        };
+        let a = Authenticator::from_config(&cfg, Path::new("/nonexistent")).expect("cfg");
+        let now = now_secs() + 100;
+        assert!(a.verify(&a.mint("u", 60).expect("mint")).is_ok());
+        assert!(a.verify(&forge(serde_json::json!({"sub":"u","exp":now,"iss":"me"}), Algorithm::HS256, b"k")).is_err());
+        assert!(a.verify(&forge(serde_json::json!({"sub":"u","exp":now,"aud":"gw"}), Algorithm::HS256, b"k")).is_err());
+        assert!(a.verify(&forge(serde_json::json!({"sub":"u","exp":now,"iss":"x","aud":"gw"}), Algorithm::HS256, b"k")).is_err());
+    }
+
+    #[test]
+    fn generated_secret_is_kept() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let a = Authenticator::from_config(&JwtConfig::default(), dir.path()).expect("gen");
+        let t = a.mint("local", 60).expect("mint");
+        let b = Authenticator::from_config(&JwtConfig::default(), dir.path()).expect("reuse");
+        assert_eq!(b.verify(&t).expect("same secret").user, "local");
+    }
+}

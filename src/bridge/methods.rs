@@ -1,0 +1,394 @@
+//! What the gateway does with each message a client sends: the methods it answers itself
+//! (`initialize`, `session/new|load|resume|list|close|delete`) and the ones it forwards to the
+//! session's agent process after checking the session belongs to the caller.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use axum::extract::ws::Utf8Bytes;
+use serde::Deserialize;
+use serde_json::value::RawValue;
+use serde_json::{Value, json};
+use tokio::sync::Semaphore;
+
+use super::client::ClientHandle;
+use super::parse_or_answer;
+use crate::app::Gateway;
+use crate::pool::AgentPool;
+use crate::protocol::{self, Incoming, Kind, RpcError, codes};
+use crate::session::LiveSession;
+use crate::store::NewSession;
+
+/// Per-connection dispatch state.
+pub struct Connection {
+    /// Shared gateway state.
+    gw: Arc<Gateway>,
+    /// This client.
+    client: Arc<ClientHandle>,
+    /// The agent this connection talks to (`?agent=`).
+    pool: Arc<AgentPool>,
+    /// Whether `initialize` has been answered.
+    initialized: bool,
+    /// Caps requests being handled at once.
+    inflight: Arc<Semaphore>,
+}
+
+/// What a handler produced.
+enum Reply {
+    /// Answer with this result (raw JSON).
+    Result(String),
+    /// The agent will answer (forwarded).
+    Forwarded,
+}
+
+type Handled = Result<Reply, RpcError>;
+
+impl Connection {
+    /// Dispatch state for a new connection.
+    pub fn new(gw: Arc<Gateway>, client: Arc<ClientHandle>, pool: Arc<AgentPool>) -> Self {
+        let inflight = Arc::new(Semaphore::new(gw.config.limits.max_inflight_per_connection));
+        Self { gw, client, pool, initialized: false, inflight }
+    }
+
+    /// Handles one text frame.
+    pub async fn on_text(&mut self, text: &str) {
+        let Some((msg, kind)) = parse_or_answer(&self.client, text).await else { return };
+        match kind {
+            Kind::Response => self.on_response(&msg).await,
+            Kind::Notification => self.on_notification(&msg).await,
+            Kind::Request => self.on_request(&msg).await,
+        }
+    }
+
+    /// Cleans up after the connection: detaches its sessions, hands its unanswered agent requests
+    /// to other clients (or keeps them waiting).
+    pub async fn finish(&mut self) {
+        let (sessions, asked) = self.client.take_leftovers();
+        for id in sessions {
+            if let Some(s) = self.gw.registry.get(&id) {
+                s.detach(&self.client).await;
+            }
+        }
+        for settle in asked {
+            settle.client_gone(&self.client).await;
+        }
+    }
+
+    async fn on_response(&self, msg: &Incoming<'_>) {
+        let Some(id) = msg.id.and_then(protocol::own_id) else { return };
+        match self.client.take_out_request(id) {
+            Some(settle) => settle.answer(&self.client, msg.result, msg.error).await,
+            None => tracing::debug!(connection = %self.client.id, id, "answer to no pending request (settled elsewhere?)"),
+        }
+    }
+
+    async fn on_notification(&self, msg: &Incoming<'_>) {
+        if !self.initialized {
+            return;
+        }
+        match msg.method() {
+            "session/cancel" => {
+                let Some(sid) = protocol::session_id_of(msg.params) else { return };
+                let Some(session) = self.gw.registry.get(&sid).filter(|s| *s.owner == *self.client.user) else { return };
+                if let (Some(b), Some(params)) = (session.binding().await, msg.params) {
+                    if let Some(params) = protocol::with_session_id(params, &b.agent_session_id) {
+                        let _ = b.process.send_line(protocol::notification("session/cancel", &params)).await;
+                    }
+                }
+            }
+            "$/cancel_request" => {
+                #[derive(Deserialize)]
+                struct P<'a> {
+                    #[serde(rename = "requestId", borrow)]
+                    request_id: &'a RawValue,
+                }
+                let Some(p) = msg.params.and_then(|p| serde_json::from_str::<P<'_>>(p.get()).ok()) else { return };
+                if let Some((process, agent_id)) = self.client.forwarded(p.request_id.get()) {
+                    let _ = process.send_line(protocol::notification("$/cancel_request", &format!(r#"{{"requestId":{agent_id}}}"#))).await;
+                }
+            }
+            other => tracing::debug!(connection = %self.client.id, method = other, "client notification ignored"),
+        }
+    }
+
+    async fn on_request(&mut self, msg: &Incoming<'_>) {
+        let Some(id) = msg.id else { return };
+        let method = msg.method().to_string();
+        if !self.initialized {
+            let reply = if method == "initialize" {
+                let r = self.initialize().await;
+                self.initialized = r.is_ok();
+                r
+            } else {
+                Err(RpcError::new(codes::INVALID_REQUEST, "the first request must be initialize"))
+            };
+            answer(&self.client, id.get(), reply).await;
+            return;
+        }
+        // Everything else runs beside the read loop (so a slow agent or database never stops the
+        // connection from reading), bounded per connection.
+        let Ok(permit) = self.inflight.clone().try_acquire_owned() else {
+            let err = RpcError::internal("too many requests in flight on this connection");
+            self.client.send(Utf8Bytes::from(protocol::error(Some(id.get()), &err))).await;
+            return;
+        };
+        let ctx = Ctx { gw: self.gw.clone(), client: self.client.clone(), pool: self.pool.clone() };
+        let id = id.to_owned();
+        let params = msg.params.map(RawValue::to_owned);
+        self.gw.tracker.spawn(async move {
+            let reply = ctx.dispatch(&method, &id, params.as_deref()).await;
+            answer(&ctx.client, id.get(), reply).await;
+            drop(permit);
+        });
+    }
+
+    async fn initialize(&self) -> Handled {
+        let info = self.pool.info().await?;
+        let mut caps = info.capabilities.clone();
+        caps.insert("loadSession".into(), Value::Bool(true));
+        let mut session_caps = caps.get("sessionCapabilities").and_then(Value::as_object).cloned().unwrap_or_default();
+        for cap in ["list", "resume", "close", "delete"] {
+            session_caps.insert(cap.into(), json!({}));
+        }
+        caps.insert("sessionCapabilities".into(), Value::Object(session_caps));
+        let result = json!({
+            "protocolVersion": 1,
+            "agentCapabilities": caps,
+            "authMethods": info.auth_methods.clone().unwrap_or_else(|| json!([])),
+            "agentInfo": info.agent_info.clone().unwrap_or_else(|| json!({"name": &*self.pool.name, "version": "unknown"})),
+            "_meta": { "gateway": {
+                "connectionId": &*self.client.id,
+                "user": &*self.client.user,
+                "agent": &*self.pool.name,
+                "version": env!("CARGO_PKG_VERSION"),
+            }},
+        });
+        Ok(Reply::Result(result.to_string()))
+    }
+}
+
+/// Sends a handler's outcome.
+async fn answer(client: &ClientHandle, id: &str, reply: Handled) {
+    let frame = match reply {
+        Ok(Reply::Forwarded) => return,
+        Ok(Reply::Result(result)) => protocol::response(id, &result),
+        Err(e) => protocol::error(Some(id), &e),
+    };
+    client.send(Utf8Bytes::from(frame)).await;
+}
+
+/// What a spawned handler needs.
+struct Ctx {
+    gw: Arc<Gateway>,
+    client: Arc<ClientHandle>,
+    pool: Arc<AgentPool>,
+}
+
+#[derive(Deserialize)]
+struct NewParams {
+    cwd: String,
+    #[serde(rename = "mcpServers", default)]
+    mcp_servers: Option<Value>,
+    #[serde(rename = "additionalDirectories", default)]
+    additional_dirs: Option<Value>,
+}
+
+#[derive(Deserialize, Default)]
+struct LoadMeta {
+    #[serde(default)]
+    gateway: Option<LoadGatewayMeta>,
+}
+
+#[derive(Deserialize, Default)]
+struct LoadGatewayMeta {
+    #[serde(rename = "afterSeq", default)]
+    after_seq: Option<u64>,
+}
+
+#[derive(Deserialize)]
+struct LoadParams {
+    #[serde(rename = "_meta", default)]
+    meta: Option<LoadMeta>,
+}
+
+fn parse<'a, T: Deserialize<'a>>(params: Option<&'a RawValue>, what: &str) -> Result<T, RpcError> {
+    let text = params.map_or("null", RawValue::get);
+    serde_json::from_str(text).map_err(|e| RpcError::invalid_params(format!("invalid {what} params: {e}")))
+}
+
+impl Ctx {
+    async fn dispatch(&self, method: &str, id: &RawValue, params: Option<&RawValue>) -> Handled {
+        match method {
+            "initialize" => Err(RpcError::new(codes::INVALID_REQUEST, "already initialized")),
+            "authenticate" => Err(RpcError::new(
+                codes::METHOD_NOT_FOUND,
+                "authenticate is not available through the gateway: it authenticates you with your token, and agents are configured with their own credentials",
+            )),
+            "session/new" => self.new_session(params).await,
+            "session/load" => self.load(params, true).await,
+            "session/resume" => self.load(params, false).await,
+            "session/list" => {
+                let result = crate::api::list_sessions(&self.gw, &self.client.user, params.map_or("{}", RawValue::get)).await?;
+                Ok(Reply::Result(result.to_string()))
+            }
+            "session/close" => self.close(params, false).await,
+            "session/delete" => self.close(params, true).await,
+            "session/prompt" | "session/set_mode" | "session/set_config_option" | "session/set_model" => self.forward(method, id, params).await,
+            m if m.starts_with('_') && protocol::session_id_of(params).is_some() => self.forward(method, id, params).await,
+            m => Err(RpcError::method_not_found(m)),
+        }
+    }
+
+    /// The caller's session `sid`, loaded into memory if needed. Unknown and foreign ids take the
+    /// same path (a database lookup filtered by owner) and get the same `-32002`.
+    async fn owned(&self, sid: &str) -> Result<Arc<LiveSession>, RpcError> {
+        if let Some(s) = self.gw.registry.get(sid) {
+            if *s.owner == *self.client.user {
+                return Ok(s);
+            }
+        }
+        self.gw.persister.flush().await;
+        let record = self.gw.store.get_session(&self.client.user, sid).await.map_err(|e| {
+            tracing::error!(error = %e, "session lookup failed");
+            RpcError::internal("session store unavailable")
+        })?;
+        let record = record.ok_or_else(RpcError::session_not_found)?;
+        let session = self.gw.registry.insert(LiveSession::from_record(&record, self.gw.persister.clone(), self.gw.permission_wait()));
+        if *session.owner != *self.client.user {
+            return Err(RpcError::session_not_found());
+        }
+        Ok(session)
+    }
+
+    fn session_param(params: Option<&RawValue>) -> Result<String, RpcError> {
+        protocol::session_id_of(params).ok_or_else(|| RpcError::invalid_params("sessionId is required"))
+    }
+
+    async fn new_session(&self, params: Option<&RawValue>) -> Handled {
+        let p: NewParams = parse(params, "session/new")?;
+        if !p.cwd.starts_with('/') {
+            return Err(RpcError::invalid_params("cwd must be an absolute path"));
+        }
+        let raw = params.map_or("{}", RawValue::get);
+        let process = self.pool.acquire(&self.client.user).await?;
+        let result = match process.request("session/new", raw, std::time::Duration::from_secs(120)).await {
+            Ok(r) => r,
+            Err(e) => {
+                process.release();
+                return Err(e);
+            }
+        };
+        let Some(agent_sid) = protocol::session_id_of(Some(&result)) else {
+            process.release();
+            return Err(RpcError::internal("agent answered session/new without a sessionId"));
+        };
+        let id = uuid::Uuid::new_v4().simple().to_string();
+        let meta = json!({ "mcpServers": p.mcp_servers.unwrap_or_else(|| json!([])) }).to_string();
+        let dirs = p.additional_dirs.unwrap_or_else(|| json!([])).to_string();
+        let now = crate::store::now_micros();
+        let new = NewSession {
+            id: &id,
+            owner: &self.client.user,
+            agent: &self.pool.name,
+            agent_session_id: Some(&agent_sid),
+            cwd: &p.cwd,
+            additional_dirs: &dirs,
+            meta: &meta,
+            now,
+        };
+        if let Err(e) = self.gw.store.create_session(&new).await {
+            tracing::error!(error = %e, "cannot store new session");
+            process.release();
+            return Err(RpcError::internal("session store unavailable"));
+        }
+        let record = crate::store::SessionRecord {
+            id: id.clone(),
+            owner: self.client.user.to_string(),
+            agent: self.pool.name.to_string(),
+            agent_session_id: Some(agent_sid.clone()),
+            cwd: p.cwd,
+            additional_dirs: dirs,
+            title: None,
+            meta,
+            message_count: 0,
+            last_seq: 0,
+            created_at: now,
+            updated_at: now,
+        };
+        let session = self.gw.registry.insert(LiveSession::from_record(&record, self.gw.persister.clone(), self.gw.permission_wait()));
+        session.bind(process, Arc::from(agent_sid.as_str())).await;
+        session.attach(&self.client, &*self.gw.store, false, 0).await?;
+        metrics::counter!("acp_gateway_sessions_created_total", "agent" => self.pool.name.to_string()).increment(1);
+        tracing::info!(connection = %self.client.id, user = %self.client.user, session = %id, "session created");
+        let result = protocol::with_session_id(&result, &id).ok_or_else(|| RpcError::internal("agent's session/new result is not an object"))?;
+        Ok(Reply::Result(result))
+    }
+
+    async fn load(&self, params: Option<&RawValue>, replay: bool) -> Handled {
+        let sid = Self::session_param(params)?;
+        let p: LoadParams = parse(params, if replay { "session/load" } else { "session/resume" })?;
+        let after = p.meta.and_then(|m| m.gateway).and_then(|g| g.after_seq).unwrap_or(0);
+        let session = self.owned(&sid).await?;
+        session.attach(&self.client, &*self.gw.store, replay, after).await?;
+        Ok(Reply::Result(String::from("{}")))
+    }
+
+    async fn close(&self, params: Option<&RawValue>, delete: bool) -> Handled {
+        let sid = Self::session_param(params)?;
+        let session = self.owned(&sid).await?;
+        session.detach(&self.client).await;
+        self.client.untrack_session(&sid);
+        if let Some(b) = session.take_binding().await {
+            if self.pool_of(&session).and_then(|p| p.cached_info()).is_some_and(|i| i.can_close()) {
+                let params = json!({ "sessionId": &*b.agent_session_id }).to_string();
+                if let Err(e) = b.process.request("session/close", &params, std::time::Duration::from_secs(10)).await {
+                    tracing::warn!(session = %sid, error = %e, "agent did not close the session cleanly");
+                }
+            }
+        }
+        if delete {
+            crate::api::delete_session(&self.gw, &self.client.user, &sid).await?;
+        }
+        Ok(Reply::Result(String::from("{}")))
+    }
+
+    fn pool_of(&self, session: &LiveSession) -> Option<Arc<AgentPool>> {
+        self.gw.pools.get(&session.agent).cloned()
+    }
+
+    /// Forwards a session-scoped request to the session's agent process (restoring the session
+    /// onto one if needed), with the agent's session id and a gateway-issued request id.
+    async fn forward(&self, method: &str, id: &RawValue, params: Option<&RawValue>) -> Handled {
+        let sid = Self::session_param(params)?;
+        let session = self.owned(&sid).await?;
+        let params = params.ok_or_else(|| RpcError::invalid_params("params are required"))?;
+        session.attach(&self.client, &*self.gw.store, false, 0).await?;
+        let binding = session.ensure_bound(&self.gw.pools).await?;
+        if method == "session/prompt" {
+            #[derive(Deserialize)]
+            struct Prompt<'a> {
+                #[serde(borrow)]
+                prompt: &'a RawValue,
+            }
+            let prompt: Prompt<'_> = parse(Some(params), "session/prompt")?;
+            session.publish_prompt(Some(prompt.prompt)).await;
+            metrics::counter!("acp_gateway_prompts_total").increment(1);
+        }
+        let rewritten = protocol::with_session_id(params, &binding.agent_session_id).ok_or_else(|| RpcError::invalid_params("params must be an object"))?;
+        let agent_id = binding.process.forward(method, &rewritten, self.client.clone(), id.to_owned()).await?;
+        self.client.remember_forwarded(id.get(), &binding.process, agent_id);
+        Ok(Reply::Forwarded)
+    }
+}
+
+impl Gateway {
+    /// How long an agent's request waits for a client.
+    pub fn permission_wait(&self) -> std::time::Duration {
+        std::time::Duration::from_secs(self.config.limits.permission_wait_secs)
+    }
+
+    /// Whether the gateway is draining (for `/readyz`).
+    pub fn is_draining(&self) -> bool {
+        self.draining.load(Ordering::Acquire)
+    }
+}

@@ -1,0 +1,102 @@
+//! The command line: `serve` (the default), `token`, `migrate`, `demo-agent`.
+
+use std::path::PathBuf;
+
+use anyhow::Context;
+use clap::{Parser, Subcommand};
+
+use crate::app::{Application, shutdown_signal};
+use crate::auth::Authenticator;
+use crate::config::{CliOverrides, Config};
+
+/// A multi-user WebSocket gateway for ACP agents.
+#[derive(Debug, Parser)]
+#[command(name = "acp-gateway", version, about)]
+pub struct Cli {
+    /// What to do (default: serve).
+    #[command(subcommand)]
+    pub command: Option<Command>,
+}
+
+/// Options every command that reads the configuration takes.
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct ConfigArgs {
+    /// TOML configuration file.
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// Listen address (overrides ACP_GATEWAY_LISTEN and the file).
+    #[arg(long, value_name = "ADDR")]
+    pub listen: Option<String>,
+    /// Database URL (overrides DATABASE_URL and the file).
+    #[arg(long, value_name = "URL")]
+    pub database_url: Option<String>,
+}
+
+impl ConfigArgs {
+    fn load(&self) -> anyhow::Result<Config> {
+        let cli = CliOverrides { config_file: self.config.clone(), listen: self.listen.clone(), database_url: self.database_url.clone() };
+        Ok(Config::load(&cli)?)
+    }
+}
+
+/// The subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run the gateway.
+    Serve(ConfigArgs),
+    /// Print a JWT for a user, signed with the configured HS256 secret.
+    Token {
+        /// The user (`sub`).
+        #[arg(long)]
+        sub: String,
+        /// Lifetime in seconds (default: jwt.default_ttl_secs, 30 days).
+        #[arg(long)]
+        ttl: Option<u64>,
+        #[command(flatten)]
+        config: ConfigArgs,
+    },
+    /// Apply database migrations and exit.
+    Migrate(ConfigArgs),
+    /// Run the built-in demo ACP agent on stdin/stdout.
+    DemoAgent(crate::demo_agent::DemoAgentOptions),
+}
+
+/// Runs the parsed command line.
+pub async fn run(cli: Cli) -> anyhow::Result<()> {
+    match cli.command.unwrap_or(Command::Serve(ConfigArgs::default())) {
+        Command::Serve(args) => serve(args.load()?).await,
+        Command::Token { sub, ttl, config } => {
+            let config = config.load()?;
+            let auth = Authenticator::from_config(&config.jwt, &config.data_dir)?;
+            println!("{}", auth.mint(&sub, ttl.unwrap_or(config.jwt.default_ttl_secs))?);
+            Ok(())
+        }
+        Command::Migrate(args) => {
+            let config = args.load()?;
+            crate::store::connect(&config.database_url)
+                .await
+                .with_context(|| format!("migrating {}", crate::app::redact(&config.database_url)))?;
+            eprintln!("migrations applied to {}", crate::app::redact(&config.database_url));
+            Ok(())
+        }
+        Command::DemoAgent(opts) => crate::demo_agent::run(opts).await,
+    }
+}
+
+async fn serve(config: Config) -> anyhow::Result<()> {
+    crate::telemetry::init_metrics();
+    let login = if config.jwt.public_key.is_none() {
+        let auth = Authenticator::from_config(&config.jwt, &config.data_dir)?;
+        Some(auth.mint("local", config.jwt.default_ttl_secs)?)
+    } else {
+        None
+    };
+    let app = Application::build(config).await?;
+    let addr = app.local_addr();
+    tracing::info!(%addr, "acp-gateway listening");
+    match login {
+        Some(token) => println!("acp-gateway is running. Web UI (signed in as user `local`):\n  http://{addr}/auth/login?token={token}"),
+        None => println!("acp-gateway is running at http://{addr}/ (tokens come from your identity provider)"),
+    }
+    app.run_until_stopped(shutdown_signal()).await
+}

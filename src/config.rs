@@ -1,0 +1,365 @@
+//! Configuration: built-in defaults, then a TOML file, then the environment, then CLI flags.
+//!
+//! The environment variables are the ones the contract names (`ACP_GATEWAY_LISTEN`,
+//! `DATABASE_URL`, `ACP_GATEWAY_JWT_*`, `ACP_GATEWAY_AGENT`); everything else lives in the file.
+//! Layering and error reporting come from `figment`, so a bad file is reported with the file
+//! name, the key path and what was expected.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+use figment::Figment;
+use figment::providers::{Format, Serialized, Toml};
+use secrecy::SecretString;
+use serde::{Deserialize, Serialize};
+
+/// The name of the agent used when a client does not pick one.
+pub const DEFAULT_AGENT: &str = "default";
+
+/// The whole gateway configuration.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Config {
+    /// Address the HTTP server binds.
+    pub listen: SocketAddr,
+    /// `sqlite://PATH` or `postgres://...`.
+    pub database_url: String,
+    /// Where the generated JWT secret and the default SQLite file live.
+    pub data_dir: PathBuf,
+    /// Token verification.
+    pub jwt: JwtConfig,
+    /// Command line of the default agent (`ACP_GATEWAY_AGENT`), split like a shell would.
+    /// Overrides `agents.default.command`/`args`; `None` means this binary's `demo-agent`.
+    pub agent: Option<String>,
+    /// Named agents. `default` always exists after [`Config::finish`].
+    pub agents: BTreeMap<String, AgentConfig>,
+    /// Caps on connections, frames and queues.
+    pub limits: Limits,
+    /// Directory the web UI is served from.
+    pub static_dir: PathBuf,
+    /// Identifies this replica in logs and in the `Acp-Connection-Id` prefix.
+    pub replica_id: Option<String>,
+}
+
+/// JWT settings. Either `secret` (HS256) or `public_key` (RS256/ES256/EdDSA) is used; with neither,
+/// a secret is generated once and kept in `data_dir`.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct JwtConfig {
+    /// HS256 shared secret.
+    #[serde(serialize_with = "never_serialize_secret")]
+    pub secret: Option<SecretString>,
+    /// PEM public key file for asymmetric tokens.
+    pub public_key: Option<PathBuf>,
+    /// Required `iss`, when set.
+    pub issuer: Option<String>,
+    /// Required `aud`, when set.
+    pub audience: Option<String>,
+    /// Lifetime of tokens printed by `serve` and `token` when no `--ttl` is given.
+    pub default_ttl_secs: u64,
+}
+
+fn never_serialize_secret<S: serde::Serializer>(secret: &Option<SecretString>, s: S) -> Result<S::Ok, S::Error> {
+    // Secrets are only ever layered in from the file or the environment; the serialized defaults
+    // never carry one, so there is nothing to write here.
+    let _ = secret;
+    s.serialize_none()
+}
+
+/// One agent the gateway can start.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct AgentConfig {
+    /// Program to run (looked up on `PATH`).
+    pub command: String,
+    /// Its arguments.
+    pub args: Vec<String>,
+    /// Extra environment for it.
+    pub env: BTreeMap<String, String>,
+    /// Its working directory (the gateway's own when unset).
+    pub cwd: Option<PathBuf>,
+    /// How its processes are pooled.
+    pub pool: PoolConfig,
+    /// Client capabilities the gateway declares when it initializes this agent. The gateway
+    /// forwards `fs/*` and `terminal/*` requests to the session's client, so only declare what
+    /// your clients implement. Default: none (the agent uses its own tools on the server).
+    pub client_capabilities: Option<serde_json::Value>,
+}
+
+/// Pool settings for one agent.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct PoolConfig {
+    /// Processes kept started and initialized, owned by no user yet.
+    pub min_idle: usize,
+    /// Most processes of this agent at once.
+    pub max_processes: usize,
+    /// Most live sessions one process carries.
+    pub max_sessions_per_process: usize,
+    /// A process with no attached client and nothing in flight for this long is stopped.
+    pub idle_timeout_secs: u64,
+    /// Whether sessions of different users may share one process.
+    pub share_between_users: bool,
+    /// How long `initialize` and `session/new` on the agent may take.
+    pub request_timeout_secs: u64,
+}
+
+impl Default for PoolConfig {
+    fn default() -> Self {
+        Self {
+            min_idle: 0,
+            max_processes: 64,
+            max_sessions_per_process: 32,
+            idle_timeout_secs: 600,
+            share_between_users: false,
+            request_timeout_secs: 60,
+        }
+    }
+}
+
+/// Bounds on every resource a client or agent can make the gateway hold.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Limits {
+    /// Largest WebSocket message accepted from a client, in bytes.
+    pub max_frame_bytes: usize,
+    /// Largest line accepted from an agent's stdout, in bytes.
+    pub max_line_bytes: usize,
+    /// Most concurrent WebSocket connections.
+    pub max_connections: usize,
+    /// Frames queued for one client before the gateway waits on it.
+    pub client_queue: usize,
+    /// How long a client may leave its queue full before it is disconnected (it can catch up
+    /// with `session/load` + `afterSeq`; nothing is lost).
+    pub slow_client_timeout_secs: u64,
+    /// WebSocket ping interval; a connection silent for two intervals is closed.
+    pub ping_interval_secs: u64,
+    /// Requests one connection may have being handled at once.
+    pub max_inflight_per_connection: usize,
+    /// How long an agent's permission request waits for a client to attach.
+    pub permission_wait_secs: u64,
+    /// How long shutdown waits for connections and the transcript writer.
+    pub shutdown_grace_secs: u64,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self {
+            max_frame_bytes: 4 << 20,
+            max_line_bytes: 16 << 20,
+            max_connections: 10_000,
+            client_queue: 1024,
+            slow_client_timeout_secs: 10,
+            ping_interval_secs: 20,
+            max_inflight_per_connection: 256,
+            permission_wait_secs: 300,
+            shutdown_grace_secs: 10,
+        }
+    }
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Self {
+            listen: SocketAddr::from(([127, 0, 0, 1], 8080)),
+            database_url: "sqlite://data/acp-gateway.db".into(),
+            data_dir: PathBuf::from("data"),
+            jwt: JwtConfig { default_ttl_secs: 30 * 24 * 3600, ..Default::default() },
+            agent: None,
+            agents: BTreeMap::new(),
+            limits: Limits::default(),
+            static_dir: PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/static")),
+            replica_id: None,
+        }
+    }
+}
+
+/// Values given on the command line; they override everything else.
+#[derive(Debug, Clone, Default)]
+pub struct CliOverrides {
+    /// `--config FILE`.
+    pub config_file: Option<PathBuf>,
+    /// `--listen ADDR`.
+    pub listen: Option<String>,
+    /// `--database-url URL`.
+    pub database_url: Option<String>,
+}
+
+/// A configuration that could not be loaded; the message names the file, key and expectation.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The file does not exist or cannot be read.
+    #[error("cannot read config file {path}: {source}")]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// A key has the wrong type or value, or is unknown.
+    #[error("invalid configuration: {0}")]
+    Invalid(String),
+}
+
+/// Environment variables and the config keys they set.
+const ENV_KEYS: &[(&str, &str)] = &[
+    ("ACP_GATEWAY_LISTEN", "listen"),
+    ("DATABASE_URL", "database_url"),
+    ("ACP_GATEWAY_JWT_SECRET", "jwt.secret"),
+    ("ACP_GATEWAY_JWT_PUBLIC_KEY", "jwt.public_key"),
+    ("ACP_GATEWAY_JWT_ISSUER", "jwt.issuer"),
+    ("ACP_GATEWAY_JWT_AUDIENCE", "jwt.audience"),
+    ("ACP_GATEWAY_AGENT", "agent"),
+    ("ACP_GATEWAY_DATA_DIR", "data_dir"),
+    ("ACP_GATEWAY_STATIC_DIR", "static_dir"),
+    ("ACP_GATEWAY_REPLICA_ID", "replica_id"),
+];
+
+impl Config {
+    /// Loads defaults → file → environment → CLI.
+    pub fn load(cli: &CliOverrides) -> Result<Self, ConfigError> {
+        Self::load_with_env(cli, |k| std::env::var(k).ok())
+    }
+
+    /// [`Config::load`] with an explicit environment (for tests).
+    pub fn load_with_env(cli: &CliOverrides, env: impl Fn(&str) -> Option<String>) -> Result<Self, ConfigError> {
+        let mut figment = Figment::from(Serialized::defaults(Config::default()));
+        if let Some(path) = &cli.config_file {
+            // figment treats a missing file as empty; an operator who names one means it.
+            std::fs::metadata(path).map_err(|source| ConfigError::Read { path: path.clone(), source })?;
+            figment = figment.merge(Toml::file_exact(path));
+        }
+        // Values are merged as strings, never guessed at: a numeric-looking secret stays a secret.
+        for (var, key) in ENV_KEYS {
+            if let Some(value) = env(var).filter(|v| !v.is_empty()) {
+                figment = figment.merge((*key, value));
+            }
+        }
+        if let Some(listen) = &cli.listen {
+            figment = figment.merge(("listen", listen));
+        }
+        if let Some(url) = &cli.database_url {
+            figment = figment.merge(("database_url", url));
+        }
+        let config: Config = figment.extract().map_err(|e| ConfigError::Invalid(describe(e)))?;
+        config.finish()
+    }
+
+    /// Fills in the default agent and checks what serde cannot.
+    fn finish(mut self) -> Result<Self, ConfigError> {
+        let default = self.agents.entry(DEFAULT_AGENT.to_string()).or_default();
+        if let Some(line) = &self.agent {
+            let mut words = shell_words::split(line)
+                .map_err(|e| ConfigError::Invalid(format!("ACP_GATEWAY_AGENT / agent: cannot split {line:?}: {e}")))?;
+            if words.is_empty() {
+                return Err(ConfigError::Invalid("ACP_GATEWAY_AGENT / agent: empty command line".into()));
+            }
+            default.command = words.remove(0);
+            default.args = words;
+        }
+        if default.command.is_empty() {
+            let exe = std::env::current_exe()
+                .map_err(|e| ConfigError::Invalid(format!("cannot locate this binary for the demo agent: {e}")))?;
+            default.command = exe.to_string_lossy().into_owned();
+            default.args = vec!["demo-agent".into()];
+        }
+        for (name, agent) in &self.agents {
+            if agent.command.is_empty() {
+                return Err(ConfigError::Invalid(format!("agents.{name}.command: expected a program to run, found nothing")));
+            }
+            let pool = &agent.pool;
+            if pool.max_processes == 0 || pool.max_sessions_per_process == 0 {
+                return Err(ConfigError::Invalid(format!(
+                    "agents.{name}.pool: max_processes and max_sessions_per_process must be at least 1"
+                )));
+            }
+            if pool.min_idle > pool.max_processes {
+                return Err(ConfigError::Invalid(format!("agents.{name}.pool.min_idle: must not exceed max_processes")));
+            }
+        }
+        if self.jwt.secret.is_some() && self.jwt.public_key.is_some() {
+            return Err(ConfigError::Invalid(
+                "jwt: set either secret (ACP_GATEWAY_JWT_SECRET) or public_key (ACP_GATEWAY_JWT_PUBLIC_KEY), not both".into(),
+            ));
+        }
+        Ok(self)
+    }
+
+    /// The SQLite path when `database_url` names one.
+    pub fn sqlite_path(&self) -> Option<&Path> {
+        self.database_url.strip_prefix("sqlite://").or_else(|| self.database_url.strip_prefix("sqlite:")).map(Path::new)
+    }
+}
+
+/// Renders every figment error with its key path and source (file or environment).
+fn describe(err: figment::Error) -> String {
+    err.into_iter()
+        .map(|e| {
+            let key = if e.path.is_empty() { String::from("(top level)") } else { e.path.join(".") };
+            let source = e.metadata.as_ref().and_then(|m| m.source.as_ref()).map(|s| format!(" in {s}")).unwrap_or_default();
+            format!("key `{key}`{source}: {}", e.kind)
+        })
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+
+    fn load(file: Option<&str>, env: &[(&str, &str)]) -> Result<Config, ConfigError> {
+        let mut tmp = tempfile::NamedTempFile::new().expect("tempfile");
+        let cli = match file {
+            Some(text) => {
+                tmp.write_all(text.as_bytes()).expect("write");
+                CliOverrides { config_file: Some(tmp.path().to_path_buf()), ..Default::default() }
+            }
+            None => CliOverrides::default(),
+        };
+        let env: BTreeMap<String, String> = env.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        Config::load_with_env(&cli, |k| env.get(k).cloned())
+    }
+
+    #[test]
+    fn defaults_run_the_demo_agent() {
+        let c = load(None, &[]).expect("defaults load");
+        assert_eq!(c.listen.to_string(), "127.0.0.1:8080");
+        assert_eq!(c.agents[DEFAULT_AGENT].args, vec!["demo-agent"]);
+        assert_eq!(c.sqlite_path(), Some(Path::new("data/acp-gateway.db")));
+    }
+
+    #[test]
+    fn env_overrides_file_and_splits_agent() {
+        let c = load(
+            Some("listen = \"127.0.0.1:9000\"\n[agents.default.pool]\nmax_processes = 3\n[agents.py]\ncommand = \"python3\"\nargs = [\"a.py\"]\n"),
+            &[("ACP_GATEWAY_LISTEN", "127.0.0.1:9100"), ("ACP_GATEWAY_AGENT", "npx -y 'my agent'"), ("ACP_GATEWAY_JWT_SECRET", "12345")],
+        )
+        .expect("loads");
+        assert_eq!(c.listen.port(), 9100);
+        assert_eq!(c.agents[DEFAULT_AGENT].command, "npx");
+        assert_eq!(c.agents[DEFAULT_AGENT].args, vec!["-y", "my agent"]);
+        assert_eq!(c.agents[DEFAULT_AGENT].pool.max_processes, 3);
+        assert_eq!(c.agents["py"].args, vec!["a.py"]);
+        assert!(c.jwt.secret.is_some(), "a numeric secret stays a string");
+    }
+
+    #[test]
+    fn bad_file_names_file_key_and_expectation() {
+        let err = load(Some("[agents.x]\ncommand = \"a\"\n[agents.x.pool]\nmax_processes = \"many\"\n"), &[]).expect_err("must fail");
+        let msg = err.to_string();
+        assert!(msg.contains("agents.x.pool.max_processes"), "{msg}");
+        assert!(msg.contains(".tmp") || msg.contains("TOML"), "names the file: {msg}");
+        assert!(msg.contains("expected"), "{msg}");
+        let err = load(Some("lisen = 1\n"), &[]).expect_err("unknown key");
+        assert!(err.to_string().contains("lisen"), "{err}");
+    }
+
+    #[test]
+    fn missing_file_is_an_error() {
+        let cli = CliOverrides { config_file: Some("/nonexistent/acp.toml".into()), ..Default::default() };
+        let err = Config::load_with_env(&cli, |_| None).expect_err("must fail");
+        assert!(err.to_string().contains("/nonexistent/acp.toml"));
+    }
+}

@@ -1,0 +1,832 @@
+//! The built-in demo agent: an ACP v1 agent over stdio that needs no network.
+//!
+//! It is the gateway's default agent and the workload of tests and benchmarks. Wire format:
+//! JSON-RPC 2.0, one message per line on stdin/stdout; diagnostics go to stderr only.
+//!
+//! Each `session/prompt` streams (as `session/update` notifications): an optional
+//! `session_info_update` (title), a `plan`, a `tool_call` (pending), optionally a
+//! `session/request_permission` round trip, `tool_call_update`s (in_progress, completed), then N
+//! `agent_message_chunk`s, and answers `{"stopReason":"end_turn"}`. The first text block of the
+//! prompt may carry controls, see [`Controls`]: `[chunks=N]`, `[delay_us=N]`, `[permission]`,
+//! `[crash]`, `[hang]`, `[title=XYZ]`.
+//!
+//! Concurrency: every prompt runs in its own task, so sessions never block each other. A second
+//! prompt on a session whose prompt is still running is *queued* (FIFO) behind it; a
+//! `session/cancel` cancels every prompt of that session received before the cancel (running or
+//! queued), each answering `{"stopReason":"cancelled"}`.
+
+use std::collections::{HashMap, VecDeque};
+use std::fmt::Write as _;
+use std::io;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use tokio::io::{AsyncBufRead, AsyncBufReadExt, AsyncRead, AsyncWrite, AsyncWriteExt, BufReader};
+use tokio::sync::oneshot;
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+
+/// Longest accepted input line; longer lines are skipped and answered with a -32700 error.
+const MAX_LINE: usize = 16 << 20;
+/// Most updates kept per session for `session/load` replay (oldest dropped first).
+const MAX_HISTORY: usize = 100_000;
+/// With no delay, output is written in batches of about this many bytes.
+const FLUSH_AT: usize = 64 << 10;
+/// How many characters of the prompt are echoed in each reply chunk.
+const ECHO_MAX: usize = 100;
+
+/// Options for the demo agent, settable by flags and environment variables.
+#[derive(Debug, Clone, clap::Args)]
+pub struct DemoAgentOptions {
+    /// Number of agent_message_chunk updates streamed per prompt
+    #[arg(long, env = "ACP_DEMO_CHUNKS", default_value_t = 8)]
+    pub chunks: u64,
+    /// Delay between updates in microseconds (0 = as fast as possible)
+    #[arg(long, env = "ACP_DEMO_DELAY_US", default_value_t = 20_000)]
+    pub delay_us: u64,
+    /// Whether to advertise and support session/load
+    #[arg(long, env = "ACP_DEMO_LOAD_SESSION", default_value_t = true, action = clap::ArgAction::Set)]
+    pub load_session: bool,
+}
+
+impl Default for DemoAgentOptions {
+    fn default() -> Self {
+        Self {
+            chunks: 8,
+            delay_us: 20_000,
+            load_session: true,
+        }
+    }
+}
+
+/// Runs the demo agent on the process's stdin/stdout; returns `Ok` when stdin reaches EOF.
+pub async fn run(opts: DemoAgentOptions) -> anyhow::Result<()> {
+    serve(opts, tokio::io::stdin(), tokio::io::stdout()).await
+}
+
+/// Runs the demo agent on any byte streams (used by [`run`], and in-process by tests and
+/// benchmarks). Returns `Ok` at EOF of `input`, `Err` if `output` fails.
+pub async fn serve<R, W>(opts: DemoAgentOptions, input: R, output: W) -> anyhow::Result<()>
+where
+    R: AsyncRead + Unpin,
+    W: AsyncWrite + Send + Unpin + 'static,
+{
+    let agent = Arc::new(Agent {
+        opts,
+        out: tokio::sync::Mutex::new(Box::new(output)),
+        sessions: Mutex::default(),
+        pending: Mutex::default(),
+        next_id: AtomicU64::new(1),
+    });
+    let mut reader = BufReader::with_capacity(64 << 10, input);
+    let mut line = Vec::new();
+    let mut tasks = JoinSet::new();
+    loop {
+        while tasks.try_join_next().is_some() {}
+        match read_line_capped(&mut reader, &mut line, MAX_LINE).await? {
+            Line::Eof => break,
+            Line::TooLong => {
+                eprintln!("demo-agent: skipped an input line longer than {MAX_LINE} bytes");
+                agent
+                    .send(&error(Value::Null, -32700, "line too long"))
+                    .await?;
+            }
+            Line::Complete if line.iter().all(u8::is_ascii_whitespace) => {}
+            Line::Complete => agent.handle(&line, &mut tasks).await?,
+        }
+    }
+    // The client is gone: cancel every prompt and give the tasks a moment to answer.
+    for session in lock(&agent.sessions).values() {
+        session.cancel();
+    }
+    let drain = async { while tasks.join_next().await.is_some() {} };
+    let _ = tokio::time::timeout(Duration::from_secs(1), drain).await;
+    Ok(())
+}
+
+/// Prompt controls parsed from the first text block of a prompt.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+struct Controls {
+    /// `[chunks=N]`: stream N reply chunks instead of the configured number.
+    chunks: Option<u64>,
+    /// `[delay_us=N]`: wait N microseconds between updates instead of the configured delay.
+    delay_us: Option<u64>,
+    /// `[permission]`: ask the client for permission before running the tool call.
+    permission: bool,
+    /// `[crash]`: send one chunk, then exit the process with code 3.
+    crash: bool,
+    /// `[hang]`: send the plan, then never answer until cancelled.
+    hang: bool,
+    /// `[title=XYZ]`: send a `session_info_update` with this title first.
+    title: Option<String>,
+}
+
+/// Parses the controls out of a prompt's text; malformed controls are ignored.
+fn parse_controls(text: &str) -> Controls {
+    let num = |key: &str| tag_value(text, key).and_then(|v| v.trim().parse().ok());
+    Controls {
+        chunks: num("chunks"),
+        delay_us: num("delay_us"),
+        permission: text.contains("[permission]"),
+        crash: text.contains("[crash]"),
+        hang: text.contains("[hang]"),
+        title: tag_value(text, "title")
+            .filter(|t| !t.is_empty())
+            .map(str::to_owned),
+    }
+}
+
+/// The text between `[key=` and the next `]`, if present.
+fn tag_value<'a>(text: &'a str, key: &str) -> Option<&'a str> {
+    let open = format!("[{key}=");
+    let rest = text.get(text.find(&open)? + open.len()..)?;
+    rest.get(..rest.find(']')?)
+}
+
+/// Outcome of reading one input line.
+enum Line {
+    /// A full line (possibly without a final newline at EOF) is in the buffer.
+    Complete,
+    /// The line exceeded the cap and was discarded.
+    TooLong,
+    /// End of input.
+    Eof,
+}
+
+/// Reads one `\n`-terminated line into `line`, discarding (not buffering) lines over `max` bytes.
+async fn read_line_capped<R: AsyncBufRead + Unpin>(
+    r: &mut R,
+    line: &mut Vec<u8>,
+    max: usize,
+) -> io::Result<Line> {
+    line.clear();
+    let mut too_long = false;
+    loop {
+        let buf = r.fill_buf().await?;
+        if buf.is_empty() {
+            return Ok(match (too_long, line.is_empty()) {
+                (true, _) => Line::TooLong,
+                (false, true) => Line::Eof,
+                (false, false) => Line::Complete,
+            });
+        }
+        let (take, done) = match buf.iter().position(|&b| b == b'\n') {
+            Some(i) => (i + 1, true),
+            None => (buf.len(), false),
+        };
+        if !too_long {
+            if line.len() + take > max.saturating_add(1) {
+                too_long = true;
+                line.clear();
+            } else {
+                line.extend_from_slice(buf.get(..take).unwrap_or_default());
+            }
+        }
+        r.consume(take);
+        if done {
+            return Ok(if too_long {
+                Line::TooLong
+            } else {
+                Line::Complete
+            });
+        }
+    }
+}
+
+/// A JSON-RPC error response.
+fn error(id: Value, code: i64, message: &str) -> Value {
+    json!({"jsonrpc": "2.0", "id": id, "error": {"code": code, "message": message}})
+}
+
+/// Locks a std mutex, ignoring poisoning (no invariant here can be left half-updated).
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Shared state of one agent process.
+struct Agent {
+    /// Configured defaults.
+    opts: DemoAgentOptions,
+    /// The output stream; every write is one or more complete lines, then a flush.
+    out: tokio::sync::Mutex<Box<dyn AsyncWrite + Send + Unpin>>,
+    /// Known sessions by id.
+    sessions: Mutex<HashMap<String, Arc<Session>>>,
+    /// Our outstanding requests to the client, by JSON-RPC id.
+    pending: Mutex<HashMap<u64, oneshot::Sender<Value>>>,
+    /// Next id for a request to the client.
+    next_id: AtomicU64,
+}
+
+/// One session: its replayable history and its prompt bookkeeping.
+struct Session {
+    /// The session id.
+    id: String,
+    /// Serialized `session/update` envelope up to and including `"update":`.
+    prefix: Box<[u8]>,
+    /// Serialized `update` objects, oldest first, at most [`MAX_HISTORY`].
+    history: Mutex<VecDeque<Box<str>>>,
+    /// Token shared by prompts received since the last cancel; replaced on each cancel.
+    cancel: Mutex<CancellationToken>,
+    /// Held by the running prompt; later prompts queue on it.
+    turn: tokio::sync::Mutex<()>,
+}
+
+impl Session {
+    /// A fresh session with an empty history.
+    fn new(id: &str) -> Self {
+        let prefix = format!(
+            r#"{{"jsonrpc":"2.0","method":"session/update","params":{{"sessionId":{},"update":"#,
+            Value::from(id)
+        );
+        Session {
+            id: id.to_owned(),
+            prefix: prefix.into_bytes().into_boxed_slice(),
+            history: Mutex::default(),
+            cancel: Mutex::default(),
+            turn: tokio::sync::Mutex::new(()),
+        }
+    }
+
+    /// Appends an update to the history, dropping the oldest beyond the cap.
+    fn record(&self, update: &str) {
+        let mut h = lock(&self.history);
+        h.push_back(update.into());
+        if h.len() > MAX_HISTORY {
+            h.pop_front();
+        }
+    }
+
+    /// Cancels every prompt received so far.
+    fn cancel(&self) {
+        std::mem::take(&mut *lock(&self.cancel)).cancel();
+    }
+}
+
+/// What the client answered to a permission request.
+#[derive(Debug, PartialEq, Eq)]
+enum Decision {
+    /// Selected `allow`.
+    Allow,
+    /// Selected `reject`, another option, or answered with an error.
+    Reject,
+    /// Outcome `cancelled`, or the prompt was cancelled while waiting.
+    Cancelled,
+}
+
+/// Why a turn ended early.
+enum Stop {
+    /// The prompt was cancelled.
+    Cancelled,
+    /// Output failed; nothing more can be sent.
+    Io(io::Error),
+}
+
+impl From<io::Error> for Stop {
+    fn from(e: io::Error) -> Self {
+        Stop::Io(e)
+    }
+}
+
+impl Agent {
+    /// Writes complete lines and flushes.
+    async fn write(&self, bytes: &[u8]) -> io::Result<()> {
+        let mut out = self.out.lock().await;
+        out.write_all(bytes).await?;
+        out.flush().await
+    }
+
+    /// Writes one JSON message as a line.
+    async fn send(&self, msg: &Value) -> io::Result<()> {
+        let mut bytes = serde_json::to_vec(msg)?;
+        bytes.push(b'\n');
+        self.write(&bytes).await
+    }
+
+    /// The session with this id, if known.
+    fn session(&self, id: &str) -> Option<Arc<Session>> {
+        lock(&self.sessions).get(id).cloned()
+    }
+
+    /// The session with this id, created empty if unknown.
+    fn session_or_create(&self, id: &str) -> Arc<Session> {
+        let mut s = lock(&self.sessions);
+        s.entry(id.to_owned())
+            .or_insert_with(|| Arc::new(Session::new(id)))
+            .clone()
+    }
+
+    /// Handles one parsed-or-not input line.
+    async fn handle(self: &Arc<Self>, line: &[u8], tasks: &mut JoinSet<()>) -> io::Result<()> {
+        let msg: Value = match serde_json::from_slice(line) {
+            Ok(v) => v,
+            Err(e) => {
+                return self
+                    .send(&error(Value::Null, -32700, &format!("parse error: {e}")))
+                    .await;
+            }
+        };
+        let Some(obj) = msg.as_object() else {
+            return self
+                .send(&error(Value::Null, -32600, "invalid request"))
+                .await;
+        };
+        let params = obj.get("params").cloned().unwrap_or(Value::Null);
+        match (obj.get("method").and_then(Value::as_str), obj.get("id")) {
+            (Some(method), Some(id)) => match self.request(method, id, params, tasks).await? {
+                Some(Ok(result)) => {
+                    self.send(&json!({"jsonrpc": "2.0", "id": id, "result": result}))
+                        .await
+                }
+                Some(Err((code, message))) => self.send(&error(id.clone(), code, message)).await,
+                None => Ok(()),
+            },
+            (Some("session/cancel"), None) => {
+                if let Some(s) = params
+                    .get("sessionId")
+                    .and_then(Value::as_str)
+                    .and_then(|id| self.session(id))
+                {
+                    s.cancel();
+                }
+                Ok(())
+            }
+            (Some(_), None) => Ok(()), // unknown notifications are ignored
+            (None, Some(id)) if obj.contains_key("result") || obj.contains_key("error") => {
+                if let Some(tx) = id.as_u64().and_then(|id| lock(&self.pending).remove(&id)) {
+                    let _ = tx.send(msg); // the asker may have given up (cancelled)
+                }
+                Ok(())
+            }
+            (None, id) => {
+                self.send(&error(
+                    id.cloned().unwrap_or(Value::Null),
+                    -32600,
+                    "invalid request",
+                ))
+                .await
+            }
+        }
+    }
+
+    /// Handles a request. `None` means a spawned task answers it later.
+    async fn request(
+        self: &Arc<Self>,
+        method: &str,
+        id: &Value,
+        params: Value,
+        tasks: &mut JoinSet<()>,
+    ) -> io::Result<Option<Result<Value, (i64, &'static str)>>> {
+        let session_id = params.get("sessionId").and_then(Value::as_str);
+        let answer = match (method, session_id) {
+            ("initialize", _) => Ok(json!({
+                "protocolVersion": 1,
+                "agentCapabilities": {
+                    "loadSession": self.opts.load_session,
+                    "promptCapabilities": {"image": false, "audio": false, "embeddedContext": true},
+                    "sessionCapabilities": {"resume": {}, "close": {}},
+                },
+                "agentInfo": {"name": "acp-gateway-demo-agent", "version": env!("CARGO_PKG_VERSION")},
+                "authMethods": [],
+            })),
+            ("authenticate", _) => Ok(json!({})),
+            ("session/new", _) => {
+                let sid = format!("demo-{}", uuid::Uuid::new_v4());
+                self.session_or_create(&sid);
+                Ok(json!({"sessionId": sid}))
+            }
+            ("session/load", Some(sid)) if self.opts.load_session => {
+                // Unknown ids are created empty: the gateway restores sessions of dead processes.
+                let s = self.session_or_create(sid);
+                let mut buf = Vec::new();
+                for update in lock(&s.history).iter() {
+                    buf.extend_from_slice(&s.prefix);
+                    buf.extend_from_slice(update.as_bytes());
+                    buf.extend_from_slice(b"}}\n");
+                }
+                serde_json::to_writer(
+                    &mut buf,
+                    &json!({"jsonrpc": "2.0", "id": id, "result": {}}),
+                )?;
+                buf.push(b'\n');
+                self.write(&buf).await?;
+                return Ok(None);
+            }
+            ("session/resume", Some(sid)) => {
+                self.session_or_create(sid);
+                Ok(json!({}))
+            }
+            ("session/close", Some(sid)) => {
+                if let Some(s) = lock(&self.sessions).remove(sid) {
+                    s.cancel();
+                }
+                Ok(json!({}))
+            }
+            ("session/prompt", Some(sid)) => match (self.session(sid), params.get("prompt")) {
+                (None, _) => Err((-32002, "session not found")),
+                (Some(_), None) => Err((-32602, "invalid params: missing prompt")),
+                (Some(s), Some(_)) => {
+                    let token = lock(&s.cancel).clone();
+                    tasks.spawn(self.clone().prompt(s, id.clone(), params, token));
+                    return Ok(None);
+                }
+            },
+            ("session/load" | "session/resume" | "session/close" | "session/prompt", None)
+                if method != "session/load" || self.opts.load_session =>
+            {
+                Err((-32602, "invalid params: missing sessionId"))
+            }
+            _ => Err((-32601, "method not found")),
+        };
+        Ok(Some(answer))
+    }
+
+    /// Runs one prompt turn (in its own task) and answers the request.
+    async fn prompt(
+        self: Arc<Self>,
+        s: Arc<Session>,
+        id: Value,
+        params: Value,
+        token: CancellationToken,
+    ) {
+        let blocks = params
+            .get("prompt")
+            .and_then(Value::as_array)
+            .map_or(&[][..], Vec::as_slice);
+        let text = blocks
+            .iter()
+            .find(|b| b.get("type").and_then(Value::as_str) == Some("text"))
+            .and_then(|b| b.get("text").and_then(Value::as_str))
+            .unwrap_or_default();
+        let c = parse_controls(text);
+        let mut t = Turn {
+            agent: &self,
+            session: &s,
+            buf: Vec::with_capacity(FLUSH_AT + 4096),
+            upd: Vec::with_capacity(512),
+            delay: Duration::from_micros(c.delay_us.unwrap_or(self.opts.delay_us)),
+            token: &token,
+        };
+        let result = tokio::select! {
+            _ = token.cancelled() => Err(Stop::Cancelled),
+            guard = s.turn.lock() => {
+                let r = t.run(blocks, text, &c).await;
+                drop(guard);
+                r
+            }
+        };
+        let stop_reason = match result {
+            Ok(()) => "end_turn",
+            Err(Stop::Cancelled) => "cancelled",
+            Err(Stop::Io(e)) => {
+                eprintln!("demo-agent: output failed: {e}");
+                return;
+            }
+        };
+        let answer = json!({"jsonrpc": "2.0", "id": id, "result": {"stopReason": stop_reason}});
+        if serde_json::to_writer(&mut t.buf, &answer).is_ok() {
+            t.buf.push(b'\n');
+        }
+        if let Err(e) = t.flush().await {
+            eprintln!("demo-agent: output failed: {e}");
+        }
+    }
+
+    /// Asks the client for permission to run a tool call; waits for the answer or cancellation.
+    async fn ask_permission(
+        &self,
+        s: &Session,
+        tool_call: &Value,
+        token: &CancellationToken,
+    ) -> io::Result<Decision> {
+        let rid = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let (tx, rx) = oneshot::channel();
+        lock(&self.pending).insert(rid, tx);
+        let req = json!({"jsonrpc": "2.0", "id": rid, "method": "session/request_permission", "params": {
+            "sessionId": s.id,
+            "toolCall": tool_call,
+            "options": [
+                {"optionId": "allow", "name": "Allow once", "kind": "allow_once"},
+                {"optionId": "reject", "name": "Reject once", "kind": "reject_once"},
+            ],
+        }});
+        let sent = self.send(&req).await;
+        let answer = match sent {
+            Ok(()) => tokio::select! { r = rx => r.ok(), _ = token.cancelled() => None },
+            Err(_) => None,
+        };
+        lock(&self.pending).remove(&rid);
+        sent?;
+        Ok(answer.map_or(Decision::Cancelled, |v| decide(&v)))
+    }
+}
+
+/// Maps a permission response to a decision; JSON-RPC errors and malformed answers reject.
+fn decide(response: &Value) -> Decision {
+    let outcome = response.pointer("/result/outcome");
+    match outcome
+        .and_then(|o| o.get("outcome"))
+        .and_then(Value::as_str)
+    {
+        Some("cancelled") => Decision::Cancelled,
+        Some("selected") if outcome.and_then(|o| o.get("optionId")) == Some(&json!("allow")) => {
+            Decision::Allow
+        }
+        _ => Decision::Reject,
+    }
+}
+
+/// One prompt turn's output state: a batch buffer and a scratch buffer for the current update.
+struct Turn<'a> {
+    /// The agent (output stream, options).
+    agent: &'a Agent,
+    /// The session this turn belongs to.
+    session: &'a Session,
+    /// Complete lines not yet written.
+    buf: Vec<u8>,
+    /// The current update object, serialized.
+    upd: Vec<u8>,
+    /// Pause after each update; zero means batch output instead.
+    delay: Duration,
+    /// Cancelled when the client cancels this prompt.
+    token: &'a CancellationToken,
+}
+
+impl Turn<'_> {
+    /// Writes out the batch buffer.
+    async fn flush(&mut self) -> io::Result<()> {
+        if !self.buf.is_empty() {
+            self.agent.write(&self.buf).await?;
+            self.buf.clear();
+        }
+        Ok(())
+    }
+
+    /// Sends the update in `self.upd` (and records it), then paces or batches.
+    async fn emit(&mut self) -> Result<(), Stop> {
+        let upd = std::str::from_utf8(&self.upd).unwrap_or("{}");
+        self.session.record(upd);
+        self.buf.extend_from_slice(&self.session.prefix);
+        self.buf.extend_from_slice(upd.as_bytes());
+        self.buf.extend_from_slice(b"}}\n");
+        if self.delay.is_zero() {
+            if self.buf.len() >= FLUSH_AT {
+                self.flush().await?;
+                tokio::task::consume_budget().await;
+            }
+        } else {
+            self.flush().await?;
+            tokio::select! {
+                _ = self.token.cancelled() => {}
+                _ = tokio::time::sleep(self.delay) => {}
+            }
+        }
+        if self.token.is_cancelled() {
+            Err(Stop::Cancelled)
+        } else {
+            Ok(())
+        }
+    }
+
+    /// Sends an update given as a JSON value.
+    async fn emit_json(&mut self, update: &Value) -> Result<(), Stop> {
+        self.upd.clear();
+        serde_json::to_writer(&mut self.upd, update).map_err(io::Error::from)?;
+        self.emit().await
+    }
+
+    /// Sends one `agent_message_chunk` with `text` (fast path: no `Value` built).
+    async fn chunk(&mut self, text: &str) -> Result<(), Stop> {
+        self.upd.clear();
+        self.upd.extend_from_slice(
+            br#"{"sessionUpdate":"agent_message_chunk","content":{"type":"text","text":"#,
+        );
+        serde_json::to_writer(&mut self.upd, text).map_err(io::Error::from)?;
+        self.upd.extend_from_slice(b"}}");
+        self.emit().await
+    }
+
+    /// The body of a turn, from recording the user's message to the last chunk.
+    async fn run(&mut self, blocks: &[Value], text: &str, c: &Controls) -> Result<(), Stop> {
+        for block in blocks {
+            self.session.record(
+                &json!({"sessionUpdate": "user_message_chunk", "content": block}).to_string(),
+            );
+        }
+        if let Some(title) = &c.title {
+            self.emit_json(&json!({"sessionUpdate": "session_info_update", "title": title}))
+                .await?;
+        }
+        if c.crash {
+            self.chunk("chunk 1/1: crashing now").await?;
+            self.flush().await?;
+            eprintln!("demo-agent: [crash] requested, exiting with code 3");
+            std::process::exit(3);
+        }
+        self.emit_json(&json!({"sessionUpdate": "plan", "entries": [
+            {"content": "Read the prompt", "priority": "high", "status": "completed"},
+            {"content": "Look at the context", "priority": "medium", "status": "in_progress"},
+            {"content": "Stream the reply", "priority": "low", "status": "pending"},
+        ]}))
+        .await?;
+        if c.hang {
+            self.flush().await?;
+            self.token.cancelled().await;
+            return Err(Stop::Cancelled);
+        }
+        let call_id = format!("call-{}", uuid::Uuid::new_v4().simple());
+        let (kind, title) = if c.permission {
+            ("read", "Read the workspace")
+        } else {
+            ("think", "Think about the prompt")
+        };
+        let tool_call =
+            json!({"toolCallId": call_id, "title": title, "kind": kind, "status": "pending"});
+        let mut update = tool_call.clone();
+        update["sessionUpdate"] = json!("tool_call");
+        self.emit_json(&update).await?;
+        let mut allowed = "";
+        if c.permission {
+            self.flush().await?;
+            match self
+                .agent
+                .ask_permission(self.session, &tool_call, self.token)
+                .await?
+            {
+                Decision::Allow => allowed = "allowed; ",
+                Decision::Cancelled => return Err(Stop::Cancelled),
+                Decision::Reject => {
+                    self.emit_json(&json!({"sessionUpdate": "tool_call_update", "toolCallId": call_id, "status": "failed"}))
+                        .await?;
+                    return self.chunk("rejected").await;
+                }
+            }
+        }
+        for status in ["in_progress", "completed"] {
+            self.emit_json(&json!({"sessionUpdate": "tool_call_update", "toolCallId": call_id, "status": status}))
+                .await?;
+        }
+        let echo = text
+            .char_indices()
+            .nth(ECHO_MAX)
+            .and_then(|(i, _)| text.get(..i))
+            .unwrap_or(text);
+        let n = c.chunks.unwrap_or(self.agent.opts.chunks);
+        let mut line = String::with_capacity(echo.len() + 64);
+        for i in 1..=n {
+            line.clear();
+            let _ = writeln!(line, "chunk {i}/{n}: {allowed}you said: {echo}");
+            self.chunk(&line).await?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+    use agent_client_protocol_schema::v1;
+
+    #[test]
+    fn parses_controls() {
+        let c = parse_controls(
+            "hi [chunks=3] [delay_us=0] [permission] [title=My Title] [hang] [crash]",
+        );
+        assert_eq!(c.chunks, Some(3));
+        assert_eq!(c.delay_us, Some(0));
+        assert!(c.permission && c.hang && c.crash);
+        assert_eq!(c.title.as_deref(), Some("My Title"));
+        assert_eq!(parse_controls("plain text"), Controls::default());
+    }
+
+    #[test]
+    fn ignores_malformed_controls() {
+        let c = parse_controls("[chunks=x] [delay_us=-1] [title=] [title=unterminated [chunks=5");
+        assert_eq!(c, Controls::default());
+        assert_eq!(parse_controls("[chunks= 12 ]").chunks, Some(12));
+        assert_eq!(parse_controls("[title=é]").title.as_deref(), Some("é"));
+        assert!(!parse_controls("[permission").permission);
+    }
+
+    #[test]
+    fn decides_permission() {
+        let sel = |o: &str| json!({"result": {"outcome": {"outcome": "selected", "optionId": o}}});
+        assert_eq!(decide(&sel("allow")), Decision::Allow);
+        assert_eq!(decide(&sel("reject")), Decision::Reject);
+        assert_eq!(
+            decide(&json!({"result": {"outcome": {"outcome": "cancelled"}}})),
+            Decision::Cancelled
+        );
+        assert_eq!(
+            decide(&json!({"error": {"code": -32603, "message": "x"}})),
+            Decision::Reject
+        );
+    }
+
+    /// The client side of an in-process agent.
+    struct Client(
+        tokio::io::DuplexStream,
+        tokio::io::Lines<BufReader<tokio::io::DuplexStream>>,
+    );
+
+    impl Client {
+        async fn send(&mut self, msg: Value) {
+            self.0
+                .write_all(format!("{msg}\n").as_bytes())
+                .await
+                .unwrap();
+        }
+        async fn recv(&mut self) -> Value {
+            serde_json::from_str(&self.1.next_line().await.unwrap().unwrap()).unwrap()
+        }
+    }
+
+    /// Drives a whole agent in-process and checks wire shapes against the schema crate.
+    #[tokio::test]
+    async fn streams_and_replays() {
+        let (client_out, agent_in) = tokio::io::duplex(1 << 20);
+        let (agent_out, client_in) = tokio::io::duplex(1 << 20);
+        let opts = DemoAgentOptions {
+            delay_us: 0,
+            ..Default::default()
+        };
+        let task = tokio::spawn(serve(opts, agent_in, agent_out));
+        let mut c = Client(client_out, BufReader::new(client_in).lines());
+        c.send(json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {"protocolVersion": 1}})).await;
+        let init: v1::InitializeResponse =
+            serde_json::from_value(c.recv().await["result"].take()).unwrap();
+        let caps = init.agent_capabilities;
+        assert!(caps.load_session && caps.session_capabilities.resume.is_some());
+        c.0.write_all(b"not json\n").await.unwrap();
+        assert_eq!(c.recv().await["error"]["code"], -32700);
+        c.send(json!({"jsonrpc": "2.0", "id": 2, "method": "session/new", "params": {"cwd": "/", "mcpServers": []}})).await;
+        let sid = c.recv().await["result"]["sessionId"]
+            .as_str()
+            .unwrap()
+            .to_owned();
+        let text = "hello [chunks=3] [title=T] [permission]";
+        let prompt = json!([{"type": "text", "text": text}]);
+        c.send(json!({"jsonrpc": "2.0", "id": 3, "method": "session/prompt", "params": {"sessionId": sid, "prompt": prompt}})).await;
+        let mut kinds = Vec::new();
+        loop {
+            let mut m = c.recv().await;
+            if m["method"] == "session/request_permission" {
+                let _: v1::RequestPermissionRequest =
+                    serde_json::from_value(m["params"].take()).unwrap();
+                let outcome = json!({"outcome": {"outcome": "selected", "optionId": "allow"}});
+                c.send(json!({"jsonrpc": "2.0", "id": m["id"], "result": outcome}))
+                    .await;
+                kinds.push("permission".to_owned());
+            } else if m["method"] == "session/update" {
+                let kind = m["params"]["update"]["sessionUpdate"]
+                    .as_str()
+                    .unwrap()
+                    .to_owned();
+                if kind == "agent_message_chunk" {
+                    assert!(
+                        m["params"]["update"]["content"]["text"]
+                            .as_str()
+                            .unwrap()
+                            .contains("allowed")
+                    );
+                }
+                let n: v1::SessionNotification =
+                    serde_json::from_value(m["params"].take()).unwrap();
+                assert_eq!(n.session_id.0.as_ref(), sid);
+                kinds.push(kind);
+            } else {
+                assert_eq!(
+                    (m["id"].as_i64(), m["result"]["stopReason"].as_str()),
+                    (Some(3), Some("end_turn"))
+                );
+                break;
+            }
+        }
+        let chunk = "agent_message_chunk";
+        let expect = [
+            "session_info_update",
+            "plan",
+            "tool_call",
+            "permission",
+            "tool_call_update",
+            "tool_call_update",
+            chunk,
+            chunk,
+            chunk,
+        ];
+        assert_eq!(kinds, expect);
+        c.send(json!({"jsonrpc": "2.0", "id": 4, "method": "session/load", "params": {"sessionId": sid, "cwd": "/", "mcpServers": []}})).await;
+        assert_eq!(
+            c.recv().await["params"]["update"]["sessionUpdate"],
+            "user_message_chunk"
+        );
+        for _ in 1..expect.len() {
+            assert_eq!(c.recv().await["method"], "session/update");
+        }
+        assert_eq!(c.recv().await["id"], 4);
+        drop(c);
+        task.await.unwrap().unwrap();
+    }
+}

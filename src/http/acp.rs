@@ -1,0 +1,80 @@
+//! `GET /acp`: authenticate, pick the agent, upgrade, and hand the socket to the bridge.
+
+use std::sync::Arc;
+
+use axum::Router;
+use axum::extract::ws::WebSocketUpgrade;
+use axum::extract::ws::rejection::WebSocketUpgradeRejection;
+use axum::extract::{Query, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use serde::Deserialize;
+use serde_json::json;
+
+use crate::app::Gateway;
+use crate::auth::extract::authenticate;
+use crate::config::DEFAULT_AGENT;
+
+/// Response header naming the connection (transport RFD).
+pub const CONNECTION_ID_HEADER: &str = "acp-connection-id";
+
+pub(super) fn router() -> Router<Arc<Gateway>> {
+    Router::new().route("/acp", get(upgrade))
+}
+
+#[derive(Debug, Deserialize)]
+struct AcpQuery {
+    agent: Option<String>,
+}
+
+fn refuse(status: StatusCode, message: &str) -> Response {
+    (status, axum::Json(json!({ "error": message }))).into_response()
+}
+
+async fn upgrade(
+    State(gw): State<Arc<Gateway>>,
+    headers: HeaderMap,
+    uri: axum::http::Uri,
+    Query(q): Query<AcpQuery>,
+    ws: Result<WebSocketUpgrade, WebSocketUpgradeRejection>,
+) -> Response {
+    // Authentication comes first: no token, no upgrade, whatever else is wrong.
+    let identity = match authenticate(&gw, &headers, uri.query()) {
+        Ok(identity) => identity,
+        Err(unauthorized) => return unauthorized.into_response(),
+    };
+    let ws = match ws {
+        Ok(ws) => ws,
+        Err(rejection) => return rejection.into_response(),
+    };
+    let agent = q.agent.as_deref().unwrap_or(DEFAULT_AGENT);
+    let Some(pool) = gw.pools.get(agent).cloned() else {
+        return refuse(StatusCode::NOT_FOUND, &format!("unknown agent {agent:?}"));
+    };
+    if gw.is_draining() {
+        return refuse(StatusCode::SERVICE_UNAVAILABLE, "gateway is shutting down");
+    }
+    let Ok(slot) = gw.connection_slots.clone().try_acquire_owned() else {
+        return refuse(StatusCode::SERVICE_UNAVAILABLE, "too many connections");
+    };
+    let conn_id: Arc<str> = Arc::from(format!("{}-{}", gw.replica, uuid::Uuid::new_v4().simple()));
+    let limits = &gw.config.limits;
+    let tracked = gw.tracker.token();
+    let id = conn_id.clone();
+    let state = gw.clone();
+    let mut response = ws
+        .protocols(["acp"])
+        .max_message_size(limits.max_frame_bytes)
+        .max_frame_size(limits.max_frame_bytes)
+        .on_failed_upgrade(|e| tracing::info!(error = %e, "WebSocket upgrade failed"))
+        .on_upgrade(move |socket| async move {
+            crate::bridge::serve(socket, state, identity, id, pool).await;
+            drop(slot);
+            drop(tracked);
+        });
+    if let Ok(v) = HeaderValue::from_str(&conn_id) {
+        response.headers_mut().insert(CONNECTION_ID_HEADER, v);
+    }
+    response
+}

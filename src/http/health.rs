@@ -1,0 +1,58 @@
+//! `/healthz` (the process runs), `/readyz` (it can serve), `/metrics` (Prometheus).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::extract::State;
+use axum::http::{StatusCode, header};
+use axum::response::IntoResponse;
+use axum::routing::get;
+use axum::{Json, Router};
+use serde_json::json;
+
+use crate::app::Gateway;
+use crate::config::DEFAULT_AGENT;
+
+pub(super) fn router() -> Router<Arc<Gateway>> {
+    Router::new().route("/healthz", get(healthz)).route("/readyz", get(readyz)).route("/metrics", get(metrics))
+}
+
+async fn healthz() -> Json<serde_json::Value> {
+    Json(json!({ "status": "ok" }))
+}
+
+/// Ready when the database answers, the default agent can be started, and we are not draining.
+async fn readyz(State(gw): State<Arc<Gateway>>) -> impl IntoResponse {
+    let database = match tokio::time::timeout(Duration::from_secs(3), gw.store.ping()).await {
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(e)) => Err(e.to_string()),
+        Err(_) => Err(String::from("timed out")),
+    };
+    let agent = match gw.pools.get(DEFAULT_AGENT) {
+        Some(pool) => match tokio::time::timeout(Duration::from_secs(30), pool.info()).await {
+            Ok(Ok(_)) => Ok(()),
+            Ok(Err(e)) => Err(e.message.to_string()),
+            Err(_) => Err(String::from("timed out starting the agent")),
+        },
+        None => Err(String::from("no default agent configured")),
+    };
+    let draining = gw.is_draining();
+    let ready = database.is_ok() && agent.is_ok() && !draining;
+    let check = |r: &Result<(), String>| match r {
+        Ok(()) => json!("ok"),
+        Err(e) => json!(format!("error: {e}")),
+    };
+    let body = json!({
+        "status": if ready { "ready" } else { "unavailable" },
+        "checks": { "database": check(&database), "defaultAgent": check(&agent), "draining": draining },
+    });
+    (if ready { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE }, Json(body))
+}
+
+async fn metrics(State(gw): State<Arc<Gateway>>) -> impl IntoResponse {
+    metrics::gauge!("acp_gateway_sessions_in_memory").set(gw.registry.len() as f64);
+    for (name, pool) in gw.pools.iter() {
+        metrics::gauge!("acp_gateway_pool_processes", "agent" => name.clone()).set(pool.process_count() as f64);
+    }
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], crate::telemetry::render_metrics())
+}

@@ -1,0 +1,28 @@
+//! HTTP routes, merged in one place: health and metrics, the `/acp` WebSocket endpoint, the REST
+//! API, the web UI's login, and the static web UI.
+
+mod acp;
+mod health;
+mod rest;
+
+use std::sync::Arc;
+
+use axum::Router;
+use axum::http::{HeaderValue, header};
+use tower_http::services::ServeDir;
+use tower_http::set_header::SetResponseHeaderLayer;
+
+use crate::app::Gateway;
+
+/// The whole HTTP surface.
+pub fn router(gw: Arc<Gateway>) -> Router {
+    let static_files = ServeDir::new(&gw.config.static_dir);
+    Router::new()
+        .merge(health::router())
+        .merge(acp::router())
+        .merge(rest::router())
+        .fallback_service(static_files)
+        .layer(SetResponseHeaderLayer::if_not_present(header::X_CONTENT_TYPE_OPTIONS, HeaderValue::from_static("nosniff")))
+        .layer(SetResponseHeaderLayer::if_not_present(header::REFERRER_POLICY, HeaderValue::from_static("no-referrer")))
+        .with_state(gw)
+}

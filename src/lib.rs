@@ -1,0 +1,36 @@
+//! # acp-gateway
+//!
+//! A multi-user WebSocket gateway for Agent Client Protocol (ACP) agents. Browsers and remote ACP
+//! clients connect to `/acp`; the gateway authenticates them (JWT), bridges them to pooled stdio
+//! agent processes, and keeps every session and its full transcript in a database so that any
+//! client can list, reload and resume its sessions with nothing lost.
+//!
+//! # Layout
+//!
+//! - [`cli`]: the commands (`serve`, `token`, `migrate`, `demo-agent`). `main.rs` only calls it.
+//! - [`config`]: defaults → TOML file → environment → flags.
+//! - [`app`]: builds every part, serves, and shuts down in order.
+//! - [`http`]: the routes: health, metrics, `/acp` upgrade, REST API, login, static web UI.
+//! - [`auth`]: JWT verification and minting; where tokens come from.
+//! - [`bridge`]: one WebSocket connection: reading, writing, and what each method does.
+//! - [`session`]: live sessions: sequence numbers, attached clients, agent requests.
+//! - [`pool`]: agent processes, pooled per agent; spawning, routing stdout, reaping.
+//! - [`store`]: the `Store` trait (SQLite and Postgres), the batching transcript writer, cursors.
+//! - [`api`]: `session/list` and deletion, shared by ACP and REST.
+//! - [`protocol`]: JSON-RPC parsing (once, borrowed) and frame building (no re-serialization).
+//! - [`demo_agent`]: the built-in offline ACP agent.
+//! - [`telemetry`]: logs and Prometheus metrics.
+
+pub mod api;
+pub mod app;
+pub mod auth;
+pub mod bridge;
+pub mod cli;
+pub mod config;
+pub mod demo_agent;
+pub mod http;
+pub mod pool;
+pub mod protocol;
+pub mod session;
+pub mod store;
+pub mod telemetry;

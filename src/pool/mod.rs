@@ -1,0 +1,306 @@
+//! Agent processes, pooled per configured agent.
+//!
+//! Processes start on demand (or ahead of demand, `min_idle`), are initialized once by the
+//! gateway, carry up to `max_sessions_per_process` sessions of one user (several users only when
+//! `share_between_users`), are stopped when idle, and are replaced when they die: a dead process
+//! is dropped from the pool and the next request starts a fresh one. A failed spawn fails only
+//! the request that needed it.
+
+pub mod process;
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use serde::Deserialize;
+use serde_json::value::RawValue;
+use tokio_util::task::TaskTracker;
+
+pub use process::AgentProcess;
+
+use crate::config::{AgentConfig, Config};
+use crate::protocol::RpcError;
+
+/// What an agent said about itself in `initialize`.
+#[derive(Debug)]
+pub struct AgentInfo {
+    /// The whole `initialize` result, raw.
+    pub result: Box<RawValue>,
+    /// `agentCapabilities`.
+    pub capabilities: serde_json::Map<String, serde_json::Value>,
+    /// `agentInfo`, if given.
+    pub agent_info: Option<serde_json::Value>,
+    /// `authMethods`, if given.
+    pub auth_methods: Option<serde_json::Value>,
+}
+
+impl AgentInfo {
+    fn parse(result: Box<RawValue>) -> Result<Self, RpcError> {
+        #[derive(Deserialize)]
+        struct Init {
+            #[serde(rename = "agentCapabilities", default)]
+            capabilities: serde_json::Map<String, serde_json::Value>,
+            #[serde(rename = "agentInfo", default)]
+            agent_info: Option<serde_json::Value>,
+            #[serde(rename = "authMethods", default)]
+            auth_methods: Option<serde_json::Value>,
+        }
+        let init: Init = serde_json::from_str(result.get()).map_err(|e| RpcError::internal(format!("agent's initialize result is malformed: {e}")))?;
+        Ok(Self { result, capabilities: init.capabilities, agent_info: init.agent_info, auth_methods: init.auth_methods })
+    }
+
+    /// Whether the agent itself supports `session/resume`.
+    pub fn can_resume(&self) -> bool {
+        self.capabilities.get("sessionCapabilities").and_then(|c| c.get("resume")).is_some_and(|v| !v.is_null())
+    }
+
+    /// Whether the agent itself supports `session/load`.
+    pub fn can_load(&self) -> bool {
+        self.capabilities.get("loadSession").and_then(serde_json::Value::as_bool).unwrap_or(false)
+    }
+
+    /// Whether the agent itself supports `session/close`.
+    pub fn can_close(&self) -> bool {
+        self.capabilities.get("sessionCapabilities").and_then(|c| c.get("close")).is_some_and(|v| !v.is_null())
+    }
+}
+
+/// The processes of one configured agent.
+#[derive(Debug)]
+pub struct AgentPool {
+    /// The agent's configured name.
+    pub name: Arc<str>,
+    /// How to start it and pool it.
+    cfg: AgentConfig,
+    /// stdout line cap.
+    max_line_bytes: usize,
+    /// Live (or just-died, until the next sweep) processes.
+    procs: Mutex<Vec<Arc<AgentProcess>>>,
+    /// Serializes spawning so that a burst of requests does not start a burst of processes.
+    spawn_gate: tokio::sync::Mutex<()>,
+    /// The agent's `initialize` answer, from the first process that gave one.
+    info: Mutex<Option<Arc<AgentInfo>>>,
+    /// Source of process ids (shared across pools for readable logs).
+    ids: Arc<AtomicU64>,
+    /// Tracks every process task, so shutdown can wait for them.
+    tracker: TaskTracker,
+}
+
+impl AgentPool {
+    fn new(name: &str, cfg: AgentConfig, max_line_bytes: usize, ids: Arc<AtomicU64>, tracker: TaskTracker) -> Self {
+        Self {
+            name: Arc::from(name),
+            cfg,
+            max_line_bytes,
+            procs: Mutex::new(Vec::new()),
+            spawn_gate: tokio::sync::Mutex::new(()),
+            info: Mutex::new(None),
+            ids,
+            tracker,
+        }
+    }
+
+    fn timeout(&self) -> Duration {
+        Duration::from_secs(self.cfg.pool.request_timeout_secs)
+    }
+
+    /// The agent's capabilities, starting a (warm, unassigned) process to learn them if needed.
+    pub async fn info(&self) -> Result<Arc<AgentInfo>, RpcError> {
+        if let Some(info) = self.cached_info() {
+            return Ok(info);
+        }
+        let _gate = self.spawn_gate.lock().await;
+        if let Some(info) = self.cached_info() {
+            return Ok(info);
+        }
+        self.spawn_locked().await?;
+        self.cached_info().ok_or_else(|| RpcError::internal("agent did not initialize"))
+    }
+
+    /// The capabilities, if a process has reported them.
+    pub fn cached_info(&self) -> Option<Arc<AgentInfo>> {
+        self.info.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// A process for a new (or restored) session of `user`, with a session slot reserved.
+    /// Call [`AgentProcess::release`] if the session is not bound after all.
+    pub async fn acquire(&self, user: &Arc<str>) -> Result<Arc<AgentProcess>, RpcError> {
+        if let Some(p) = self.pick(user) {
+            return Ok(p);
+        }
+        let _gate = self.spawn_gate.lock().await;
+        if let Some(p) = self.pick(user) {
+            return Ok(p);
+        }
+        let p = self.spawn_locked().await?;
+        if p.claim(user) && p.try_reserve(self.cfg.pool.max_sessions_per_process) {
+            Ok(p)
+        } else {
+            Err(RpcError::internal("agent pool is busy; try again"))
+        }
+    }
+
+    /// An existing process that can take a session of `user`: one of theirs (or shared) with room,
+    /// else a warm unassigned one.
+    fn pick(&self, user: &Arc<str>) -> Option<Arc<AgentProcess>> {
+        let max = self.cfg.pool.max_sessions_per_process;
+        let share = self.cfg.pool.share_between_users;
+        let procs = self.procs.lock().unwrap_or_else(|e| e.into_inner());
+        let live = || procs.iter().filter(|p| !p.is_dead());
+        let mine = live().filter(|p| share || p.owner().as_deref() == Some(&**user)).filter(|p| p.owner().is_some() || share);
+        // Fill the least-loaded of the user's processes first.
+        let mut candidates: Vec<&Arc<AgentProcess>> = mine.collect();
+        candidates.sort_by_key(|p| p.reserved());
+        for p in candidates {
+            if p.claim(user) || share {
+                if p.try_reserve(max) {
+                    return Some(p.clone());
+                }
+            }
+        }
+        for p in live().filter(|p| p.owner().is_none()) {
+            if p.claim(user) && p.try_reserve(max) {
+                return Some(p.clone());
+            }
+        }
+        None
+    }
+
+    /// Starts and initializes one process. Caller holds `spawn_gate`.
+    async fn spawn_locked(&self) -> Result<Arc<AgentProcess>, RpcError> {
+        self.sweep();
+        let count = self.procs.lock().unwrap_or_else(|e| e.into_inner()).len();
+        if count >= self.cfg.pool.max_processes {
+            return Err(RpcError::internal(format!(
+                "agent {} has reached max_processes ({}); try again later",
+                self.name, self.cfg.pool.max_processes
+            )));
+        }
+        let id = self.ids.fetch_add(1, Ordering::Relaxed);
+        let p = AgentProcess::spawn(id, self.name.clone(), &self.cfg, self.max_line_bytes, &self.tracker).map_err(|e| {
+            tracing::error!(agent = %self.name, command = %self.cfg.command, error = %e, "cannot start agent");
+            RpcError::internal(format!("cannot start agent {}: {e}", self.name))
+        })?;
+        let client_caps = self.cfg.client_capabilities.clone().unwrap_or_else(|| {
+            serde_json::json!({ "fs": { "readTextFile": false, "writeTextFile": false }, "terminal": false })
+        });
+        let params = serde_json::json!({
+            "protocolVersion": 1,
+            "clientCapabilities": client_caps,
+            "clientInfo": { "name": "acp-gateway", "version": env!("CARGO_PKG_VERSION") },
+        });
+        let result = match p.request("initialize", &params.to_string(), self.timeout()).await {
+            Ok(r) => r,
+            Err(e) => {
+                p.stop();
+                return Err(RpcError::internal(format!("agent {} failed to initialize: {}", self.name, e.message)));
+            }
+        };
+        let info = AgentInfo::parse(result)?;
+        *self.info.lock().unwrap_or_else(|e| e.into_inner()) = Some(Arc::new(info));
+        self.procs.lock().unwrap_or_else(|e| e.into_inner()).push(p.clone());
+        Ok(p)
+    }
+
+    /// Drops dead processes from the pool.
+    fn sweep(&self) {
+        self.procs.lock().unwrap_or_else(|e| e.into_inner()).retain(|p| !p.is_dead());
+    }
+
+    /// Periodic upkeep: forget dead processes, stop idle ones, keep `min_idle` warm ones.
+    pub async fn maintain(&self) {
+        self.sweep();
+        let idle_timeout = Duration::from_secs(self.cfg.pool.idle_timeout_secs);
+        let warm = {
+            let procs = self.procs.lock().unwrap_or_else(|e| e.into_inner());
+            let mut warm = procs.iter().filter(|p| p.owner().is_none()).count();
+            for p in procs.iter() {
+                // Keep unassigned processes up to min_idle; stop everything else that is idle.
+                let unassigned = p.owner().is_none();
+                if p.is_idle(idle_timeout) && (!unassigned || warm > self.cfg.pool.min_idle) {
+                    tracing::info!(agent = %self.name, process = p.id, "stopping idle agent process");
+                    p.stop();
+                    if unassigned {
+                        warm -= 1;
+                    }
+                }
+            }
+            warm
+        };
+        for _ in warm..self.cfg.pool.min_idle {
+            let _gate = self.spawn_gate.lock().await;
+            if let Err(e) = self.spawn_locked().await {
+                tracing::warn!(agent = %self.name, error = %e, "cannot keep a warm process");
+                break;
+            }
+        }
+    }
+
+    /// Live processes (for tests and metrics).
+    pub fn process_count(&self) -> usize {
+        self.procs.lock().unwrap_or_else(|e| e.into_inner()).iter().filter(|p| !p.is_dead()).count()
+    }
+
+    /// Stops every process.
+    pub fn stop_all(&self) {
+        for p in self.procs.lock().unwrap_or_else(|e| e.into_inner()).iter() {
+            p.stop();
+        }
+    }
+}
+
+/// Every configured agent's pool.
+#[derive(Debug)]
+pub struct Pools {
+    /// By agent name.
+    pools: BTreeMap<String, Arc<AgentPool>>,
+}
+
+impl Pools {
+    /// Pools for every agent in `config`.
+    pub fn new(config: &Config, tracker: TaskTracker) -> Self {
+        let ids = Arc::new(AtomicU64::new(1));
+        let pools = config
+            .agents
+            .iter()
+            .map(|(name, cfg)| {
+                let pool = AgentPool::new(name, cfg.clone(), config.limits.max_line_bytes, ids.clone(), tracker.clone());
+                (name.clone(), Arc::new(pool))
+            })
+            .collect();
+        Self { pools }
+    }
+
+    /// The pool of `name`.
+    pub fn get(&self, name: &str) -> Option<&Arc<AgentPool>> {
+        self.pools.get(name)
+    }
+
+    /// Every pool, by name.
+    pub fn iter(&self) -> impl Iterator<Item = (&String, &Arc<AgentPool>)> {
+        self.pools.iter()
+    }
+
+    /// Runs upkeep every `every` until `cancel` fires.
+    pub async fn run_maintenance(self: Arc<Self>, every: Duration, cancel: tokio_util::sync::CancellationToken) {
+        let mut tick = tokio::time::interval(every);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = tick.tick() => {}
+                () = cancel.cancelled() => return,
+            }
+            for pool in self.pools.values() {
+                pool.maintain().await;
+            }
+        }
+    }
+
+    /// Stops every process of every agent.
+    pub fn stop_all(&self) {
+        for pool in self.pools.values() {
+            pool.stop_all();
+        }
+    }
+}

@@ -1,0 +1,168 @@
+//! Builders for outgoing JSON-RPC frames. Each splices raw JSON into a fresh envelope with one
+//! allocation; none of them re-serializes a payload it was handed.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+
+use serde_json::value::RawValue;
+
+use super::RpcError;
+
+/// Appends `s` as a JSON string literal.
+pub fn push_json_str(out: &mut String, s: &str) {
+    // Writing to a String cannot fail, and serializing a &str cannot fail either.
+    out.push_str(&serde_json::to_string(s).unwrap_or_else(|_| String::from("\"\"")));
+}
+
+/// `{"jsonrpc":"2.0","id":ID,"result":RESULT}` with both parts raw JSON.
+pub fn response(id: &str, result: &str) -> String {
+    let mut out = String::with_capacity(40 + id.len() + result.len());
+    out.push_str(r#"{"jsonrpc":"2.0","id":"#);
+    out.push_str(id);
+    out.push_str(r#","result":"#);
+    out.push_str(result);
+    out.push('}');
+    out
+}
+
+/// `{"jsonrpc":"2.0","id":ID,"error":ERROR}` with both parts raw JSON (forwarding an agent's error).
+pub fn error_passthrough(id: &str, error: &str) -> String {
+    let mut out = String::with_capacity(40 + id.len() + error.len());
+    out.push_str(r#"{"jsonrpc":"2.0","id":"#);
+    out.push_str(id);
+    out.push_str(r#","error":"#);
+    out.push_str(error);
+    out.push('}');
+    out
+}
+
+/// An error response; `id` is raw JSON or `None` for `null`.
+pub fn error(id: Option<&str>, err: &RpcError) -> String {
+    let mut out = String::with_capacity(96);
+    out.push_str(r#"{"jsonrpc":"2.0","id":"#);
+    out.push_str(id.unwrap_or("null"));
+    let _ = write!(out, r#","error":{{"code":{},"message":"#, err.code);
+    push_json_str(&mut out, &err.message);
+    if let Some(data) = &err.data {
+        out.push_str(r#","data":"#);
+        out.push_str(data);
+    }
+    out.push_str("}}");
+    out
+}
+
+/// A request with a numeric id the gateway issued.
+pub fn request(id: u64, method: &str, params: &str) -> String {
+    let mut out = String::with_capacity(48 + method.len() + params.len());
+    let _ = write!(out, r#"{{"jsonrpc":"2.0","id":{id},"method":"#);
+    push_json_str(&mut out, method);
+    out.push_str(r#","params":"#);
+    out.push_str(params);
+    out.push('}');
+    out
+}
+
+/// A request whose id is raw JSON (answering an agent under its own id scheme, or forwarding).
+pub fn request_raw_id(id: &str, method: &str, params: &str) -> String {
+    let mut out = String::with_capacity(48 + method.len() + params.len());
+    out.push_str(r#"{"jsonrpc":"2.0","id":"#);
+    out.push_str(id);
+    out.push_str(r#","method":"#);
+    push_json_str(&mut out, method);
+    out.push_str(r#","params":"#);
+    out.push_str(params);
+    out.push('}');
+    out
+}
+
+/// A notification.
+pub fn notification(method: &str, params: &str) -> String {
+    let mut out = String::with_capacity(40 + method.len() + params.len());
+    out.push_str(r#"{"jsonrpc":"2.0","method":"#);
+    push_json_str(&mut out, method);
+    out.push_str(r#","params":"#);
+    out.push_str(params);
+    out.push('}');
+    out
+}
+
+/// The `session/update` the gateway sends a client: the gateway's session id, the agent's
+/// `update` object verbatim, and `_meta.gateway.seq`. An agent's own `_meta` is kept beside ours.
+pub fn session_update(session_id: &str, update: &str, seq: u64, agent_meta: Option<&RawValue>) -> String {
+    let mut out = String::with_capacity(120 + update.len());
+    out.push_str(r#"{"jsonrpc":"2.0","method":"session/update","params":{"sessionId":"#);
+    push_json_str(&mut out, session_id);
+    out.push_str(r#","update":"#);
+    out.push_str(update);
+    match agent_meta.and_then(|m| serde_json::from_str::<serde_json::Map<String, serde_json::Value>>(m.get()).ok()) {
+        Some(mut meta) => {
+            meta.insert("gateway".into(), serde_json::json!({ "seq": seq }));
+            out.push_str(r#","_meta":"#);
+            out.push_str(&serde_json::Value::Object(meta).to_string());
+            out.push_str("}}");
+        }
+        None => {
+            let _ = write!(out, r#","_meta":{{"gateway":{{"seq":{seq}}}}}}}}}"#);
+        }
+    }
+    out
+}
+
+/// Returns `params` (a JSON object) with `sessionId` set to `session_id`; every other member is
+/// copied as raw JSON. `None` when `params` is not an object.
+pub fn with_session_id(params: &RawValue, session_id: &str) -> Option<String> {
+    let mut members: BTreeMap<std::borrow::Cow<'_, str>, &RawValue> = serde_json::from_str(params.get()).ok()?;
+    members.remove("sessionId");
+    let mut out = String::with_capacity(params.get().len() + session_id.len() + 16);
+    out.push_str(r#"{"sessionId":"#);
+    push_json_str(&mut out, session_id);
+    for (key, value) in members {
+        out.push(',');
+        push_json_str(&mut out, &key);
+        out.push(':');
+        out.push_str(value.get());
+    }
+    out.push('}');
+    Some(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::{Value, json};
+
+    fn parse(s: &str) -> Value {
+        serde_json::from_str(s).expect("valid JSON")
+    }
+
+    #[test]
+    fn update_frame_keeps_payload_bytes_and_adds_seq() {
+        let update = r#"{"sessionUpdate":"agent_message_chunk","content":{"type":"text","text":"hi \"there\""}}"#;
+        let frame = session_update("gw-1", update, 7, None);
+        assert!(frame.contains(update), "payload must be spliced verbatim: {frame}");
+        let v = parse(&frame);
+        assert_eq!(v["params"]["_meta"]["gateway"]["seq"], 7);
+        assert_eq!(v["params"]["sessionId"], "gw-1");
+        let meta: Box<RawValue> = serde_json::from_str(r#"{"agent":{"x":1}}"#).expect("raw");
+        let v = parse(&session_update("gw-1", update, 8, Some(&meta)));
+        assert_eq!(v["params"]["_meta"], json!({"agent":{"x":1},"gateway":{"seq":8}}));
+    }
+
+    #[test]
+    fn rewrites_session_id_only() {
+        let params: Box<RawValue> =
+            serde_json::from_str(r#"{"sessionId":"a","prompt":[{"type":"text","text":"x"}],"z":null}"#).expect("raw");
+        let out = with_session_id(&params, "b\"c").expect("object");
+        assert_eq!(parse(&out), json!({"sessionId":"b\"c","prompt":[{"type":"text","text":"x"}],"z":null}));
+        let not_object: Box<RawValue> = serde_json::from_str("[1]").expect("raw");
+        assert!(with_session_id(&not_object, "b").is_none());
+    }
+
+    #[test]
+    fn error_frames_escape_messages() {
+        let e = RpcError::new(-32602, "bad \"cursor\"").with_data(json!({"k":1}));
+        let v = parse(&error(Some("3"), &e));
+        assert_eq!(v, json!({"jsonrpc":"2.0","id":3,"error":{"code":-32602,"message":"bad \"cursor\"","data":{"k":1}}}));
+        assert_eq!(parse(&error(None, &e))["id"], Value::Null);
+    }
+}

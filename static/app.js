@@ -1,0 +1,874 @@
+// acp-gateway web UI: plain ES module, no framework, no build step.
+//
+// Layout of this file:
+//   1. helpers      — DOM builder, relative time, HTTP (`api`)
+//   2. Connection   — the ACP WebSocket: JSON-RPC plumbing, initialize, reconnect with backoff
+//   3. Conversation — renders `session/update`s (batched per animation frame, de-duplicated by seq)
+//   4. app          — sidebar, session list, prompts, permission requests, sign-in
+//
+// All agent-provided text reaches the DOM through textContent / text nodes, never innerHTML.
+
+// ---------------------------------------------------------------------------------------------
+// 1. Helpers
+
+const $ = (id) => document.getElementById(id);
+
+/** Builds an element. Props: class, testid, text, on<event>, booleans as properties, rest as attributes. */
+function h(tag, props = {}, ...children) {
+  const node = document.createElement(tag);
+  for (const [key, value] of Object.entries(props)) {
+    if (value == null) continue;
+    if (key === 'class') node.className = value;
+    else if (key === 'testid') node.dataset.testid = value;
+    else if (key === 'text') node.textContent = value;
+    else if (key.startsWith('on')) node.addEventListener(key.slice(2), value);
+    else if (typeof value === 'boolean') node[key] = value;
+    else node.setAttribute(key, String(value));
+  }
+  for (const child of children.flat()) if (child != null) node.append(child);
+  return node;
+}
+
+const relFormat = new Intl.RelativeTimeFormat(undefined, { numeric: 'auto' });
+const UNITS = [['year', 31536000], ['month', 2592000], ['week', 604800], ['day', 86400], ['hour', 3600], ['minute', 60]];
+
+function relativeTime(iso) {
+  const then = Date.parse(iso);
+  if (Number.isNaN(then)) return '';
+  const seconds = (then - Date.now()) / 1000;
+  for (const [unit, size] of UNITS) {
+    if (Math.abs(seconds) >= size) return relFormat.format(Math.round(seconds / size), unit);
+  }
+  return 'just now';
+}
+
+class HttpError extends Error {
+  constructor(status, message) { super(message); this.status = status; }
+}
+
+/** Same-origin JSON fetch; the HttpOnly cookie carries the auth. A 401 shows the sign-in panel. */
+async function api(path, options = {}) {
+  const res = await fetch(path, { credentials: 'same-origin', headers: { Accept: 'application/json' }, ...options });
+  if (res.status === 401) {
+    showSignIn();
+    throw new HttpError(401, 'not signed in');
+  }
+  if (!res.ok) {
+    let message = `${res.status} ${res.statusText}`;
+    try {
+      const body = await res.json();
+      const detail = body.error?.message ?? body.error ?? body.message;
+      if (typeof detail === 'string' && detail) message = detail;
+    } catch { /* body was not JSON */ }
+    throw new HttpError(res.status, message);
+  }
+  return res.status === 204 ? null : res.json();
+}
+
+// ---------------------------------------------------------------------------------------------
+// 2. Connection
+
+class RpcError extends Error {
+  constructor(error = {}) {
+    super(error.message || 'unknown error');
+    this.code = error.code;
+    this.data = error.data;
+  }
+}
+
+/** A request that was in flight when the socket dropped; the session catches up on reconnect. */
+class ConnectionLost extends Error {
+  constructor() { super('connection lost'); }
+}
+
+const CLIENT_INIT = {
+  protocolVersion: 1,
+  clientCapabilities: { fs: { readTextFile: false, writeTextFile: false }, terminal: false },
+  clientInfo: { name: 'acp-gateway-web', version: '0.1' },
+};
+
+class Connection {
+  /** @param hooks {onStatus, onReady, onMessage, onDrop, onError, authOk} */
+  constructor(hooks) {
+    this.hooks = hooks;
+    this.agent = null;
+    this.ws = null;
+    this.nextId = 1;
+    this.pending = new Map(); // request id → {resolve, reject}
+    this.waiters = []; // requests made before `initialize` completed
+    this.ready = false;
+    this.stopped = true;
+    this.retry = 0;
+    this.timer = null;
+    this.generation = 0; // bumped by open/close so a stale reconnect timer does nothing
+  }
+
+  /** (Re)connects to the given agent, dropping any current socket. */
+  open(agent) {
+    this.close();
+    this.agent = agent;
+    this.stopped = false;
+    this.retry = 0;
+    this.#connect();
+  }
+
+  /** Closes on purpose: no reconnect. */
+  close() {
+    this.stopped = true;
+    this.generation += 1;
+    clearTimeout(this.timer);
+    const ws = this.ws;
+    if (ws) {
+      this.ws = null;
+      ws.close(1000);
+      this.#dropped();
+    }
+    this.#status('disconnected');
+  }
+
+  /** Skips the remaining backoff (e.g. when the browser comes back online). */
+  reconnectNow() {
+    if (this.stopped || this.ws) return;
+    clearTimeout(this.timer);
+    this.#connect();
+  }
+
+  async request(method, params) {
+    if (!this.ready) await new Promise((resolve) => this.waiters.push(resolve));
+    return this.#send(method, params);
+  }
+
+  notify(method, params) {
+    if (this.ready) this.#write({ jsonrpc: '2.0', method, params });
+  }
+
+  respond(id, result) { this.#write({ jsonrpc: '2.0', id, result }); }
+
+  respondError(id, code, message) { this.#write({ jsonrpc: '2.0', id, error: { code, message } }); }
+
+  #write(message) {
+    if (this.ws?.readyState !== WebSocket.OPEN) return false;
+    this.ws.send(JSON.stringify(message));
+    return true;
+  }
+
+  #send(method, params) {
+    const id = this.nextId++;
+    return new Promise((resolve, reject) => {
+      this.pending.set(id, { resolve, reject });
+      if (!this.#write({ jsonrpc: '2.0', id, method, params })) {
+        this.pending.delete(id);
+        reject(new ConnectionLost());
+      }
+    });
+  }
+
+  #status(state) {
+    if (this.state === state) return;
+    this.state = state;
+    this.hooks.onStatus(state);
+  }
+
+  #connect() {
+    const scheme = location.protocol === 'https:' ? 'wss' : 'ws';
+    const query = this.agent ? `?agent=${encodeURIComponent(this.agent)}` : '';
+    this.#status('connecting');
+    let ws;
+    try {
+      ws = new WebSocket(`${scheme}://${location.host}/acp${query}`, ['acp']);
+    } catch (err) {
+      this.hooks.onError(err);
+      this.#scheduleReconnect();
+      return;
+    }
+    this.ws = ws;
+    ws.onopen = () => this.#initialize(ws);
+    ws.onmessage = (event) => {
+      if (this.ws === ws && typeof event.data === 'string') this.#receive(event.data);
+    };
+    ws.onclose = () => {
+      if (this.ws !== ws) return; // closed on purpose, already handled
+      this.ws = null;
+      this.#dropped();
+      this.#scheduleReconnect();
+    };
+  }
+
+  async #initialize(ws) {
+    try {
+      const result = await this.#send('initialize', CLIENT_INIT);
+      if (this.ws !== ws) return;
+      this.initializeResult = result;
+      this.retry = 0;
+      this.ready = true;
+      this.#status('connected');
+      // onReady (session/load catch-up) is written before any queued request.
+      this.hooks.onReady();
+      const waiters = this.waiters;
+      this.waiters = [];
+      waiters.forEach((resume) => resume());
+    } catch (err) {
+      if (this.ws !== ws) return;
+      if (!(err instanceof ConnectionLost)) this.hooks.onError(err);
+      ws.close();
+    }
+  }
+
+  #receive(text) {
+    let msg;
+    try { msg = JSON.parse(text); } catch { return; }
+    if (!msg || typeof msg !== 'object' || Array.isArray(msg)) return;
+    if (typeof msg.method === 'string') {
+      this.hooks.onMessage(msg);
+      return;
+    }
+    const entry = this.pending.get(msg.id);
+    if (entry) {
+      this.pending.delete(msg.id);
+      if (msg.error) entry.reject(new RpcError(msg.error));
+      else entry.resolve(msg.result);
+    } else if (msg.error) {
+      this.hooks.onError(new RpcError(msg.error));
+    }
+  }
+
+  #dropped() {
+    this.ready = false;
+    const pending = [...this.pending.values()];
+    this.pending.clear();
+    pending.forEach(({ reject }) => reject(new ConnectionLost()));
+    this.hooks.onDrop();
+  }
+
+  async #scheduleReconnect() {
+    if (this.stopped) return;
+    const generation = this.generation;
+    this.#status('disconnected');
+    this.retry += 1;
+    // A 401 on the upgrade is invisible to the WebSocket API: ask the HTTP side after repeated failures.
+    if (this.retry >= 2 && !(await this.hooks.authOk())) return;
+    if (this.stopped || this.ws || generation !== this.generation) return;
+    const base = Math.min(15000, 500 * 2 ** (this.retry - 1));
+    this.timer = setTimeout(() => this.#connect(), base * (0.75 + Math.random() * 0.5));
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// 3. Conversation
+
+function contentText(content) {
+  if (!content) return '';
+  switch (content.type) {
+    case 'text': return content.text ?? '';
+    case 'resource_link': return `[${content.name || content.uri}](${content.uri})`;
+    case 'resource': return content.resource?.text ?? `[resource ${content.resource?.uri ?? ''}]`;
+    default: return `[${content.type ?? 'content'}]`;
+  }
+}
+
+function toolContent(item) {
+  if (item?.type === 'content') return h('pre', { class: 'tool-text', text: contentText(item.content) });
+  if (item?.type === 'diff') {
+    return h('div', { class: 'tool-diff' },
+      h('div', { class: 'tool-path', text: item.path ?? '' }),
+      h('pre', { class: 'tool-text', text: item.newText ?? '' }));
+  }
+  if (item?.type === 'terminal') return h('div', { class: 'muted small', text: `terminal ${item.terminalId}` });
+  return h('pre', { class: 'tool-text', text: JSON.stringify(item, null, 2) });
+}
+
+const CHUNK_KINDS = {
+  user_message_chunk: 'user',
+  agent_message_chunk: 'agent',
+  agent_thought_chunk: 'thought',
+};
+const SPEAKERS = { user: 'You', agent: 'Agent', thought: 'Agent (thinking)' };
+
+class Conversation {
+  constructor(log) {
+    this.log = log;
+    this.scheduled = false;
+    this.reset(null);
+  }
+
+  /** Clears the view and starts rendering `sessionId` (or nothing). */
+  reset(sessionId) {
+    this.sessionId = sessionId;
+    this.lastSeq = 0; // highest `_meta.gateway.seq` rendered; used for session/load afterSeq
+    this.queue = [];
+    this.run = null; // the message bubble that consecutive chunks of one kind append to
+    this.tools = new Map(); // toolCallId → card parts
+    this.plan = null;
+    this.planTurn = -1;
+    this.turn = 0; // user messages so far: a plan from an earlier turn is replaced, not updated in place
+    this.echo = ''; // text of a prompt rendered locally, in case the gateway echoes it back
+    this.log.replaceChildren();
+    this.busy(false);
+  }
+
+  busy(on) { this.log.setAttribute('aria-busy', String(on)); }
+
+  enqueue(params) {
+    this.queue.push(params);
+    if (this.scheduled) return;
+    this.scheduled = true;
+    const go = () => { if (this.scheduled) this.flush(); };
+    requestAnimationFrame(go);
+    setTimeout(go, 100); // rAF does not fire in background tabs
+  }
+
+  /** Applies every queued update in one DOM pass. */
+  flush() {
+    this.scheduled = false;
+    const items = this.queue;
+    this.queue = [];
+    if (!items.length) return;
+    const stick = this.log.scrollHeight - this.log.scrollTop - this.log.clientHeight < 80;
+    for (const params of items) {
+      if (params.sessionId !== this.sessionId) continue;
+      const seq = params._meta?.gateway?.seq;
+      if (typeof seq === 'number') {
+        if (seq <= this.lastSeq) continue; // already rendered (replay overlap after reconnect)
+        this.lastSeq = seq;
+      }
+      try {
+        this.apply(params.update ?? {});
+      } catch (err) {
+        console.error('render failed', err, params);
+        this.raw('unrenderable update', params.update);
+      }
+    }
+    if (stick) this.log.scrollTop = this.log.scrollHeight;
+  }
+
+  apply(update) {
+    const kind = CHUNK_KINDS[update.sessionUpdate];
+    if (kind) return this.chunk(kind, contentText(update.content));
+    switch (update.sessionUpdate) {
+      case 'plan': return this.renderPlan(Array.isArray(update.entries) ? update.entries : []);
+      case 'tool_call':
+      case 'tool_call_update': return this.renderTool(update);
+      case 'session_info_update': return undefined; // shown in the sidebar and header
+      default: return this.raw(update.sessionUpdate || 'update', update);
+    }
+  }
+
+  /** Appends a new block; it ends any run of merged chunks. */
+  append(node) {
+    this.run = null;
+    this.log.append(node);
+  }
+
+  chunk(kind, text) {
+    if (kind === 'user' && this.echo) {
+      if (this.echo.startsWith(text)) {
+        this.echo = this.echo.slice(text.length);
+        return;
+      }
+    }
+    this.echo = '';
+    if (this.run?.kind !== kind) {
+      const textNode = document.createTextNode(''); // text only: never parsed as HTML
+      this.append(h('article', { class: `msg msg-${kind}` },
+        h('h3', { class: 'visually-hidden', text: SPEAKERS[kind] }),
+        h('div', { class: 'msg-body', testid: `message-${kind}` }, textNode)));
+      this.run = { kind, textNode };
+      if (kind === 'user') this.turn += 1;
+    }
+    this.run.textNode.appendData(text);
+  }
+
+  /** Renders the user's prompt at once; an echoed user_message_chunk with the same text is skipped. */
+  localPrompt(text) {
+    this.flush();
+    this.chunk('user', text);
+    this.echo = text;
+    this.log.scrollTop = this.log.scrollHeight;
+  }
+
+  renderPlan(entries) {
+    const list = h('ol', { class: 'plan-list' }, entries.map((entry) => {
+      const box = h('input', {
+        type: 'checkbox', disabled: true,
+        checked: entry.status === 'completed', indeterminate: entry.status === 'in_progress',
+      });
+      return h('li', { class: 'plan-entry', 'data-status': entry.status, 'data-priority': entry.priority },
+        h('label', {}, box, h('span', { text: entry.content ?? '' })));
+    }));
+    if (this.plan && this.planTurn === this.turn) {
+      this.plan.querySelector('ol').replaceWith(list);
+      return;
+    }
+    this.plan?.remove();
+    this.plan = h('section', { class: 'plan', testid: 'plan', 'aria-label': 'Plan' },
+      h('h3', { class: 'plan-head', text: 'Plan' }), list);
+    this.planTurn = this.turn;
+    this.append(this.plan);
+  }
+
+  renderTool(update) {
+    let card = this.tools.get(update.toolCallId);
+    if (!card) {
+      card = {
+        title: h('span', { class: 'tool-title', text: 'Tool call' }),
+        kind: h('span', { class: 'tool-kind badge' }),
+        status: h('span', { class: 'tool-status badge', text: 'pending' }),
+        body: h('div', { class: 'tool-body' }),
+      };
+      card.root = h('section', { class: 'tool', testid: 'tool-call', 'data-tool-call-id': update.toolCallId, 'data-status': 'pending' },
+        h('header', { class: 'tool-head' }, card.kind, card.title, card.status), card.body);
+      this.tools.set(update.toolCallId, card);
+      this.append(card.root);
+    }
+    if (update.title != null) card.title.textContent = update.title;
+    if (update.kind) card.kind.textContent = update.kind;
+    if (update.status) {
+      card.status.textContent = update.status.replace(/_/g, ' ');
+      card.root.dataset.status = update.status;
+    }
+    if (Array.isArray(update.content)) card.body.replaceChildren(...update.content.map(toolContent));
+  }
+
+  raw(label, value) {
+    this.append(h('details', { class: 'raw', testid: 'raw-update' },
+      h('summary', { text: label }), h('pre', { text: JSON.stringify(value, null, 2) })));
+  }
+
+  note(text) {
+    this.flush();
+    this.append(h('p', { class: 'note', role: 'status', text }));
+  }
+
+  error(err) {
+    this.flush();
+    const text = err.code != null ? `${err.message} (code ${err.code})` : err.message;
+    const last = this.log.lastElementChild;
+    if (last?.dataset.testid === 'error-banner' && last.dataset.text === text) return; // repeated
+    const banner = h('div', { class: 'banner error', role: 'alert', testid: 'error-banner', 'data-text': text },
+      h('strong', { text: 'Error: ' }), h('span', { text }),
+      h('button', { type: 'button', class: 'icon', 'aria-label': 'Dismiss error', text: '×', onclick: () => banner.remove() }));
+    this.append(banner);
+    this.log.scrollTop = this.log.scrollHeight;
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// 4. App
+
+const ui = {
+  app: $('app'), signin: $('signin'), log: $('log'), permissions: $('permissions'),
+  agentSelect: $('agent-select'), newSession: $('new-session'), search: $('session-search'),
+  list: $('session-list'), empty: $('session-empty'), loadMore: $('load-more'),
+  title: $('session-title'), agentLabel: $('session-agent'), conn: $('conn-status'),
+  composer: $('composer'), input: $('prompt-input'), send: $('send'), stop: $('stop'),
+  toggle: $('sidebar-toggle'), scrim: $('scrim'),
+};
+
+const state = {
+  agents: [],
+  sessions: new Map(), // sessionId → {data, item} for the sidebar
+  cursor: null,
+  listToken: 0, // discards answers to superseded list requests
+  current: null, // {id, cwd, title, agent}
+  running: new Set(), // sessions with a session/prompt in flight
+  permissions: new Map(), // String(request id) → card element
+};
+
+const conv = new Conversation(ui.log);
+
+const conn = new Connection({
+  onStatus(status) {
+    ui.conn.textContent = status;
+    ui.conn.dataset.state = status;
+  },
+  onReady: syncSession,
+  onMessage: handleMessage,
+  onDrop() {
+    // Permission request ids belong to the dropped connection: they cannot be answered any more.
+    state.permissions.forEach((card) => card.remove());
+    state.permissions.clear();
+  },
+  onError: (err) => conv.error(err),
+  async authOk() {
+    let status;
+    try {
+      status = (await fetch('/api/me', { credentials: 'same-origin' })).status;
+    } catch {
+      return true; // network trouble: keep retrying
+    }
+    if (status !== 401) return true;
+    showSignIn();
+    return false;
+  },
+});
+
+// --- sign-in -------------------------------------------------------------------------------
+
+function showSignIn() {
+  conn.close();
+  ui.app.hidden = true;
+  ui.signin.hidden = false;
+  $('signin-token').focus();
+}
+
+$('signin-form').addEventListener('submit', (event) => {
+  event.preventDefault();
+  const token = $('signin-token').value.trim();
+  if (token) location.href = `/auth/login?token=${encodeURIComponent(token)}`;
+});
+
+$('logout').addEventListener('click', async () => {
+  try { await fetch('/auth/logout', { method: 'POST', credentials: 'same-origin' }); } catch { /* offline */ }
+  showSignIn();
+});
+
+// --- agents --------------------------------------------------------------------------------
+
+async function loadAgents() {
+  try {
+    state.agents = (await api('/api/agents')).agents ?? [];
+  } catch (err) {
+    if (err.status !== 401) conv.error(err);
+    state.agents = [];
+  }
+  const saved = localStorage.getItem('acp-gateway.agent');
+  const chosen = state.agents.find((a) => a.name === saved) ?? state.agents.find((a) => a.default) ?? state.agents[0];
+  ui.agentSelect.replaceChildren(...state.agents.map((a) =>
+    h('option', { value: a.name, text: a.agentInfo?.title || a.agentInfo?.name ? `${a.name} (${a.agentInfo.title || a.agentInfo.name})` : a.name })));
+  ui.agentSelect.disabled = state.agents.length < 2;
+  ui.agentSelect.value = chosen?.name ?? '';
+  return chosen?.name ?? null;
+}
+
+function useAgent(name) {
+  if (name === conn.agent && !conn.stopped) return;
+  if (name) {
+    ui.agentSelect.value = name;
+    localStorage.setItem('acp-gateway.agent', name);
+  }
+  conn.open(name);
+}
+
+ui.agentSelect.addEventListener('change', () => {
+  setCurrent(null);
+  useAgent(ui.agentSelect.value);
+});
+
+// --- session list --------------------------------------------------------------------------
+
+function sessionTitle(data) {
+  return data?.title?.trim() || 'Untitled session';
+}
+
+function renderSessionItem(entry) {
+  const { data } = entry;
+  const time = h('time', { class: 'session-time muted small', datetime: data.updatedAt ?? '', text: relativeTime(data.updatedAt) });
+  const agent = state.agents.length > 1 && data._meta?.agent ? h('span', { class: 'badge small', text: data._meta.agent }) : null;
+  const open = h('button', { type: 'button', class: 'session-open', onclick: () => openSession(data.sessionId) },
+    h('span', { class: 'session-name', text: sessionTitle(data) }), h('span', { class: 'session-meta' }, time, agent));
+  const remove = h('button', {
+    type: 'button', class: 'icon session-delete', testid: 'session-delete',
+    'aria-label': `Delete session ${sessionTitle(data)}`, title: 'Delete session', text: '×',
+    onclick: () => deleteSession(data.sessionId),
+  });
+  const item = h('li', { class: 'session-item', testid: 'session-item', 'data-session-id': data.sessionId }, open, remove);
+  if (data.sessionId === state.current?.id) open.setAttribute('aria-current', 'true');
+  entry.item?.replaceWith(item);
+  entry.item = item;
+  return item;
+}
+
+function upsertSession(data, { top = false } = {}) {
+  let entry = state.sessions.get(data.sessionId);
+  if (entry) Object.assign(entry.data, data);
+  else state.sessions.set(data.sessionId, (entry = { data, item: null }));
+  const item = renderSessionItem(entry);
+  if (top) ui.list.prepend(item);
+  else if (!item.isConnected) ui.list.append(item);
+  ui.empty.hidden = state.sessions.size > 0;
+  return entry;
+}
+
+async function loadSessions({ more = false } = {}) {
+  const token = ++state.listToken;
+  const params = new URLSearchParams({ limit: '50' });
+  if (ui.search.value.trim()) params.set('search', ui.search.value.trim());
+  if (more && state.cursor) params.set('cursor', state.cursor);
+  ui.loadMore.disabled = true;
+  try {
+    const page = await api(`/api/sessions?${params}`);
+    if (token !== state.listToken) return;
+    if (!more) {
+      state.sessions.clear();
+      ui.list.replaceChildren();
+    }
+    (page.sessions ?? []).forEach((s) => upsertSession(s));
+    state.cursor = page.nextCursor ?? null;
+    ui.loadMore.hidden = !state.cursor;
+    ui.empty.hidden = state.sessions.size > 0;
+  } catch (err) {
+    if (err.status !== 401) conv.error(err);
+  } finally {
+    ui.loadMore.disabled = false;
+  }
+}
+
+/** Local bookkeeping after a prompt: newest first, and a title from the first prompt. */
+function touchSession(id, promptText) {
+  const entry = state.sessions.get(id);
+  if (!entry) return;
+  const patch = { updatedAt: new Date().toISOString() };
+  if (promptText && !entry.data.title) patch.title = promptText.split('\n')[0].slice(0, 80);
+  upsertSession({ ...entry.data, ...patch }, { top: true });
+  if (patch.title && id === state.current?.id) setTitle(patch.title);
+}
+
+function setTitle(title) {
+  if (state.current) state.current.title = title;
+  ui.title.textContent = state.current ? title || 'Untitled session' : 'No session selected';
+  document.title = state.current ? `${title || 'Untitled session'} · ACP Gateway` : 'ACP Gateway';
+}
+
+async function deleteSession(id) {
+  const entry = state.sessions.get(id);
+  if (!confirm(`Delete session “${sessionTitle(entry?.data)}”? This cannot be undone.`)) return;
+  try {
+    await api(`/api/sessions/${encodeURIComponent(id)}`, { method: 'DELETE' });
+  } catch (err) {
+    if (err.status !== 401 && err.status !== 404) return conv.error(err);
+  }
+  entry?.item?.remove();
+  state.sessions.delete(id);
+  ui.empty.hidden = state.sessions.size > 0;
+  if (state.current?.id === id) setCurrent(null);
+}
+
+let searchTimer;
+ui.search.addEventListener('input', () => {
+  clearTimeout(searchTimer);
+  searchTimer = setTimeout(() => loadSessions(), 250);
+});
+ui.loadMore.addEventListener('click', () => loadSessions({ more: true }));
+setInterval(() => {
+  ui.list.querySelectorAll('time[datetime]').forEach((t) => { t.textContent = relativeTime(t.dateTime); });
+}, 30000);
+
+// --- current session -----------------------------------------------------------------------
+
+function setCurrent(session) {
+  state.current = session;
+  conv.reset(session?.id ?? null);
+  setTitle(session?.title ?? '');
+  ui.agentLabel.textContent = session?.agent ? `agent: ${session.agent}` : '';
+  ui.list.querySelectorAll('.session-open').forEach((b) => b.removeAttribute('aria-current'));
+  if (session) state.sessions.get(session.id)?.item?.querySelector('.session-open').setAttribute('aria-current', 'true');
+  updateComposer();
+}
+
+/** Loads the current session, or catches up with what was missed (afterSeq) after a reconnect. */
+function syncSession() {
+  const current = state.current;
+  if (!current) return;
+  conv.flush();
+  const params = { sessionId: current.id, cwd: current.cwd || '/', mcpServers: [] };
+  if (conv.lastSeq > 0) params._meta = { gateway: { afterSeq: conv.lastSeq } };
+  conv.busy(true);
+  conn.request('session/load', params)
+    .catch((err) => { if (state.current === current) reportError(err); })
+    .finally(() => { if (state.current === current) conv.busy(state.running.has(current.id)); });
+}
+
+function openSession(id) {
+  const data = state.sessions.get(id)?.data;
+  if (!data) return;
+  closeSidebar();
+  const agent = data._meta?.agent ?? conn.agent;
+  if (state.agents.length && !state.agents.some((a) => a.name === agent)) {
+    return conv.error(new Error(`agent “${agent}” is not configured on this gateway`));
+  }
+  setCurrent({ id, cwd: data.cwd || '/', title: data.title ?? '', agent });
+  if (agent !== conn.agent || conn.stopped) useAgent(agent); // onReady will load it
+  else if (conn.ready) syncSession();
+}
+
+async function newSession() {
+  const result = await conn.request('session/new', { cwd: '/', mcpServers: [] });
+  const now = new Date().toISOString();
+  upsertSession({ sessionId: result.sessionId, cwd: '/', title: null, createdAt: now, updatedAt: now,
+    _meta: { messageCount: 0, agent: conn.agent } }, { top: true });
+  setCurrent({ id: result.sessionId, cwd: '/', title: '', agent: conn.agent });
+  return result.sessionId;
+}
+
+ui.newSession.addEventListener('click', async () => {
+  closeSidebar();
+  ui.newSession.disabled = true;
+  try {
+    await newSession();
+    ui.input.focus();
+  } catch (err) {
+    reportError(err);
+  } finally {
+    ui.newSession.disabled = false;
+  }
+});
+
+function reportError(err) {
+  if (err instanceof ConnectionLost) conv.note('Connection lost; catching up after reconnecting…');
+  else conv.error(err);
+}
+
+// --- prompting -----------------------------------------------------------------------------
+
+function updateComposer() {
+  const running = !!state.current && state.running.has(state.current.id);
+  ui.send.hidden = running;
+  ui.stop.hidden = !running;
+  conv.busy(running);
+}
+
+async function sendPrompt() {
+  const text = ui.input.value.trim();
+  if (!text || (state.current && state.running.has(state.current.id))) return;
+  ui.input.value = '';
+  let id = state.current?.id;
+  if (!id) {
+    try {
+      id = await newSession();
+    } catch (err) {
+      ui.input.value = text;
+      return reportError(err);
+    }
+  }
+  conv.localPrompt(text);
+  state.running.add(id);
+  updateComposer();
+  touchSession(id, text);
+  try {
+    const result = await conn.request('session/prompt', { sessionId: id, prompt: [{ type: 'text', text }] });
+    if (state.current?.id === id && result?.stopReason && result.stopReason !== 'end_turn') {
+      conv.note(`Stopped: ${result.stopReason.replace(/_/g, ' ')}`);
+    }
+  } catch (err) {
+    if (state.current?.id === id) reportError(err);
+  } finally {
+    state.running.delete(id);
+    updateComposer();
+    touchSession(id);
+  }
+}
+
+ui.composer.addEventListener('submit', (event) => {
+  event.preventDefault();
+  sendPrompt();
+});
+ui.input.addEventListener('keydown', (event) => {
+  if (event.key === 'Enter' && !event.shiftKey && !event.isComposing) {
+    event.preventDefault();
+    sendPrompt();
+  } else if (event.key === 'Escape' && !ui.stop.hidden) {
+    ui.stop.click();
+  }
+});
+ui.stop.addEventListener('click', () => {
+  if (state.current) conn.notify('session/cancel', { sessionId: state.current.id });
+});
+
+// --- messages from the agent ---------------------------------------------------------------
+
+function handleMessage(msg) {
+  const params = msg.params ?? {};
+  switch (msg.method) {
+    case 'session/update': {
+      const update = params.update ?? {};
+      if (update.sessionUpdate === 'session_info_update' && 'title' in update) {
+        const entry = state.sessions.get(params.sessionId);
+        if (entry) upsertSession({ ...entry.data, title: update.title });
+        if (params.sessionId === state.current?.id) setTitle(update.title ?? '');
+      }
+      if (params.sessionId === state.current?.id) conv.enqueue(params);
+      return;
+    }
+    case 'session/request_permission':
+      if (msg.id != null) showPermission(msg.id, params);
+      return;
+    case '$/cancel_request': {
+      const key = String(params.requestId);
+      state.permissions.get(key)?.remove();
+      state.permissions.delete(key);
+      return;
+    }
+    default:
+      if (msg.id != null) conn.respondError(msg.id, -32601, 'method not supported by the web UI');
+  }
+}
+
+let permissionSeq = 0;
+
+function showPermission(requestId, params) {
+  const key = String(requestId);
+  const toolCall = params.toolCall ?? {};
+  const headingId = `permission-${++permissionSeq}`;
+  const other = params.sessionId !== state.current?.id
+    ? ` (in “${sessionTitle(state.sessions.get(params.sessionId)?.data)}”)` : '';
+  const settle = (outcome) => {
+    conn.respond(requestId, { outcome });
+    card.remove();
+    state.permissions.delete(key);
+  };
+  const options = (params.options ?? []).map((option) => h('button', {
+    type: 'button', class: `permission-option kind-${option.kind ?? 'other'}`, testid: 'permission-option',
+    'data-option-id': option.optionId, text: option.name || option.optionId,
+    onclick: () => settle({ outcome: 'selected', optionId: option.optionId }),
+  }));
+  if (!options.length) {
+    options.push(h('button', { type: 'button', class: 'secondary', text: 'Dismiss',
+      onclick: () => settle({ outcome: 'cancelled' }) }));
+  }
+  const card = h('div', { class: 'permission', role: 'group', 'aria-labelledby': headingId, testid: 'permission' },
+    h('p', { id: headingId, class: 'permission-title' }, 'Permission requested: ',
+      h('strong', { text: toolCall.title || toolCall.toolCallId || 'tool call' }), other),
+    h('div', { class: 'permission-options' }, options));
+  state.permissions.get(key)?.remove();
+  state.permissions.set(key, card);
+  ui.permissions.append(card);
+}
+
+// --- responsive sidebar --------------------------------------------------------------------
+
+function setSidebar(open) {
+  ui.app.classList.toggle('sidebar-open', open);
+  ui.toggle.setAttribute('aria-expanded', String(open));
+  ui.scrim.hidden = !open;
+}
+function closeSidebar() { setSidebar(false); }
+
+ui.toggle.addEventListener('click', () => setSidebar(!ui.app.classList.contains('sidebar-open')));
+ui.scrim.addEventListener('click', closeSidebar);
+document.addEventListener('keydown', (event) => {
+  if (event.key === 'Escape' && ui.app.classList.contains('sidebar-open')) closeSidebar();
+});
+window.addEventListener('online', () => conn.reconnectNow());
+
+// --- boot ----------------------------------------------------------------------------------
+
+async function boot() {
+  let me;
+  try {
+    me = await api('/api/me');
+  } catch (err) {
+    if (err.status === 401) return;
+    // The server is unreachable or broken: show the app and let the socket retry.
+    me = { user: '' };
+  }
+  ui.signin.hidden = true;
+  ui.app.hidden = false;
+  $('user-name').textContent = me?.user ?? '';
+  setCurrent(null);
+  const agent = await loadAgents();
+  useAgent(agent);
+  loadSessions();
+  ui.input.focus();
+}
+
+boot();

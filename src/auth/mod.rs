@@ -118,7 +118,10 @@ impl Authenticator {
         validation.leeway = 5;
         validation.validate_exp = true;
         validation.validate_nbf = true;
-        validation.set_required_spec_claims(&["exp", "sub"]);
+        let mut required = vec!["exp", "sub"];
+        required.extend(cfg.issuer.as_ref().map(|_| "iss"));
+        required.extend(cfg.audience.as_ref().map(|_| "aud"));
+        validation.set_required_spec_claims(&required);
         match &cfg.issuer {
             Some(iss) => validation.set_issuer(&[iss]),
             None => validation.iss = None,

@@ -83,13 +83,13 @@ pub struct Incoming<'a> {
     #[serde(borrow, default)]
     pub method: Option<Cow<'a, str>>,
     /// Parameters, untouched.
-    #[serde(borrow, default)]
+    #[serde(borrow, default, deserialize_with = "present")]
     pub params: Option<&'a RawValue>,
-    /// A response's result, untouched.
-    #[serde(borrow, default)]
+    /// A response's result, untouched (`Some("null")` for a `null` result).
+    #[serde(borrow, default, deserialize_with = "present")]
     pub result: Option<&'a RawValue>,
     /// A response's error, untouched.
-    #[serde(borrow, default)]
+    #[serde(borrow, default, deserialize_with = "present")]
     pub error: Option<&'a RawValue>,
 }
 
@@ -150,6 +150,11 @@ impl<'a> Incoming<'a> {
     pub fn method(&self) -> &str {
         self.method.as_deref().unwrap_or("")
     }
+}
+
+/// A member that is present, even as `null`, reads as `Some` (serde's `Option` would say `None`).
+fn present<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<&'de RawValue>, D::Error> {
+    <&RawValue>::deserialize(d).map(Some)
 }
 
 #[derive(Deserialize)]

@@ -35,7 +35,11 @@ pub struct ListParams {
 
 fn time(name: &str, value: Option<&str>) -> Result<Option<i64>, RpcError> {
     value
-        .map(|v| parse_iso8601(v).ok_or_else(|| RpcError::invalid_params(format!("{name} must be an ISO 8601 date-time, got {v:?}"))))
+        .map(|v| {
+            parse_iso8601(v).ok_or_else(|| {
+                RpcError::invalid_params(format!("{name} must be an ISO 8601 date-time, got {v:?}"))
+            })
+        })
         .transpose()
 }
 
@@ -44,7 +48,8 @@ pub async fn list_sessions(gw: &Gateway, user: &str, params: &str) -> Result<Val
     let p: ListParams = if params.trim() == "null" {
         ListParams::default()
     } else {
-        serde_json::from_str(params).map_err(|e| RpcError::invalid_params(format!("invalid session/list params: {e}")))?
+        serde_json::from_str(params)
+            .map_err(|e| RpcError::invalid_params(format!("invalid session/list params: {e}")))?
     };
     list(gw, user, p).await
 }
@@ -53,7 +58,9 @@ pub async fn list_sessions(gw: &Gateway, user: &str, params: &str) -> Result<Val
 pub async fn list(gw: &Gateway, user: &str, p: ListParams) -> Result<Value, RpcError> {
     let limit = p.limit.unwrap_or(DEFAULT_LIMIT);
     if !(1..=MAX_LIMIT).contains(&limit) {
-        return Err(RpcError::invalid_params(format!("limit must be between 1 and {MAX_LIMIT}")));
+        return Err(RpcError::invalid_params(format!(
+            "limit must be between 1 and {MAX_LIMIT}"
+        )));
     }
     let filter = ListFilter {
         cwd: p.cwd,
@@ -64,19 +71,35 @@ pub async fn list(gw: &Gateway, user: &str, p: ListParams) -> Result<Value, RpcE
     };
     let now = now_micros();
     let after = match p.cursor.as_deref().filter(|c| !c.is_empty()) {
-        Some(c) => Some(gw.cursors.decode(c, user, &filter, now).ok_or_else(|| RpcError::invalid_params("invalid or expired cursor"))?),
+        Some(c) => Some(
+            gw.cursors
+                .decode(c, user, &filter, now)
+                .ok_or_else(|| RpcError::invalid_params("invalid or expired cursor"))?,
+        ),
         None => None,
     };
-    let position = after.as_ref().map(|a| Position { updated_at: a.updated_at, id: &a.id });
+    let position = after.as_ref().map(|a| Position {
+        updated_at: a.updated_at,
+        id: &a.id,
+    });
     // Everything a client saw reported is in the rows we read.
     gw.persister.flush().await;
-    let mut rows = gw.store.list_sessions(user, &filter, position, limit + 1).await.map_err(|e| {
-        tracing::error!(error = %e, "session/list failed");
-        RpcError::internal("session store unavailable")
-    })?;
+    let mut rows = gw
+        .store
+        .list_sessions(user, &filter, position, limit + 1)
+        .await
+        .map_err(|e| {
+            tracing::error!(error = %e, "session/list failed");
+            RpcError::internal("session store unavailable")
+        })?;
     let more = rows.len() > limit as usize;
     rows.truncate(limit as usize);
-    let next = if more { rows.last().map(|r| gw.cursors.encode(user, &filter, r.updated_at, &r.id, now)) } else { None };
+    let next = if more {
+        rows.last()
+            .map(|r| gw.cursors.encode(user, &filter, r.updated_at, &r.id, now))
+    } else {
+        None
+    };
     let mut result = json!({ "sessions": rows.iter().map(session_info).collect::<Vec<_>>() });
     if let Some(next) = next {
         result["nextCursor"] = Value::String(next);
@@ -108,8 +131,16 @@ pub async fn delete_session(gw: &Gateway, user: &str, id: &str) -> Result<(), Rp
     if let Some(s) = gw.registry.get(id).filter(|s| &*s.owner == user) {
         if let Some(b) = s.take_binding().await {
             let params = json!({ "sessionId": &*b.agent_session_id }).to_string();
-            if gw.pools.get(&s.agent).and_then(|p| p.cached_info()).is_some_and(|i| i.can_close()) {
-                let _ = b.process.request("session/close", &params, std::time::Duration::from_secs(10)).await;
+            if gw
+                .pools
+                .get(&s.agent)
+                .and_then(|p| p.cached_info())
+                .is_some_and(|i| i.can_close())
+            {
+                let _ = b
+                    .process
+                    .request("session/close", &params, std::time::Duration::from_secs(10))
+                    .await;
             }
         }
         gw.registry.remove(id);

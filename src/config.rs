@@ -60,7 +60,10 @@ pub struct JwtConfig {
     pub default_ttl_secs: u64,
 }
 
-fn never_serialize_secret<S: serde::Serializer>(secret: &Option<SecretString>, s: S) -> Result<S::Ok, S::Error> {
+fn never_serialize_secret<S: serde::Serializer>(
+    secret: &Option<SecretString>,
+    s: S,
+) -> Result<S::Ok, S::Error> {
     // Secrets are only ever layered in from the file or the environment; the serialized defaults
     // never carry one, so there is nothing to write here.
     let _ = secret;
@@ -165,7 +168,10 @@ impl Default for Config {
             listen: SocketAddr::from(([127, 0, 0, 1], 8080)),
             database_url: "sqlite://data/acp-gateway.db".into(),
             data_dir: PathBuf::from("data"),
-            jwt: JwtConfig { default_ttl_secs: 30 * 24 * 3600, ..Default::default() },
+            jwt: JwtConfig {
+                default_ttl_secs: 30 * 24 * 3600,
+                ..Default::default()
+            },
             agent: None,
             agents: BTreeMap::new(),
             limits: Limits::default(),
@@ -223,11 +229,17 @@ impl Config {
     }
 
     /// [`Config::load`] with an explicit environment (for tests).
-    pub fn load_with_env(cli: &CliOverrides, env: impl Fn(&str) -> Option<String>) -> Result<Self, ConfigError> {
+    pub fn load_with_env(
+        cli: &CliOverrides,
+        env: impl Fn(&str) -> Option<String>,
+    ) -> Result<Self, ConfigError> {
         let mut figment = Figment::from(Serialized::defaults(Config::default()));
         if let Some(path) = &cli.config_file {
             // figment treats a missing file as empty; an operator who names one means it.
-            std::fs::metadata(path).map_err(|source| ConfigError::Read { path: path.clone(), source })?;
+            std::fs::metadata(path).map_err(|source| ConfigError::Read {
+                path: path.clone(),
+                source,
+            })?;
             figment = figment.merge(Toml::file_exact(path));
         }
         // Values are merged as strings, never guessed at: a numeric-looking secret stays a secret.
@@ -242,7 +254,9 @@ impl Config {
         if let Some(url) = &cli.database_url {
             figment = figment.merge(("database_url", url));
         }
-        let config: Config = figment.extract().map_err(|e| ConfigError::Invalid(describe(e)))?;
+        let config: Config = figment
+            .extract()
+            .map_err(|e| ConfigError::Invalid(describe(e)))?;
         config.finish()
     }
 
@@ -250,23 +264,31 @@ impl Config {
     fn finish(mut self) -> Result<Self, ConfigError> {
         let default = self.agents.entry(DEFAULT_AGENT.to_string()).or_default();
         if let Some(line) = &self.agent {
-            let mut words = shell_words::split(line)
-                .map_err(|e| ConfigError::Invalid(format!("ACP_GATEWAY_AGENT / agent: cannot split {line:?}: {e}")))?;
+            let mut words = shell_words::split(line).map_err(|e| {
+                ConfigError::Invalid(format!(
+                    "ACP_GATEWAY_AGENT / agent: cannot split {line:?}: {e}"
+                ))
+            })?;
             if words.is_empty() {
-                return Err(ConfigError::Invalid("ACP_GATEWAY_AGENT / agent: empty command line".into()));
+                return Err(ConfigError::Invalid(
+                    "ACP_GATEWAY_AGENT / agent: empty command line".into(),
+                ));
             }
             default.command = words.remove(0);
             default.args = words;
         }
         if default.command.is_empty() {
-            let exe = std::env::current_exe()
-                .map_err(|e| ConfigError::Invalid(format!("cannot locate this binary for the demo agent: {e}")))?;
+            let exe = std::env::current_exe().map_err(|e| {
+                ConfigError::Invalid(format!("cannot locate this binary for the demo agent: {e}"))
+            })?;
             default.command = exe.to_string_lossy().into_owned();
             default.args = vec!["demo-agent".into()];
         }
         for (name, agent) in &self.agents {
             if agent.command.is_empty() {
-                return Err(ConfigError::Invalid(format!("agents.{name}.command: expected a program to run, found nothing")));
+                return Err(ConfigError::Invalid(format!(
+                    "agents.{name}.command: expected a program to run, found nothing"
+                )));
             }
             let pool = &agent.pool;
             if pool.max_processes == 0 || pool.max_sessions_per_process == 0 {
@@ -275,7 +297,9 @@ impl Config {
                 )));
             }
             if pool.min_idle > pool.max_processes {
-                return Err(ConfigError::Invalid(format!("agents.{name}.pool.min_idle: must not exceed max_processes")));
+                return Err(ConfigError::Invalid(format!(
+                    "agents.{name}.pool.min_idle: must not exceed max_processes"
+                )));
             }
         }
         if self.jwt.secret.is_some() && self.jwt.public_key.is_some() {
@@ -288,7 +312,10 @@ impl Config {
 
     /// The SQLite path when `database_url` names one.
     pub fn sqlite_path(&self) -> Option<&Path> {
-        self.database_url.strip_prefix("sqlite://").or_else(|| self.database_url.strip_prefix("sqlite:")).map(Path::new)
+        self.database_url
+            .strip_prefix("sqlite://")
+            .or_else(|| self.database_url.strip_prefix("sqlite:"))
+            .map(Path::new)
     }
 }
 
@@ -296,8 +323,17 @@ impl Config {
 fn describe(err: figment::Error) -> String {
     err.into_iter()
         .map(|e| {
-            let key = if e.path.is_empty() { String::from("(top level)") } else { e.path.join(".") };
-            let source = e.metadata.as_ref().and_then(|m| m.source.as_ref()).map(|s| format!(" in {s}")).unwrap_or_default();
+            let key = if e.path.is_empty() {
+                String::from("(top level)")
+            } else {
+                e.path.join(".")
+            };
+            let source = e
+                .metadata
+                .as_ref()
+                .and_then(|m| m.source.as_ref())
+                .map(|s| format!(" in {s}"))
+                .unwrap_or_default();
             format!("key `{key}`{source}: {}", e.kind)
         })
         .collect::<Vec<_>>()
@@ -314,11 +350,17 @@ mod tests {
         let cli = match file {
             Some(text) => {
                 tmp.write_all(text.as_bytes()).expect("write");
-                CliOverrides { config_file: Some(tmp.path().to_path_buf()), ..Default::default() }
+                CliOverrides {
+                    config_file: Some(tmp.path().to_path_buf()),
+                    ..Default::default()
+                }
             }
             None => CliOverrides::default(),
         };
-        let env: BTreeMap<String, String> = env.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        let env: BTreeMap<String, String> = env
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
         Config::load_with_env(&cli, |k| env.get(k).cloned())
     }
 
@@ -347,10 +389,17 @@ mod tests {
 
     #[test]
     fn bad_file_names_file_key_and_expectation() {
-        let err = load(Some("[agents.x]\ncommand = \"a\"\n[agents.x.pool]\nmax_processes = \"many\"\n"), &[]).expect_err("must fail");
+        let err = load(
+            Some("[agents.x]\ncommand = \"a\"\n[agents.x.pool]\nmax_processes = \"many\"\n"),
+            &[],
+        )
+        .expect_err("must fail");
         let msg = err.to_string();
         assert!(msg.contains("agents.x.pool.max_processes"), "{msg}");
-        assert!(msg.contains(".tmp") || msg.contains("TOML"), "names the file: {msg}");
+        assert!(
+            msg.contains(".tmp") || msg.contains("TOML"),
+            "names the file: {msg}"
+        );
         assert!(msg.contains("expected"), "{msg}");
         let err = load(Some("lisen = 1\n"), &[]).expect_err("unknown key");
         assert!(err.to_string().contains("lisen"), "{err}");
@@ -358,7 +407,10 @@ mod tests {
 
     #[test]
     fn missing_file_is_an_error() {
-        let cli = CliOverrides { config_file: Some("/nonexistent/acp.toml".into()), ..Default::default() };
+        let cli = CliOverrides {
+            config_file: Some("/nonexistent/acp.toml".into()),
+            ..Default::default()
+        };
         let err = Config::load_with_env(&cli, |_| None).expect_err("must fail");
         assert!(err.to_string().contains("/nonexistent/acp.toml"));
     }

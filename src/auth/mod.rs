@@ -59,7 +59,9 @@ pub enum KeyError {
     #[error("{0}: not an RSA, EC P-256 or Ed25519 public key in PEM form")]
     BadPem(String),
     /// Minting needs the HS256 secret.
-    #[error("this gateway verifies tokens with a public key; mint tokens with your identity provider")]
+    #[error(
+        "this gateway verifies tokens with a public key; mint tokens with your identity provider"
+    )]
     CannotMint,
     /// Encoding failed.
     #[error("cannot sign token: {0}")]
@@ -93,7 +95,9 @@ pub struct Authenticator {
 
 impl std::fmt::Debug for Authenticator {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Authenticator").field("algorithms", &self.validation.algorithms).finish_non_exhaustive()
+        f.debug_struct("Authenticator")
+            .field("algorithms", &self.validation.algorithms)
+            .finish_non_exhaustive()
     }
 }
 
@@ -102,8 +106,12 @@ impl Authenticator {
     /// a secret in `data_dir`.
     pub fn from_config(cfg: &JwtConfig, data_dir: &Path) -> Result<Self, KeyError> {
         let (decoding, encoding, alg) = if let Some(path) = &cfg.public_key {
-            let pem = std::fs::read(path).map_err(|source| KeyError::Io { path: path.display().to_string(), source })?;
-            let (key, alg) = public_key(&pem).ok_or_else(|| KeyError::BadPem(path.display().to_string()))?;
+            let pem = std::fs::read(path).map_err(|source| KeyError::Io {
+                path: path.display().to_string(),
+                source,
+            })?;
+            let (key, alg) =
+                public_key(&pem).ok_or_else(|| KeyError::BadPem(path.display().to_string()))?;
             (key, None, alg)
         } else {
             let secret = match &cfg.secret {
@@ -111,7 +119,11 @@ impl Authenticator {
                 None => generated_secret(data_dir)?,
             };
             let bytes = secret.expose_secret().as_bytes();
-            (DecodingKey::from_secret(bytes), Some(EncodingKey::from_secret(bytes)), Algorithm::HS256)
+            (
+                DecodingKey::from_secret(bytes),
+                Some(EncodingKey::from_secret(bytes)),
+                Algorithm::HS256,
+            )
         };
         let mut validation = Validation::new(alg);
         validation.algorithms = vec![alg];
@@ -130,7 +142,13 @@ impl Authenticator {
             Some(aud) => validation.set_audience(&[aud]),
             None => validation.validate_aud = false,
         }
-        Ok(Self { decoding, validation, encoding, issuer: cfg.issuer.clone(), audience: cfg.audience.clone() })
+        Ok(Self {
+            decoding,
+            validation,
+            encoding,
+            issuer: cfg.issuer.clone(),
+            audience: cfg.audience.clone(),
+        })
     }
 
     /// Verifies a token and returns its caller.
@@ -139,7 +157,10 @@ impl Authenticator {
         if data.claims.sub.trim().is_empty() {
             return Err(AuthError::EmptySubject);
         }
-        Ok(Identity { user: data.claims.sub, expires_at: data.claims.exp })
+        Ok(Identity {
+            user: data.claims.sub,
+            expires_at: data.claims.exp,
+        })
     }
 
     /// Mints an HS256 token for `sub`, valid for `ttl_secs`.
@@ -153,13 +174,20 @@ impl Authenticator {
             iss: self.issuer.clone(),
             aud: self.audience.clone().map(serde_json::Value::String),
         };
-        Ok(jsonwebtoken::encode(&Header::new(Algorithm::HS256), &claims, key)?)
+        Ok(jsonwebtoken::encode(
+            &Header::new(Algorithm::HS256),
+            &claims,
+            key,
+        )?)
     }
 }
 
 /// Seconds since the epoch.
 pub fn now_secs() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
 }
 
 /// Reads a PEM public key and the one algorithm it may verify.
@@ -174,15 +202,24 @@ fn public_key(pem: &[u8]) -> Option<(DecodingKey, Algorithm)> {
         }
     }
     if key_family(text) == Some("ec") {
-        return DecodingKey::from_ec_pem(pem).ok().map(|k| (k, Algorithm::ES256));
+        return DecodingKey::from_ec_pem(pem)
+            .ok()
+            .map(|k| (k, Algorithm::ES256));
     }
-    DecodingKey::from_rsa_pem(pem).ok().map(|k| (k, Algorithm::RS256))
+    DecodingKey::from_rsa_pem(pem)
+        .ok()
+        .map(|k| (k, Algorithm::RS256))
 }
 
 /// Looks at the SubjectPublicKeyInfo algorithm OID to tell key families apart.
 fn key_family(pem_text: &str) -> Option<&'static str> {
-    let body: String = pem_text.lines().filter(|l| !l.starts_with("-----")).collect();
-    let der = base64::engine::general_purpose::STANDARD.decode(body.trim()).ok()?;
+    let body: String = pem_text
+        .lines()
+        .filter(|l| !l.starts_with("-----"))
+        .collect();
+    let der = base64::engine::general_purpose::STANDARD
+        .decode(body.trim())
+        .ok()?;
     const ED25519: &[u8] = &[0x06, 0x03, 0x2b, 0x65, 0x70];
     const EC_PUBLIC_KEY: &[u8] = &[0x06, 0x07, 0x2a, 0x86, 0x48, 0xce, 0x3d, 0x02, 0x01];
     let has = |needle: &[u8]| der.windows(needle.len()).any(|w| w == needle);
@@ -198,7 +235,10 @@ fn key_family(pem_text: &str) -> Option<&'static str> {
 /// Loads the secret kept in `data_dir`, creating it (mode 0600) on first use.
 fn generated_secret(data_dir: &Path) -> Result<SecretString, KeyError> {
     let path = data_dir.join(GENERATED_SECRET_FILE);
-    let io = |source| KeyError::Io { path: path.display().to_string(), source };
+    let io = |source| KeyError::Io {
+        path: path.display().to_string(),
+        source,
+    };
     match std::fs::read_to_string(&path) {
         Ok(s) if !s.trim().is_empty() => return Ok(SecretString::from(s.trim().to_string())),
         Ok(_) => {}
@@ -210,7 +250,12 @@ fn generated_secret(data_dir: &Path) -> Result<SecretString, KeyError> {
     let secret = base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(bytes);
     use std::io::Write;
     use std::os::unix::fs::OpenOptionsExt;
-    let mut file = std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(&path).map_err(io)?;
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(&path)
+        .map_err(io)?;
     file.write_all(secret.as_bytes()).map_err(io)?;
     Ok(SecretString::from(secret))
 }
@@ -220,12 +265,20 @@ mod tests {
     use super::*;
 
     fn hs(secret: &str) -> Authenticator {
-        let cfg = JwtConfig { secret: Some(SecretString::from(secret.to_string())), ..Default::default() };
+        let cfg = JwtConfig {
+            secret: Some(SecretString::from(secret.to_string())),
+            ..Default::default()
+        };
         Authenticator::from_config(&cfg, Path::new("/nonexistent")).expect("hs256")
     }
 
     fn forge(claims: serde_json::Value, alg: Algorithm, secret: &[u8]) -> String {
-        jsonwebtoken::encode(&Header::new(alg), &claims, &EncodingKey::from_secret(secret)).expect("encode")
+        jsonwebtoken::encode(
+            &Header::new(alg),
+            &claims,
+            &EncodingKey::from_secret(secret),
+        )
+        .expect("encode")
     }
 
     #[test]
@@ -240,14 +293,53 @@ mod tests {
     fn refuses_expired_missing_exp_future_nbf_and_other_algs() {
         let a = hs("k");
         let now = now_secs();
-        assert!(a.verify(&forge(serde_json::json!({"sub":"a","exp":now - 100}), Algorithm::HS256, b"k")).is_err());
-        assert!(a.verify(&forge(serde_json::json!({"sub":"a"}), Algorithm::HS256, b"k")).is_err());
-        assert!(a.verify(&forge(serde_json::json!({"sub":"a","exp":now+100,"nbf":now+100}), Algorithm::HS256, b"k")).is_err());
-        assert!(a.verify(&forge(serde_json::json!({"sub":"a","exp":now+100}), Algorithm::HS384, b"k")).is_err());
-        assert!(a.verify(&forge(serde_json::json!({"sub":"","exp":now+100}), Algorithm::HS256, b"k")).is_err());
+        assert!(
+            a.verify(&forge(
+                serde_json::json!({"sub":"a","exp":now - 100}),
+                Algorithm::HS256,
+                b"k"
+            ))
+            .is_err()
+        );
+        assert!(
+            a.verify(&forge(
+                serde_json::json!({"sub":"a"}),
+                Algorithm::HS256,
+                b"k"
+            ))
+            .is_err()
+        );
+        assert!(
+            a.verify(&forge(
+                serde_json::json!({"sub":"a","exp":now+100,"nbf":now+100}),
+                Algorithm::HS256,
+                b"k"
+            ))
+            .is_err()
+        );
+        assert!(
+            a.verify(&forge(
+                serde_json::json!({"sub":"a","exp":now+100}),
+                Algorithm::HS384,
+                b"k"
+            ))
+            .is_err()
+        );
+        assert!(
+            a.verify(&forge(
+                serde_json::json!({"sub":"","exp":now+100}),
+                Algorithm::HS256,
+                b"k"
+            ))
+            .is_err()
+        );
         // alg: none
         let b64 = |v: &str| base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(v);
-        let none = format!("{}.{}.", b64(r#"{"alg":"none","typ":"JWT"}"#), b64(&format!(r#"{{"sub":"a","exp":{}}}"#, now + 100)));
+        let none = format!(
+            "{}.{}.",
+            b64(r#"{"alg":"none","typ":"JWT"}"#),
+            b64(&format!(r#"{{"sub":"a","exp":{}}}"#, now + 100))
+        );
         assert!(a.verify(&none).is_err());
     }
 
@@ -262,9 +354,30 @@ mod tests {
         let a = Authenticator::from_config(&cfg, Path::new("/nonexistent")).expect("cfg");
         let now = now_secs() + 100;
         assert!(a.verify(&a.mint("u", 60).expect("mint")).is_ok());
-        assert!(a.verify(&forge(serde_json::json!({"sub":"u","exp":now,"iss":"me"}), Algorithm::HS256, b"k")).is_err());
-        assert!(a.verify(&forge(serde_json::json!({"sub":"u","exp":now,"aud":"gw"}), Algorithm::HS256, b"k")).is_err());
-        assert!(a.verify(&forge(serde_json::json!({"sub":"u","exp":now,"iss":"x","aud":"gw"}), Algorithm::HS256, b"k")).is_err());
+        assert!(
+            a.verify(&forge(
+                serde_json::json!({"sub":"u","exp":now,"iss":"me"}),
+                Algorithm::HS256,
+                b"k"
+            ))
+            .is_err()
+        );
+        assert!(
+            a.verify(&forge(
+                serde_json::json!({"sub":"u","exp":now,"aud":"gw"}),
+                Algorithm::HS256,
+                b"k"
+            ))
+            .is_err()
+        );
+        assert!(
+            a.verify(&forge(
+                serde_json::json!({"sub":"u","exp":now,"iss":"x","aud":"gw"}),
+                Algorithm::HS256,
+                b"k"
+            ))
+            .is_err()
+        );
     }
 
     #[test]

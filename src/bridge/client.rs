@@ -49,13 +49,21 @@ pub struct ClientHandle {
 
 impl std::fmt::Debug for ClientHandle {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ClientHandle").field("id", &self.id).field("user", &self.user).finish_non_exhaustive()
+        f.debug_struct("ClientHandle")
+            .field("id", &self.id)
+            .field("user", &self.user)
+            .finish_non_exhaustive()
     }
 }
 
 impl ClientHandle {
     /// A handle and the receiving end of its queue.
-    pub fn new(id: Arc<str>, user: Arc<str>, queue: usize, slow_timeout: Duration) -> (Arc<Self>, mpsc::Receiver<Outbound>) {
+    pub fn new(
+        id: Arc<str>,
+        user: Arc<str>,
+        queue: usize,
+        slow_timeout: Duration,
+    ) -> (Arc<Self>, mpsc::Receiver<Outbound>) {
         let (tx, rx) = mpsc::channel(queue);
         let handle = Self {
             id,
@@ -92,7 +100,10 @@ impl ClientHandle {
                     Err(_) => {
                         tracing::warn!(connection = %self.id, user = %self.user, "client is not reading; disconnecting it");
                         metrics::counter!("acp_gateway_slow_clients_dropped_total").increment(1);
-                        self.close(CLOSE_TOO_SLOW, "client too slow; reconnect and resume with afterSeq");
+                        self.close(
+                            CLOSE_TOO_SLOW,
+                            "client too slow; reconnect and resume with afterSeq",
+                        );
                         false
                     }
                 }
@@ -121,51 +132,87 @@ impl ClientHandle {
     /// Records an agent request asked of this client; returns the id to ask it under.
     pub fn register_out_request(&self, settle: Arc<Settle>) -> u64 {
         let id = self.next_out_id.fetch_add(1, Ordering::Relaxed);
-        self.out_requests.lock().unwrap_or_else(|e| e.into_inner()).insert(id, settle);
+        self.out_requests
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(id, settle);
         id
     }
 
     /// Takes the agent request this client was asked under `id`.
     pub fn take_out_request(&self, id: u64) -> Option<Arc<Settle>> {
-        self.out_requests.lock().unwrap_or_else(|e| e.into_inner()).remove(&id)
+        self.out_requests
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&id)
     }
 
     /// Forgets an agent request settled elsewhere.
     pub fn forget_out_request(&self, id: u64) {
-        self.out_requests.lock().unwrap_or_else(|e| e.into_inner()).remove(&id);
+        self.out_requests
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&id);
     }
 
     /// Remembers where a forwarded request went (for `$/cancel_request`).
     pub fn remember_forwarded(&self, client_id: &str, process: &Arc<AgentProcess>, agent_id: u64) {
-        self.forwarded.lock().unwrap_or_else(|e| e.into_inner()).insert(client_id.into(), (Arc::downgrade(process), agent_id));
+        self.forwarded
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(client_id.into(), (Arc::downgrade(process), agent_id));
     }
 
     /// Forgets a forwarded request (answered).
     pub fn forget_forwarded(&self, client_id: &str) {
-        self.forwarded.lock().unwrap_or_else(|e| e.into_inner()).remove(client_id);
+        self.forwarded
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(client_id);
     }
 
     /// Where a forwarded request went.
     pub fn forwarded(&self, client_id: &str) -> Option<(Arc<AgentProcess>, u64)> {
         let map = self.forwarded.lock().unwrap_or_else(|e| e.into_inner());
-        map.get(client_id).and_then(|(p, id)| p.upgrade().map(|p| (p, *id)))
+        map.get(client_id)
+            .and_then(|(p, id)| p.upgrade().map(|p| (p, *id)))
     }
 
     /// Notes that the client is attached to a session.
     pub fn track_session(&self, id: &Arc<str>) {
-        self.sessions.lock().unwrap_or_else(|e| e.into_inner()).insert(id.clone());
+        self.sessions
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(id.clone());
     }
 
     /// Notes that the client left a session.
     pub fn untrack_session(&self, id: &str) {
-        self.sessions.lock().unwrap_or_else(|e| e.into_inner()).remove(id);
+        self.sessions
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(id);
     }
 
     /// Everything to clean up when the connection ends.
     pub fn take_leftovers(&self) -> (Vec<Arc<str>>, Vec<Arc<Settle>>) {
-        let sessions = self.sessions.lock().unwrap_or_else(|e| e.into_inner()).drain().collect();
-        let asked = self.out_requests.lock().unwrap_or_else(|e| e.into_inner()).drain().map(|(_, s)| s).collect();
-        self.forwarded.lock().unwrap_or_else(|e| e.into_inner()).clear();
+        let sessions = self
+            .sessions
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .drain()
+            .collect();
+        let asked = self
+            .out_requests
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .drain()
+            .map(|(_, s)| s)
+            .collect();
+        self.forwarded
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clear();
         (sessions, asked)
     }
 }

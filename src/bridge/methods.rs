@@ -47,12 +47,20 @@ impl Connection {
     /// Dispatch state for a new connection.
     pub fn new(gw: Arc<Gateway>, client: Arc<ClientHandle>, pool: Arc<AgentPool>) -> Self {
         let inflight = Arc::new(Semaphore::new(gw.config.limits.max_inflight_per_connection));
-        Self { gw, client, pool, initialized: false, inflight }
+        Self {
+            gw,
+            client,
+            pool,
+            initialized: false,
+            inflight,
+        }
     }
 
     /// Handles one text frame.
     pub async fn on_text(&mut self, text: &str) {
-        let Some((msg, kind)) = parse_or_answer(&self.client, text).await else { return };
+        let Some((msg, kind)) = parse_or_answer(&self.client, text).await else {
+            return;
+        };
         match kind {
             Kind::Response => self.on_response(&msg).await,
             Kind::Notification => self.on_notification(&msg).await,
@@ -75,10 +83,14 @@ impl Connection {
     }
 
     async fn on_response(&self, msg: &Incoming<'_>) {
-        let Some(id) = msg.id.and_then(protocol::own_id) else { return };
+        let Some(id) = msg.id.and_then(protocol::own_id) else {
+            return;
+        };
         match self.client.take_out_request(id) {
             Some(settle) => settle.answer(&self.client, msg.result, msg.error).await,
-            None => tracing::debug!(connection = %self.client.id, id, "answer to no pending request (settled elsewhere?)"),
+            None => {
+                tracing::debug!(connection = %self.client.id, id, "answer to no pending request (settled elsewhere?)")
+            }
         }
     }
 
@@ -88,11 +100,23 @@ impl Connection {
         }
         match msg.method() {
             "session/cancel" => {
-                let Some(sid) = protocol::session_id_of(msg.params) else { return };
-                let Some(session) = self.gw.registry.get(&sid).filter(|s| *s.owner == *self.client.user) else { return };
+                let Some(sid) = protocol::session_id_of(msg.params) else {
+                    return;
+                };
+                let Some(session) = self
+                    .gw
+                    .registry
+                    .get(&sid)
+                    .filter(|s| *s.owner == *self.client.user)
+                else {
+                    return;
+                };
                 if let (Some(b), Some(params)) = (session.binding().await, msg.params) {
                     if let Some(params) = protocol::with_session_id(params, &b.agent_session_id) {
-                        let _ = b.process.send_line(protocol::notification("session/cancel", &params)).await;
+                        let _ = b
+                            .process
+                            .send_line(protocol::notification("session/cancel", &params))
+                            .await;
                     }
                 }
             }
@@ -102,12 +126,24 @@ impl Connection {
                     #[serde(rename = "requestId", borrow)]
                     request_id: &'a RawValue,
                 }
-                let Some(p) = msg.params.and_then(|p| serde_json::from_str::<P<'_>>(p.get()).ok()) else { return };
+                let Some(p) = msg
+                    .params
+                    .and_then(|p| serde_json::from_str::<P<'_>>(p.get()).ok())
+                else {
+                    return;
+                };
                 if let Some((process, agent_id)) = self.client.forwarded(p.request_id.get()) {
-                    let _ = process.send_line(protocol::notification("$/cancel_request", &format!(r#"{{"requestId":{agent_id}}}"#))).await;
+                    let _ = process
+                        .send_line(protocol::notification(
+                            "$/cancel_request",
+                            &format!(r#"{{"requestId":{agent_id}}}"#),
+                        ))
+                        .await;
                 }
             }
-            other => tracing::debug!(connection = %self.client.id, method = other, "client notification ignored"),
+            other => {
+                tracing::debug!(connection = %self.client.id, method = other, "client notification ignored")
+            }
         }
     }
 
@@ -120,7 +156,10 @@ impl Connection {
                 self.initialized = r.is_ok();
                 r
             } else {
-                Err(RpcError::new(codes::INVALID_REQUEST, "the first request must be initialize"))
+                Err(RpcError::new(
+                    codes::INVALID_REQUEST,
+                    "the first request must be initialize",
+                ))
             };
             answer(&self.client, id.get(), reply).await;
             return;
@@ -129,10 +168,16 @@ impl Connection {
         // connection from reading), bounded per connection.
         let Ok(permit) = self.inflight.clone().try_acquire_owned() else {
             let err = RpcError::internal("too many requests in flight on this connection");
-            self.client.send(Utf8Bytes::from(protocol::error(Some(id.get()), &err))).await;
+            self.client
+                .send(Utf8Bytes::from(protocol::error(Some(id.get()), &err)))
+                .await;
             return;
         };
-        let ctx = Ctx { gw: self.gw.clone(), client: self.client.clone(), pool: self.pool.clone() };
+        let ctx = Ctx {
+            gw: self.gw.clone(),
+            client: self.client.clone(),
+            pool: self.pool.clone(),
+        };
         let id = id.to_owned();
         let params = msg.params.map(RawValue::to_owned);
         self.gw.tracker.spawn(async move {
@@ -146,7 +191,11 @@ impl Connection {
         let info = self.pool.info().await?;
         let mut caps = info.capabilities.clone();
         caps.insert("loadSession".into(), Value::Bool(true));
-        let mut session_caps = caps.get("sessionCapabilities").and_then(Value::as_object).cloned().unwrap_or_default();
+        let mut session_caps = caps
+            .get("sessionCapabilities")
+            .and_then(Value::as_object)
+            .cloned()
+            .unwrap_or_default();
         for cap in ["list", "resume", "close", "delete"] {
             session_caps.insert(cap.into(), json!({}));
         }
@@ -213,7 +262,8 @@ struct LoadParams {
 
 fn parse<'a, T: Deserialize<'a>>(params: Option<&'a RawValue>, what: &str) -> Result<T, RpcError> {
     let text = params.map_or("null", RawValue::get);
-    serde_json::from_str(text).map_err(|e| RpcError::invalid_params(format!("invalid {what} params: {e}")))
+    serde_json::from_str(text)
+        .map_err(|e| RpcError::invalid_params(format!("invalid {what} params: {e}")))
 }
 
 impl Ctx {
@@ -228,13 +278,23 @@ impl Ctx {
             "session/load" => self.load(params, true).await,
             "session/resume" => self.load(params, false).await,
             "session/list" => {
-                let result = crate::api::list_sessions(&self.gw, &self.client.user, params.map_or("{}", RawValue::get)).await?;
+                let result = crate::api::list_sessions(
+                    &self.gw,
+                    &self.client.user,
+                    params.map_or("{}", RawValue::get),
+                )
+                .await?;
                 Ok(Reply::Result(result.to_string()))
             }
             "session/close" => self.close(params, false).await,
             "session/delete" => self.close(params, true).await,
-            "session/prompt" | "session/set_mode" | "session/set_config_option" | "session/set_model" => self.forward(method, id, params).await,
-            m if m.starts_with('_') && protocol::session_id_of(params).is_some() => self.forward(method, id, params).await,
+            "session/prompt"
+            | "session/set_mode"
+            | "session/set_config_option"
+            | "session/set_model" => self.forward(method, id, params).await,
+            m if m.starts_with('_') && protocol::session_id_of(params).is_some() => {
+                self.forward(method, id, params).await
+            }
             m => Err(RpcError::method_not_found(m)),
         }
     }
@@ -248,12 +308,21 @@ impl Ctx {
             }
         }
         self.gw.persister.flush().await;
-        let record = self.gw.store.get_session(&self.client.user, sid).await.map_err(|e| {
-            tracing::error!(error = %e, "session lookup failed");
-            RpcError::internal("session store unavailable")
-        })?;
+        let record = self
+            .gw
+            .store
+            .get_session(&self.client.user, sid)
+            .await
+            .map_err(|e| {
+                tracing::error!(error = %e, "session lookup failed");
+                RpcError::internal("session store unavailable")
+            })?;
         let record = record.ok_or_else(RpcError::session_not_found)?;
-        let session = self.gw.registry.insert(LiveSession::from_record(&record, self.gw.persister.clone(), self.gw.permission_wait()));
+        let session = self.gw.registry.insert(LiveSession::from_record(
+            &record,
+            self.gw.persister.clone(),
+            self.gw.permission_wait(),
+        ));
         if *session.owner != *self.client.user {
             return Err(RpcError::session_not_found());
         }
@@ -261,7 +330,8 @@ impl Ctx {
     }
 
     fn session_param(params: Option<&RawValue>) -> Result<String, RpcError> {
-        protocol::session_id_of(params).ok_or_else(|| RpcError::invalid_params("sessionId is required"))
+        protocol::session_id_of(params)
+            .ok_or_else(|| RpcError::invalid_params("sessionId is required"))
     }
 
     async fn new_session(&self, params: Option<&RawValue>) -> Handled {
@@ -271,7 +341,10 @@ impl Ctx {
         }
         let raw = params.map_or("{}", RawValue::get);
         let process = self.pool.acquire(&self.client.user).await?;
-        let result = match process.request("session/new", raw, std::time::Duration::from_secs(120)).await {
+        let result = match process
+            .request("session/new", raw, std::time::Duration::from_secs(120))
+            .await
+        {
             Ok(r) => r,
             Err(e) => {
                 process.release();
@@ -280,7 +353,9 @@ impl Ctx {
         };
         let Some(agent_sid) = protocol::session_id_of(Some(&result)) else {
             process.release();
-            return Err(RpcError::internal("agent answered session/new without a sessionId"));
+            return Err(RpcError::internal(
+                "agent answered session/new without a sessionId",
+            ));
         };
         let id = uuid::Uuid::new_v4().simple().to_string();
         let meta = json!({ "mcpServers": p.mcp_servers.unwrap_or_else(|| json!([])) }).to_string();
@@ -315,21 +390,41 @@ impl Ctx {
             created_at: now,
             updated_at: now,
         };
-        let session = self.gw.registry.insert(LiveSession::from_record(&record, self.gw.persister.clone(), self.gw.permission_wait()));
+        let session = self.gw.registry.insert(LiveSession::from_record(
+            &record,
+            self.gw.persister.clone(),
+            self.gw.permission_wait(),
+        ));
         session.bind(process, Arc::from(agent_sid.as_str())).await;
-        session.attach(&self.client, &*self.gw.store, false, 0).await?;
+        session
+            .attach(&self.client, &*self.gw.store, false, 0)
+            .await?;
         metrics::counter!("acp_gateway_sessions_created_total", "agent" => self.pool.name.to_string()).increment(1);
         tracing::info!(connection = %self.client.id, user = %self.client.user, session = %id, "session created");
-        let result = protocol::with_session_id(&result, &id).ok_or_else(|| RpcError::internal("agent's session/new result is not an object"))?;
+        let result = protocol::with_session_id(&result, &id)
+            .ok_or_else(|| RpcError::internal("agent's session/new result is not an object"))?;
         Ok(Reply::Result(result))
     }
 
     async fn load(&self, params: Option<&RawValue>, replay: bool) -> Handled {
         let sid = Self::session_param(params)?;
-        let p: LoadParams = parse(params, if replay { "session/load" } else { "session/resume" })?;
-        let after = p.meta.and_then(|m| m.gateway).and_then(|g| g.after_seq).unwrap_or(0);
+        let p: LoadParams = parse(
+            params,
+            if replay {
+                "session/load"
+            } else {
+                "session/resume"
+            },
+        )?;
+        let after = p
+            .meta
+            .and_then(|m| m.gateway)
+            .and_then(|g| g.after_seq)
+            .unwrap_or(0);
         let session = self.owned(&sid).await?;
-        session.attach(&self.client, &*self.gw.store, replay, after).await?;
+        session
+            .attach(&self.client, &*self.gw.store, replay, after)
+            .await?;
         Ok(Reply::Result(String::from("{}")))
     }
 
@@ -339,9 +434,17 @@ impl Ctx {
         session.detach(&self.client).await;
         self.client.untrack_session(&sid);
         if let Some(b) = session.take_binding().await {
-            if self.pool_of(&session).and_then(|p| p.cached_info()).is_some_and(|i| i.can_close()) {
+            if self
+                .pool_of(&session)
+                .and_then(|p| p.cached_info())
+                .is_some_and(|i| i.can_close())
+            {
                 let params = json!({ "sessionId": &*b.agent_session_id }).to_string();
-                if let Err(e) = b.process.request("session/close", &params, std::time::Duration::from_secs(10)).await {
+                if let Err(e) = b
+                    .process
+                    .request("session/close", &params, std::time::Duration::from_secs(10))
+                    .await
+                {
                     tracing::warn!(session = %sid, error = %e, "agent did not close the session cleanly");
                 }
             }
@@ -362,7 +465,9 @@ impl Ctx {
         let sid = Self::session_param(params)?;
         let session = self.owned(&sid).await?;
         let params = params.ok_or_else(|| RpcError::invalid_params("params are required"))?;
-        session.attach(&self.client, &*self.gw.store, false, 0).await?;
+        session
+            .attach(&self.client, &*self.gw.store, false, 0)
+            .await?;
         let binding = session.ensure_bound(&self.gw.pools).await?;
         if method == "session/prompt" {
             #[derive(Deserialize)]
@@ -374,9 +479,14 @@ impl Ctx {
             session.publish_prompt(Some(prompt.prompt)).await;
             metrics::counter!("acp_gateway_prompts_total").increment(1);
         }
-        let rewritten = protocol::with_session_id(params, &binding.agent_session_id).ok_or_else(|| RpcError::invalid_params("params must be an object"))?;
-        let agent_id = binding.process.forward(method, &rewritten, self.client.clone(), id.to_owned()).await?;
-        self.client.remember_forwarded(id.get(), &binding.process, agent_id);
+        let rewritten = protocol::with_session_id(params, &binding.agent_session_id)
+            .ok_or_else(|| RpcError::invalid_params("params must be an object"))?;
+        let agent_id = binding
+            .process
+            .forward(method, &rewritten, self.client.clone(), id.to_owned())
+            .await?;
+        self.client
+            .remember_forwarded(id.get(), &binding.process, agent_id);
         Ok(Reply::Forwarded)
     }
 }

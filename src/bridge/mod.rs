@@ -27,9 +27,20 @@ const CLOSE_TOKEN_EXPIRED: u16 = 1008;
 const CLOSE_GOING_AWAY: u16 = 1001;
 
 /// Serves one upgraded connection until it ends.
-pub async fn serve(socket: WebSocket, gw: Arc<Gateway>, identity: Identity, conn_id: Arc<str>, pool: Arc<AgentPool>) {
+pub async fn serve(
+    socket: WebSocket,
+    gw: Arc<Gateway>,
+    identity: Identity,
+    conn_id: Arc<str>,
+    pool: Arc<AgentPool>,
+) {
     let limits = &gw.config.limits;
-    let (client, rx) = ClientHandle::new(conn_id.clone(), Arc::from(identity.user.as_str()), limits.client_queue, Duration::from_secs(limits.slow_client_timeout_secs));
+    let (client, rx) = ClientHandle::new(
+        conn_id.clone(),
+        Arc::from(identity.user.as_str()),
+        limits.client_queue,
+        Duration::from_secs(limits.slow_client_timeout_secs),
+    );
     let (sink, mut stream) = socket.split();
     let ping_every = Duration::from_secs(limits.ping_interval_secs.max(1));
     let writer = tokio::spawn(write_frames(sink, rx, ping_every));
@@ -37,7 +48,8 @@ pub async fn serve(socket: WebSocket, gw: Arc<Gateway>, identity: Identity, conn
     tracing::info!(connection = %conn_id, user = %identity.user, agent = %pool.name, "client connected");
 
     let mut conn = methods::Connection::new(gw.clone(), client.clone(), pool);
-    let expires = tokio::time::Instant::now() + Duration::from_secs(identity.expires_at.saturating_sub(now_secs()));
+    let expires = tokio::time::Instant::now()
+        + Duration::from_secs(identity.expires_at.saturating_sub(now_secs()));
     let expiry = tokio::time::sleep_until(expires);
     tokio::pin!(expiry);
     loop {
@@ -118,9 +130,18 @@ async fn write_frames(
 /// The error frame for a frame that is not a usable JSON-RPC message.
 fn parse_failure_frame(failure: ParseFailure) -> String {
     match failure {
-        ParseFailure::NotJson(detail) => protocol::error(None, &RpcError::new(codes::PARSE_ERROR, format!("parse error: {detail}"))),
-        ParseFailure::Batch => protocol::error(None, &RpcError::new(codes::INVALID_REQUEST, "batch requests are not supported")),
-        ParseFailure::Invalid(id, why) => protocol::error(id.as_deref().map(|i| i.get()), &RpcError::new(codes::INVALID_REQUEST, why)),
+        ParseFailure::NotJson(detail) => protocol::error(
+            None,
+            &RpcError::new(codes::PARSE_ERROR, format!("parse error: {detail}")),
+        ),
+        ParseFailure::Batch => protocol::error(
+            None,
+            &RpcError::new(codes::INVALID_REQUEST, "batch requests are not supported"),
+        ),
+        ParseFailure::Invalid(id, why) => protocol::error(
+            id.as_deref().map(|i| i.get()),
+            &RpcError::new(codes::INVALID_REQUEST, why),
+        ),
     }
 }
 
@@ -129,7 +150,9 @@ async fn parse_or_answer<'a>(client: &ClientHandle, text: &'a str) -> Option<(In
     match Incoming::parse(text) {
         Ok(parsed) => Some(parsed),
         Err(failure) => {
-            client.send(Utf8Bytes::from(parse_failure_frame(failure))).await;
+            client
+                .send(Utf8Bytes::from(parse_failure_frame(failure)))
+                .await;
             None
         }
     }

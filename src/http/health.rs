@@ -14,7 +14,10 @@ use crate::app::Gateway;
 use crate::config::DEFAULT_AGENT;
 
 pub(super) fn router() -> Router<Arc<Gateway>> {
-    Router::new().route("/healthz", get(healthz)).route("/readyz", get(readyz)).route("/metrics", get(metrics))
+    Router::new()
+        .route("/healthz", get(healthz))
+        .route("/readyz", get(readyz))
+        .route("/metrics", get(metrics))
 }
 
 async fn healthz() -> Json<serde_json::Value> {
@@ -46,13 +49,24 @@ async fn readyz(State(gw): State<Arc<Gateway>>) -> impl IntoResponse {
         "status": if ready { "ready" } else { "unavailable" },
         "checks": { "database": check(&database), "defaultAgent": check(&agent), "draining": draining },
     });
-    (if ready { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE }, Json(body))
+    (
+        if ready {
+            StatusCode::OK
+        } else {
+            StatusCode::SERVICE_UNAVAILABLE
+        },
+        Json(body),
+    )
 }
 
 async fn metrics(State(gw): State<Arc<Gateway>>) -> impl IntoResponse {
     metrics::gauge!("acp_gateway_sessions_in_memory").set(gw.registry.len() as f64);
     for (name, pool) in gw.pools.iter() {
-        metrics::gauge!("acp_gateway_pool_processes", "agent" => name.clone()).set(pool.process_count() as f64);
+        metrics::gauge!("acp_gateway_pool_processes", "agent" => name.clone())
+            .set(pool.process_count() as f64);
     }
-    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], crate::telemetry::render_metrics())
+    (
+        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+        crate::telemetry::render_metrics(),
+    )
 }

@@ -61,14 +61,22 @@ async fn agents(State(gw): State<Arc<Gateway>>, Caller(_): Caller) -> Json<serde
     Json(json!({ "agents": out }))
 }
 
-async fn sessions(State(gw): State<Arc<Gateway>>, Caller(who): Caller, Query(q): Query<ListParams>) -> Response {
+async fn sessions(
+    State(gw): State<Arc<Gateway>>,
+    Caller(who): Caller,
+    Query(q): Query<ListParams>,
+) -> Response {
     match api::list(&gw, &who.user, q).await {
         Ok(v) => Json(v).into_response(),
         Err(e) => http_error(e),
     }
 }
 
-async fn delete_session(State(gw): State<Arc<Gateway>>, Caller(who): Caller, Path(id): Path<String>) -> Response {
+async fn delete_session(
+    State(gw): State<Arc<Gateway>>,
+    Caller(who): Caller,
+    Path(id): Path<String>,
+) -> Response {
     match api::delete_session(&gw, &who.user, &id).await {
         Ok(()) => StatusCode::NO_CONTENT.into_response(),
         Err(e) => http_error(e),
@@ -82,9 +90,14 @@ struct LoginQuery {
 
 /// Trades a token in the URL for an HttpOnly cookie, then sends the browser to the UI.
 async fn login(State(gw): State<Arc<Gateway>>, Query(q): Query<LoginQuery>) -> Response {
-    let Ok(who) = gw.auth.verify(&q.token) else { return Unauthorized.into_response() };
+    let Ok(who) = gw.auth.verify(&q.token) else {
+        return Unauthorized.into_response();
+    };
     let max_age = who.expires_at.saturating_sub(now_secs());
-    let cookie = format!("{COOKIE}={}; Path=/; HttpOnly; SameSite=Strict; Max-Age={max_age}", q.token);
+    let cookie = format!(
+        "{COOKIE}={}; Path=/; HttpOnly; SameSite=Strict; Max-Age={max_age}",
+        q.token
+    );
     ([(header::SET_COOKIE, cookie)], Redirect::to("/")).into_response()
 }
 

@@ -46,23 +46,39 @@ impl AgentInfo {
             #[serde(rename = "authMethods", default)]
             auth_methods: Option<serde_json::Value>,
         }
-        let init: Init = serde_json::from_str(result.get()).map_err(|e| RpcError::internal(format!("agent's initialize result is malformed: {e}")))?;
-        Ok(Self { result, capabilities: init.capabilities, agent_info: init.agent_info, auth_methods: init.auth_methods })
+        let init: Init = serde_json::from_str(result.get()).map_err(|e| {
+            RpcError::internal(format!("agent's initialize result is malformed: {e}"))
+        })?;
+        Ok(Self {
+            result,
+            capabilities: init.capabilities,
+            agent_info: init.agent_info,
+            auth_methods: init.auth_methods,
+        })
     }
 
     /// Whether the agent itself supports `session/resume`.
     pub fn can_resume(&self) -> bool {
-        self.capabilities.get("sessionCapabilities").and_then(|c| c.get("resume")).is_some_and(|v| !v.is_null())
+        self.capabilities
+            .get("sessionCapabilities")
+            .and_then(|c| c.get("resume"))
+            .is_some_and(|v| !v.is_null())
     }
 
     /// Whether the agent itself supports `session/load`.
     pub fn can_load(&self) -> bool {
-        self.capabilities.get("loadSession").and_then(serde_json::Value::as_bool).unwrap_or(false)
+        self.capabilities
+            .get("loadSession")
+            .and_then(serde_json::Value::as_bool)
+            .unwrap_or(false)
     }
 
     /// Whether the agent itself supports `session/close`.
     pub fn can_close(&self) -> bool {
-        self.capabilities.get("sessionCapabilities").and_then(|c| c.get("close")).is_some_and(|v| !v.is_null())
+        self.capabilities
+            .get("sessionCapabilities")
+            .and_then(|c| c.get("close"))
+            .is_some_and(|v| !v.is_null())
     }
 }
 
@@ -88,7 +104,13 @@ pub struct AgentPool {
 }
 
 impl AgentPool {
-    fn new(name: &str, cfg: AgentConfig, max_line_bytes: usize, ids: Arc<AtomicU64>, tracker: TaskTracker) -> Self {
+    fn new(
+        name: &str,
+        cfg: AgentConfig,
+        max_line_bytes: usize,
+        ids: Arc<AtomicU64>,
+        tracker: TaskTracker,
+    ) -> Self {
         Self {
             name: Arc::from(name),
             cfg,
@@ -115,7 +137,8 @@ impl AgentPool {
             return Ok(info);
         }
         self.spawn_locked().await?;
-        self.cached_info().ok_or_else(|| RpcError::internal("agent did not initialize"))
+        self.cached_info()
+            .ok_or_else(|| RpcError::internal("agent did not initialize"))
     }
 
     /// The capabilities, if a process has reported them.
@@ -148,7 +171,9 @@ impl AgentPool {
         let share = self.cfg.pool.share_between_users;
         let procs = self.procs.lock().unwrap_or_else(|e| e.into_inner());
         let live = || procs.iter().filter(|p| !p.is_dead());
-        let mine = live().filter(|p| share || p.owner().as_deref() == Some(&**user)).filter(|p| p.owner().is_some() || share);
+        let mine = live()
+            .filter(|p| share || p.owner().as_deref() == Some(&**user))
+            .filter(|p| p.owner().is_some() || share);
         // Fill the least-loaded of the user's processes first.
         let mut candidates: Vec<&Arc<AgentProcess>> = mine.collect();
         candidates.sort_by_key(|p| p.reserved());
@@ -190,22 +215,34 @@ impl AgentPool {
             "clientCapabilities": client_caps,
             "clientInfo": { "name": "acp-gateway", "version": env!("CARGO_PKG_VERSION") },
         });
-        let result = match p.request("initialize", &params.to_string(), self.timeout()).await {
+        let result = match p
+            .request("initialize", &params.to_string(), self.timeout())
+            .await
+        {
             Ok(r) => r,
             Err(e) => {
                 p.stop();
-                return Err(RpcError::internal(format!("agent {} failed to initialize: {}", self.name, e.message)));
+                return Err(RpcError::internal(format!(
+                    "agent {} failed to initialize: {}",
+                    self.name, e.message
+                )));
             }
         };
         let info = AgentInfo::parse(result)?;
         *self.info.lock().unwrap_or_else(|e| e.into_inner()) = Some(Arc::new(info));
-        self.procs.lock().unwrap_or_else(|e| e.into_inner()).push(p.clone());
+        self.procs
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(p.clone());
         Ok(p)
     }
 
     /// Drops dead processes from the pool.
     fn sweep(&self) {
-        self.procs.lock().unwrap_or_else(|e| e.into_inner()).retain(|p| !p.is_dead());
+        self.procs
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .retain(|p| !p.is_dead());
     }
 
     /// Periodic upkeep: forget dead processes, stop idle ones, keep `min_idle` warm ones.
@@ -239,7 +276,12 @@ impl AgentPool {
 
     /// Live processes (for tests and metrics).
     pub fn process_count(&self) -> usize {
-        self.procs.lock().unwrap_or_else(|e| e.into_inner()).iter().filter(|p| !p.is_dead()).count()
+        self.procs
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .filter(|p| !p.is_dead())
+            .count()
     }
 
     /// Stops every process.
@@ -265,7 +307,13 @@ impl Pools {
             .agents
             .iter()
             .map(|(name, cfg)| {
-                let pool = AgentPool::new(name, cfg.clone(), config.limits.max_line_bytes, ids.clone(), tracker.clone());
+                let pool = AgentPool::new(
+                    name,
+                    cfg.clone(),
+                    config.limits.max_line_bytes,
+                    ids.clone(),
+                    tracker.clone(),
+                );
                 (name.clone(), Arc::new(pool))
             })
             .collect();
@@ -283,7 +331,11 @@ impl Pools {
     }
 
     /// Runs upkeep every `every` until `cancel` fires.
-    pub async fn run_maintenance(self: Arc<Self>, every: Duration, cancel: tokio_util::sync::CancellationToken) {
+    pub async fn run_maintenance(
+        self: Arc<Self>,
+        every: Duration,
+        cancel: tokio_util::sync::CancellationToken,
+    ) {
         let mut tick = tokio::time::interval(every);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {

@@ -86,7 +86,11 @@ pub struct AgentProcess {
 
 impl std::fmt::Debug for AgentProcess {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("AgentProcess").field("id", &self.id).field("agent", &self.agent).field("pid", &self.pid).finish()
+        f.debug_struct("AgentProcess")
+            .field("id", &self.id)
+            .field("agent", &self.agent)
+            .field("pid", &self.pid)
+            .finish()
     }
 }
 
@@ -130,7 +134,9 @@ impl AgentProcess {
             cmd.current_dir(dir);
         }
         let mut child = cmd.spawn()?;
-        let pid = child.id().ok_or_else(|| std::io::Error::other("agent exited at once"))?;
+        let pid = child
+            .id()
+            .ok_or_else(|| std::io::Error::other("agent exited at once"))?;
         let guard = GroupGuard(pid as i32);
         let (stdin_tx, stdin_rx) = mpsc::channel(STDIN_QUEUE);
         let process = Arc::new(Self {
@@ -150,16 +156,23 @@ impl AgentProcess {
             stderr_tail: Mutex::new(VecDeque::with_capacity(STDERR_TAIL)),
             exit: Mutex::new(None),
         });
-        let (Some(stdin), Some(stdout), Some(stderr)) = (child.stdin.take(), child.stdout.take(), child.stderr.take()) else {
+        let (Some(stdin), Some(stdout), Some(stderr)) =
+            (child.stdin.take(), child.stdout.take(), child.stderr.take())
+        else {
             return Err(std::io::Error::other("agent pipes missing"));
         };
         tracker.spawn(write_stdin(stdin, stdin_rx, process.stop.clone()));
         let stdout = FramedRead::new(stdout, LinesCodec::new_with_max_length(max_line_bytes));
-        tracker.spawn(read_stdout(Arc::downgrade(&process), stdout, process.stop.clone()));
+        tracker.spawn(read_stdout(
+            Arc::downgrade(&process),
+            stdout,
+            process.stop.clone(),
+        ));
         let stderr = FramedRead::new(stderr, LinesCodec::new_with_max_length(STDERR_LINE_MAX));
         tracker.spawn(read_stderr(Arc::downgrade(&process), stderr));
         tracker.spawn(wait(process.clone(), child, guard));
-        metrics::gauge!("acp_gateway_agent_processes", "agent" => process.agent.to_string()).increment(1.0);
+        metrics::gauge!("acp_gateway_agent_processes", "agent" => process.agent.to_string())
+            .increment(1.0);
         tracing::info!(agent = %process.agent, process = id, pid, "agent process started");
         Ok(process)
     }
@@ -198,12 +211,18 @@ impl AgentProcess {
 
     /// Takes a session slot if fewer than `max` are taken.
     pub fn try_reserve(&self, max: usize) -> bool {
-        self.reserved.fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| (n < max).then_some(n + 1)).is_ok()
+        self.reserved
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < max).then_some(n + 1)
+            })
+            .is_ok()
     }
 
     /// Gives a session slot back.
     pub fn release(&self) {
-        let _ = self.reserved.fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1));
+        let _ = self
+            .reserved
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1));
     }
 
     /// Session slots taken.
@@ -214,27 +233,45 @@ impl AgentProcess {
     /// Whether nothing has happened on it for `timeout` and nothing is in flight.
     pub fn is_idle(&self, timeout: Duration) -> bool {
         let last = Duration::from_millis(self.last_active_ms.load(Ordering::Relaxed));
-        self.pending.lock().unwrap_or_else(|e| e.into_inner()).is_empty() && self.started.elapsed().saturating_sub(last) >= timeout
+        self.pending
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .is_empty()
+            && self.started.elapsed().saturating_sub(last) >= timeout
     }
 
     fn touch(&self) {
-        self.last_active_ms.store(self.started.elapsed().as_millis() as u64, Ordering::Relaxed);
+        self.last_active_ms
+            .store(self.started.elapsed().as_millis() as u64, Ordering::Relaxed);
     }
 
     /// Routes the agent's updates and requests for `agent_session_id` to `session`.
     pub fn bind_session(&self, agent_session_id: Arc<str>, session: Arc<LiveSession>) {
-        self.sessions.lock().unwrap_or_else(|e| e.into_inner()).insert(agent_session_id, session);
+        self.sessions
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(agent_session_id, session);
     }
 
     /// Stops routing for a session and frees its slot.
     pub fn unbind_session(&self, agent_session_id: &str) {
-        if self.sessions.lock().unwrap_or_else(|e| e.into_inner()).remove(agent_session_id).is_some() {
+        if self
+            .sessions
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(agent_session_id)
+            .is_some()
+        {
             self.release();
         }
     }
 
     fn session(&self, agent_session_id: &str) -> Option<Arc<LiveSession>> {
-        self.sessions.lock().unwrap_or_else(|e| e.into_inner()).get(agent_session_id).cloned()
+        self.sessions
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(agent_session_id)
+            .cloned()
     }
 
     /// Writes one line (a complete JSON-RPC message) to the agent.
@@ -242,35 +279,67 @@ impl AgentProcess {
         let mut line = line;
         line.push('\n');
         self.touch();
-        self.stdin.send(Utf8Bytes::from(line)).await.map_err(|_| self.gone_error())
+        self.stdin
+            .send(Utf8Bytes::from(line))
+            .await
+            .map_err(|_| self.gone_error())
     }
 
     /// Sends a request and waits for its answer (at most `timeout`).
-    pub async fn request(&self, method: &str, params: &str, timeout: Duration) -> Result<Box<RawValue>, RpcError> {
+    pub async fn request(
+        &self,
+        method: &str,
+        params: &str,
+        timeout: Duration,
+    ) -> Result<Box<RawValue>, RpcError> {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = oneshot::channel();
-        self.pending.lock().unwrap_or_else(|e| e.into_inner()).insert(id, Pending::Internal(tx));
+        self.pending
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(id, Pending::Internal(tx));
         if let Err(e) = self.send_line(protocol::request(id, method, params)).await {
-            self.pending.lock().unwrap_or_else(|e| e.into_inner()).remove(&id);
+            self.pending
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .remove(&id);
             return Err(e);
         }
         match tokio::time::timeout(timeout, rx).await {
             Ok(Ok(answer)) => answer,
             Ok(Err(_)) => Err(self.gone_error()),
             Err(_) => {
-                self.pending.lock().unwrap_or_else(|e| e.into_inner()).remove(&id);
-                Err(RpcError::internal(format!("agent did not answer {method} within {}s", timeout.as_secs())))
+                self.pending
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .remove(&id);
+                Err(RpcError::internal(format!(
+                    "agent did not answer {method} within {}s",
+                    timeout.as_secs()
+                )))
             }
         }
     }
 
     /// Forwards a client's request; the answer goes straight back to the client. Returns the id
     /// used with the agent (for `$/cancel_request`).
-    pub async fn forward(&self, method: &str, params: &str, client: Arc<ClientHandle>, client_id: Box<RawValue>) -> Result<u64, RpcError> {
+    pub async fn forward(
+        &self,
+        method: &str,
+        params: &str,
+        client: Arc<ClientHandle>,
+        client_id: Box<RawValue>,
+    ) -> Result<u64, RpcError> {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-        self.pending.lock().unwrap_or_else(|e| e.into_inner()).insert(id, Pending::Forward { client, client_id });
+        self.pending
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(id, Pending::Forward { client, client_id });
         if let Err(e) = self.send_line(protocol::request(id, method, params)).await {
-            self.pending.lock().unwrap_or_else(|e| e.into_inner()).remove(&id);
+            self.pending
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .remove(&id);
             return Err(e);
         }
         Ok(id)
@@ -279,9 +348,18 @@ impl AgentProcess {
     /// The error every request gets once the process is gone.
     pub fn gone_error(&self) -> RpcError {
         let exit = self.exit.lock().unwrap_or_else(|e| e.into_inner()).clone();
-        let tail: Vec<String> = self.stderr_tail.lock().unwrap_or_else(|e| e.into_inner()).iter().cloned().collect();
-        RpcError::internal(format!("agent process exited{}", exit.map(|e| format!(" ({e})")).unwrap_or_default()))
-            .with_data(serde_json::json!({ "agent": &*self.agent, "stderrTail": tail }))
+        let tail: Vec<String> = self
+            .stderr_tail
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .cloned()
+            .collect();
+        RpcError::internal(format!(
+            "agent process exited{}",
+            exit.map(|e| format!(" ({e})")).unwrap_or_default()
+        ))
+        .with_data(serde_json::json!({ "agent": &*self.agent, "stderrTail": tail }))
     }
 
     /// Routes one stdout line.
@@ -297,16 +375,23 @@ impl AgentProcess {
         match kind {
             Kind::Response => self.on_response(&msg).await,
             Kind::Notification if msg.method() == "session/update" => {
-                let Some(params) = msg.params.and_then(|p| serde_json::from_str::<UpdateParams<'_>>(p.get()).ok()) else {
+                let Some(params) = msg
+                    .params
+                    .and_then(|p| serde_json::from_str::<UpdateParams<'_>>(p.get()).ok())
+                else {
                     tracing::warn!(agent = %self.agent, "malformed session/update from agent; ignored");
                     return;
                 };
                 match self.session(&params.session_id) {
                     Some(session) => session.publish(params.update, params.meta).await,
-                    None => tracing::debug!(agent = %self.agent, "update for a session with no route (restore replay, or closed); dropped"),
+                    None => {
+                        tracing::debug!(agent = %self.agent, "update for a session with no route (restore replay, or closed); dropped")
+                    }
                 }
             }
-            Kind::Notification => tracing::debug!(agent = %self.agent, method = msg.method(), "agent notification ignored"),
+            Kind::Notification => {
+                tracing::debug!(agent = %self.agent, method = msg.method(), "agent notification ignored")
+            }
             Kind::Request => self.on_agent_request(&msg).await,
         }
     }
@@ -316,7 +401,12 @@ impl AgentProcess {
             tracing::warn!(agent = %self.agent, "agent answered an id the gateway never used; ignored");
             return;
         };
-        let Some(pending) = self.pending.lock().unwrap_or_else(|e| e.into_inner()).remove(&id) else {
+        let Some(pending) = self
+            .pending
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&id)
+        else {
             tracing::debug!(agent = %self.agent, id, "answer to a request nobody waits for (timed out or cancelled)");
             return;
         };
@@ -325,8 +415,13 @@ impl AgentProcess {
                 client.forget_forwarded(client_id.get());
                 let frame = match (msg.result, msg.error) {
                     (Some(result), _) => protocol::response(client_id.get(), result.get()),
-                    (None, Some(error)) => protocol::error_passthrough(client_id.get(), error.get()),
-                    (None, None) => protocol::error(Some(client_id.get()), &RpcError::internal("agent sent an empty response")),
+                    (None, Some(error)) => {
+                        protocol::error_passthrough(client_id.get(), error.get())
+                    }
+                    (None, None) => protocol::error(
+                        Some(client_id.get()),
+                        &RpcError::internal("agent sent an empty response"),
+                    ),
                 };
                 client.send(Utf8Bytes::from(frame)).await;
             }
@@ -346,13 +441,20 @@ impl AgentProcess {
         let Some(id) = msg.id else { return };
         let session = protocol::session_id_of(msg.params).and_then(|sid| self.session(&sid));
         let Some(session) = session else {
-            let err = RpcError::new(codes::INVALID_PARAMS, "request names no session of this process");
+            let err = RpcError::new(
+                codes::INVALID_PARAMS,
+                "request names no session of this process",
+            );
             let _ = self.send_line(protocol::error(Some(id.get()), &err)).await;
             return;
         };
-        let params = msg.params.and_then(|p| protocol::with_session_id(p, &session.id));
+        let params = msg
+            .params
+            .and_then(|p| protocol::with_session_id(p, &session.id));
         let params = params.unwrap_or_else(|| String::from("{}"));
-        session.deliver_agent_request(self, id.to_owned(), msg.method(), params).await;
+        session
+            .deliver_agent_request(self, id.to_owned(), msg.method(), params)
+            .await;
     }
 
     /// Called once stdout has closed: fails everything waiting and unbinds every session.
@@ -361,19 +463,36 @@ impl AgentProcess {
         // Wait (briefly) for the waiter to record how the process ended, for the error text.
         let _ = tokio::time::timeout(Duration::from_millis(500), self.dead.cancelled()).await;
         let err = self.gone_error();
-        let pending: Vec<Pending> = self.pending.lock().unwrap_or_else(|e| e.into_inner()).drain().map(|(_, p)| p).collect();
+        let pending: Vec<Pending> = self
+            .pending
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .drain()
+            .map(|(_, p)| p)
+            .collect();
         for p in pending {
             match p {
                 Pending::Forward { client, client_id } => {
                     client.forget_forwarded(client_id.get());
-                    client.send(Utf8Bytes::from(protocol::error(Some(client_id.get()), &err))).await;
+                    client
+                        .send(Utf8Bytes::from(protocol::error(
+                            Some(client_id.get()),
+                            &err,
+                        )))
+                        .await;
                 }
                 Pending::Internal(tx) => {
                     let _ = tx.send(Err(err.clone()));
                 }
             }
         }
-        let sessions: Vec<Arc<LiveSession>> = self.sessions.lock().unwrap_or_else(|e| e.into_inner()).drain().map(|(_, s)| s).collect();
+        let sessions: Vec<Arc<LiveSession>> = self
+            .sessions
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .drain()
+            .map(|(_, s)| s)
+            .collect();
         for s in sessions {
             s.unbind_from(self.id).await;
         }
@@ -399,7 +518,11 @@ pub fn agent_error(error: Option<&RawValue>) -> RpcError {
     }
 }
 
-async fn write_stdin(stdin: tokio::process::ChildStdin, mut rx: mpsc::Receiver<Utf8Bytes>, stop: CancellationToken) {
+async fn write_stdin(
+    stdin: tokio::process::ChildStdin,
+    mut rx: mpsc::Receiver<Utf8Bytes>,
+    stop: CancellationToken,
+) {
     let mut out = BufWriter::with_capacity(64 * 1024, stdin);
     loop {
         let line = tokio::select! {
@@ -435,7 +558,9 @@ async fn read_stdout(
             next = lines.next() => next,
             () = &mut give_up => None,
         };
-        let Some(process) = process.upgrade() else { return };
+        let Some(process) = process.upgrade() else {
+            return;
+        };
         match next {
             Some(Ok(line)) => process.on_line(&line).await,
             Some(Err(LinesCodecError::MaxLineLengthExceeded)) => {
@@ -454,16 +579,26 @@ async fn read_stdout(
     }
 }
 
-async fn read_stderr(process: Weak<AgentProcess>, mut lines: FramedRead<tokio::process::ChildStderr, LinesCodec>) {
+async fn read_stderr(
+    process: Weak<AgentProcess>,
+    mut lines: FramedRead<tokio::process::ChildStderr, LinesCodec>,
+) {
     while let Some(line) = lines.next().await {
-        let Some(process) = process.upgrade() else { return };
+        let Some(process) = process.upgrade() else {
+            return;
+        };
         let line = match line {
             Ok(line) => line,
-            Err(LinesCodecError::MaxLineLengthExceeded) => String::from("[stderr line over 8 KiB cut]"),
+            Err(LinesCodecError::MaxLineLengthExceeded) => {
+                String::from("[stderr line over 8 KiB cut]")
+            }
             Err(LinesCodecError::Io(_)) => return,
         };
         tracing::info!(target: "agent_stderr", agent = %process.agent, process = process.id, "{line}");
-        let mut tail = process.stderr_tail.lock().unwrap_or_else(|e| e.into_inner());
+        let mut tail = process
+            .stderr_tail
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
         if tail.len() == STDERR_TAIL {
             tail.pop_front();
         }
@@ -498,7 +633,8 @@ async fn wait(process: Arc<AgentProcess>, mut child: Child, guard: GroupGuard) {
     };
     tracing::info!(agent = %process.agent, process = process.id, pid = process.pid, status = %text, "agent process ended");
     *process.exit.lock().unwrap_or_else(|e| e.into_inner()) = Some(text);
-    metrics::gauge!("acp_gateway_agent_processes", "agent" => process.agent.to_string()).decrement(1.0);
+    metrics::gauge!("acp_gateway_agent_processes", "agent" => process.agent.to_string())
+        .decrement(1.0);
     process.stop.cancel();
     process.dead.cancel();
 }

@@ -48,7 +48,11 @@ pub struct RpcError {
 impl RpcError {
     /// An error with a code and message.
     pub fn new(code: i64, message: impl Into<Cow<'static, str>>) -> Self {
-        Self { code, message: message.into(), data: None }
+        Self {
+            code,
+            message: message.into(),
+            data: None,
+        }
     }
     /// Attaches structured detail.
     pub fn with_data(mut self, data: serde_json::Value) -> Self {
@@ -65,7 +69,10 @@ impl RpcError {
     }
     /// `-32601` naming the method.
     pub fn method_not_found(method: &str) -> Self {
-        Self::new(codes::METHOD_NOT_FOUND, format!("method not found: {method}"))
+        Self::new(
+            codes::METHOD_NOT_FOUND,
+            format!("method not found: {method}"),
+        )
     }
     /// `-32002`: the one answer for an unknown session and for another user's session.
     pub fn session_not_found() -> Self {
@@ -140,7 +147,10 @@ impl<'a> Incoming<'a> {
             (Some(_), false) => Kind::Notification,
             (None, true) if msg.result.is_some() || msg.error.is_some() => Kind::Response,
             (None, _) => {
-                return Err(ParseFailure::Invalid(msg.id.map(RawValue::to_owned), "message has no method"));
+                return Err(ParseFailure::Invalid(
+                    msg.id.map(RawValue::to_owned),
+                    "message has no method",
+                ));
             }
         };
         Ok((msg, kind))
@@ -179,7 +189,9 @@ pub struct SessionParams<'a> {
 /// Reads `params.sessionId`, if the params are an object that has one.
 pub fn session_id_of(params: Option<&RawValue>) -> Option<String> {
     let params = params?;
-    serde_json::from_str::<SessionParams<'_>>(params.get()).ok().map(|p| p.session_id.into_owned())
+    serde_json::from_str::<SessionParams<'_>>(params.get())
+        .ok()
+        .map(|p| p.session_id.into_owned())
 }
 
 #[cfg(test)]
@@ -188,7 +200,9 @@ mod tests {
 
     #[test]
     fn classifies_messages() {
-        let (m, k) = Incoming::parse(r#"{"jsonrpc":"2.0","id":1,"method":"x","params":{"a":[1, 2]}}"#).unwrap();
+        let (m, k) =
+            Incoming::parse(r#"{"jsonrpc":"2.0","id":1,"method":"x","params":{"a":[1, 2]}}"#)
+                .unwrap();
         assert_eq!(k, Kind::Request);
         assert_eq!(m.params.unwrap().get(), r#"{"a":[1, 2]}"#);
         let (_, k) = Incoming::parse(r#"{"jsonrpc":"2.0","method":"x"}"#).unwrap();
@@ -200,14 +214,26 @@ mod tests {
 
     #[test]
     fn refuses_bad_input() {
-        assert!(matches!(Incoming::parse("{nope"), Err(ParseFailure::NotJson(_))));
+        assert!(matches!(
+            Incoming::parse("{nope"),
+            Err(ParseFailure::NotJson(_))
+        ));
         assert!(matches!(Incoming::parse("[1,2]"), Err(ParseFailure::Batch)));
-        assert!(matches!(Incoming::parse("[1,"), Err(ParseFailure::NotJson(_))));
-        assert!(matches!(Incoming::parse("42"), Err(ParseFailure::Invalid(None, _))));
+        assert!(matches!(
+            Incoming::parse("[1,"),
+            Err(ParseFailure::NotJson(_))
+        ));
+        assert!(matches!(
+            Incoming::parse("42"),
+            Err(ParseFailure::Invalid(None, _))
+        ));
         match Incoming::parse(r#"{"id":7,"method":3}"#) {
             Err(ParseFailure::Invalid(Some(id), _)) => assert_eq!(id.get(), "7"),
             other => panic!("unexpected {other:?}"),
         }
-        assert!(matches!(Incoming::parse(r#"{"id":7}"#), Err(ParseFailure::Invalid(Some(_), _))));
+        assert!(matches!(
+            Incoming::parse(r#"{"id":7}"#),
+            Err(ParseFailure::Invalid(Some(_), _))
+        ));
     }
 }

@@ -76,13 +76,20 @@ pub struct LiveSession {
 
 impl std::fmt::Debug for LiveSession {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("LiveSession").field("id", &self.id).field("owner", &self.owner).finish_non_exhaustive()
+        f.debug_struct("LiveSession")
+            .field("id", &self.id)
+            .field("owner", &self.owner)
+            .finish_non_exhaustive()
     }
 }
 
 impl LiveSession {
     /// A session as stored, not yet on any process.
-    pub fn from_record(r: &SessionRecord, persister: Persister, permission_wait: Duration) -> Arc<Self> {
+    pub fn from_record(
+        r: &SessionRecord,
+        persister: Persister,
+        permission_wait: Duration,
+    ) -> Arc<Self> {
         let mcp_servers = serde_json::from_str::<serde_json::Value>(&r.meta)
             .ok()
             .and_then(|m| m.get("mcpServers").map(ToString::to_string))
@@ -109,13 +116,20 @@ impl LiveSession {
         process.bind_session(agent_session_id.clone(), self.clone());
         let mut st = self.state.lock().await;
         st.agent_session_id = Some(agent_session_id.clone());
-        st.binding = Some(Binding { process, agent_session_id });
+        st.binding = Some(Binding {
+            process,
+            agent_session_id,
+        });
     }
 
     /// Forgets the binding to process `process_id` (it died or was stopped).
     pub async fn unbind_from(&self, process_id: u64) {
         let mut st = self.state.lock().await;
-        if st.binding.as_ref().is_some_and(|b| b.process.id == process_id) {
+        if st
+            .binding
+            .as_ref()
+            .is_some_and(|b| b.process.id == process_id)
+        {
             st.binding = None;
             tracing::info!(session = %self.id, "session lost its agent process; it will be restored when next used");
         }
@@ -132,13 +146,20 @@ impl LiveSession {
 
     /// The current binding, if its process is alive.
     pub async fn binding(&self) -> Option<Binding> {
-        self.state.lock().await.binding.clone().filter(|b| !b.process.is_dead())
+        self.state
+            .lock()
+            .await
+            .binding
+            .clone()
+            .filter(|b| !b.process.is_dead())
     }
 
     /// Whether the session can be dropped from memory: no clients, no process, nothing waiting.
     pub fn is_dormant(&self) -> bool {
         self.state.try_lock().is_ok_and(|st| {
-            st.subscribers.iter().all(|c| c.is_closed()) && st.binding.as_ref().is_none_or(|b| b.process.is_dead()) && st.waiting.is_empty()
+            st.subscribers.iter().all(|c| c.is_closed())
+                && st.binding.as_ref().is_none_or(|b| b.process.is_dead())
+                && st.waiting.is_empty()
         })
     }
 
@@ -153,11 +174,23 @@ impl LiveSession {
         let seq = st.last_seq;
         if update.contains("\"session_info_update\"") {
             if let Some(title) = info_update_title(update) {
-                self.persister.send(Item::AgentTitle { session: self.id.clone(), title }).await;
+                self.persister
+                    .send(Item::AgentTitle {
+                        session: self.id.clone(),
+                        title,
+                    })
+                    .await;
             }
         }
         // Stored before it is sent: whatever a client has seen can be replayed.
-        self.persister.send(Item::Update { session: self.id.clone(), seq, update: update.into(), at: now_micros() }).await;
+        self.persister
+            .send(Item::Update {
+                session: self.id.clone(),
+                seq,
+                update: update.into(),
+                at: now_micros(),
+            })
+            .await;
         let frame = Utf8Bytes::from(protocol::session_update(&self.id, update, seq, agent_meta));
         st.subscribers.retain(|c| !c.is_closed());
         for client in &st.subscribers {
@@ -169,10 +202,20 @@ impl LiveSession {
     /// Records the user's prompt as `user_message_chunk` updates (one per content block) and
     /// counts it; the first prompt's text titles an untitled session.
     pub async fn publish_prompt(&self, prompt: Option<&RawValue>) {
-        let blocks: Vec<serde_json::Value> = prompt.and_then(|p| serde_json::from_str(p.get()).ok()).unwrap_or_default();
-        let title = blocks.iter().find_map(|b| b.get("text").and_then(serde_json::Value::as_str)).map(make_title);
+        let blocks: Vec<serde_json::Value> = prompt
+            .and_then(|p| serde_json::from_str(p.get()).ok())
+            .unwrap_or_default();
+        let title = blocks
+            .iter()
+            .find_map(|b| b.get("text").and_then(serde_json::Value::as_str))
+            .map(make_title);
         let mut st = self.state.lock().await;
-        self.persister.send(Item::Prompt { session: self.id.clone(), title }).await;
+        self.persister
+            .send(Item::Prompt {
+                session: self.id.clone(),
+                title,
+            })
+            .await;
         for block in blocks {
             // Re-serialized compactly: a client's pretty-printed JSON must not span lines.
             let update = format!(r#"{{"sessionUpdate":"user_message_chunk","content":{block}}}"#);
@@ -182,7 +225,13 @@ impl LiveSession {
 
     /// Replays the stored transcript after `after_seq` to `client` (when `replay`), then attaches
     /// it to live updates with nothing missed and nothing repeated in between.
-    pub async fn attach(self: &Arc<Self>, client: &Arc<ClientHandle>, store: &dyn Store, replay: bool, after_seq: u64) -> Result<(), RpcError> {
+    pub async fn attach(
+        self: &Arc<Self>,
+        client: &Arc<ClientHandle>,
+        store: &dyn Store,
+        replay: bool,
+        after_seq: u64,
+    ) -> Result<(), RpcError> {
         let mut cursor = after_seq;
         if replay {
             // The bulk, without holding the session: the agent keeps streaming meanwhile.
@@ -210,16 +259,28 @@ impl LiveSession {
 
     /// Stops sending updates to `client`.
     pub async fn detach(&self, client: &ClientHandle) {
-        self.state.lock().await.subscribers.retain(|c| !std::ptr::eq(&**c, client) && !c.is_closed());
+        self.state
+            .lock()
+            .await
+            .subscribers
+            .retain(|c| !std::ptr::eq(&**c, client) && !c.is_closed());
     }
 
     /// Streams stored updates after `cursor` to `client`, page by page; returns the last seq sent.
-    async fn replay(&self, client: &ClientHandle, store: &dyn Store, mut cursor: u64) -> Result<u64, RpcError> {
+    async fn replay(
+        &self,
+        client: &ClientHandle,
+        store: &dyn Store,
+        mut cursor: u64,
+    ) -> Result<u64, RpcError> {
         loop {
-            let chunks = store.read_events(&self.owner, &self.id, cursor as i64, REPLAY_PAGE_CHUNKS).await.map_err(|e| {
-                tracing::error!(session = %self.id, error = %e, "cannot read transcript");
-                RpcError::internal("cannot read the session transcript")
-            })?;
+            let chunks = store
+                .read_events(&self.owner, &self.id, cursor as i64, REPLAY_PAGE_CHUNKS)
+                .await
+                .map_err(|e| {
+                    tracing::error!(session = %self.id, error = %e, "cannot read transcript");
+                    RpcError::internal("cannot read the session transcript")
+                })?;
             if chunks.is_empty() {
                 return Ok(cursor);
             }
@@ -228,7 +289,12 @@ impl LiveSession {
                     if seq <= cursor {
                         continue;
                     }
-                    if !client.send(Utf8Bytes::from(protocol::session_update(&self.id, update, seq, None))).await {
+                    if !client
+                        .send(Utf8Bytes::from(protocol::session_update(
+                            &self.id, update, seq, None,
+                        )))
+                        .await
+                    {
                         return Err(RpcError::internal("client went away during replay"));
                     }
                     cursor = seq;
@@ -246,9 +312,13 @@ impl LiveSession {
             return Ok(b);
         }
         st.binding = None;
-        let pool = pools.get(&self.agent).ok_or_else(|| RpcError::internal(format!("agent {} is no longer configured", self.agent)))?;
+        let pool = pools.get(&self.agent).ok_or_else(|| {
+            RpcError::internal(format!("agent {} is no longer configured", self.agent))
+        })?;
         let Some(agent_sid) = st.agent_session_id.clone() else {
-            return Err(RpcError::internal("session has no agent-side id to restore"));
+            return Err(RpcError::internal(
+                "session has no agent-side id to restore",
+            ));
         };
         let process = pool.acquire(&self.owner).await?;
         let info = pool.info().await?;
@@ -274,18 +344,30 @@ impl LiveSession {
         if let Err(e) = process.request(method, &params, timeout).await {
             process.release();
             tracing::warn!(session = %self.id, method, error = %e, "agent could not restore session");
-            return Err(RpcError::internal(format!("agent could not restore this session: {}", e.message)));
+            return Err(RpcError::internal(format!(
+                "agent could not restore this session: {}",
+                e.message
+            )));
         }
         tracing::info!(session = %self.id, process = process.id, method, "session restored on agent process");
         process.bind_session(agent_sid.clone(), self.clone());
-        let b = Binding { process, agent_session_id: agent_sid };
+        let b = Binding {
+            process,
+            agent_session_id: agent_sid,
+        };
         st.binding = Some(b.clone());
         Ok(b)
     }
 
     /// Sends an agent's request to the attached clients (a permission request to all of them,
     /// first answer wins), or keeps it until one attaches.
-    pub async fn deliver_agent_request(self: &Arc<Self>, process: &Arc<AgentProcess>, agent_id: Box<RawValue>, method: &str, params: String) {
+    pub async fn deliver_agent_request(
+        self: &Arc<Self>,
+        process: &Arc<AgentProcess>,
+        agent_id: Box<RawValue>,
+        method: &str,
+        params: String,
+    ) {
         let settle = Settle::new(self.clone(), process, agent_id, method, params);
         let mut st = self.state.lock().await;
         st.subscribers.retain(|c| !c.is_closed());
@@ -294,8 +376,11 @@ impl LiveSession {
             st.waiting.push(w);
             return;
         }
-        let targets: Vec<Arc<ClientHandle>> =
-            if method == "session/request_permission" { st.subscribers.clone() } else { st.subscribers.last().cloned().into_iter().collect() };
+        let targets: Vec<Arc<ClientHandle>> = if method == "session/request_permission" {
+            st.subscribers.clone()
+        } else {
+            st.subscribers.last().cloned().into_iter().collect()
+        };
         drop(st);
         settle.ask(&targets).await;
     }
@@ -316,7 +401,11 @@ impl LiveSession {
 
 /// Title from a prompt's text: first line, at most [`TITLE_CHARS`] characters.
 fn make_title(text: &str) -> String {
-    let line = text.lines().map(str::trim).find(|l| !l.is_empty()).unwrap_or("");
+    let line = text
+        .lines()
+        .map(str::trim)
+        .find(|l| !l.is_empty())
+        .unwrap_or("");
     let mut title: String = line.chars().take(TITLE_CHARS).collect();
     if line.chars().count() > TITLE_CHARS {
         title.push('…');
@@ -341,22 +430,37 @@ pub struct Registry {
 impl Registry {
     /// The session with `id`, if in memory (ownership is the caller's to check).
     pub fn get(&self, id: &str) -> Option<Arc<LiveSession>> {
-        self.map.lock().unwrap_or_else(|e| e.into_inner()).get(id).cloned()
+        self.map
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(id)
+            .cloned()
     }
 
     /// Adds `session`, or returns the one already there under its id.
     pub fn insert(&self, session: Arc<LiveSession>) -> Arc<LiveSession> {
-        self.map.lock().unwrap_or_else(|e| e.into_inner()).entry(session.id.clone()).or_insert(session).clone()
+        self.map
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .entry(session.id.clone())
+            .or_insert(session)
+            .clone()
     }
 
     /// Forgets a session.
     pub fn remove(&self, id: &str) -> Option<Arc<LiveSession>> {
-        self.map.lock().unwrap_or_else(|e| e.into_inner()).remove(id)
+        self.map
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(id)
     }
 
     /// Drops sessions nobody uses (they are reloaded from the store when needed).
     pub fn sweep(&self) {
-        self.map.lock().unwrap_or_else(|e| e.into_inner()).retain(|_, s| !s.is_dormant());
+        self.map
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .retain(|_, s| !s.is_dormant());
     }
 
     /// Sessions in memory.
@@ -377,8 +481,19 @@ mod tests {
     #[test]
     fn titles() {
         assert_eq!(make_title("\n  hello world \nmore"), "hello world");
-        assert_eq!(make_title(&"x".repeat(150)).chars().count(), TITLE_CHARS + 1);
-        assert_eq!(info_update_title(r#"{"sessionUpdate":"session_info_update","title":"T"}"#), Some("T".into()));
-        assert_eq!(info_update_title(r#"{"sessionUpdate":"agent_message_chunk","title":"session_info_update"}"#), None);
+        assert_eq!(
+            make_title(&"x".repeat(150)).chars().count(),
+            TITLE_CHARS + 1
+        );
+        assert_eq!(
+            info_update_title(r#"{"sessionUpdate":"session_info_update","title":"T"}"#),
+            Some("T".into())
+        );
+        assert_eq!(
+            info_update_title(
+                r#"{"sessionUpdate":"agent_message_chunk","title":"session_info_update"}"#
+            ),
+            None
+        );
     }
 }

@@ -34,7 +34,13 @@ pub struct Settle {
 
 impl Settle {
     /// A request not yet asked of anyone.
-    pub fn new(session: Arc<LiveSession>, process: &Arc<AgentProcess>, agent_id: Box<RawValue>, method: &str, params: String) -> Arc<Self> {
+    pub fn new(
+        session: Arc<LiveSession>,
+        process: &Arc<AgentProcess>,
+        agent_id: Box<RawValue>,
+        method: &str,
+        params: String,
+    ) -> Arc<Self> {
         Arc::new(Self {
             session,
             process: Arc::downgrade(process),
@@ -58,33 +64,62 @@ impl Settle {
                 return;
             }
             let out_id = client.register_out_request(self.clone());
-            self.asked.lock().unwrap_or_else(|e| e.into_inner()).push((Arc::downgrade(client), out_id));
-            client.send(Utf8Bytes::from(protocol::request(out_id, &self.method, &self.params))).await;
+            self.asked
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .push((Arc::downgrade(client), out_id));
+            client
+                .send(Utf8Bytes::from(protocol::request(
+                    out_id,
+                    &self.method,
+                    &self.params,
+                )))
+                .await;
         }
     }
 
     /// `from` answered: the first answer goes to the agent, the other clients are told.
-    pub async fn answer(&self, from: &ClientHandle, result: Option<&RawValue>, error: Option<&RawValue>) {
+    pub async fn answer(
+        &self,
+        from: &ClientHandle,
+        result: Option<&RawValue>,
+        error: Option<&RawValue>,
+    ) {
         if self.done.swap(true, Ordering::AcqRel) {
             return;
         }
         let frame = match (result, error) {
             (Some(r), _) => protocol::response(self.agent_id.get(), r.get()),
             (None, Some(e)) => protocol::error_passthrough(self.agent_id.get(), e.get()),
-            (None, None) => protocol::error(Some(self.agent_id.get()), &RpcError::internal("client sent an empty response")),
+            (None, None) => protocol::error(
+                Some(self.agent_id.get()),
+                &RpcError::internal("client sent an empty response"),
+            ),
         };
         if let Some(p) = self.process.upgrade() {
             let _ = p.send_line(frame).await;
         }
-        let others: Vec<(Weak<ClientHandle>, u64)> = self.asked.lock().unwrap_or_else(|e| e.into_inner()).drain(..).collect();
+        let others: Vec<(Weak<ClientHandle>, u64)> = self
+            .asked
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .drain(..)
+            .collect();
         for (client, out_id) in others {
-            let Some(client) = client.upgrade() else { continue };
+            let Some(client) = client.upgrade() else {
+                continue;
+            };
             if std::ptr::eq(&*client, from) {
                 continue;
             }
             client.forget_out_request(out_id);
             let params = format!(r#"{{"requestId":{out_id}}}"#);
-            client.send(Utf8Bytes::from(protocol::notification("$/cancel_request", &params))).await;
+            client
+                .send(Utf8Bytes::from(protocol::notification(
+                    "$/cancel_request",
+                    &params,
+                )))
+                .await;
         }
     }
 
@@ -95,7 +130,10 @@ impl Settle {
         }
         let anyone_left = {
             let mut asked = self.asked.lock().unwrap_or_else(|e| e.into_inner());
-            asked.retain(|(c, _)| c.upgrade().is_some_and(|c| !std::ptr::eq(&*c, gone) && !c.is_closed()));
+            asked.retain(|(c, _)| {
+                c.upgrade()
+                    .is_some_and(|c| !std::ptr::eq(&*c, gone) && !c.is_closed())
+            });
             !asked.is_empty()
         };
         if !anyone_left {
@@ -111,9 +149,15 @@ impl Settle {
         }
         tracing::info!(session = %self.session.id, method = %self.method, "no client answered the agent's request in time");
         let frame = if self.method == "session/request_permission" {
-            protocol::response(self.agent_id.get(), r#"{"outcome":{"outcome":"cancelled"}}"#)
+            protocol::response(
+                self.agent_id.get(),
+                r#"{"outcome":{"outcome":"cancelled"}}"#,
+            )
         } else {
-            protocol::error(Some(self.agent_id.get()), &RpcError::internal("no client is attached to this session"))
+            protocol::error(
+                Some(self.agent_id.get()),
+                &RpcError::internal("no client is attached to this session"),
+            )
         };
         if let Some(p) = self.process.upgrade() {
             let _ = p.send_line(frame).await;

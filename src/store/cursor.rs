@@ -61,28 +61,55 @@ impl CursorCodec {
     }
 
     fn mac(&self, data: &[u8]) -> Hmac<Sha256> {
-        let mut mac = <Hmac<Sha256> as Mac>::new_from_slice(&self.key).unwrap_or_else(|_| unreachable!("HMAC takes any key length"));
+        let mut mac = <Hmac<Sha256> as Mac>::new_from_slice(&self.key)
+            .unwrap_or_else(|_| unreachable!("HMAC takes any key length"));
         mac.update(data);
         mac
     }
 
     /// Makes the cursor that continues after the row `(updated_at, id)`.
-    pub fn encode(&self, user: &str, filter: &ListFilter, updated_at: i64, id: &str, now: i64) -> String {
-        let payload = Payload { t: updated_at, i: id.to_string(), u: user.to_string(), f: filter_hash(filter), at: now };
+    pub fn encode(
+        &self,
+        user: &str,
+        filter: &ListFilter,
+        updated_at: i64,
+        id: &str,
+        now: i64,
+    ) -> String {
+        let payload = Payload {
+            t: updated_at,
+            i: id.to_string(),
+            u: user.to_string(),
+            f: filter_hash(filter),
+            at: now,
+        };
         let json = serde_json::to_vec(&payload).unwrap_or_default();
         let tag = self.mac(&json).finalize().into_bytes();
-        format!("{}.{}", URL_SAFE_NO_PAD.encode(&json), URL_SAFE_NO_PAD.encode(tag))
+        format!(
+            "{}.{}",
+            URL_SAFE_NO_PAD.encode(&json),
+            URL_SAFE_NO_PAD.encode(tag)
+        )
     }
 
     /// Checks a cursor for this user and these filters.
-    pub fn decode(&self, cursor: &str, user: &str, filter: &ListFilter, now: i64) -> Option<Decoded> {
+    pub fn decode(
+        &self,
+        cursor: &str,
+        user: &str,
+        filter: &ListFilter,
+        now: i64,
+    ) -> Option<Decoded> {
         let (body, tag) = cursor.split_once('.')?;
         let json = URL_SAFE_NO_PAD.decode(body).ok()?;
         let tag = URL_SAFE_NO_PAD.decode(tag).ok()?;
         self.mac(&json).verify_slice(&tag).ok()?;
         let p: Payload = serde_json::from_slice(&json).ok()?;
         let fresh = now.saturating_sub(p.at) <= MAX_AGE_MICROS && p.at <= now + 60_000_000;
-        (p.u == user && p.f == filter_hash(filter) && fresh).then_some(Decoded { updated_at: p.t, id: p.i })
+        (p.u == user && p.f == filter_hash(filter) && fresh).then_some(Decoded {
+            updated_at: p.t,
+            id: p.i,
+        })
     }
 }
 
@@ -103,15 +130,40 @@ mod tests {
         let c = CursorCodec::new(b"k".to_vec());
         let f = ListFilter::default();
         let cur = c.encode("alice", &f, 42, "s1", 1000);
-        assert_eq!(c.decode(&cur, "alice", &f, 2000), Some(Decoded { updated_at: 42, id: "s1".into() }));
-        assert_eq!(c.decode(&cur, "bob", &f, 2000), None, "another user's cursor");
-        let other = ListFilter { search: Some("x".into()), ..Default::default() };
+        assert_eq!(
+            c.decode(&cur, "alice", &f, 2000),
+            Some(Decoded {
+                updated_at: 42,
+                id: "s1".into()
+            })
+        );
+        assert_eq!(
+            c.decode(&cur, "bob", &f, 2000),
+            None,
+            "another user's cursor"
+        );
+        let other = ListFilter {
+            search: Some("x".into()),
+            ..Default::default()
+        };
         assert_eq!(c.decode(&cur, "alice", &other, 2000), None, "other filters");
-        assert_eq!(c.decode(&cur, "alice", &f, 1000 + MAX_AGE_MICROS + 1), None, "expired");
-        assert_eq!(CursorCodec::new(b"other".to_vec()).decode(&cur, "alice", &f, 2000), None, "other key");
+        assert_eq!(
+            c.decode(&cur, "alice", &f, 1000 + MAX_AGE_MICROS + 1),
+            None,
+            "expired"
+        );
+        assert_eq!(
+            CursorCodec::new(b"other".to_vec()).decode(&cur, "alice", &f, 2000),
+            None,
+            "other key"
+        );
         let (body, tag) = cur.split_once('.').expect("two parts");
-        let forged_body = URL_SAFE_NO_PAD.encode(br#"{"t":0,"i":"s9","u":"alice","f":0,"at":1000}"#);
-        assert_eq!(c.decode(&format!("{forged_body}.{tag}"), "alice", &f, 2000), None);
+        let forged_body =
+            URL_SAFE_NO_PAD.encode(br#"{"t":0,"i":"s9","u":"alice","f":0,"at":1000}"#);
+        assert_eq!(
+            c.decode(&format!("{forged_body}.{tag}"), "alice", &f, 2000),
+            None
+        );
         assert_eq!(c.decode(body, "alice", &f, 2000), None);
         assert_eq!(c.decode("garbage", "alice", &f, 2000), None);
     }

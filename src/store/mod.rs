@@ -140,9 +140,14 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     /// Inserts a session.
     async fn create_session(&self, s: &NewSession<'_>) -> Result<(), StoreError>;
     /// A session of `owner`, or `None` (unknown and foreign ids alike).
-    async fn get_session(&self, owner: &str, id: &str) -> Result<Option<SessionRecord>, StoreError>;
+    async fn get_session(&self, owner: &str, id: &str)
+    -> Result<Option<SessionRecord>, StoreError>;
     /// Records the agent's id for a session after a (re)start.
-    async fn set_agent_session_id(&self, id: &str, agent_session_id: Option<&str>) -> Result<(), StoreError>;
+    async fn set_agent_session_id(
+        &self,
+        id: &str,
+        agent_session_id: Option<&str>,
+    ) -> Result<(), StoreError>;
     /// One page of `owner`'s sessions, newest `updated_at` first, strictly after `after`.
     async fn list_sessions(
         &self,
@@ -156,7 +161,13 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     /// Writes one flush, atomically. Writes for sessions deleted meanwhile are dropped.
     async fn write_batch(&self, writes: &[SessionWrite]) -> Result<(), StoreError>;
     /// Up to `max_chunks` chunks of `owner`'s session holding updates after `after_seq`, in order.
-    async fn read_events(&self, owner: &str, id: &str, after_seq: i64, max_chunks: u32) -> Result<Vec<EventChunk>, StoreError>;
+    async fn read_events(
+        &self,
+        owner: &str,
+        id: &str,
+        after_seq: i64,
+        max_chunks: u32,
+    ) -> Result<Vec<EventChunk>, StoreError>;
     /// The key that signs `session/list` cursors, shared by every replica on this database.
     async fn cursor_key(&self) -> Result<Vec<u8>, StoreError>;
 }
@@ -201,7 +212,9 @@ pub fn iso8601(micros: i64) -> String {
 
 /// Parses ISO 8601 / RFC 3339 into epoch microseconds.
 pub fn parse_iso8601(s: &str) -> Option<i64> {
-    chrono::DateTime::parse_from_rfc3339(s).ok().map(|d| d.timestamp_micros())
+    chrono::DateTime::parse_from_rfc3339(s)
+        .ok()
+        .map(|d| d.timestamp_micros())
 }
 
 #[cfg(test)]

@@ -62,7 +62,11 @@ pub struct Persister {
 impl Persister {
     /// Starts the writer on `store`. It runs until every handle is dropped and the queue is
     /// drained, or until `cancel` fires while the database is unreachable.
-    pub fn spawn(store: Arc<dyn Store>, capacity: usize, cancel: CancellationToken) -> (Self, tokio::task::JoinHandle<()>) {
+    pub fn spawn(
+        store: Arc<dyn Store>,
+        capacity: usize,
+        cancel: CancellationToken,
+    ) -> (Self, tokio::task::JoinHandle<()>) {
         let (tx, rx) = mpsc::channel(capacity);
         let task = tokio::spawn(run(store, rx, cancel));
         (Self { tx }, task)
@@ -119,7 +123,8 @@ async fn run(store: Arc<dyn Store>, mut rx: mpsc::Receiver<Item>, cancel: Cancel
                     }
                 }
             }
-            metrics::histogram!("acp_gateway_transcript_write_seconds").record(started.elapsed().as_secs_f64());
+            metrics::histogram!("acp_gateway_transcript_write_seconds")
+                .record(started.elapsed().as_secs_f64());
             metrics::counter!("acp_gateway_transcript_updates_stored_total").increment(updates);
         }
         for ack in acks {
@@ -136,20 +141,34 @@ fn item_bytes(item: &Item) -> usize {
 }
 
 /// Groups a batch into one write per session (one chunk per run of consecutive updates).
-fn coalesce(items: impl Iterator<Item = Item>) -> (Vec<SessionWrite>, Vec<oneshot::Sender<()>>, u64) {
+fn coalesce(
+    items: impl Iterator<Item = Item>,
+) -> (Vec<SessionWrite>, Vec<oneshot::Sender<()>>, u64) {
     let mut writes: Vec<SessionWrite> = Vec::new();
     let mut current: HashMap<Arc<str>, usize> = HashMap::new();
     let mut acks = Vec::new();
     let mut updates = 0;
-    fn slot(writes: &mut Vec<SessionWrite>, current: &mut HashMap<Arc<str>, usize>, session: &Arc<str>) -> usize {
+    fn slot(
+        writes: &mut Vec<SessionWrite>,
+        current: &mut HashMap<Arc<str>, usize>,
+        session: &Arc<str>,
+    ) -> usize {
         *current.entry(session.clone()).or_insert_with(|| {
-            writes.push(SessionWrite { session_id: session.clone(), ..Default::default() });
+            writes.push(SessionWrite {
+                session_id: session.clone(),
+                ..Default::default()
+            });
             writes.len() - 1
         })
     }
     for item in items {
         match item {
-            Item::Update { session, seq, update, at } => {
+            Item::Update {
+                session,
+                seq,
+                update,
+                at,
+            } => {
                 updates += 1;
                 let mut i = slot(&mut writes, &mut current, &session);
                 let seq = seq as i64;
@@ -157,7 +176,10 @@ fn coalesce(items: impl Iterator<Item = Item>) -> (Vec<SessionWrite>, Vec<onesho
                 if !contiguous {
                     // Never expected (one publisher per session numbers them in order); keep
                     // every run intact rather than merge across a gap.
-                    writes.push(SessionWrite { session_id: session.clone(), ..Default::default() });
+                    writes.push(SessionWrite {
+                        session_id: session.clone(),
+                        ..Default::default()
+                    });
                     i = writes.len() - 1;
                     current.insert(session, i);
                 }
@@ -169,7 +191,13 @@ fn coalesce(items: impl Iterator<Item = Item>) -> (Vec<SessionWrite>, Vec<onesho
                         c.payload.push('\n');
                         c.payload.push_str(&update);
                     }
-                    None => w.chunk = Some(EventChunk { seq_from: seq, seq_to: seq, payload: update.into_string() }),
+                    None => {
+                        w.chunk = Some(EventChunk {
+                            seq_from: seq,
+                            seq_to: seq,
+                            payload: update.into_string(),
+                        })
+                    }
                 }
             }
             Item::Prompt { session, title } => {
@@ -194,22 +222,49 @@ mod tests {
     use super::*;
 
     fn upd(s: &Arc<str>, seq: u64) -> Item {
-        Item::Update { session: s.clone(), seq, update: format!("{{\"n\":{seq}}}").into(), at: seq as i64 }
+        Item::Update {
+            session: s.clone(),
+            seq,
+            update: format!("{{\"n\":{seq}}}").into(),
+            at: seq as i64,
+        }
     }
 
     #[test]
     fn coalesces_runs_per_session() {
         let a: Arc<str> = Arc::from("a");
         let b: Arc<str> = Arc::from("b");
-        let items = vec![upd(&a, 1), upd(&b, 5), upd(&a, 2), Item::Prompt { session: a.clone(), title: Some("t".into()) }, upd(&a, 3)];
+        let items = vec![
+            upd(&a, 1),
+            upd(&b, 5),
+            upd(&a, 2),
+            Item::Prompt {
+                session: a.clone(),
+                title: Some("t".into()),
+            },
+            upd(&a, 3),
+        ];
         let (writes, acks, n) = coalesce(items.into_iter());
         assert_eq!(n, 4);
         assert!(acks.is_empty());
         assert_eq!(writes.len(), 2);
         let wa = &writes[0];
-        assert_eq!(wa.chunk, Some(EventChunk { seq_from: 1, seq_to: 3, payload: "{\"n\":1}\n{\"n\":2}\n{\"n\":3}".into() }));
-        assert_eq!((wa.prompts, wa.prompt_title.as_deref(), wa.updated_at), (1, Some("t"), 3));
-        assert_eq!(writes[1].chunk.as_ref().map(|c| (c.seq_from, c.seq_to)), Some((5, 5)));
+        assert_eq!(
+            wa.chunk,
+            Some(EventChunk {
+                seq_from: 1,
+                seq_to: 3,
+                payload: "{\"n\":1}\n{\"n\":2}\n{\"n\":3}".into()
+            })
+        );
+        assert_eq!(
+            (wa.prompts, wa.prompt_title.as_deref(), wa.updated_at),
+            (1, Some("t"), 3)
+        );
+        assert_eq!(
+            writes[1].chunk.as_ref().map(|c| (c.seq_from, c.seq_to)),
+            Some((5, 5))
+        );
     }
 
     #[test]

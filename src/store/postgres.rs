@@ -6,7 +6,10 @@ use async_trait::async_trait;
 use sqlx::postgres::{PgPool, PgPoolOptions, PgRow};
 use sqlx::{QueryBuilder, Row};
 
-use super::{EventChunk, ListFilter, NewSession, Position, SessionRecord, SessionWrite, Store, StoreError, like_pattern};
+use super::{
+    EventChunk, ListFilter, NewSession, Position, SessionRecord, SessionWrite, Store, StoreError,
+    like_pattern,
+};
 
 /// A Postgres-backed [`Store`].
 #[derive(Debug, Clone)]
@@ -15,8 +18,7 @@ pub struct PgStore {
     pool: PgPool,
 }
 
-const SESSION_COLUMNS: &str =
-    "id, owner, agent, agent_session_id, cwd, additional_dirs, title, meta, message_count, last_seq, created_at, updated_at";
+const SESSION_COLUMNS: &str = "id, owner, agent, agent_session_id, cwd, additional_dirs, title, meta, message_count, last_seq, created_at, updated_at";
 
 impl PgStore {
     /// Connects to `url` and migrates the database.
@@ -73,16 +75,26 @@ impl Store for PgStore {
         Ok(())
     }
 
-    async fn get_session(&self, owner: &str, id: &str) -> Result<Option<SessionRecord>, StoreError> {
-        let row = sqlx::query(&format!("SELECT {SESSION_COLUMNS} FROM sessions WHERE id = $1 AND owner = $2"))
-            .bind(id)
-            .bind(owner)
-            .fetch_optional(&self.pool)
-            .await?;
+    async fn get_session(
+        &self,
+        owner: &str,
+        id: &str,
+    ) -> Result<Option<SessionRecord>, StoreError> {
+        let row = sqlx::query(&format!(
+            "SELECT {SESSION_COLUMNS} FROM sessions WHERE id = $1 AND owner = $2"
+        ))
+        .bind(id)
+        .bind(owner)
+        .fetch_optional(&self.pool)
+        .await?;
         Ok(row.as_ref().map(record).transpose()?)
     }
 
-    async fn set_agent_session_id(&self, id: &str, agent_session_id: Option<&str>) -> Result<(), StoreError> {
+    async fn set_agent_session_id(
+        &self,
+        id: &str,
+        agent_session_id: Option<&str>,
+    ) -> Result<(), StoreError> {
         sqlx::query("UPDATE sessions SET agent_session_id = $1 WHERE id = $2")
             .bind(agent_session_id)
             .bind(id)
@@ -98,7 +110,9 @@ impl Store for PgStore {
         after: Option<Position<'_>>,
         limit: u32,
     ) -> Result<Vec<SessionRecord>, StoreError> {
-        let mut q = QueryBuilder::new(format!("SELECT {SESSION_COLUMNS} FROM sessions WHERE owner = "));
+        let mut q = QueryBuilder::new(format!(
+            "SELECT {SESSION_COLUMNS} FROM sessions WHERE owner = "
+        ));
         q.push_bind(owner);
         if let Some(cwd) = &filter.cwd {
             q.push(" AND cwd = ").push_bind(cwd);
@@ -114,25 +128,39 @@ impl Store for PgStore {
         }
         if let Some(s) = &filter.search {
             let pattern = like_pattern(s);
-            q.push(" AND (title ILIKE ").push_bind(pattern.clone()).push(" ESCAPE '\\' OR meta ILIKE ");
+            q.push(" AND (title ILIKE ")
+                .push_bind(pattern.clone())
+                .push(" ESCAPE '\\' OR meta ILIKE ");
             q.push_bind(pattern).push(" ESCAPE '\\')");
         }
         if let Some(pos) = after {
             q.push(" AND (updated_at < ").push_bind(pos.updated_at);
-            q.push(" OR (updated_at = ").push_bind(pos.updated_at).push(" AND id < ").push_bind(pos.id).push("))");
+            q.push(" OR (updated_at = ")
+                .push_bind(pos.updated_at)
+                .push(" AND id < ")
+                .push_bind(pos.id)
+                .push("))");
         }
-        q.push(" ORDER BY updated_at DESC, id DESC LIMIT ").push_bind(i64::from(limit));
+        q.push(" ORDER BY updated_at DESC, id DESC LIMIT ")
+            .push_bind(i64::from(limit));
         let rows = q.build().fetch_all(&self.pool).await?;
         Ok(rows.iter().map(record).collect::<Result<_, _>>()?)
     }
 
     async fn delete_session(&self, owner: &str, id: &str) -> Result<bool, StoreError> {
         let mut tx = self.pool.begin().await?;
-        let done = sqlx::query("DELETE FROM sessions WHERE id = $1 AND owner = $2").bind(id).bind(owner).execute(&mut *tx).await?;
+        let done = sqlx::query("DELETE FROM sessions WHERE id = $1 AND owner = $2")
+            .bind(id)
+            .bind(owner)
+            .execute(&mut *tx)
+            .await?;
         if done.rows_affected() > 0 {
             // ON DELETE CASCADE covers this; deleting explicitly keeps it true even for a
             // connection opened without foreign keys.
-            sqlx::query("DELETE FROM session_events WHERE session_id = $1").bind(id).execute(&mut *tx).await?;
+            sqlx::query("DELETE FROM session_events WHERE session_id = $1")
+                .bind(id)
+                .execute(&mut *tx)
+                .await?;
         }
         tx.commit().await?;
         Ok(done.rows_affected() > 0)
@@ -175,7 +203,13 @@ impl Store for PgStore {
         Ok(())
     }
 
-    async fn read_events(&self, owner: &str, id: &str, after_seq: i64, max_chunks: u32) -> Result<Vec<EventChunk>, StoreError> {
+    async fn read_events(
+        &self,
+        owner: &str,
+        id: &str,
+        after_seq: i64,
+        max_chunks: u32,
+    ) -> Result<Vec<EventChunk>, StoreError> {
         let rows = sqlx::query(
             "SELECT e.seq_from, e.seq_to, e.payload FROM session_events e
              JOIN sessions s ON s.id = e.session_id
@@ -189,7 +223,13 @@ impl Store for PgStore {
         .fetch_all(&self.pool)
         .await?;
         rows.iter()
-            .map(|r| Ok(EventChunk { seq_from: r.try_get(0)?, seq_to: r.try_get(1)?, payload: r.try_get(2)? }))
+            .map(|r| {
+                Ok(EventChunk {
+                    seq_from: r.try_get(0)?,
+                    seq_to: r.try_get(1)?,
+                    payload: r.try_get(2)?,
+                })
+            })
             .collect::<Result<_, sqlx::Error>>()
             .map_err(Into::into)
     }
@@ -200,7 +240,9 @@ impl Store for PgStore {
             .bind(fresh.as_slice())
             .execute(&self.pool)
             .await?;
-        let row = sqlx::query("SELECT value FROM gateway_settings WHERE name = 'cursor_key'").fetch_one(&self.pool).await?;
+        let row = sqlx::query("SELECT value FROM gateway_settings WHERE name = 'cursor_key'")
+            .fetch_one(&self.pool)
+            .await?;
         Ok(row.try_get(0)?)
     }
 }

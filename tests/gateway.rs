@@ -1,0 +1,425 @@
+//! Issue 2: ACP over WebSocket bridged to pooled stdio agents. Real gateway, real agent
+//! processes over real pipes, real WebSocket clients.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::{Client, Db, TestGateway, agent, eventually, seq};
+use serde_json::{Value, json};
+use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+
+fn text_of(update: &Value) -> String {
+    update["params"]["update"]["content"]["text"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string()
+}
+
+fn kind(update: &Value) -> &str {
+    update["params"]["update"]["sessionUpdate"]
+        .as_str()
+        .unwrap_or_default()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn interleaved_prompts_on_one_process_reach_only_their_own_client() {
+    let gw = TestGateway::start(Db::Sqlite, |_| {}).await;
+    let mut a = gw.client("alice").await;
+    let mut b = gw.client("alice").await;
+    let sa = a.new_session().await;
+    let sb = b.new_session().await;
+    assert_eq!(
+        gw.gw.pools.get("default").expect("pool").process_count(),
+        1,
+        "one user's sessions share a process"
+    );
+
+    let n = 300;
+    let pa = json!({"sessionId": sa, "prompt": [{"type": "text", "text": format!("a [chunks={n}] [delay_us=0]")}]});
+    let pb = json!({"sessionId": sb, "prompt": [{"type": "text", "text": format!("b [chunks={n}] [delay_us=0]")}]});
+    let ida = a.start("session/prompt", pa).await;
+    let idb = b.start("session/prompt", pb).await;
+    let (ra, rb) = tokio::join!(a.answer(ida), b.answer(idb));
+    assert_eq!(ra["result"]["stopReason"], "end_turn", "{ra}");
+    assert_eq!(rb["result"]["stopReason"], "end_turn", "{rb}");
+
+    for (client, own, other, tag) in [(&mut a, &sa, &sb, "a "), (&mut b, &sb, &sa, "b ")] {
+        assert!(
+            client
+                .inbox
+                .iter()
+                .all(|m| m["params"]["sessionId"] != **other),
+            "no foreign updates"
+        );
+        let updates = client.take_updates(own);
+        let seqs: Vec<u64> = updates.iter().map(seq).collect();
+        assert_eq!(
+            seqs,
+            (1..=seqs.len() as u64).collect::<Vec<_>>(),
+            "seq starts at 1 and rises by one"
+        );
+        let chunks: Vec<String> = updates
+            .iter()
+            .filter(|u| kind(u) == "agent_message_chunk")
+            .map(text_of)
+            .collect();
+        assert_eq!(chunks.len(), n);
+        assert!(
+            chunks.iter().all(|c| c.contains(tag)),
+            "every chunk answers this client's own prompt"
+        );
+        assert_eq!(
+            kind(&updates[0]),
+            "user_message_chunk",
+            "the user's prompt is update 1"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn permission_requests_reach_the_owning_client_and_the_answer_reaches_the_agent() {
+    let gw = TestGateway::start(Db::Sqlite, |_| {}).await;
+    let mut alice = gw.client("alice").await;
+    let mut bob = gw.client("bob").await;
+    let sa = alice.new_session().await;
+    let _sb = bob.new_session().await;
+
+    let id = alice
+        .start(
+            "session/prompt",
+            json!({"sessionId": sa, "prompt": [{"type": "text", "text": "write it [permission]"}]}),
+        )
+        .await;
+    let req = alice
+        .wait_for(|m| m["method"] == "session/request_permission")
+        .await;
+    assert_eq!(
+        req["params"]["sessionId"],
+        sa.as_str(),
+        "the request names the gateway's session id"
+    );
+    assert!(
+        req["params"]["options"]
+            .as_array()
+            .is_some_and(|o| o.len() == 2)
+    );
+    alice.send(json!({"jsonrpc": "2.0", "id": req["id"], "result": {"outcome": {"outcome": "selected", "optionId": "allow"}}})).await;
+    let done = alice.answer(id).await;
+    assert_eq!(done["result"]["stopReason"], "end_turn");
+    let chunks: Vec<String> = alice
+        .take_updates(&sa)
+        .iter()
+        .filter(|u| kind(u) == "agent_message_chunk")
+        .map(text_of)
+        .collect();
+    assert!(
+        !chunks.is_empty() && chunks.iter().all(|c| c.contains("allowed")),
+        "the agent got 'allow': {chunks:?}"
+    );
+
+    // Reject goes through too.
+    let id = alice
+        .start(
+            "session/prompt",
+            json!({"sessionId": sa, "prompt": [{"type": "text", "text": "again [permission]"}]}),
+        )
+        .await;
+    let req = alice
+        .wait_for(|m| m["method"] == "session/request_permission")
+        .await;
+    alice.send(json!({"jsonrpc": "2.0", "id": req["id"], "result": {"outcome": {"outcome": "selected", "optionId": "reject"}}})).await;
+    alice.answer(id).await;
+    assert!(
+        alice
+            .take_updates(&sa)
+            .iter()
+            .any(|u| text_of(u).contains("rejected"))
+    );
+
+    // Bob saw nothing of it: a request of his own answers at once with only his traffic before it.
+    let r = bob.request("session/list", json!({})).await;
+    assert!(
+        bob.inbox.is_empty(),
+        "bob received alice's traffic: {:?}",
+        bob.inbox
+    );
+    assert_eq!(r["result"]["sessions"].as_array().map(Vec::len), Some(1));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_agent_fails_the_pending_prompt_fast_and_the_next_session_gets_a_fresh_process() {
+    let gw = TestGateway::start(Db::Sqlite, |_| {}).await;
+    let mut c = gw.client("alice").await;
+    let s = c.new_session().await;
+    let pool = gw.gw.pools.get("default").expect("pool").clone();
+    let pid_before = common::processes_matching("demo-agent");
+    assert_eq!(pool.process_count(), 1);
+
+    let id = c
+        .start(
+            "session/prompt",
+            json!({"sessionId": s, "prompt": [{"type": "text", "text": "[hang]"}]}),
+        )
+        .await;
+    c.wait_for(|m| m["params"]["update"]["sessionUpdate"] == "plan")
+        .await;
+    let agent_pids: Vec<u32> = pid_before
+        .iter()
+        .copied()
+        .filter(|p| is_child_of_us(*p))
+        .collect();
+    assert_eq!(agent_pids.len(), 1, "one agent process");
+    let killed_at = Instant::now();
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(agent_pids[0] as i32),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .expect("kill");
+    let answer = c.answer(id).await;
+    let took = killed_at.elapsed();
+    assert_eq!(answer["error"]["code"], -32603, "{answer}");
+    assert!(
+        answer["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("agent process exited")),
+        "{answer}"
+    );
+    assert!(
+        took < Duration::from_secs(1),
+        "pending prompt failed after {took:?}"
+    );
+
+    eventually("the dead process to leave the pool", || {
+        pool.process_count() == 0
+    })
+    .await;
+    let s2 = c.new_session().await;
+    assert_ne!(s2, s);
+    let r = c.prompt(&s2, "hi").await;
+    assert_eq!(r["result"]["stopReason"], "end_turn");
+    assert_eq!(pool.process_count(), 1, "a fresh process");
+
+    // A crash the agent causes itself, mid-stream, is reported the same way.
+    let r = c.prompt(&s2, "[crash]").await;
+    assert_eq!(r["error"]["code"], -32603, "{r}");
+    assert!(r["error"]["data"]["stderrTail"].is_array());
+}
+
+fn is_child_of_us(pid: u32) -> bool {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    let ppid = stat
+        .rsplit(')')
+        .next()
+        .and_then(|s| s.split_whitespace().nth(1))
+        .and_then(|p| p.parse::<u32>().ok());
+    ppid == Some(std::process::id())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_processes_are_reaped_and_sessions_come_back() {
+    let gw = TestGateway::start(Db::Sqlite, |c| {
+        c.agents
+            .get_mut("default")
+            .expect("default")
+            .pool
+            .idle_timeout_secs = 1
+    })
+    .await;
+    let mut c = gw.client("alice").await;
+    let s = c.new_session().await;
+    assert_eq!(
+        c.prompt(&s, "one").await["result"]["stopReason"],
+        "end_turn"
+    );
+    let pool = gw.gw.pools.get("default").expect("pool").clone();
+    assert_eq!(pool.process_count(), 1);
+    eventually("the idle process to be reaped", || {
+        pool.process_count() == 0
+    })
+    .await;
+    // The next prompt restores the session on a new process (the demo agent supports resume).
+    let r = c.prompt(&s, "two").await;
+    assert_eq!(r["result"]["stopReason"], "end_turn", "{r}");
+    assert_eq!(pool.process_count(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_agent_process_outlives_the_gateway() {
+    let marker = format!("acp-test-marker-{}", uuid_like());
+    let gw = TestGateway::start(Db::Sqlite, |c| {
+        // A wrapper shell that starts the real agent as its child: killing only the shell would
+        // orphan the agent (the npx/uvx trap). The marker lets us count exactly our processes.
+        let demo = c.agents.get_mut("default").expect("default");
+        demo.args = vec![
+            "-c".into(),
+            format!(
+                "exec -a {marker} {} demo-agent --delay-us 0 <&0 & wait",
+                common::gateway_bin()
+            ),
+        ];
+        demo.command = "bash".into();
+    })
+    .await;
+    let mut clients = Vec::new();
+    for user in ["u1", "u2", "u3"] {
+        let mut c = gw.client(user).await;
+        let s = c.new_session().await;
+        assert_eq!(c.prompt(&s, "hi").await["result"]["stopReason"], "end_turn");
+        clients.push(c);
+    }
+    let running = common::processes_named(&marker);
+    assert_eq!(running.len(), 3, "one agent per user: {running:?}");
+    gw.stop().await;
+    eventually("every agent process to be gone", || {
+        common::processes_named(&marker).is_empty()
+    })
+    .await;
+}
+
+fn uuid_like() -> String {
+    format!(
+        "{}-{}",
+        std::process::id(),
+        Instant::now().elapsed().as_nanos() ^ rand_u64()
+    )
+}
+
+fn rand_u64() -> u128 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or(0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_official_python_sdk_agent_works_through_the_gateway() {
+    let script = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/agents/sdk_echo_agent.py"
+    );
+    let gw = TestGateway::start(Db::Sqlite, |c| {
+        c.agents.insert("sdk".into(), agent("python3", &[script]));
+    })
+    .await;
+    let mut c = Client::connect(&format!("{}?agent=sdk", gw.ws_url()), &gw.token("alice"))
+        .await
+        .expect("connect");
+    let init = c.request("initialize", json!({"protocolVersion": 1})).await;
+    assert_eq!(
+        init["result"]["agentInfo"]["name"], "sdk-echo-agent",
+        "{init}"
+    );
+    assert_eq!(
+        init["result"]["agentCapabilities"]["loadSession"], true,
+        "the gateway adds loadSession"
+    );
+    let s = c.new_session().await;
+    let id = c
+        .start(
+            "session/prompt",
+            json!({"sessionId": s, "prompt": [{"type": "text", "text": "hello [permission]"}]}),
+        )
+        .await;
+    let req = c
+        .wait_for(|m| m["method"] == "session/request_permission")
+        .await;
+    c.send(json!({"jsonrpc": "2.0", "id": req["id"], "result": {"outcome": {"outcome": "selected", "optionId": "allow"}}})).await;
+    let r = c.answer(id).await;
+    assert_eq!(r["result"]["stopReason"], "end_turn", "{r}");
+    let texts: Vec<String> = c
+        .take_updates(&s)
+        .iter()
+        .filter(|u| kind(u) == "agent_message_chunk")
+        .map(text_of)
+        .collect();
+    assert_eq!(texts.len(), 3, "{texts:?}");
+    assert!(texts.iter().all(|t| t.contains("allowed")), "{texts:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn protocol_errors_are_answered_and_the_connection_lives() {
+    let gw = TestGateway::start(Db::Sqlite, |_| {}).await;
+    let mut c = Client::connect(&gw.ws_url(), &gw.token("alice"))
+        .await
+        .expect("connect");
+    assert!(
+        c.connection_id.as_deref().is_some_and(|id| id.len() > 8),
+        "Acp-Connection-Id on the 101"
+    );
+
+    let r = c
+        .request("session/new", json!({"cwd": "/tmp", "mcpServers": []}))
+        .await;
+    assert_eq!(
+        r["error"]["code"], -32600,
+        "first request must be initialize: {r}"
+    );
+    let r = c.request("initialize", json!({"protocolVersion": 1})).await;
+    assert!(r["result"]["agentCapabilities"]["sessionCapabilities"]["list"].is_object());
+
+    c.send_text("{not json").await;
+    let r = c.next().await;
+    assert_eq!(
+        (r["error"]["code"].clone(), r["id"].clone()),
+        (json!(-32700), Value::Null)
+    );
+    c.send_text(r#"[{"jsonrpc":"2.0","id":1,"method":"session/list"}]"#)
+        .await;
+    assert_eq!(c.next().await["error"]["code"], -32600);
+    c.send_text(r#"{"jsonrpc":"2.0","id":"str-id","method":"nope/nope","params":{}}"#)
+        .await;
+    let r = c.next().await;
+    assert_eq!(
+        (r["error"]["code"].clone(), r["id"].clone()),
+        (json!(-32601), json!("str-id"))
+    );
+    let r = c.request("_vendor/thing", json!({})).await;
+    assert_eq!(r["error"]["code"], -32601, "extension without a session");
+    let r = c
+        .request(
+            "session/prompt",
+            json!({"sessionId": "made-up", "prompt": []}),
+        )
+        .await;
+    assert_eq!(r["error"]["code"], -32002);
+    let r = c.request("session/new", json!({"mcpServers": []})).await;
+    assert_eq!(r["error"]["code"], -32602, "missing cwd: {r}");
+    // Binary frames are ignored; the connection still works after all of the above.
+    c.send_binary(vec![1u8, 2, 3]).await;
+    let s = c.new_session().await;
+    assert_eq!(
+        c.prompt(&s, "still here").await["result"]["stopReason"],
+        "end_turn"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unauthenticated_upgrades_get_401_and_browsers_can_use_the_subprotocol() {
+    let gw = TestGateway::start(Db::Sqlite, |_| {}).await;
+    let err = Client::connect_request(gw.ws_url().into_client_request().expect("req"))
+        .await
+        .err()
+        .expect("refused");
+    assert!(err.to_string().contains("401"), "{err}");
+    let err = Client::connect(&gw.ws_url(), "not-a-jwt")
+        .await
+        .err()
+        .expect("refused");
+    assert!(err.to_string().contains("401"), "{err}");
+
+    let mut req = gw.ws_url().into_client_request().expect("req");
+    let offered = format!("acp, bearer.{}", gw.token("carol"));
+    req.headers_mut()
+        .insert("sec-websocket-protocol", offered.parse().expect("header"));
+    let (ws, resp) = tokio_tungstenite::connect_async(req)
+        .await
+        .expect("subprotocol auth");
+    assert_eq!(
+        resp.headers()
+            .get("sec-websocket-protocol")
+            .and_then(|v| v.to_str().ok()),
+        Some("acp")
+    );
+    drop(ws);
+}

@@ -1,10 +1,16 @@
 //! The shared production store: Postgres, which several replicas can use at once.
+//!
+//! Row-level security (migration `…02_row_level_security`) is a second wall behind the owner
+//! conditions in every query: each method runs in a transaction that first names the user it acts
+//! for (`acp_gateway.user`) or, for the transcript writer and the cursor key, declares itself
+//! system work (`acp_gateway.system`). The settings are transaction-local, so a pooled connection
+//! never carries one user's identity into the next transaction.
 
 use std::time::Duration;
 
 use async_trait::async_trait;
 use sqlx::postgres::{PgPool, PgPoolOptions, PgRow};
-use sqlx::{QueryBuilder, Row};
+use sqlx::{Postgres, QueryBuilder, Row, Transaction};
 
 use super::{
     EventChunk, ListFilter, NewSession, Position, SessionRecord, SessionWrite, Store, StoreError,
@@ -29,7 +35,37 @@ impl PgStore {
             .connect(url)
             .await?;
         sqlx::migrate!("./migrations/postgres").run(&pool).await?;
+        let bypass: Option<bool> = sqlx::query_scalar(
+            "SELECT rolsuper OR rolbypassrls FROM pg_roles WHERE rolname = current_user",
+        )
+        .fetch_optional(&pool)
+        .await?;
+        if bypass == Some(true) {
+            tracing::warn!(
+                "the database role is a superuser or has BYPASSRLS, so row-level security does not \
+                 apply to it; run the gateway as an ordinary role (the owner of its tables)"
+            );
+        }
         Ok(Self { pool })
+    }
+
+    /// A transaction in which row-level security shows only `owner`'s rows.
+    async fn as_user(&self, owner: &str) -> Result<Transaction<'static, Postgres>, StoreError> {
+        let mut tx = self.pool.begin().await?;
+        sqlx::query("SELECT set_config('acp_gateway.user', $1, true)")
+            .bind(owner)
+            .execute(&mut *tx)
+            .await?;
+        Ok(tx)
+    }
+
+    /// A transaction for work done for every user (transcript writes, settings).
+    async fn as_system(&self) -> Result<Transaction<'static, Postgres>, StoreError> {
+        let mut tx = self.pool.begin().await?;
+        sqlx::query("SELECT set_config('acp_gateway.system', 'on', true)")
+            .execute(&mut *tx)
+            .await?;
+        Ok(tx)
     }
 }
 
@@ -58,6 +94,7 @@ impl Store for PgStore {
     }
 
     async fn create_session(&self, s: &NewSession<'_>) -> Result<(), StoreError> {
+        let mut tx = self.as_user(s.owner).await?;
         sqlx::query(
             "INSERT INTO sessions (id, owner, agent, agent_session_id, cwd, additional_dirs, meta, created_at, updated_at)
              VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $8)",
@@ -70,8 +107,9 @@ impl Store for PgStore {
         .bind(s.additional_dirs)
         .bind(s.meta)
         .bind(s.now)
-        .execute(&self.pool)
+        .execute(&mut *tx)
         .await?;
+        tx.commit().await?;
         Ok(())
     }
 
@@ -80,13 +118,15 @@ impl Store for PgStore {
         owner: &str,
         id: &str,
     ) -> Result<Option<SessionRecord>, StoreError> {
+        let mut tx = self.as_user(owner).await?;
         let row = sqlx::query(&format!(
             "SELECT {SESSION_COLUMNS} FROM sessions WHERE id = $1 AND owner = $2"
         ))
         .bind(id)
         .bind(owner)
-        .fetch_optional(&self.pool)
+        .fetch_optional(&mut *tx)
         .await?;
+        tx.commit().await?;
         Ok(row.as_ref().map(record).transpose()?)
     }
 
@@ -95,11 +135,14 @@ impl Store for PgStore {
         id: &str,
         agent_session_id: Option<&str>,
     ) -> Result<(), StoreError> {
+        // The trait names no owner here (the caller has checked it): system work.
+        let mut tx = self.as_system().await?;
         sqlx::query("UPDATE sessions SET agent_session_id = $1 WHERE id = $2")
             .bind(agent_session_id)
             .bind(id)
-            .execute(&self.pool)
+            .execute(&mut *tx)
             .await?;
+        tx.commit().await?;
         Ok(())
     }
 
@@ -143,31 +186,27 @@ impl Store for PgStore {
         }
         q.push(" ORDER BY updated_at DESC, id DESC LIMIT ")
             .push_bind(i64::from(limit));
-        let rows = q.build().fetch_all(&self.pool).await?;
+        let mut tx = self.as_user(owner).await?;
+        let rows = q.build().fetch_all(&mut *tx).await?;
+        tx.commit().await?;
         Ok(rows.iter().map(record).collect::<Result<_, _>>()?)
     }
 
     async fn delete_session(&self, owner: &str, id: &str) -> Result<bool, StoreError> {
-        let mut tx = self.pool.begin().await?;
+        let mut tx = self.as_user(owner).await?;
+        // The transcript goes with it: Postgres always enforces the ON DELETE CASCADE (its
+        // referential actions run as the tables' owner, outside row-level security).
         let done = sqlx::query("DELETE FROM sessions WHERE id = $1 AND owner = $2")
             .bind(id)
             .bind(owner)
             .execute(&mut *tx)
             .await?;
-        if done.rows_affected() > 0 {
-            // ON DELETE CASCADE covers this; deleting explicitly keeps it true even for a
-            // connection opened without foreign keys.
-            sqlx::query("DELETE FROM session_events WHERE session_id = $1")
-                .bind(id)
-                .execute(&mut *tx)
-                .await?;
-        }
         tx.commit().await?;
         Ok(done.rows_affected() > 0)
     }
 
     async fn write_batch(&self, writes: &[SessionWrite]) -> Result<(), StoreError> {
-        let mut tx = self.pool.begin().await?;
+        let mut tx = self.as_system().await?;
         for w in writes {
             if let Some(chunk) = &w.chunk {
                 sqlx::query(
@@ -210,6 +249,7 @@ impl Store for PgStore {
         after_seq: i64,
         max_chunks: u32,
     ) -> Result<Vec<EventChunk>, StoreError> {
+        let mut tx = self.as_user(owner).await?;
         let rows = sqlx::query(
             "SELECT e.seq_from, e.seq_to, e.payload FROM session_events e
              JOIN sessions s ON s.id = e.session_id
@@ -220,8 +260,9 @@ impl Store for PgStore {
         .bind(owner)
         .bind(after_seq)
         .bind(i64::from(max_chunks))
-        .fetch_all(&self.pool)
+        .fetch_all(&mut *tx)
         .await?;
+        tx.commit().await?;
         rows.iter()
             .map(|r| {
                 Ok(EventChunk {
@@ -236,13 +277,15 @@ impl Store for PgStore {
 
     async fn cursor_key(&self) -> Result<Vec<u8>, StoreError> {
         let fresh: [u8; 32] = rand::random();
+        let mut tx = self.as_system().await?;
         sqlx::query("INSERT INTO gateway_settings (name, value) VALUES ('cursor_key', $1) ON CONFLICT (name) DO NOTHING")
             .bind(fresh.as_slice())
-            .execute(&self.pool)
+            .execute(&mut *tx)
             .await?;
         let row = sqlx::query("SELECT value FROM gateway_settings WHERE name = 'cursor_key'")
-            .fetch_one(&self.pool)
+            .fetch_one(&mut *tx)
             .await?;
+        tx.commit().await?;
         Ok(row.try_get(0)?)
     }
 }

@@ -1,4 +1,330 @@
-//! Placeholder: replaced by the throwaway-server harness.
+//! Postgres for tests: every call to [`fresh_database`] gets a new, empty database.
+//!
+//! Which server:
+//! - `DATABASE_URL=postgres://…` set: that server (the databases are created on it and left
+//!   there; CI servers are throwaway).
+//! - otherwise: one throwaway server per test process, started on first use from the `initdb` and
+//!   `postgres` found on `PATH` or under `/usr/lib/postgresql/*/bin`, in a temp dir, on a free
+//!   port, with `fsync=off`. Postgres refuses to run as root, so when we are root its processes
+//!   run as the `postgres` OS user.
+//!
+//! Cleanup: a child process is *not* killed when its parent exits, and a static's `Drop` never
+//! runs, so a small watchdog shell (`sh`, beside the server) polls for this test process and,
+//! within about half a second of its exit, stops the server and removes its directory. That poll
+//! is about the process's lifetime, not a test wait.
+//!
+//! Databases are owned by a non-superuser role (`acp_test`) when the server lets us create it, so
+//! the gateway runs under the same row-level security policies it has in production (superusers
+//! bypass them).
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use sqlx::{Connection, Executor, PgConnection};
+use tokio::sync::OnceCell;
+
+/// The non-superuser role test databases belong to (its password is the same string).
+pub const TEST_ROLE: &str = "acp_test";
+
+/// A server tests can create databases on.
+#[derive(Debug)]
+pub struct Server {
+    /// A superuser (or at least `CREATEDB`) URL, without the database part.
+    admin: ConnUrl,
+    /// Whether [`TEST_ROLE`] exists there.
+    has_test_role: bool,
+    /// The throwaway server process, when we started one (kept only so that it is clear who owns it).
+    _child: Option<std::process::Child>,
+}
+
+static SERVER: OnceCell<Server> = OnceCell::const_new();
+
+/// The URL of a new, empty database (owned by [`TEST_ROLE`] when possible).
 pub async fn fresh_database() -> String {
-    std::env::var("DATABASE_URL").expect("DATABASE_URL")
+    let server = server().await;
+    let name = format!("t_{}", uuid::Uuid::new_v4().simple());
+    let mut admin = server.admin.connect("postgres").await;
+    let owner = if server.has_test_role { format!(" OWNER {TEST_ROLE}") } else { String::new() };
+    admin.execute(format!("CREATE DATABASE {name}{owner}").as_str()).await.expect("CREATE DATABASE");
+    let _ = admin.close().await;
+    if server.has_test_role {
+        server.admin.with_user(TEST_ROLE, TEST_ROLE).url(&name)
+    } else {
+        server.admin.url(&name)
+    }
+}
+
+/// A superuser connection URL to `database` on the test server (for tests that create roles).
+pub async fn admin_url(database: &str) -> String {
+    server().await.admin.url(database)
+}
+
+/// A URL to `database` on the test server as `user` with `password` (for tests that create roles).
+pub async fn url_as(user: &str, password: &str, database: &str) -> String {
+    server().await.admin.with_user(user, password).url(database)
+}
+
+/// The database name in a URL made by [`fresh_database`].
+pub fn database_of(url: &str) -> &str {
+    let path = url.rsplit('/').next().unwrap_or(url);
+    path.split('?').next().unwrap_or(path)
+}
+
+/// The shared server, started on first use.
+pub async fn server() -> &'static Server {
+    SERVER.get_or_init(init).await
+}
+
+async fn init() -> Server {
+    let (admin, child) = match std::env::var("DATABASE_URL") {
+        Ok(url) if url.starts_with("postgres") => (ConnUrl::parse(&url), None),
+        _ => {
+            let (admin, child) = start_throwaway().await;
+            (admin, Some(child))
+        }
+    };
+    let mut conn = admin.connect("postgres").await;
+    // Several test processes may share one server: creating the role must tolerate a race.
+    let created = conn
+        .execute(
+            format!(
+                "DO $$ BEGIN
+                     IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = '{TEST_ROLE}') THEN
+                         CREATE ROLE {TEST_ROLE} LOGIN NOSUPERUSER NOBYPASSRLS PASSWORD '{TEST_ROLE}';
+                     END IF;
+                 EXCEPTION WHEN duplicate_object OR unique_violation THEN NULL;
+                 END $$"
+            )
+            .as_str(),
+        )
+        .await;
+    if let Err(e) = &created {
+        eprintln!("tests: cannot create role {TEST_ROLE} ({e}); test databases will belong to the DATABASE_URL user");
+    }
+    let _ = conn.close().await;
+    Server { admin, has_test_role: created.is_ok(), _child: child }
+}
+
+/// A `postgres://` URL split into the parts tests change.
+#[derive(Debug, Clone)]
+struct ConnUrl {
+    /// `postgres://` or `postgresql://`.
+    scheme: String,
+    /// `user[:password]`, percent-encoded as given, or empty.
+    userinfo: String,
+    /// `host[:port]`.
+    host: String,
+    /// `?…` or empty.
+    query: String,
+}
+
+impl ConnUrl {
+    fn parse(url: &str) -> Self {
+        let (scheme, rest) = url.split_once("://").unwrap_or_else(|| panic!("DATABASE_URL {url:?} is not a URL"));
+        let (rest, query) = match rest.split_once('?') {
+            Some((r, q)) => (r, format!("?{q}")),
+            None => (rest, String::new()),
+        };
+        let authority = rest.split('/').next().unwrap_or(rest);
+        let (userinfo, host) = match authority.rsplit_once('@') {
+            Some((u, h)) => (u.to_string(), h.to_string()),
+            None => (String::new(), authority.to_string()),
+        };
+        Self { scheme: format!("{scheme}://"), userinfo, host, query }
+    }
+
+    fn with_user(&self, user: &str, password: &str) -> Self {
+        Self { userinfo: format!("{user}:{password}"), ..self.clone() }
+    }
+
+    fn url(&self, database: &str) -> String {
+        let at = if self.userinfo.is_empty() { "" } else { "@" };
+        format!("{}{}{at}{}/{database}{}", self.scheme, self.userinfo, self.host, self.query)
+    }
+
+    async fn connect(&self, database: &str) -> PgConnection {
+        let url = self.url(database);
+        PgConnection::connect(&url).await.unwrap_or_else(|e| panic!("cannot connect to {url}: {e}"))
+    }
+}
+
+/// Starts the throwaway server and waits until it accepts connections (retrying with another
+/// port if the one picked was taken meanwhile).
+async fn start_throwaway() -> (ConnUrl, std::process::Child) {
+    let mut last_log = String::new();
+    for _attempt in 0..3 {
+        let (mut child, port, dir) = tokio::task::spawn_blocking(spawn_server).await.expect("server start task");
+        let admin = ConnUrl::parse(&format!("postgres://postgres@127.0.0.1:{port}"));
+        let url = admin.url("postgres");
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            match PgConnection::connect(&url).await {
+                Ok(c) => {
+                    let _ = c.close().await;
+                    return (admin, child);
+                }
+                Err(e) => {
+                    if let Ok(Some(status)) = child.try_wait() {
+                        last_log = format!("exited ({status}):\n{}", log_of(&dir));
+                        let _ = std::fs::remove_dir_all(&dir);
+                        break;
+                    }
+                    if Instant::now() > deadline {
+                        let _ = child.kill();
+                        panic!("test postgres did not accept connections within 60 s ({e}):\n{}", log_of(&dir));
+                    }
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            }
+        }
+    }
+    panic!("test postgres did not start: {last_log}");
+}
+
+fn log_of(dir: &Path) -> String {
+    std::fs::read_to_string(dir.join("postgres.log")).unwrap_or_else(|e| format!("(no log: {e})"))
+}
+
+/// `initdb`s a cluster in a new temp dir and spawns `postgres` on a free port, plus its watchdog.
+fn spawn_server() -> (std::process::Child, u16, PathBuf) {
+    let bin = postgres_bin_dir();
+    let run_as = if effective_uid() == Some(0) { Some(os_user("postgres")) } else { None };
+    let dir = tempfile::Builder::new().prefix("pgtest-").tempdir().expect("temp dir for postgres").keep();
+    if let Some((uid, gid)) = run_as {
+        std::os::unix::fs::chown(&dir, Some(uid), Some(gid)).expect("chown postgres temp dir");
+    }
+    let data = dir.join("data");
+    let as_pg = |program: PathBuf| {
+        let mut c = Command::new(program);
+        c.current_dir(&dir).env_remove("PGDATA").env_remove("PGPORT").env_remove("PGHOST");
+        if let Some((uid, gid)) = run_as {
+            std::os::unix::process::CommandExt::uid(&mut c, uid);
+            std::os::unix::process::CommandExt::gid(&mut c, gid);
+            c.env("HOME", &dir).env("USER", "postgres").env("LOGNAME", "postgres");
+        }
+        c
+    };
+    let out = as_pg(bin.join("initdb"))
+        .args(["-U", "postgres", "-A", "trust", "-E", "UTF8", "--no-locale", "--no-sync", "-D"])
+        .arg(&data)
+        .output()
+        .expect("run initdb");
+    assert!(
+        out.status.success(),
+        "initdb failed ({}):\n{}{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let port = free_port();
+    let log = std::fs::File::create(dir.join("postgres.log")).expect("postgres log file");
+    if let Some((uid, gid)) = run_as {
+        let _ = std::os::unix::fs::chown(dir.join("postgres.log"), Some(uid), Some(gid));
+    }
+    let child = as_pg(bin.join("postgres"))
+        .arg("-D")
+        .arg(&data)
+        .arg("-p")
+        .arg(port.to_string())
+        .arg("-k")
+        .arg(&dir)
+        .args([
+            "-c",
+            "listen_addresses=127.0.0.1",
+            "-c",
+            "fsync=off",
+            "-c",
+            "synchronous_commit=off",
+            "-c",
+            "full_page_writes=off",
+            "-c",
+            "max_connections=200",
+            "-c",
+            "shared_buffers=256MB",
+        ])
+        .stdin(Stdio::null())
+        .stdout(log.try_clone().expect("log fd"))
+        .stderr(log)
+        .spawn()
+        .expect("spawn postgres");
+    // The watchdog: runs as us (so it can always see this process in /proc), stops the server
+    // when this process is gone, then removes the directory. If the server dies by itself, the
+    // directory (and its log) stays for diagnosis.
+    let script = r#"
+        while [ -e "/proc/$1" ] && kill -0 "$2" 2>/dev/null; do sleep 0.5; done
+        if kill -0 "$2" 2>/dev/null; then
+            kill -INT "$2"
+            n=0
+            while kill -0 "$2" 2>/dev/null && [ $n -lt 100 ]; do sleep 0.1; n=$((n+1)); done
+            kill -KILL "$2" 2>/dev/null
+            rm -rf "$3"
+        fi
+    "#;
+    Command::new("sh")
+        .args(["-c", script, "pg-watchdog"])
+        .arg(std::process::id().to_string())
+        .arg(child.id().to_string())
+        .arg(&dir)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn postgres watchdog");
+    (child, port, dir)
+}
+
+/// Where `initdb` and `postgres` are.
+fn postgres_bin_dir() -> PathBuf {
+    let on_path = std::env::var_os("PATH")
+        .map(|p| std::env::split_paths(&p).collect::<Vec<_>>())
+        .unwrap_or_default()
+        .into_iter()
+        .find(|d| d.join("initdb").is_file() && d.join("postgres").is_file());
+    if let Some(d) = on_path {
+        return d;
+    }
+    let mut versions: Vec<(u32, PathBuf)> = std::fs::read_dir("/usr/lib/postgresql")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| {
+            let v = e.file_name().to_string_lossy().parse::<u32>().ok()?;
+            let bin = e.path().join("bin");
+            (bin.join("initdb").is_file() && bin.join("postgres").is_file()).then_some((v, bin))
+        })
+        .collect();
+    versions.sort();
+    versions.pop().map(|(_, d)| d).unwrap_or_else(|| {
+        panic!(
+            "Postgres tests need a server: set DATABASE_URL=postgres://… or install PostgreSQL \
+             (`apt-get install postgresql`) so that `initdb` is on PATH or under /usr/lib/postgresql/*/bin"
+        )
+    })
+}
+
+/// This process's effective uid, from `/proc/self/status`.
+fn effective_uid() -> Option<u32> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("Uid:"))?;
+    line.split_whitespace().nth(2)?.parse().ok()
+}
+
+/// `(uid, gid)` of an OS user, from `/etc/passwd`.
+fn os_user(name: &str) -> (u32, u32) {
+    let passwd = std::fs::read_to_string("/etc/passwd").unwrap_or_default();
+    passwd
+        .lines()
+        .map(|l| l.split(':').collect::<Vec<_>>())
+        .find(|f| f.len() > 3 && f[0] == name)
+        .and_then(|f| Some((f[2].parse().ok()?, f[3].parse().ok()?)))
+        .unwrap_or_else(|| {
+            panic!("running as root, Postgres needs a non-root OS user {name:?}; install the postgresql package, which creates it")
+        })
+}
+
+/// A port nobody listens on right now.
+fn free_port() -> u16 {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind a free port");
+    l.local_addr().expect("local addr").port()
 }

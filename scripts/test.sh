@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# Runs every test: formatting, lints, Rust unit + integration tests (SQLite and a real Postgres),
+# and the browser test of the web UI. Installs what a fresh machine lacks first.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+as_root() { if [ "$(id -u)" = 0 ]; then "$@"; elif command -v sudo >/dev/null; then sudo "$@"; else "$@"; fi; }
+apt_updated=0
+apt_install() {
+  if ! command -v apt-get >/dev/null; then echo "missing: $* (no apt-get: install it yourself)" >&2; return 1; fi
+  if [ "$apt_updated" = 0 ]; then as_root apt-get update -qq; apt_updated=1; fi
+  as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$@" >/dev/null
+}
+
+# Postgres binaries for the throwaway test server (unless DATABASE_URL points at one).
+have_initdb() { command -v initdb >/dev/null || ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; }
+if [[ "${DATABASE_URL:-}" != postgres* ]] && ! have_initdb; then
+  echo "== installing postgresql"; apt_install postgresql
+fi
+# The official ACP Python SDK, for the third-party agent in tests/agents.
+if ! python3 -c 'import acp, websockets' 2>/dev/null; then
+  echo "== installing the ACP Python SDK"; python3 -m pip install -q -r tests/agents/requirements.txt
+fi
+# Chromium and playwright-core for the browser test.
+if [ -f tests/ui/package.json ]; then
+  command -v chromium >/dev/null || { echo "== installing chromium"; apt_install chromium; }
+  [ -d tests/ui/node_modules/playwright-core ] || { echo "== installing playwright-core"; (cd tests/ui && npm ci --no-audit --no-fund --silent); }
+fi
+
+echo "== cargo fmt --check"
+cargo fmt --check
+echo "== cargo clippy"
+cargo clippy --all-targets --quiet -- -D warnings
+echo "== cargo test"
+cargo test --no-fail-fast 2>&1 | tee target/test-output.txt | grep -Ev '^test .* \.\.\. ok$'
+if grep -q "test result: FAILED" target/test-output.txt || ! grep -q "test result: ok" target/test-output.txt; then
+  echo "cargo test failed" >&2; exit 1
+fi
+if [ -f tests/ui/package.json ]; then
+  echo "== browser test (chromium)"
+  cargo build --quiet
+  (cd tests/ui && node --test)
+fi
+echo "== all tests passed"

@@ -36,9 +36,8 @@ pub struct ListParams {
 fn time(name: &str, value: Option<&str>) -> Result<Option<i64>, RpcError> {
     value
         .map(|v| {
-            parse_iso8601(v).ok_or_else(|| {
-                RpcError::invalid_params(format!("{name} must be an ISO 8601 date-time, got {v:?}"))
-            })
+            parse_iso8601(v)
+                .ok_or_else(|| RpcError::invalid_params(format!("{name} must be an ISO 8601 date-time, got {v:?}")))
         })
         .transpose()
 }

@@ -69,15 +69,13 @@ pub struct Application {
 impl Application {
     /// Connects the store (migrating it), sets up keys and pools, and binds the listener.
     pub async fn build(config: Config) -> anyhow::Result<Self> {
-        let auth = Authenticator::from_config(&config.jwt, &config.data_dir)
-            .context("setting up JWT verification")?;
+        let auth = Authenticator::from_config(&config.jwt, &config.data_dir).context("setting up JWT verification")?;
         let store = store::connect(&config.database_url)
             .await
             .with_context(|| format!("opening database {}", redact(&config.database_url)))?;
         let cursors = CursorCodec::new(store.cursor_key().await.context("loading the cursor key")?);
         let persister_cancel = CancellationToken::new();
-        let (persister, persister_task) =
-            Persister::spawn(store.clone(), PERSIST_QUEUE, persister_cancel.clone());
+        let (persister, persister_task) = Persister::spawn(store.clone(), PERSIST_QUEUE, persister_cancel.clone());
         let tracker = TaskTracker::new();
         let pools = Arc::new(Pools::new(&config, tracker.clone()));
         let listener = TcpListener::bind(config.listen)
@@ -111,9 +109,7 @@ impl Application {
 
     /// The address actually bound (port 0 resolved).
     pub fn local_addr(&self) -> SocketAddr {
-        self.listener
-            .local_addr()
-            .unwrap_or(self.gateway.config.listen)
+        self.listener.local_addr().unwrap_or(self.gateway.config.listen)
     }
 
     /// Shared state (for tests and the CLI).
@@ -151,29 +147,21 @@ impl Application {
         });
         let shutdown = gw.shutdown.clone();
         let signal_gw = gw.clone();
-        let serve = axum::serve(
-            listener,
-            router.into_make_service_with_connect_info::<SocketAddr>(),
-        )
-        .with_graceful_shutdown(async move {
-            stop.await;
-            tracing::info!("shutting down: draining connections");
-            signal_gw.draining.store(true, Ordering::Release);
-            shutdown.cancel();
-        });
+        let serve = axum::serve(listener, router.into_make_service_with_connect_info::<SocketAddr>())
+            .with_graceful_shutdown(async move {
+                stop.await;
+                tracing::info!("shutting down: draining connections");
+                signal_gw.draining.store(true, Ordering::Release);
+                shutdown.cancel();
+            });
         serve.await.context("HTTP server failed")?;
         gw.shutdown.cancel();
         let grace = Duration::from_secs(gw.config.limits.shutdown_grace_secs);
         // WebSocket tasks are ours to wait for (axum's graceful shutdown does not).
         gw.tracker.close();
         gw.pools.stop_all();
-        if tokio::time::timeout(grace, gw.tracker.wait())
-            .await
-            .is_err()
-        {
-            tracing::warn!(
-                "some connections or agent processes did not finish within the grace period"
-            );
+        if tokio::time::timeout(grace, gw.tracker.wait()).await.is_err() {
+            tracing::warn!("some connections or agent processes did not finish within the grace period");
         }
         let _ = maintenance.await;
         let _ = sweeper.await;
@@ -226,10 +214,7 @@ pub async fn shutdown_signal() {
 mod tests {
     #[test]
     fn redacts_passwords() {
-        assert_eq!(
-            super::redact("postgres://u:secret@h/db"),
-            "postgres://u:***@h/db"
-        );
+        assert_eq!(super::redact("postgres://u:secret@h/db"), "postgres://u:***@h/db");
         assert_eq!(super::redact("sqlite://data/x.db"), "sqlite://data/x.db");
     }
 }

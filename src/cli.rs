@@ -72,23 +72,15 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Token { sub, ttl, config } => {
             let config = config.load()?;
             let auth = Authenticator::from_config(&config.jwt, &config.data_dir)?;
-            println!(
-                "{}",
-                auth.mint(&sub, ttl.unwrap_or(config.jwt.default_ttl_secs))?
-            );
+            println!("{}", auth.mint(&sub, ttl.unwrap_or(config.jwt.default_ttl_secs))?);
             Ok(())
         }
         Command::Migrate(args) => {
             let config = args.load()?;
             crate::store::connect(&config.database_url)
                 .await
-                .with_context(|| {
-                    format!("migrating {}", crate::app::redact(&config.database_url))
-                })?;
-            eprintln!(
-                "migrations applied to {}",
-                crate::app::redact(&config.database_url)
-            );
+                .with_context(|| format!("migrating {}", crate::app::redact(&config.database_url)))?;
+            eprintln!("migrations applied to {}", crate::app::redact(&config.database_url));
             Ok(())
         }
         Command::DemoAgent(opts) => crate::demo_agent::run(opts).await,
@@ -110,9 +102,7 @@ async fn serve(config: Config) -> anyhow::Result<()> {
         Some(token) => println!(
             "acp-gateway is running. Web UI (signed in as user `local`):\n  http://{addr}/auth/login?token={token}"
         ),
-        None => println!(
-            "acp-gateway is running at http://{addr}/ (tokens come from your identity provider)"
-        ),
+        None => println!("acp-gateway is running at http://{addr}/ (tokens come from your identity provider)"),
     }
     app.run_until_stopped(shutdown_signal()).await
 }

@@ -60,10 +60,7 @@ pub struct JwtConfig {
     pub default_ttl_secs: u64,
 }
 
-fn never_serialize_secret<S: serde::Serializer>(
-    secret: &Option<SecretString>,
-    s: S,
-) -> Result<S::Ok, S::Error> {
+fn never_serialize_secret<S: serde::Serializer>(secret: &Option<SecretString>, s: S) -> Result<S::Ok, S::Error> {
     // Secrets are only ever layered in from the file or the environment; the serialized defaults
     // never carry one, so there is nothing to write here.
     let _ = secret;
@@ -229,10 +226,7 @@ impl Config {
     }
 
     /// [`Config::load`] with an explicit environment (for tests).
-    pub fn load_with_env(
-        cli: &CliOverrides,
-        env: impl Fn(&str) -> Option<String>,
-    ) -> Result<Self, ConfigError> {
+    pub fn load_with_env(cli: &CliOverrides, env: impl Fn(&str) -> Option<String>) -> Result<Self, ConfigError> {
         let mut figment = Figment::from(Serialized::defaults(Config::default()));
         if let Some(path) = &cli.config_file {
             // figment treats a missing file as empty; an operator who names one means it.
@@ -254,9 +248,7 @@ impl Config {
         if let Some(url) = &cli.database_url {
             figment = figment.merge(("database_url", url));
         }
-        let config: Config = figment
-            .extract()
-            .map_err(|e| ConfigError::Invalid(describe(e)))?;
+        let config: Config = figment.extract().map_err(|e| ConfigError::Invalid(describe(e)))?;
         config.finish()
     }
 
@@ -264,11 +256,8 @@ impl Config {
     fn finish(mut self) -> Result<Self, ConfigError> {
         let default = self.agents.entry(DEFAULT_AGENT.to_string()).or_default();
         if let Some(line) = &self.agent {
-            let mut words = shell_words::split(line).map_err(|e| {
-                ConfigError::Invalid(format!(
-                    "ACP_GATEWAY_AGENT / agent: cannot split {line:?}: {e}"
-                ))
-            })?;
+            let mut words = shell_words::split(line)
+                .map_err(|e| ConfigError::Invalid(format!("ACP_GATEWAY_AGENT / agent: cannot split {line:?}: {e}")))?;
             if words.is_empty() {
                 return Err(ConfigError::Invalid(
                     "ACP_GATEWAY_AGENT / agent: empty command line".into(),
@@ -278,9 +267,8 @@ impl Config {
             default.args = words;
         }
         if default.command.is_empty() {
-            let exe = std::env::current_exe().map_err(|e| {
-                ConfigError::Invalid(format!("cannot locate this binary for the demo agent: {e}"))
-            })?;
+            let exe = std::env::current_exe()
+                .map_err(|e| ConfigError::Invalid(format!("cannot locate this binary for the demo agent: {e}")))?;
             default.command = exe.to_string_lossy().into_owned();
             default.args = vec!["demo-agent".into()];
         }
@@ -304,7 +292,8 @@ impl Config {
         }
         if self.jwt.secret.is_some() && self.jwt.public_key.is_some() {
             return Err(ConfigError::Invalid(
-                "jwt: set either secret (ACP_GATEWAY_JWT_SECRET) or public_key (ACP_GATEWAY_JWT_PUBLIC_KEY), not both".into(),
+                "jwt: set either secret (ACP_GATEWAY_JWT_SECRET) or public_key (ACP_GATEWAY_JWT_PUBLIC_KEY), not both"
+                    .into(),
             ));
         }
         Ok(self)
@@ -357,10 +346,7 @@ mod tests {
             }
             None => CliOverrides::default(),
         };
-        let env: BTreeMap<String, String> = env
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect();
+        let env: BTreeMap<String, String> = env.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
         Config::load_with_env(&cli, |k| env.get(k).cloned())
     }
 
@@ -396,10 +382,7 @@ mod tests {
         .expect_err("must fail");
         let msg = err.to_string();
         assert!(msg.contains("agents.x.pool.max_processes"), "{msg}");
-        assert!(
-            msg.contains(".tmp") || msg.contains("TOML"),
-            "names the file: {msg}"
-        );
+        assert!(msg.contains(".tmp") || msg.contains("TOML"), "names the file: {msg}");
         assert!(msg.contains("expected"), "{msg}");
         let err = load(Some("lisen = 1\n"), &[]).expect_err("unknown key");
         assert!(err.to_string().contains("lisen"), "{err}");

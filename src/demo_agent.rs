@@ -89,9 +89,7 @@ where
             Line::Eof => break,
             Line::TooLong => {
                 eprintln!("demo-agent: skipped an input line longer than {MAX_LINE} bytes");
-                agent
-                    .send(&error(Value::Null, -32700, "line too long"))
-                    .await?;
+                agent.send(&error(Value::Null, -32700, "line too long")).await?;
             }
             Line::Complete if line.iter().all(u8::is_ascii_whitespace) => {}
             Line::Complete => agent.handle(&line, &mut tasks).await?,
@@ -132,9 +130,7 @@ fn parse_controls(text: &str) -> Controls {
         permission: text.contains("[permission]"),
         crash: text.contains("[crash]"),
         hang: text.contains("[hang]"),
-        title: tag_value(text, "title")
-            .filter(|t| !t.is_empty())
-            .map(str::to_owned),
+        title: tag_value(text, "title").filter(|t| !t.is_empty()).map(str::to_owned),
     }
 }
 
@@ -156,11 +152,7 @@ enum Line {
 }
 
 /// Reads one `\n`-terminated line into `line`, discarding (not buffering) lines over `max` bytes.
-async fn read_line_capped<R: AsyncBufRead + Unpin>(
-    r: &mut R,
-    line: &mut Vec<u8>,
-    max: usize,
-) -> io::Result<Line> {
+async fn read_line_capped<R: AsyncBufRead + Unpin>(r: &mut R, line: &mut Vec<u8>, max: usize) -> io::Result<Line> {
     line.clear();
     let mut too_long = false;
     loop {
@@ -186,11 +178,7 @@ async fn read_line_capped<R: AsyncBufRead + Unpin>(
         }
         r.consume(take);
         if done {
-            return Ok(if too_long {
-                Line::TooLong
-            } else {
-                Line::Complete
-            });
+            return Ok(if too_long { Line::TooLong } else { Line::Complete });
         }
     }
 }
@@ -328,17 +316,12 @@ impl Agent {
             }
         };
         let Some(obj) = msg.as_object() else {
-            return self
-                .send(&error(Value::Null, -32600, "invalid request"))
-                .await;
+            return self.send(&error(Value::Null, -32600, "invalid request")).await;
         };
         let params = obj.get("params").cloned().unwrap_or(Value::Null);
         match (obj.get("method").and_then(Value::as_str), obj.get("id")) {
             (Some(method), Some(id)) => match self.request(method, id, params, tasks).await? {
-                Some(Ok(result)) => {
-                    self.send(&json!({"jsonrpc": "2.0", "id": id, "result": result}))
-                        .await
-                }
+                Some(Ok(result)) => self.send(&json!({"jsonrpc": "2.0", "id": id, "result": result})).await,
                 Some(Err((code, message))) => self.send(&error(id.clone(), code, message)).await,
                 None => Ok(()),
             },
@@ -360,12 +343,8 @@ impl Agent {
                 Ok(())
             }
             (None, id) => {
-                self.send(&error(
-                    id.cloned().unwrap_or(Value::Null),
-                    -32600,
-                    "invalid request",
-                ))
-                .await
+                self.send(&error(id.cloned().unwrap_or(Value::Null), -32600, "invalid request"))
+                    .await
             }
         }
     }
@@ -405,10 +384,7 @@ impl Agent {
                     buf.extend_from_slice(update.as_bytes());
                     buf.extend_from_slice(b"}}\n");
                 }
-                serde_json::to_writer(
-                    &mut buf,
-                    &json!({"jsonrpc": "2.0", "id": id, "result": {}}),
-                )?;
+                serde_json::to_writer(&mut buf, &json!({"jsonrpc": "2.0", "id": id, "result": {}}))?;
                 buf.push(b'\n');
                 self.write(&buf).await?;
                 return Ok(None);
@@ -443,13 +419,7 @@ impl Agent {
     }
 
     /// Runs one prompt turn (in its own task) and answers the request.
-    async fn prompt(
-        self: Arc<Self>,
-        s: Arc<Session>,
-        id: Value,
-        params: Value,
-        token: CancellationToken,
-    ) {
+    async fn prompt(self: Arc<Self>, s: Arc<Session>, id: Value, params: Value, token: CancellationToken) {
         let blocks = params
             .get("prompt")
             .and_then(Value::as_array)
@@ -494,12 +464,7 @@ impl Agent {
     }
 
     /// Asks the client for permission to run a tool call; waits for the answer or cancellation.
-    async fn ask_permission(
-        &self,
-        s: &Session,
-        tool_call: &Value,
-        token: &CancellationToken,
-    ) -> io::Result<Decision> {
+    async fn ask_permission(&self, s: &Session, tool_call: &Value, token: &CancellationToken) -> io::Result<Decision> {
         let rid = self.next_id.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = oneshot::channel();
         lock(&self.pending).insert(rid, tx);
@@ -525,14 +490,9 @@ impl Agent {
 /// Maps a permission response to a decision; JSON-RPC errors and malformed answers reject.
 fn decide(response: &Value) -> Decision {
     let outcome = response.pointer("/result/outcome");
-    match outcome
-        .and_then(|o| o.get("outcome"))
-        .and_then(Value::as_str)
-    {
+    match outcome.and_then(|o| o.get("outcome")).and_then(Value::as_str) {
         Some("cancelled") => Decision::Cancelled,
-        Some("selected") if outcome.and_then(|o| o.get("optionId")) == Some(&json!("allow")) => {
-            Decision::Allow
-        }
+        Some("selected") if outcome.and_then(|o| o.get("optionId")) == Some(&json!("allow")) => Decision::Allow,
         _ => Decision::Reject,
     }
 }
@@ -599,9 +559,8 @@ impl Turn<'_> {
     /// Sends one `agent_message_chunk` with `text` (fast path: no `Value` built).
     async fn chunk(&mut self, text: &str) -> Result<(), Stop> {
         self.upd.clear();
-        self.upd.extend_from_slice(
-            br#"{"sessionUpdate":"agent_message_chunk","content":{"type":"text","text":"#,
-        );
+        self.upd
+            .extend_from_slice(br#"{"sessionUpdate":"agent_message_chunk","content":{"type":"text","text":"#);
         serde_json::to_writer(&mut self.upd, text).map_err(io::Error::from)?;
         self.upd.extend_from_slice(b"}}");
         self.emit().await
@@ -610,9 +569,8 @@ impl Turn<'_> {
     /// The body of a turn, from recording the user's message to the last chunk.
     async fn run(&mut self, blocks: &[Value], text: &str, c: &Controls) -> Result<(), Stop> {
         for block in blocks {
-            self.session.record(
-                &json!({"sessionUpdate": "user_message_chunk", "content": block}).to_string(),
-            );
+            self.session
+                .record(&json!({"sessionUpdate": "user_message_chunk", "content": block}).to_string());
         }
         if let Some(title) = &c.title {
             self.emit_json(&json!({"sessionUpdate": "session_info_update", "title": title}))
@@ -641,24 +599,21 @@ impl Turn<'_> {
         } else {
             ("think", "Think about the prompt")
         };
-        let tool_call =
-            json!({"toolCallId": call_id, "title": title, "kind": kind, "status": "pending"});
+        let tool_call = json!({"toolCallId": call_id, "title": title, "kind": kind, "status": "pending"});
         let mut update = tool_call.clone();
         update["sessionUpdate"] = json!("tool_call");
         self.emit_json(&update).await?;
         let mut allowed = "";
         if c.permission {
             self.flush().await?;
-            match self
-                .agent
-                .ask_permission(self.session, &tool_call, self.token)
-                .await?
-            {
+            match self.agent.ask_permission(self.session, &tool_call, self.token).await? {
                 Decision::Allow => allowed = "allowed; ",
                 Decision::Cancelled => return Err(Stop::Cancelled),
                 Decision::Reject => {
-                    self.emit_json(&json!({"sessionUpdate": "tool_call_update", "toolCallId": call_id, "status": "failed"}))
-                        .await?;
+                    self.emit_json(
+                        &json!({"sessionUpdate": "tool_call_update", "toolCallId": call_id, "status": "failed"}),
+                    )
+                    .await?;
                     return self.chunk("rejected").await;
                 }
             }
@@ -691,9 +646,7 @@ mod tests {
 
     #[test]
     fn parses_controls() {
-        let c = parse_controls(
-            "hi [chunks=3] [delay_us=0] [permission] [title=My Title] [hang] [crash]",
-        );
+        let c = parse_controls("hi [chunks=3] [delay_us=0] [permission] [title=My Title] [hang] [crash]");
         assert_eq!(c.chunks, Some(3));
         assert_eq!(c.delay_us, Some(0));
         assert!(c.permission && c.hang && c.crash);
@@ -733,10 +686,7 @@ mod tests {
 
     impl Client {
         async fn send(&mut self, msg: Value) {
-            self.0
-                .write_all(format!("{msg}\n").as_bytes())
-                .await
-                .unwrap();
+            self.0.write_all(format!("{msg}\n").as_bytes()).await.unwrap();
         }
         async fn recv(&mut self) -> Value {
             serde_json::from_str(&self.1.next_line().await.unwrap().unwrap()).unwrap()
@@ -754,18 +704,16 @@ mod tests {
         };
         let task = tokio::spawn(serve(opts, agent_in, agent_out));
         let mut c = Client(client_out, BufReader::new(client_in).lines());
-        c.send(json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {"protocolVersion": 1}})).await;
-        let init: v1::InitializeResponse =
-            serde_json::from_value(c.recv().await["result"].take()).unwrap();
+        c.send(json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {"protocolVersion": 1}}))
+            .await;
+        let init: v1::InitializeResponse = serde_json::from_value(c.recv().await["result"].take()).unwrap();
         let caps = init.agent_capabilities;
         assert!(caps.load_session && caps.session_capabilities.resume.is_some());
         c.0.write_all(b"not json\n").await.unwrap();
         assert_eq!(c.recv().await["error"]["code"], -32700);
-        c.send(json!({"jsonrpc": "2.0", "id": 2, "method": "session/new", "params": {"cwd": "/", "mcpServers": []}})).await;
-        let sid = c.recv().await["result"]["sessionId"]
-            .as_str()
-            .unwrap()
-            .to_owned();
+        c.send(json!({"jsonrpc": "2.0", "id": 2, "method": "session/new", "params": {"cwd": "/", "mcpServers": []}}))
+            .await;
+        let sid = c.recv().await["result"]["sessionId"].as_str().unwrap().to_owned();
         let text = "hello [chunks=3] [title=T] [permission]";
         let prompt = json!([{"type": "text", "text": text}]);
         c.send(json!({"jsonrpc": "2.0", "id": 3, "method": "session/prompt", "params": {"sessionId": sid, "prompt": prompt}})).await;
@@ -773,17 +721,13 @@ mod tests {
         loop {
             let mut m = c.recv().await;
             if m["method"] == "session/request_permission" {
-                let _: v1::RequestPermissionRequest =
-                    serde_json::from_value(m["params"].take()).unwrap();
+                let _: v1::RequestPermissionRequest = serde_json::from_value(m["params"].take()).unwrap();
                 let outcome = json!({"outcome": {"outcome": "selected", "optionId": "allow"}});
                 c.send(json!({"jsonrpc": "2.0", "id": m["id"], "result": outcome}))
                     .await;
                 kinds.push("permission".to_owned());
             } else if m["method"] == "session/update" {
-                let kind = m["params"]["update"]["sessionUpdate"]
-                    .as_str()
-                    .unwrap()
-                    .to_owned();
+                let kind = m["params"]["update"]["sessionUpdate"].as_str().unwrap().to_owned();
                 if kind == "agent_message_chunk" {
                     assert!(
                         m["params"]["update"]["content"]["text"]
@@ -792,8 +736,7 @@ mod tests {
                             .contains("allowed")
                     );
                 }
-                let n: v1::SessionNotification =
-                    serde_json::from_value(m["params"].take()).unwrap();
+                let n: v1::SessionNotification = serde_json::from_value(m["params"].take()).unwrap();
                 assert_eq!(n.session_id.0.as_ref(), sid);
                 kinds.push(kind);
             } else {

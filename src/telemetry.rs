@@ -7,8 +7,7 @@ use tracing_subscriber::EnvFilter;
 
 /// Installs the log subscriber, writing to stderr (stdout may be an ACP pipe).
 pub fn init_logs(default_filter: &str) {
-    let filter =
-        EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default_filter));
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default_filter));
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)

@@ -29,13 +29,20 @@ fn without_id(mut v: Value) -> Value {
     v
 }
 
-both_backends!(foreign_ids_are_refused_like_unknown_ones_sqlite, foreign_ids_are_refused_like_unknown_ones_postgres, foreign_ids);
+both_backends!(
+    foreign_ids_are_refused_like_unknown_ones_sqlite,
+    foreign_ids_are_refused_like_unknown_ones_postgres,
+    foreign_ids
+);
 async fn foreign_ids(db: Db) {
     let gw = TestGateway::start(db, |_| {}).await;
     let mut alice = gw.client("alice").await;
     let mut bob = gw.client("bob").await;
     let sa = alice.new_session().await;
-    assert_eq!(alice.prompt(&sa, "alice's secret plan").await["result"]["stopReason"], "end_turn");
+    assert_eq!(
+        alice.prompt(&sa, "alice's secret plan").await["result"]["stopReason"],
+        "end_turn"
+    );
     let made_up = "00000000000040008000000000000000";
     let methods: [(&str, Value); 9] = [
         ("session/prompt", json!({"prompt": [{"type": "text", "text": "x"}]})),
@@ -57,28 +64,64 @@ async fn foreign_ids(db: Db) {
         let foreign = bob.request(method, with(&sa)).await;
         let unknown = bob.request(method, with(made_up)).await;
         assert_eq!(foreign["error"]["code"], -32002, "{method}: {foreign}");
-        assert_eq!(without_id(foreign), without_id(unknown), "{method}: foreign and unknown ids must be indistinguishable");
+        assert_eq!(
+            without_id(foreign),
+            without_id(unknown),
+            "{method}: foreign and unknown ids must be indistinguishable"
+        );
     }
-    assert!(bob.inbox.is_empty(), "bob received something of alice's: {:?}", bob.inbox);
+    assert!(
+        bob.inbox.is_empty(),
+        "bob received something of alice's: {:?}",
+        bob.inbox
+    );
     // session/cancel is a notification: it must not reach alice's agent. Her next prompt is unaffected.
-    bob.send(json!({"jsonrpc": "2.0", "method": "session/cancel", "params": {"sessionId": sa}})).await;
-    assert_eq!(alice.prompt(&sa, "still mine").await["result"]["stopReason"], "end_turn");
+    bob.send(json!({"jsonrpc": "2.0", "method": "session/cancel", "params": {"sessionId": sa}}))
+        .await;
+    assert_eq!(
+        alice.prompt(&sa, "still mine").await["result"]["stopReason"],
+        "end_turn"
+    );
 
     // REST: the same answer for foreign and made-up ids, and alice's session survives.
     let http = reqwest::Client::new();
     for id in [sa.as_str(), made_up] {
-        let r = http.delete(gw.http_url(&format!("/api/sessions/{id}"))).bearer_auth(gw.token("bob")).send().await.expect("http");
+        let r = http
+            .delete(gw.http_url(&format!("/api/sessions/{id}")))
+            .bearer_auth(gw.token("bob"))
+            .send()
+            .await
+            .expect("http");
         assert_eq!(r.status(), 404);
     }
-    let r = alice.request("session/load", json!({"sessionId": sa, "cwd": "/tmp", "mcpServers": []})).await;
+    let r = alice
+        .request(
+            "session/load",
+            json!({"sessionId": sa, "cwd": "/tmp", "mcpServers": []}),
+        )
+        .await;
     assert!(r.get("result").is_some(), "{r}");
-    let r = http.delete(gw.http_url(&format!("/api/sessions/{sa}"))).bearer_auth(gw.token("alice")).send().await.expect("http");
+    let r = http
+        .delete(gw.http_url(&format!("/api/sessions/{sa}")))
+        .bearer_auth(gw.token("alice"))
+        .send()
+        .await
+        .expect("http");
     assert_eq!(r.status(), 204);
-    let r = alice.request("session/load", json!({"sessionId": sa, "cwd": "/tmp", "mcpServers": []})).await;
+    let r = alice
+        .request(
+            "session/load",
+            json!({"sessionId": sa, "cwd": "/tmp", "mcpServers": []}),
+        )
+        .await;
     assert_eq!(r["error"]["code"], -32002, "deleted: {r}");
 }
 
-both_backends!(list_never_shows_another_users_sessions_sqlite, list_never_shows_another_users_sessions_postgres, list_isolation);
+both_backends!(
+    list_never_shows_another_users_sessions_sqlite,
+    list_never_shows_another_users_sessions_postgres,
+    list_isolation
+);
 async fn list_isolation(db: Db) {
     let gw = TestGateway::start(db, |_| {}).await;
     let mut alice = gw.client("alice").await;
@@ -104,7 +147,12 @@ async fn list_isolation(db: Db) {
     ];
     for f in &filters {
         let r = bob.request("session/list", f.clone()).await;
-        let ids: Vec<&str> = r["result"]["sessions"].as_array().expect("sessions").iter().filter_map(|s| s["sessionId"].as_str()).collect();
+        let ids: Vec<&str> = r["result"]["sessions"]
+            .as_array()
+            .expect("sessions")
+            .iter()
+            .filter_map(|s| s["sessionId"].as_str())
+            .collect();
         assert_eq!(ids, vec![bs.as_str()], "filter {f}: {r}");
     }
     // Alice's cursor in bob's hands: refused, never a page of hers.
@@ -130,7 +178,11 @@ async fn list_isolation(db: Db) {
     assert_eq!(r["sessions"][0]["title"], "shared words %_ bob");
 }
 
-both_backends!(pagination_returns_each_session_once_while_sessions_are_added_sqlite, pagination_returns_each_session_once_while_sessions_are_added_postgres, pagination);
+both_backends!(
+    pagination_returns_each_session_once_while_sessions_are_added_sqlite,
+    pagination_returns_each_session_once_while_sessions_are_added_postgres,
+    pagination
+);
 async fn pagination(db: Db) {
     let gw = TestGateway::start(db, |_| {}).await;
     let mut c = gw.client("alice").await;
@@ -175,7 +227,14 @@ async fn status_of(gw: &TestGateway, token: &str) -> u16 {
         Err(tokio_tungstenite::tungstenite::Error::Http(resp)) => resp.status().as_u16(),
         Err(e) => panic!("unexpected error {e}"),
     };
-    let rest = reqwest::Client::new().get(gw.http_url("/api/sessions")).bearer_auth(token).send().await.expect("http").status().as_u16();
+    let rest = reqwest::Client::new()
+        .get(gw.http_url("/api/sessions"))
+        .bearer_auth(token)
+        .send()
+        .await
+        .expect("http")
+        .status()
+        .as_u16();
     assert_eq!(acp == 101, rest == 200, "ACP and REST must agree on token {token}");
     rest
 }
@@ -205,14 +264,29 @@ async fn every_jwt_failure_gets_401() {
     cases.push(("expired", forge(with("exp", json!(now - 120)), Algorithm::HS256, &key)));
     cases.push(("no exp", forge(without("exp"), Algorithm::HS256, &key)));
     cases.push(("no sub", forge(without("sub"), Algorithm::HS256, &key)));
-    cases.push(("not yet valid", forge(with("nbf", json!(now + 600)), Algorithm::HS256, &key)));
-    cases.push(("wrong issuer", forge(with("iss", json!("https://evil.example")), Algorithm::HS256, &key)));
+    cases.push((
+        "not yet valid",
+        forge(with("nbf", json!(now + 600)), Algorithm::HS256, &key),
+    ));
+    cases.push((
+        "wrong issuer",
+        forge(with("iss", json!("https://evil.example")), Algorithm::HS256, &key),
+    ));
     cases.push(("no issuer", forge(without("iss"), Algorithm::HS256, &key)));
-    cases.push(("wrong audience", forge(with("aud", json!("other")), Algorithm::HS256, &key)));
-    cases.push(("wrong secret", forge(good.clone(), Algorithm::HS256, &EncodingKey::from_secret(b"guess"))));
+    cases.push((
+        "wrong audience",
+        forge(with("aud", json!("other")), Algorithm::HS256, &key),
+    ));
+    cases.push((
+        "wrong secret",
+        forge(good.clone(), Algorithm::HS256, &EncodingKey::from_secret(b"guess")),
+    ));
     cases.push(("other algorithm", forge(good.clone(), Algorithm::HS512, &key)));
     let b64 = |s: &str| base64_url(s.as_bytes());
-    cases.push(("alg none", format!("{}.{}.", b64(r#"{"alg":"none","typ":"JWT"}"#), b64(&good.to_string()))));
+    cases.push((
+        "alg none",
+        format!("{}.{}.", b64(r#"{"alg":"none","typ":"JWT"}"#), b64(&good.to_string())),
+    ));
     cases.push(("garbage", "a.b.c".into()));
     for (what, token) in cases {
         assert_eq!(status_of(&gw, &token).await, 401, "{what}");
@@ -225,7 +299,12 @@ fn base64_url(bytes: &[u8]) -> String {
 }
 
 fn openssl(args: &[&str]) {
-    let ok = std::process::Command::new("openssl").args(args).stderr(std::process::Stdio::null()).status().expect("openssl runs").success();
+    let ok = std::process::Command::new("openssl")
+        .args(args)
+        .stderr(std::process::Stdio::null())
+        .status()
+        .expect("openssl runs")
+        .success();
     assert!(ok, "openssl {args:?}");
 }
 
@@ -234,8 +313,16 @@ async fn public_keys_pin_their_algorithm() {
     let dir = tempfile::tempdir().expect("tmp");
     let p = |n: &str| dir.path().join(n).to_string_lossy().into_owned();
     for (name, alg, genargs) in [
-        ("rsa", Algorithm::RS256, vec!["genpkey", "-algorithm", "RSA", "-pkeyopt", "rsa_keygen_bits:2048"]),
-        ("ec", Algorithm::ES256, vec!["genpkey", "-algorithm", "EC", "-pkeyopt", "ec_paramgen_curve:P-256"]),
+        (
+            "rsa",
+            Algorithm::RS256,
+            vec!["genpkey", "-algorithm", "RSA", "-pkeyopt", "rsa_keygen_bits:2048"],
+        ),
+        (
+            "ec",
+            Algorithm::ES256,
+            vec!["genpkey", "-algorithm", "EC", "-pkeyopt", "ec_paramgen_curve:P-256"],
+        ),
         ("ed", Algorithm::EdDSA, vec!["genpkey", "-algorithm", "ED25519"]),
     ] {
         let (private, public) = (p(&format!("{name}.key")), p(&format!("{name}.pub")));
@@ -261,8 +348,23 @@ async fn public_keys_pin_their_algorithm() {
         // The classic confusion attack: HS256 with the public key as the shared secret.
         let public_pem = std::fs::read(&public).expect("pub");
         let confused = forge(claims.clone(), Algorithm::HS256, &EncodingKey::from_secret(&public_pem));
-        assert_eq!(status_of(&gw, &confused).await, 401, "{name}: HS256 with the public key as secret");
-        assert_eq!(status_of(&gw, &forge(claims, Algorithm::HS256, &EncodingKey::from_secret(common::SECRET.as_bytes()))).await, 401);
+        assert_eq!(
+            status_of(&gw, &confused).await,
+            401,
+            "{name}: HS256 with the public key as secret"
+        );
+        assert_eq!(
+            status_of(
+                &gw,
+                &forge(
+                    claims,
+                    Algorithm::HS256,
+                    &EncodingKey::from_secret(common::SECRET.as_bytes())
+                )
+            )
+            .await,
+            401
+        );
         gw.stop().await;
     }
 }

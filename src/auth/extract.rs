@@ -30,14 +30,8 @@ pub enum Source {
 
 /// Finds a token in the request, in order of preference.
 pub fn find_token(headers: &HeaderMap, query: Option<&str>) -> Option<(String, Source)> {
-    if let Some(v) = headers
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-    {
-        if let Some(t) = v
-            .strip_prefix("Bearer ")
-            .or_else(|| v.strip_prefix("bearer "))
-        {
+    if let Some(v) = headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()) {
+        if let Some(t) = v.strip_prefix("Bearer ").or_else(|| v.strip_prefix("bearer ")) {
             return Some((t.trim().to_string(), Source::Header));
         }
     }
@@ -46,19 +40,11 @@ pub fn find_token(headers: &HeaderMap, query: Option<&str>) -> Option<(String, S
         .iter()
         .filter_map(|v| v.to_str().ok())
     {
-        if let Some(t) = v
-            .split(',')
-            .map(str::trim)
-            .find_map(|p| p.strip_prefix("bearer."))
-        {
+        if let Some(t) = v.split(',').map(str::trim).find_map(|p| p.strip_prefix("bearer.")) {
             return Some((t.to_string(), Source::Subprotocol));
         }
     }
-    for v in headers
-        .get_all(header::COOKIE)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-    {
+    for v in headers.get_all(header::COOKIE).iter().filter_map(|v| v.to_str().ok()) {
         if let Some(t) = v
             .split(';')
             .map(str::trim)
@@ -83,17 +69,11 @@ pub fn same_origin(headers: &HeaderMap) -> bool {
     let Some(host) = headers.get(header::HOST).and_then(|v| v.to_str().ok()) else {
         return false;
     };
-    origin
-        .split_once("://")
-        .is_some_and(|(_, rest)| rest == host)
+    origin.split_once("://").is_some_and(|(_, rest)| rest == host)
 }
 
 /// Verifies the request's token; every failure is the same `401`.
-pub fn authenticate(
-    gw: &Gateway,
-    headers: &HeaderMap,
-    query: Option<&str>,
-) -> Result<Identity, Unauthorized> {
+pub fn authenticate(gw: &Gateway, headers: &HeaderMap, query: Option<&str>) -> Result<Identity, Unauthorized> {
     let (token, source) = find_token(headers, query).ok_or(Unauthorized)?;
     if source == Source::Cookie && !same_origin(headers) {
         tracing::warn!("cookie-authenticated request from another origin refused");
@@ -111,15 +91,8 @@ pub struct Unauthorized;
 
 impl IntoResponse for Unauthorized {
     fn into_response(self) -> Response {
-        let body = axum::Json(
-            serde_json::json!({ "error": "unauthorized: a valid bearer token is required" }),
-        );
-        (
-            StatusCode::UNAUTHORIZED,
-            [(header::WWW_AUTHENTICATE, "Bearer")],
-            body,
-        )
-            .into_response()
+        let body = axum::Json(serde_json::json!({ "error": "unauthorized: a valid bearer token is required" }));
+        (StatusCode::UNAUTHORIZED, [(header::WWW_AUTHENTICATE, "Bearer")], body).into_response()
     }
 }
 
@@ -130,10 +103,7 @@ pub struct Caller(pub Identity);
 impl FromRequestParts<Arc<Gateway>> for Caller {
     type Rejection = Unauthorized;
 
-    async fn from_request_parts(
-        parts: &mut Parts,
-        gw: &Arc<Gateway>,
-    ) -> Result<Self, Self::Rejection> {
+    async fn from_request_parts(parts: &mut Parts, gw: &Arc<Gateway>) -> Result<Self, Self::Rejection> {
         authenticate(gw, &parts.headers, parts.uri.query()).map(Caller)
     }
 }
@@ -150,14 +120,8 @@ mod tests {
             header::SEC_WEBSOCKET_PROTOCOL,
             HeaderValue::from_static("acp, bearer.abc.def.ghi"),
         );
-        assert_eq!(
-            find_token(&h, None),
-            Some(("abc.def.ghi".into(), Source::Subprotocol))
-        );
-        h.insert(
-            header::AUTHORIZATION,
-            HeaderValue::from_static("Bearer xyz"),
-        );
+        assert_eq!(find_token(&h, None), Some(("abc.def.ghi".into(), Source::Subprotocol)));
+        h.insert(header::AUTHORIZATION, HeaderValue::from_static("Bearer xyz"));
         assert_eq!(find_token(&h, None), Some(("xyz".into(), Source::Header)));
         let mut c = HeaderMap::new();
         c.insert(
@@ -177,15 +141,9 @@ mod tests {
         let mut h = HeaderMap::new();
         h.insert(header::HOST, HeaderValue::from_static("gw.example:8080"));
         assert!(same_origin(&h), "no Origin: not a browser");
-        h.insert(
-            header::ORIGIN,
-            HeaderValue::from_static("https://gw.example:8080"),
-        );
+        h.insert(header::ORIGIN, HeaderValue::from_static("https://gw.example:8080"));
         assert!(same_origin(&h));
-        h.insert(
-            header::ORIGIN,
-            HeaderValue::from_static("https://evil.example"),
-        );
+        h.insert(header::ORIGIN, HeaderValue::from_static("https://evil.example"));
         assert!(!same_origin(&h));
     }
 }

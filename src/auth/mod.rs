@@ -59,9 +59,7 @@ pub enum KeyError {
     #[error("{0}: not an RSA, EC P-256 or Ed25519 public key in PEM form")]
     BadPem(String),
     /// Minting needs the HS256 secret.
-    #[error(
-        "this gateway verifies tokens with a public key; mint tokens with your identity provider"
-    )]
+    #[error("this gateway verifies tokens with a public key; mint tokens with your identity provider")]
     CannotMint,
     /// Encoding failed.
     #[error("cannot sign token: {0}")]
@@ -110,8 +108,7 @@ impl Authenticator {
                 path: path.display().to_string(),
                 source,
             })?;
-            let (key, alg) =
-                public_key(&pem).ok_or_else(|| KeyError::BadPem(path.display().to_string()))?;
+            let (key, alg) = public_key(&pem).ok_or_else(|| KeyError::BadPem(path.display().to_string()))?;
             (key, None, alg)
         } else {
             let secret = match &cfg.secret {
@@ -174,11 +171,7 @@ impl Authenticator {
             iss: self.issuer.clone(),
             aud: self.audience.clone().map(serde_json::Value::String),
         };
-        Ok(jsonwebtoken::encode(
-            &Header::new(Algorithm::HS256),
-            &claims,
-            key,
-        )?)
+        Ok(jsonwebtoken::encode(&Header::new(Algorithm::HS256), &claims, key)?)
     }
 }
 
@@ -202,24 +195,15 @@ fn public_key(pem: &[u8]) -> Option<(DecodingKey, Algorithm)> {
         }
     }
     if key_family(text) == Some("ec") {
-        return DecodingKey::from_ec_pem(pem)
-            .ok()
-            .map(|k| (k, Algorithm::ES256));
+        return DecodingKey::from_ec_pem(pem).ok().map(|k| (k, Algorithm::ES256));
     }
-    DecodingKey::from_rsa_pem(pem)
-        .ok()
-        .map(|k| (k, Algorithm::RS256))
+    DecodingKey::from_rsa_pem(pem).ok().map(|k| (k, Algorithm::RS256))
 }
 
 /// Looks at the SubjectPublicKeyInfo algorithm OID to tell key families apart.
 fn key_family(pem_text: &str) -> Option<&'static str> {
-    let body: String = pem_text
-        .lines()
-        .filter(|l| !l.starts_with("-----"))
-        .collect();
-    let der = base64::engine::general_purpose::STANDARD
-        .decode(body.trim())
-        .ok()?;
+    let body: String = pem_text.lines().filter(|l| !l.starts_with("-----")).collect();
+    let der = base64::engine::general_purpose::STANDARD.decode(body.trim()).ok()?;
     const ED25519: &[u8] = &[0x06, 0x03, 0x2b, 0x65, 0x70];
     const EC_PUBLIC_KEY: &[u8] = &[0x06, 0x07, 0x2a, 0x86, 0x48, 0xce, 0x3d, 0x02, 0x01];
     let has = |needle: &[u8]| der.windows(needle.len()).any(|w| w == needle);
@@ -273,12 +257,7 @@ mod tests {
     }
 
     fn forge(claims: serde_json::Value, alg: Algorithm, secret: &[u8]) -> String {
-        jsonwebtoken::encode(
-            &Header::new(alg),
-            &claims,
-            &EncodingKey::from_secret(secret),
-        )
-        .expect("encode")
+        jsonwebtoken::encode(&Header::new(alg), &claims, &EncodingKey::from_secret(secret)).expect("encode")
     }
 
     #[test]
@@ -302,12 +281,8 @@ mod tests {
             .is_err()
         );
         assert!(
-            a.verify(&forge(
-                serde_json::json!({"sub":"a"}),
-                Algorithm::HS256,
-                b"k"
-            ))
-            .is_err()
+            a.verify(&forge(serde_json::json!({"sub":"a"}), Algorithm::HS256, b"k"))
+                .is_err()
         );
         assert!(
             a.verify(&forge(

@@ -100,10 +100,7 @@ impl ClientHandle {
                     Err(_) => {
                         tracing::warn!(connection = %self.id, user = %self.user, "client is not reading; disconnecting it");
                         metrics::counter!("acp_gateway_slow_clients_dropped_total").increment(1);
-                        self.close(
-                            CLOSE_TOO_SLOW,
-                            "client too slow; reconnect and resume with afterSeq",
-                        );
+                        self.close(CLOSE_TOO_SLOW, "client too slow; reconnect and resume with afterSeq");
                         false
                     }
                 }
@@ -141,18 +138,12 @@ impl ClientHandle {
 
     /// Takes the agent request this client was asked under `id`.
     pub fn take_out_request(&self, id: u64) -> Option<Arc<Settle>> {
-        self.out_requests
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(&id)
+        self.out_requests.lock().unwrap_or_else(|e| e.into_inner()).remove(&id)
     }
 
     /// Forgets an agent request settled elsewhere.
     pub fn forget_out_request(&self, id: u64) {
-        self.out_requests
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(&id);
+        self.out_requests.lock().unwrap_or_else(|e| e.into_inner()).remove(&id);
     }
 
     /// Remembers where a forwarded request went (for `$/cancel_request`).
@@ -174,8 +165,7 @@ impl ClientHandle {
     /// Where a forwarded request went.
     pub fn forwarded(&self, client_id: &str) -> Option<(Arc<AgentProcess>, u64)> {
         let map = self.forwarded.lock().unwrap_or_else(|e| e.into_inner());
-        map.get(client_id)
-            .and_then(|(p, id)| p.upgrade().map(|p| (p, *id)))
+        map.get(client_id).and_then(|(p, id)| p.upgrade().map(|p| (p, *id)))
     }
 
     /// Notes that the client is attached to a session.
@@ -188,10 +178,7 @@ impl ClientHandle {
 
     /// Notes that the client left a session.
     pub fn untrack_session(&self, id: &str) {
-        self.sessions
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(id);
+        self.sessions.lock().unwrap_or_else(|e| e.into_inner()).remove(id);
     }
 
     /// Everything to clean up when the connection ends.
@@ -209,10 +196,7 @@ impl ClientHandle {
             .drain()
             .map(|(_, s)| s)
             .collect();
-        self.forwarded
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clear();
+        self.forwarded.lock().unwrap_or_else(|e| e.into_inner()).clear();
         (sessions, asked)
     }
 }

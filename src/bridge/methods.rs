@@ -103,12 +103,7 @@ impl Connection {
                 let Some(sid) = protocol::session_id_of(msg.params) else {
                     return;
                 };
-                let Some(session) = self
-                    .gw
-                    .registry
-                    .get(&sid)
-                    .filter(|s| *s.owner == *self.client.user)
-                else {
+                let Some(session) = self.gw.registry.get(&sid).filter(|s| *s.owner == *self.client.user) else {
                     return;
                 };
                 if let (Some(b), Some(params)) = (session.binding().await, msg.params) {
@@ -126,10 +121,7 @@ impl Connection {
                     #[serde(rename = "requestId", borrow)]
                     request_id: &'a RawValue,
                 }
-                let Some(p) = msg
-                    .params
-                    .and_then(|p| serde_json::from_str::<P<'_>>(p.get()).ok())
-                else {
+                let Some(p) = msg.params.and_then(|p| serde_json::from_str::<P<'_>>(p.get()).ok()) else {
                     return;
                 };
                 if let Some((process, agent_id)) = self.client.forwarded(p.request_id.get()) {
@@ -262,8 +254,7 @@ struct LoadParams {
 
 fn parse<'a, T: Deserialize<'a>>(params: Option<&'a RawValue>, what: &str) -> Result<T, RpcError> {
     let text = params.map_or("null", RawValue::get);
-    serde_json::from_str(text)
-        .map_err(|e| RpcError::invalid_params(format!("invalid {what} params: {e}")))
+    serde_json::from_str(text).map_err(|e| RpcError::invalid_params(format!("invalid {what} params: {e}")))
 }
 
 impl Ctx {
@@ -278,20 +269,15 @@ impl Ctx {
             "session/load" => self.load(params, true).await,
             "session/resume" => self.load(params, false).await,
             "session/list" => {
-                let result = crate::api::list_sessions(
-                    &self.gw,
-                    &self.client.user,
-                    params.map_or("{}", RawValue::get),
-                )
-                .await?;
+                let result =
+                    crate::api::list_sessions(&self.gw, &self.client.user, params.map_or("{}", RawValue::get)).await?;
                 Ok(Reply::Result(result.to_string()))
             }
             "session/close" => self.close(params, false).await,
             "session/delete" => self.close(params, true).await,
-            "session/prompt"
-            | "session/set_mode"
-            | "session/set_config_option"
-            | "session/set_model" => self.forward(method, id, params).await,
+            "session/prompt" | "session/set_mode" | "session/set_config_option" | "session/set_model" => {
+                self.forward(method, id, params).await
+            }
             m if m.starts_with('_') && protocol::session_id_of(params).is_some() => {
                 self.forward(method, id, params).await
             }
@@ -308,15 +294,10 @@ impl Ctx {
             }
         }
         self.gw.persister.flush().await;
-        let record = self
-            .gw
-            .store
-            .get_session(&self.client.user, sid)
-            .await
-            .map_err(|e| {
-                tracing::error!(error = %e, "session lookup failed");
-                RpcError::internal("session store unavailable")
-            })?;
+        let record = self.gw.store.get_session(&self.client.user, sid).await.map_err(|e| {
+            tracing::error!(error = %e, "session lookup failed");
+            RpcError::internal("session store unavailable")
+        })?;
         let record = record.ok_or_else(RpcError::session_not_found)?;
         let session = self.gw.registry.insert(LiveSession::from_record(
             &record,
@@ -330,8 +311,7 @@ impl Ctx {
     }
 
     fn session_param(params: Option<&RawValue>) -> Result<String, RpcError> {
-        protocol::session_id_of(params)
-            .ok_or_else(|| RpcError::invalid_params("sessionId is required"))
+        protocol::session_id_of(params).ok_or_else(|| RpcError::invalid_params("sessionId is required"))
     }
 
     async fn new_session(&self, params: Option<&RawValue>) -> Handled {
@@ -353,9 +333,7 @@ impl Ctx {
         };
         let Some(agent_sid) = protocol::session_id_of(Some(&result)) else {
             process.release();
-            return Err(RpcError::internal(
-                "agent answered session/new without a sessionId",
-            ));
+            return Err(RpcError::internal("agent answered session/new without a sessionId"));
         };
         let id = uuid::Uuid::new_v4().simple().to_string();
         let meta = json!({ "mcpServers": p.mcp_servers.unwrap_or_else(|| json!([])) }).to_string();
@@ -396,9 +374,7 @@ impl Ctx {
             self.gw.permission_wait(),
         ));
         session.bind(process, Arc::from(agent_sid.as_str())).await;
-        session
-            .attach(&self.client, &*self.gw.store, false, 0)
-            .await?;
+        session.attach(&self.client, &*self.gw.store, false, 0).await?;
         metrics::counter!("acp_gateway_sessions_created_total", "agent" => self.pool.name.to_string()).increment(1);
         tracing::info!(connection = %self.client.id, user = %self.client.user, session = %id, "session created");
         let result = protocol::with_session_id(&result, &id)
@@ -408,23 +384,10 @@ impl Ctx {
 
     async fn load(&self, params: Option<&RawValue>, replay: bool) -> Handled {
         let sid = Self::session_param(params)?;
-        let p: LoadParams = parse(
-            params,
-            if replay {
-                "session/load"
-            } else {
-                "session/resume"
-            },
-        )?;
-        let after = p
-            .meta
-            .and_then(|m| m.gateway)
-            .and_then(|g| g.after_seq)
-            .unwrap_or(0);
+        let p: LoadParams = parse(params, if replay { "session/load" } else { "session/resume" })?;
+        let after = p.meta.and_then(|m| m.gateway).and_then(|g| g.after_seq).unwrap_or(0);
         let session = self.owned(&sid).await?;
-        session
-            .attach(&self.client, &*self.gw.store, replay, after)
-            .await?;
+        session.attach(&self.client, &*self.gw.store, replay, after).await?;
         Ok(Reply::Result(String::from("{}")))
     }
 
@@ -465,9 +428,7 @@ impl Ctx {
         let sid = Self::session_param(params)?;
         let session = self.owned(&sid).await?;
         let params = params.ok_or_else(|| RpcError::invalid_params("params are required"))?;
-        session
-            .attach(&self.client, &*self.gw.store, false, 0)
-            .await?;
+        session.attach(&self.client, &*self.gw.store, false, 0).await?;
         let binding = session.ensure_bound(&self.gw.pools).await?;
         if method == "session/prompt" {
             #[derive(Deserialize)]
@@ -485,8 +446,7 @@ impl Ctx {
             .process
             .forward(method, &rewritten, self.client.clone(), id.to_owned())
             .await?;
-        self.client
-            .remember_forwarded(id.get(), &binding.process, agent_id);
+        self.client.remember_forwarded(id.get(), &binding.process, agent_id);
         Ok(Reply::Forwarded)
     }
 }

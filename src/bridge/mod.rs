@@ -27,13 +27,7 @@ const CLOSE_TOKEN_EXPIRED: u16 = 1008;
 const CLOSE_GOING_AWAY: u16 = 1001;
 
 /// Serves one upgraded connection until it ends.
-pub async fn serve(
-    socket: WebSocket,
-    gw: Arc<Gateway>,
-    identity: Identity,
-    conn_id: Arc<str>,
-    pool: Arc<AgentPool>,
-) {
+pub async fn serve(socket: WebSocket, gw: Arc<Gateway>, identity: Identity, conn_id: Arc<str>, pool: Arc<AgentPool>) {
     let limits = &gw.config.limits;
     let (client, rx) = ClientHandle::new(
         conn_id.clone(),
@@ -48,8 +42,7 @@ pub async fn serve(
     tracing::info!(connection = %conn_id, user = %identity.user, agent = %pool.name, "client connected");
 
     let mut conn = methods::Connection::new(gw.clone(), client.clone(), pool);
-    let expires = tokio::time::Instant::now()
-        + Duration::from_secs(identity.expires_at.saturating_sub(now_secs()));
+    let expires = tokio::time::Instant::now() + Duration::from_secs(identity.expires_at.saturating_sub(now_secs()));
     let expiry = tokio::time::sleep_until(expires);
     tokio::pin!(expiry);
     loop {
@@ -150,9 +143,7 @@ async fn parse_or_answer<'a>(client: &ClientHandle, text: &'a str) -> Option<(In
     match Incoming::parse(text) {
         Ok(parsed) => Some(parsed),
         Err(failure) => {
-            client
-                .send(Utf8Bytes::from(parse_failure_frame(failure)))
-                .await;
+            client.send(Utf8Bytes::from(parse_failure_frame(failure))).await;
             None
         }
     }

@@ -62,8 +62,7 @@ async fn readyz(State(gw): State<Arc<Gateway>>) -> impl IntoResponse {
 async fn metrics(State(gw): State<Arc<Gateway>>) -> impl IntoResponse {
     metrics::gauge!("acp_gateway_sessions_in_memory").set(gw.registry.len() as f64);
     for (name, pool) in gw.pools.iter() {
-        metrics::gauge!("acp_gateway_pool_processes", "agent" => name.clone())
-            .set(pool.process_count() as f64);
+        metrics::gauge!("acp_gateway_pool_processes", "agent" => name.clone()).set(pool.process_count() as f64);
     }
     (
         [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],

@@ -61,22 +61,14 @@ async fn agents(State(gw): State<Arc<Gateway>>, Caller(_): Caller) -> Json<serde
     Json(json!({ "agents": out }))
 }
 
-async fn sessions(
-    State(gw): State<Arc<Gateway>>,
-    Caller(who): Caller,
-    Query(q): Query<ListParams>,
-) -> Response {
+async fn sessions(State(gw): State<Arc<Gateway>>, Caller(who): Caller, Query(q): Query<ListParams>) -> Response {
     match api::list(&gw, &who.user, q).await {
         Ok(v) => Json(v).into_response(),
         Err(e) => http_error(e),
     }
 }
 
-async fn delete_session(
-    State(gw): State<Arc<Gateway>>,
-    Caller(who): Caller,
-    Path(id): Path<String>,
-) -> Response {
+async fn delete_session(State(gw): State<Arc<Gateway>>, Caller(who): Caller, Path(id): Path<String>) -> Response {
     match api::delete_session(&gw, &who.user, &id).await {
         Ok(()) => StatusCode::NO_CONTENT.into_response(),
         Err(e) => http_error(e),

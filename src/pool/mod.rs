@@ -46,9 +46,8 @@ impl AgentInfo {
             #[serde(rename = "authMethods", default)]
             auth_methods: Option<serde_json::Value>,
         }
-        let init: Init = serde_json::from_str(result.get()).map_err(|e| {
-            RpcError::internal(format!("agent's initialize result is malformed: {e}"))
-        })?;
+        let init: Init = serde_json::from_str(result.get())
+            .map_err(|e| RpcError::internal(format!("agent's initialize result is malformed: {e}")))?;
         Ok(Self {
             result,
             capabilities: init.capabilities,
@@ -104,13 +103,7 @@ pub struct AgentPool {
 }
 
 impl AgentPool {
-    fn new(
-        name: &str,
-        cfg: AgentConfig,
-        max_line_bytes: usize,
-        ids: Arc<AtomicU64>,
-        tracker: TaskTracker,
-    ) -> Self {
+    fn new(name: &str, cfg: AgentConfig, max_line_bytes: usize, ids: Arc<AtomicU64>, tracker: TaskTracker) -> Self {
         Self {
             name: Arc::from(name),
             cfg,
@@ -203,22 +196,20 @@ impl AgentPool {
             )));
         }
         let id = self.ids.fetch_add(1, Ordering::Relaxed);
-        let p = AgentProcess::spawn(id, self.name.clone(), &self.cfg, self.max_line_bytes, &self.tracker).map_err(|e| {
-            tracing::error!(agent = %self.name, command = %self.cfg.command, error = %e, "cannot start agent");
-            RpcError::internal(format!("cannot start agent {}: {e}", self.name))
-        })?;
-        let client_caps = self.cfg.client_capabilities.clone().unwrap_or_else(|| {
-            serde_json::json!({ "fs": { "readTextFile": false, "writeTextFile": false }, "terminal": false })
-        });
+        let p =
+            AgentProcess::spawn(id, self.name.clone(), &self.cfg, self.max_line_bytes, &self.tracker).map_err(|e| {
+                tracing::error!(agent = %self.name, command = %self.cfg.command, error = %e, "cannot start agent");
+                RpcError::internal(format!("cannot start agent {}: {e}", self.name))
+            })?;
+        let client_caps = self.cfg.client_capabilities.clone().unwrap_or_else(
+            || serde_json::json!({ "fs": { "readTextFile": false, "writeTextFile": false }, "terminal": false }),
+        );
         let params = serde_json::json!({
             "protocolVersion": 1,
             "clientCapabilities": client_caps,
             "clientInfo": { "name": "acp-gateway", "version": env!("CARGO_PKG_VERSION") },
         });
-        let result = match p
-            .request("initialize", &params.to_string(), self.timeout())
-            .await
-        {
+        let result = match p.request("initialize", &params.to_string(), self.timeout()).await {
             Ok(r) => r,
             Err(e) => {
                 p.stop();
@@ -230,10 +221,7 @@ impl AgentPool {
         };
         let info = AgentInfo::parse(result)?;
         *self.info.lock().unwrap_or_else(|e| e.into_inner()) = Some(Arc::new(info));
-        self.procs
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .push(p.clone());
+        self.procs.lock().unwrap_or_else(|e| e.into_inner()).push(p.clone());
         Ok(p)
     }
 
@@ -284,6 +272,17 @@ impl AgentPool {
             .count()
     }
 
+    /// OS process ids of the live processes (for operators' tooling and tests).
+    pub fn pids(&self) -> Vec<u32> {
+        self.procs
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .filter(|p| !p.is_dead())
+            .map(|p| p.pid)
+            .collect()
+    }
+
     /// Stops every process.
     pub fn stop_all(&self) {
         for p in self.procs.lock().unwrap_or_else(|e| e.into_inner()).iter() {
@@ -331,11 +330,7 @@ impl Pools {
     }
 
     /// Runs upkeep every `every` until `cancel` fires.
-    pub async fn run_maintenance(
-        self: Arc<Self>,
-        every: Duration,
-        cancel: tokio_util::sync::CancellationToken,
-    ) {
+    pub async fn run_maintenance(self: Arc<Self>, every: Duration, cancel: tokio_util::sync::CancellationToken) {
         let mut tick = tokio::time::interval(every);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {

@@ -156,23 +156,17 @@ impl AgentProcess {
             stderr_tail: Mutex::new(VecDeque::with_capacity(STDERR_TAIL)),
             exit: Mutex::new(None),
         });
-        let (Some(stdin), Some(stdout), Some(stderr)) =
-            (child.stdin.take(), child.stdout.take(), child.stderr.take())
+        let (Some(stdin), Some(stdout), Some(stderr)) = (child.stdin.take(), child.stdout.take(), child.stderr.take())
         else {
             return Err(std::io::Error::other("agent pipes missing"));
         };
         tracker.spawn(write_stdin(stdin, stdin_rx, process.stop.clone()));
         let stdout = FramedRead::new(stdout, LinesCodec::new_with_max_length(max_line_bytes));
-        tracker.spawn(read_stdout(
-            Arc::downgrade(&process),
-            stdout,
-            process.stop.clone(),
-        ));
+        tracker.spawn(read_stdout(Arc::downgrade(&process), stdout, process.stop.clone()));
         let stderr = FramedRead::new(stderr, LinesCodec::new_with_max_length(STDERR_LINE_MAX));
         tracker.spawn(read_stderr(Arc::downgrade(&process), stderr));
         tracker.spawn(wait(process.clone(), child, guard));
-        metrics::gauge!("acp_gateway_agent_processes", "agent" => process.agent.to_string())
-            .increment(1.0);
+        metrics::gauge!("acp_gateway_agent_processes", "agent" => process.agent.to_string()).increment(1.0);
         tracing::info!(agent = %process.agent, process = id, pid, "agent process started");
         Ok(process)
     }
@@ -212,9 +206,7 @@ impl AgentProcess {
     /// Takes a session slot if fewer than `max` are taken.
     pub fn try_reserve(&self, max: usize) -> bool {
         self.reserved
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
-                (n < max).then_some(n + 1)
-            })
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| (n < max).then_some(n + 1))
             .is_ok()
     }
 
@@ -233,10 +225,7 @@ impl AgentProcess {
     /// Whether nothing has happened on it for `timeout` and nothing is in flight.
     pub fn is_idle(&self, timeout: Duration) -> bool {
         let last = Duration::from_millis(self.last_active_ms.load(Ordering::Relaxed));
-        self.pending
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .is_empty()
+        self.pending.lock().unwrap_or_else(|e| e.into_inner()).is_empty()
             && self.started.elapsed().saturating_sub(last) >= timeout
     }
 
@@ -286,12 +275,7 @@ impl AgentProcess {
     }
 
     /// Sends a request and waits for its answer (at most `timeout`).
-    pub async fn request(
-        &self,
-        method: &str,
-        params: &str,
-        timeout: Duration,
-    ) -> Result<Box<RawValue>, RpcError> {
+    pub async fn request(&self, method: &str, params: &str, timeout: Duration) -> Result<Box<RawValue>, RpcError> {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = oneshot::channel();
         self.pending
@@ -299,20 +283,14 @@ impl AgentProcess {
             .unwrap_or_else(|e| e.into_inner())
             .insert(id, Pending::Internal(tx));
         if let Err(e) = self.send_line(protocol::request(id, method, params)).await {
-            self.pending
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .remove(&id);
+            self.pending.lock().unwrap_or_else(|e| e.into_inner()).remove(&id);
             return Err(e);
         }
         match tokio::time::timeout(timeout, rx).await {
             Ok(Ok(answer)) => answer,
             Ok(Err(_)) => Err(self.gone_error()),
             Err(_) => {
-                self.pending
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .remove(&id);
+                self.pending.lock().unwrap_or_else(|e| e.into_inner()).remove(&id);
                 Err(RpcError::internal(format!(
                     "agent did not answer {method} within {}s",
                     timeout.as_secs()
@@ -336,10 +314,7 @@ impl AgentProcess {
             .unwrap_or_else(|e| e.into_inner())
             .insert(id, Pending::Forward { client, client_id });
         if let Err(e) = self.send_line(protocol::request(id, method, params)).await {
-            self.pending
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .remove(&id);
+            self.pending.lock().unwrap_or_else(|e| e.into_inner()).remove(&id);
             return Err(e);
         }
         Ok(id)
@@ -401,12 +376,7 @@ impl AgentProcess {
             tracing::warn!(agent = %self.agent, "agent answered an id the gateway never used; ignored");
             return;
         };
-        let Some(pending) = self
-            .pending
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(&id)
-        else {
+        let Some(pending) = self.pending.lock().unwrap_or_else(|e| e.into_inner()).remove(&id) else {
             tracing::debug!(agent = %self.agent, id, "answer to a request nobody waits for (timed out or cancelled)");
             return;
         };
@@ -415,9 +385,7 @@ impl AgentProcess {
                 client.forget_forwarded(client_id.get());
                 let frame = match (msg.result, msg.error) {
                     (Some(result), _) => protocol::response(client_id.get(), result.get()),
-                    (None, Some(error)) => {
-                        protocol::error_passthrough(client_id.get(), error.get())
-                    }
+                    (None, Some(error)) => protocol::error_passthrough(client_id.get(), error.get()),
                     (None, None) => protocol::error(
                         Some(client_id.get()),
                         &RpcError::internal("agent sent an empty response"),
@@ -441,16 +409,11 @@ impl AgentProcess {
         let Some(id) = msg.id else { return };
         let session = protocol::session_id_of(msg.params).and_then(|sid| self.session(&sid));
         let Some(session) = session else {
-            let err = RpcError::new(
-                codes::INVALID_PARAMS,
-                "request names no session of this process",
-            );
+            let err = RpcError::new(codes::INVALID_PARAMS, "request names no session of this process");
             let _ = self.send_line(protocol::error(Some(id.get()), &err)).await;
             return;
         };
-        let params = msg
-            .params
-            .and_then(|p| protocol::with_session_id(p, &session.id));
+        let params = msg.params.and_then(|p| protocol::with_session_id(p, &session.id));
         let params = params.unwrap_or_else(|| String::from("{}"));
         session
             .deliver_agent_request(self, id.to_owned(), msg.method(), params)
@@ -475,10 +438,7 @@ impl AgentProcess {
                 Pending::Forward { client, client_id } => {
                     client.forget_forwarded(client_id.get());
                     client
-                        .send(Utf8Bytes::from(protocol::error(
-                            Some(client_id.get()),
-                            &err,
-                        )))
+                        .send(Utf8Bytes::from(protocol::error(Some(client_id.get()), &err)))
                         .await;
                 }
                 Pending::Internal(tx) => {
@@ -518,11 +478,7 @@ pub fn agent_error(error: Option<&RawValue>) -> RpcError {
     }
 }
 
-async fn write_stdin(
-    stdin: tokio::process::ChildStdin,
-    mut rx: mpsc::Receiver<Utf8Bytes>,
-    stop: CancellationToken,
-) {
+async fn write_stdin(stdin: tokio::process::ChildStdin, mut rx: mpsc::Receiver<Utf8Bytes>, stop: CancellationToken) {
     let mut out = BufWriter::with_capacity(64 * 1024, stdin);
     loop {
         let line = tokio::select! {
@@ -579,26 +535,18 @@ async fn read_stdout(
     }
 }
 
-async fn read_stderr(
-    process: Weak<AgentProcess>,
-    mut lines: FramedRead<tokio::process::ChildStderr, LinesCodec>,
-) {
+async fn read_stderr(process: Weak<AgentProcess>, mut lines: FramedRead<tokio::process::ChildStderr, LinesCodec>) {
     while let Some(line) = lines.next().await {
         let Some(process) = process.upgrade() else {
             return;
         };
         let line = match line {
             Ok(line) => line,
-            Err(LinesCodecError::MaxLineLengthExceeded) => {
-                String::from("[stderr line over 8 KiB cut]")
-            }
+            Err(LinesCodecError::MaxLineLengthExceeded) => String::from("[stderr line over 8 KiB cut]"),
             Err(LinesCodecError::Io(_)) => return,
         };
         tracing::info!(target: "agent_stderr", agent = %process.agent, process = process.id, "{line}");
-        let mut tail = process
-            .stderr_tail
-            .lock()
-            .unwrap_or_else(|e| e.into_inner());
+        let mut tail = process.stderr_tail.lock().unwrap_or_else(|e| e.into_inner());
         if tail.len() == STDERR_TAIL {
             tail.pop_front();
         }
@@ -633,8 +581,7 @@ async fn wait(process: Arc<AgentProcess>, mut child: Child, guard: GroupGuard) {
     };
     tracing::info!(agent = %process.agent, process = process.id, pid = process.pid, status = %text, "agent process ended");
     *process.exit.lock().unwrap_or_else(|e| e.into_inner()) = Some(text);
-    metrics::gauge!("acp_gateway_agent_processes", "agent" => process.agent.to_string())
-        .decrement(1.0);
+    metrics::gauge!("acp_gateway_agent_processes", "agent" => process.agent.to_string()).decrement(1.0);
     process.stop.cancel();
     process.dead.cancel();
 }

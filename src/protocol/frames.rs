@@ -88,20 +88,13 @@ pub fn notification(method: &str, params: &str) -> String {
 
 /// The `session/update` the gateway sends a client: the gateway's session id, the agent's
 /// `update` object verbatim, and `_meta.gateway.seq`. An agent's own `_meta` is kept beside ours.
-pub fn session_update(
-    session_id: &str,
-    update: &str,
-    seq: u64,
-    agent_meta: Option<&RawValue>,
-) -> String {
+pub fn session_update(session_id: &str, update: &str, seq: u64, agent_meta: Option<&RawValue>) -> String {
     let mut out = String::with_capacity(120 + update.len());
     out.push_str(r#"{"jsonrpc":"2.0","method":"session/update","params":{"sessionId":"#);
     push_json_str(&mut out, session_id);
     out.push_str(r#","update":"#);
     out.push_str(update);
-    match agent_meta.and_then(|m| {
-        serde_json::from_str::<serde_json::Map<String, serde_json::Value>>(m.get()).ok()
-    }) {
+    match agent_meta.and_then(|m| serde_json::from_str::<serde_json::Map<String, serde_json::Value>>(m.get()).ok()) {
         Some(mut meta) => {
             meta.insert("gateway".into(), serde_json::json!({ "seq": seq }));
             out.push_str(r#","_meta":"#);
@@ -118,8 +111,7 @@ pub fn session_update(
 /// Returns `params` (a JSON object) with `sessionId` set to `session_id`; every other member is
 /// copied as raw JSON. `None` when `params` is not an object.
 pub fn with_session_id(params: &RawValue, session_id: &str) -> Option<String> {
-    let mut members: BTreeMap<std::borrow::Cow<'_, str>, &RawValue> =
-        serde_json::from_str(params.get()).ok()?;
+    let mut members: BTreeMap<std::borrow::Cow<'_, str>, &RawValue> = serde_json::from_str(params.get()).ok()?;
     members.remove("sessionId");
     let mut out = String::with_capacity(params.get().len() + session_id.len() + 16);
     out.push_str(r#"{"sessionId":"#);
@@ -147,27 +139,19 @@ mod tests {
     fn update_frame_keeps_payload_bytes_and_adds_seq() {
         let update = r#"{"sessionUpdate":"agent_message_chunk","content":{"type":"text","text":"hi \"there\""}}"#;
         let frame = session_update("gw-1", update, 7, None);
-        assert!(
-            frame.contains(update),
-            "payload must be spliced verbatim: {frame}"
-        );
+        assert!(frame.contains(update), "payload must be spliced verbatim: {frame}");
         let v = parse(&frame);
         assert_eq!(v["params"]["_meta"]["gateway"]["seq"], 7);
         assert_eq!(v["params"]["sessionId"], "gw-1");
         let meta: Box<RawValue> = serde_json::from_str(r#"{"agent":{"x":1}}"#).expect("raw");
         let v = parse(&session_update("gw-1", update, 8, Some(&meta)));
-        assert_eq!(
-            v["params"]["_meta"],
-            json!({"agent":{"x":1},"gateway":{"seq":8}})
-        );
+        assert_eq!(v["params"]["_meta"], json!({"agent":{"x":1},"gateway":{"seq":8}}));
     }
 
     #[test]
     fn rewrites_session_id_only() {
-        let params: Box<RawValue> = serde_json::from_str(
-            r#"{"sessionId":"a","prompt":[{"type":"text","text":"x"}],"z":null}"#,
-        )
-        .expect("raw");
+        let params: Box<RawValue> =
+            serde_json::from_str(r#"{"sessionId":"a","prompt":[{"type":"text","text":"x"}],"z":null}"#).expect("raw");
         let out = with_session_id(&params, "b\"c").expect("object");
         assert_eq!(
             parse(&out),

@@ -69,10 +69,7 @@ impl RpcError {
     }
     /// `-32601` naming the method.
     pub fn method_not_found(method: &str) -> Self {
-        Self::new(
-            codes::METHOD_NOT_FOUND,
-            format!("method not found: {method}"),
-        )
+        Self::new(codes::METHOD_NOT_FOUND, format!("method not found: {method}"))
     }
     /// `-32002`: the one answer for an unknown session and for another user's session.
     pub fn session_not_found() -> Self {
@@ -200,9 +197,7 @@ mod tests {
 
     #[test]
     fn classifies_messages() {
-        let (m, k) =
-            Incoming::parse(r#"{"jsonrpc":"2.0","id":1,"method":"x","params":{"a":[1, 2]}}"#)
-                .unwrap();
+        let (m, k) = Incoming::parse(r#"{"jsonrpc":"2.0","id":1,"method":"x","params":{"a":[1, 2]}}"#).unwrap();
         assert_eq!(k, Kind::Request);
         assert_eq!(m.params.unwrap().get(), r#"{"a":[1, 2]}"#);
         let (_, k) = Incoming::parse(r#"{"jsonrpc":"2.0","method":"x"}"#).unwrap();
@@ -214,19 +209,10 @@ mod tests {
 
     #[test]
     fn refuses_bad_input() {
-        assert!(matches!(
-            Incoming::parse("{nope"),
-            Err(ParseFailure::NotJson(_))
-        ));
+        assert!(matches!(Incoming::parse("{nope"), Err(ParseFailure::NotJson(_))));
         assert!(matches!(Incoming::parse("[1,2]"), Err(ParseFailure::Batch)));
-        assert!(matches!(
-            Incoming::parse("[1,"),
-            Err(ParseFailure::NotJson(_))
-        ));
-        assert!(matches!(
-            Incoming::parse("42"),
-            Err(ParseFailure::Invalid(None, _))
-        ));
+        assert!(matches!(Incoming::parse("[1,"), Err(ParseFailure::NotJson(_))));
+        assert!(matches!(Incoming::parse("42"), Err(ParseFailure::Invalid(None, _))));
         match Incoming::parse(r#"{"id":7,"method":3}"#) {
             Err(ParseFailure::Invalid(Some(id), _)) => assert_eq!(id.get(), "7"),
             other => panic!("unexpected {other:?}"),

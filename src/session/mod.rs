@@ -85,11 +85,7 @@ impl std::fmt::Debug for LiveSession {
 
 impl LiveSession {
     /// A session as stored, not yet on any process.
-    pub fn from_record(
-        r: &SessionRecord,
-        persister: Persister,
-        permission_wait: Duration,
-    ) -> Arc<Self> {
+    pub fn from_record(r: &SessionRecord, persister: Persister, permission_wait: Duration) -> Arc<Self> {
         let mcp_servers = serde_json::from_str::<serde_json::Value>(&r.meta)
             .ok()
             .and_then(|m| m.get("mcpServers").map(ToString::to_string))
@@ -125,11 +121,7 @@ impl LiveSession {
     /// Forgets the binding to process `process_id` (it died or was stopped).
     pub async fn unbind_from(&self, process_id: u64) {
         let mut st = self.state.lock().await;
-        if st
-            .binding
-            .as_ref()
-            .is_some_and(|b| b.process.id == process_id)
-        {
+        if st.binding.as_ref().is_some_and(|b| b.process.id == process_id) {
             st.binding = None;
             tracing::info!(session = %self.id, "session lost its agent process; it will be restored when next used");
         }
@@ -146,12 +138,7 @@ impl LiveSession {
 
     /// The current binding, if its process is alive.
     pub async fn binding(&self) -> Option<Binding> {
-        self.state
-            .lock()
-            .await
-            .binding
-            .clone()
-            .filter(|b| !b.process.is_dead())
+        self.state.lock().await.binding.clone().filter(|b| !b.process.is_dead())
     }
 
     /// Whether the session can be dropped from memory: no clients, no process, nothing waiting.
@@ -267,12 +254,7 @@ impl LiveSession {
     }
 
     /// Streams stored updates after `cursor` to `client`, page by page; returns the last seq sent.
-    async fn replay(
-        &self,
-        client: &ClientHandle,
-        store: &dyn Store,
-        mut cursor: u64,
-    ) -> Result<u64, RpcError> {
+    async fn replay(&self, client: &ClientHandle, store: &dyn Store, mut cursor: u64) -> Result<u64, RpcError> {
         loop {
             let chunks = store
                 .read_events(&self.owner, &self.id, cursor as i64, REPLAY_PAGE_CHUNKS)
@@ -290,9 +272,7 @@ impl LiveSession {
                         continue;
                     }
                     if !client
-                        .send(Utf8Bytes::from(protocol::session_update(
-                            &self.id, update, seq, None,
-                        )))
+                        .send(Utf8Bytes::from(protocol::session_update(&self.id, update, seq, None)))
                         .await
                     {
                         return Err(RpcError::internal("client went away during replay"));
@@ -312,13 +292,11 @@ impl LiveSession {
             return Ok(b);
         }
         st.binding = None;
-        let pool = pools.get(&self.agent).ok_or_else(|| {
-            RpcError::internal(format!("agent {} is no longer configured", self.agent))
-        })?;
+        let pool = pools
+            .get(&self.agent)
+            .ok_or_else(|| RpcError::internal(format!("agent {} is no longer configured", self.agent)))?;
         let Some(agent_sid) = st.agent_session_id.clone() else {
-            return Err(RpcError::internal(
-                "session has no agent-side id to restore",
-            ));
+            return Err(RpcError::internal("session has no agent-side id to restore"));
         };
         let process = pool.acquire(&self.owner).await?;
         let info = pool.info().await?;
@@ -401,11 +379,7 @@ impl LiveSession {
 
 /// Title from a prompt's text: first line, at most [`TITLE_CHARS`] characters.
 fn make_title(text: &str) -> String {
-    let line = text
-        .lines()
-        .map(str::trim)
-        .find(|l| !l.is_empty())
-        .unwrap_or("");
+    let line = text.lines().map(str::trim).find(|l| !l.is_empty()).unwrap_or("");
     let mut title: String = line.chars().take(TITLE_CHARS).collect();
     if line.chars().count() > TITLE_CHARS {
         title.push('…');
@@ -430,11 +404,7 @@ pub struct Registry {
 impl Registry {
     /// The session with `id`, if in memory (ownership is the caller's to check).
     pub fn get(&self, id: &str) -> Option<Arc<LiveSession>> {
-        self.map
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(id)
-            .cloned()
+        self.map.lock().unwrap_or_else(|e| e.into_inner()).get(id).cloned()
     }
 
     /// Adds `session`, or returns the one already there under its id.
@@ -449,10 +419,7 @@ impl Registry {
 
     /// Forgets a session.
     pub fn remove(&self, id: &str) -> Option<Arc<LiveSession>> {
-        self.map
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(id)
+        self.map.lock().unwrap_or_else(|e| e.into_inner()).remove(id)
     }
 
     /// Drops sessions nobody uses (they are reloaded from the store when needed).
@@ -481,18 +448,13 @@ mod tests {
     #[test]
     fn titles() {
         assert_eq!(make_title("\n  hello world \nmore"), "hello world");
-        assert_eq!(
-            make_title(&"x".repeat(150)).chars().count(),
-            TITLE_CHARS + 1
-        );
+        assert_eq!(make_title(&"x".repeat(150)).chars().count(), TITLE_CHARS + 1);
         assert_eq!(
             info_update_title(r#"{"sessionUpdate":"session_info_update","title":"T"}"#),
             Some("T".into())
         );
         assert_eq!(
-            info_update_title(
-                r#"{"sessionUpdate":"agent_message_chunk","title":"session_info_update"}"#
-            ),
+            info_update_title(r#"{"sessionUpdate":"agent_message_chunk","title":"session_info_update"}"#),
             None
         );
     }

@@ -69,22 +69,13 @@ impl Settle {
                 .unwrap_or_else(|e| e.into_inner())
                 .push((Arc::downgrade(client), out_id));
             client
-                .send(Utf8Bytes::from(protocol::request(
-                    out_id,
-                    &self.method,
-                    &self.params,
-                )))
+                .send(Utf8Bytes::from(protocol::request(out_id, &self.method, &self.params)))
                 .await;
         }
     }
 
     /// `from` answered: the first answer goes to the agent, the other clients are told.
-    pub async fn answer(
-        &self,
-        from: &ClientHandle,
-        result: Option<&RawValue>,
-        error: Option<&RawValue>,
-    ) {
+    pub async fn answer(&self, from: &ClientHandle, result: Option<&RawValue>, error: Option<&RawValue>) {
         if self.done.swap(true, Ordering::AcqRel) {
             return;
         }
@@ -99,12 +90,8 @@ impl Settle {
         if let Some(p) = self.process.upgrade() {
             let _ = p.send_line(frame).await;
         }
-        let others: Vec<(Weak<ClientHandle>, u64)> = self
-            .asked
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .drain(..)
-            .collect();
+        let others: Vec<(Weak<ClientHandle>, u64)> =
+            self.asked.lock().unwrap_or_else(|e| e.into_inner()).drain(..).collect();
         for (client, out_id) in others {
             let Some(client) = client.upgrade() else {
                 continue;
@@ -115,10 +102,7 @@ impl Settle {
             client.forget_out_request(out_id);
             let params = format!(r#"{{"requestId":{out_id}}}"#);
             client
-                .send(Utf8Bytes::from(protocol::notification(
-                    "$/cancel_request",
-                    &params,
-                )))
+                .send(Utf8Bytes::from(protocol::notification("$/cancel_request", &params)))
                 .await;
         }
     }
@@ -130,10 +114,7 @@ impl Settle {
         }
         let anyone_left = {
             let mut asked = self.asked.lock().unwrap_or_else(|e| e.into_inner());
-            asked.retain(|(c, _)| {
-                c.upgrade()
-                    .is_some_and(|c| !std::ptr::eq(&*c, gone) && !c.is_closed())
-            });
+            asked.retain(|(c, _)| c.upgrade().is_some_and(|c| !std::ptr::eq(&*c, gone) && !c.is_closed()));
             !asked.is_empty()
         };
         if !anyone_left {
@@ -149,10 +130,7 @@ impl Settle {
         }
         tracing::info!(session = %self.session.id, method = %self.method, "no client answered the agent's request in time");
         let frame = if self.method == "session/request_permission" {
-            protocol::response(
-                self.agent_id.get(),
-                r#"{"outcome":{"outcome":"cancelled"}}"#,
-            )
+            protocol::response(self.agent_id.get(), r#"{"outcome":{"outcome":"cancelled"}}"#)
         } else {
             protocol::error(
                 Some(self.agent_id.get()),

@@ -68,14 +68,7 @@ impl CursorCodec {
     }
 
     /// Makes the cursor that continues after the row `(updated_at, id)`.
-    pub fn encode(
-        &self,
-        user: &str,
-        filter: &ListFilter,
-        updated_at: i64,
-        id: &str,
-        now: i64,
-    ) -> String {
+    pub fn encode(&self, user: &str, filter: &ListFilter, updated_at: i64, id: &str, now: i64) -> String {
         let payload = Payload {
             t: updated_at,
             i: id.to_string(),
@@ -85,21 +78,11 @@ impl CursorCodec {
         };
         let json = serde_json::to_vec(&payload).unwrap_or_default();
         let tag = self.mac(&json).finalize().into_bytes();
-        format!(
-            "{}.{}",
-            URL_SAFE_NO_PAD.encode(&json),
-            URL_SAFE_NO_PAD.encode(tag)
-        )
+        format!("{}.{}", URL_SAFE_NO_PAD.encode(&json), URL_SAFE_NO_PAD.encode(tag))
     }
 
     /// Checks a cursor for this user and these filters.
-    pub fn decode(
-        &self,
-        cursor: &str,
-        user: &str,
-        filter: &ListFilter,
-        now: i64,
-    ) -> Option<Decoded> {
+    pub fn decode(&self, cursor: &str, user: &str, filter: &ListFilter, now: i64) -> Option<Decoded> {
         let (body, tag) = cursor.split_once('.')?;
         let json = URL_SAFE_NO_PAD.decode(body).ok()?;
         let tag = URL_SAFE_NO_PAD.decode(tag).ok()?;
@@ -137,33 +120,21 @@ mod tests {
                 id: "s1".into()
             })
         );
-        assert_eq!(
-            c.decode(&cur, "bob", &f, 2000),
-            None,
-            "another user's cursor"
-        );
+        assert_eq!(c.decode(&cur, "bob", &f, 2000), None, "another user's cursor");
         let other = ListFilter {
             search: Some("x".into()),
             ..Default::default()
         };
         assert_eq!(c.decode(&cur, "alice", &other, 2000), None, "other filters");
-        assert_eq!(
-            c.decode(&cur, "alice", &f, 1000 + MAX_AGE_MICROS + 1),
-            None,
-            "expired"
-        );
+        assert_eq!(c.decode(&cur, "alice", &f, 1000 + MAX_AGE_MICROS + 1), None, "expired");
         assert_eq!(
             CursorCodec::new(b"other".to_vec()).decode(&cur, "alice", &f, 2000),
             None,
             "other key"
         );
         let (body, tag) = cur.split_once('.').expect("two parts");
-        let forged_body =
-            URL_SAFE_NO_PAD.encode(br#"{"t":0,"i":"s9","u":"alice","f":0,"at":1000}"#);
-        assert_eq!(
-            c.decode(&format!("{forged_body}.{tag}"), "alice", &f, 2000),
-            None
-        );
+        let forged_body = URL_SAFE_NO_PAD.encode(br#"{"t":0,"i":"s9","u":"alice","f":0,"at":1000}"#);
+        assert_eq!(c.decode(&format!("{forged_body}.{tag}"), "alice", &f, 2000), None);
         assert_eq!(c.decode(body, "alice", &f, 2000), None);
         assert_eq!(c.decode("garbage", "alice", &f, 2000), None);
     }

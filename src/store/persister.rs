@@ -123,8 +123,7 @@ async fn run(store: Arc<dyn Store>, mut rx: mpsc::Receiver<Item>, cancel: Cancel
                     }
                 }
             }
-            metrics::histogram!("acp_gateway_transcript_write_seconds")
-                .record(started.elapsed().as_secs_f64());
+            metrics::histogram!("acp_gateway_transcript_write_seconds").record(started.elapsed().as_secs_f64());
             metrics::counter!("acp_gateway_transcript_updates_stored_total").increment(updates);
         }
         for ack in acks {
@@ -141,18 +140,12 @@ fn item_bytes(item: &Item) -> usize {
 }
 
 /// Groups a batch into one write per session (one chunk per run of consecutive updates).
-fn coalesce(
-    items: impl Iterator<Item = Item>,
-) -> (Vec<SessionWrite>, Vec<oneshot::Sender<()>>, u64) {
+fn coalesce(items: impl Iterator<Item = Item>) -> (Vec<SessionWrite>, Vec<oneshot::Sender<()>>, u64) {
     let mut writes: Vec<SessionWrite> = Vec::new();
     let mut current: HashMap<Arc<str>, usize> = HashMap::new();
     let mut acks = Vec::new();
     let mut updates = 0;
-    fn slot(
-        writes: &mut Vec<SessionWrite>,
-        current: &mut HashMap<Arc<str>, usize>,
-        session: &Arc<str>,
-    ) -> usize {
+    fn slot(writes: &mut Vec<SessionWrite>, current: &mut HashMap<Arc<str>, usize>, session: &Arc<str>) -> usize {
         *current.entry(session.clone()).or_insert_with(|| {
             writes.push(SessionWrite {
                 session_id: session.clone(),
@@ -261,10 +254,7 @@ mod tests {
             (wa.prompts, wa.prompt_title.as_deref(), wa.updated_at),
             (1, Some("t"), 3)
         );
-        assert_eq!(
-            writes[1].chunk.as_ref().map(|c| (c.seq_from, c.seq_to)),
-            Some((5, 5))
-        );
+        assert_eq!(writes[1].chunk.as_ref().map(|c| (c.seq_from, c.seq_to)), Some((5, 5)));
     }
 
     #[test]

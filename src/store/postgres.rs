@@ -13,8 +13,7 @@ use sqlx::postgres::{PgPool, PgPoolOptions, PgRow};
 use sqlx::{Postgres, QueryBuilder, Row, Transaction};
 
 use super::{
-    EventChunk, ListFilter, NewSession, Position, SessionRecord, SessionWrite, Store, StoreError,
-    like_pattern,
+    EventChunk, ListFilter, NewSession, Position, SessionRecord, SessionWrite, Store, StoreError, like_pattern,
 };
 
 /// A Postgres-backed [`Store`].
@@ -35,11 +34,10 @@ impl PgStore {
             .connect(url)
             .await?;
         sqlx::migrate!("./migrations/postgres").run(&pool).await?;
-        let bypass: Option<bool> = sqlx::query_scalar(
-            "SELECT rolsuper OR rolbypassrls FROM pg_roles WHERE rolname = current_user",
-        )
-        .fetch_optional(&pool)
-        .await?;
+        let bypass: Option<bool> =
+            sqlx::query_scalar("SELECT rolsuper OR rolbypassrls FROM pg_roles WHERE rolname = current_user")
+                .fetch_optional(&pool)
+                .await?;
         if bypass == Some(true) {
             tracing::warn!(
                 "the database role is a superuser or has BYPASSRLS, so row-level security does not \
@@ -113,11 +111,7 @@ impl Store for PgStore {
         Ok(())
     }
 
-    async fn get_session(
-        &self,
-        owner: &str,
-        id: &str,
-    ) -> Result<Option<SessionRecord>, StoreError> {
+    async fn get_session(&self, owner: &str, id: &str) -> Result<Option<SessionRecord>, StoreError> {
         let mut tx = self.as_user(owner).await?;
         let row = sqlx::query(&format!(
             "SELECT {SESSION_COLUMNS} FROM sessions WHERE id = $1 AND owner = $2"
@@ -130,11 +124,7 @@ impl Store for PgStore {
         Ok(row.as_ref().map(record).transpose()?)
     }
 
-    async fn set_agent_session_id(
-        &self,
-        id: &str,
-        agent_session_id: Option<&str>,
-    ) -> Result<(), StoreError> {
+    async fn set_agent_session_id(&self, id: &str, agent_session_id: Option<&str>) -> Result<(), StoreError> {
         // The trait names no owner here (the caller has checked it): system work.
         let mut tx = self.as_system().await?;
         sqlx::query("UPDATE sessions SET agent_session_id = $1 WHERE id = $2")
@@ -153,9 +143,7 @@ impl Store for PgStore {
         after: Option<Position<'_>>,
         limit: u32,
     ) -> Result<Vec<SessionRecord>, StoreError> {
-        let mut q = QueryBuilder::new(format!(
-            "SELECT {SESSION_COLUMNS} FROM sessions WHERE owner = "
-        ));
+        let mut q = QueryBuilder::new(format!("SELECT {SESSION_COLUMNS} FROM sessions WHERE owner = "));
         q.push_bind(owner);
         if let Some(cwd) = &filter.cwd {
             q.push(" AND cwd = ").push_bind(cwd);
@@ -177,12 +165,10 @@ impl Store for PgStore {
             q.push_bind(pattern).push(" ESCAPE '\\')");
         }
         if let Some(pos) = after {
-            q.push(" AND (updated_at < ").push_bind(pos.updated_at);
-            q.push(" OR (updated_at = ")
-                .push_bind(pos.updated_at)
-                .push(" AND id < ")
-                .push_bind(pos.id)
-                .push("))");
+            // A row comparison, so that the index (owner, updated_at DESC, id DESC) starts the
+            // scan at the cursor instead of filtering every row before it.
+            q.push(" AND (updated_at, id) < (").push_bind(pos.updated_at);
+            q.push(", ").push_bind(pos.id).push(")");
         }
         q.push(" ORDER BY updated_at DESC, id DESC LIMIT ")
             .push_bind(i64::from(limit));
@@ -278,10 +264,12 @@ impl Store for PgStore {
     async fn cursor_key(&self) -> Result<Vec<u8>, StoreError> {
         let fresh: [u8; 32] = rand::random();
         let mut tx = self.as_system().await?;
-        sqlx::query("INSERT INTO gateway_settings (name, value) VALUES ('cursor_key', $1) ON CONFLICT (name) DO NOTHING")
-            .bind(fresh.as_slice())
-            .execute(&mut *tx)
-            .await?;
+        sqlx::query(
+            "INSERT INTO gateway_settings (name, value) VALUES ('cursor_key', $1) ON CONFLICT (name) DO NOTHING",
+        )
+        .bind(fresh.as_slice())
+        .execute(&mut *tx)
+        .await?;
         let row = sqlx::query("SELECT value FROM gateway_settings WHERE name = 'cursor_key'")
             .fetch_one(&mut *tx)
             .await?;

@@ -4,14 +4,11 @@ use std::str::FromStr;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use sqlx::sqlite::{
-    SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
-};
+use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous};
 use sqlx::{QueryBuilder, Row};
 
 use super::{
-    EventChunk, ListFilter, NewSession, Position, SessionRecord, SessionWrite, Store, StoreError,
-    like_pattern,
+    EventChunk, ListFilter, NewSession, Position, SessionRecord, SessionWrite, Store, StoreError, like_pattern,
 };
 
 /// A SQLite-backed [`Store`].
@@ -26,9 +23,7 @@ const SESSION_COLUMNS: &str = "id, owner, agent, agent_session_id, cwd, addition
 impl SqliteStore {
     /// Opens (creating if needed) the file named by `url` and migrates it.
     pub async fn connect(url: &str) -> Result<Self, StoreError> {
-        let path = url
-            .trim_start_matches("sqlite://")
-            .trim_start_matches("sqlite:");
+        let path = url.trim_start_matches("sqlite://").trim_start_matches("sqlite:");
         let path = path.split('?').next().unwrap_or(path);
         if let Some(dir) = std::path::Path::new(path)
             .parent()
@@ -93,11 +88,7 @@ impl Store for SqliteStore {
         Ok(())
     }
 
-    async fn get_session(
-        &self,
-        owner: &str,
-        id: &str,
-    ) -> Result<Option<SessionRecord>, StoreError> {
+    async fn get_session(&self, owner: &str, id: &str) -> Result<Option<SessionRecord>, StoreError> {
         let row = sqlx::query(&format!(
             "SELECT {SESSION_COLUMNS} FROM sessions WHERE id = ?1 AND owner = ?2"
         ))
@@ -108,11 +99,7 @@ impl Store for SqliteStore {
         Ok(row.as_ref().map(record).transpose()?)
     }
 
-    async fn set_agent_session_id(
-        &self,
-        id: &str,
-        agent_session_id: Option<&str>,
-    ) -> Result<(), StoreError> {
+    async fn set_agent_session_id(&self, id: &str, agent_session_id: Option<&str>) -> Result<(), StoreError> {
         sqlx::query("UPDATE sessions SET agent_session_id = ?1 WHERE id = ?2")
             .bind(agent_session_id)
             .bind(id)
@@ -128,9 +115,7 @@ impl Store for SqliteStore {
         after: Option<Position<'_>>,
         limit: u32,
     ) -> Result<Vec<SessionRecord>, StoreError> {
-        let mut q = QueryBuilder::new(format!(
-            "SELECT {SESSION_COLUMNS} FROM sessions WHERE owner = "
-        ));
+        let mut q = QueryBuilder::new(format!("SELECT {SESSION_COLUMNS} FROM sessions WHERE owner = "));
         q.push_bind(owner);
         if let Some(cwd) = &filter.cwd {
             q.push(" AND cwd = ").push_bind(cwd);
@@ -254,12 +239,10 @@ impl Store for SqliteStore {
 
     async fn cursor_key(&self) -> Result<Vec<u8>, StoreError> {
         let fresh: [u8; 32] = rand::random();
-        sqlx::query(
-            "INSERT OR IGNORE INTO gateway_settings (name, value) VALUES ('cursor_key', ?1)",
-        )
-        .bind(fresh.as_slice())
-        .execute(&self.pool)
-        .await?;
+        sqlx::query("INSERT OR IGNORE INTO gateway_settings (name, value) VALUES ('cursor_key', ?1)")
+            .bind(fresh.as_slice())
+            .execute(&self.pool)
+            .await?;
         let row = sqlx::query("SELECT value FROM gateway_settings WHERE name = 'cursor_key'")
             .fetch_one(&self.pool)
             .await?;

@@ -1,10 +1,7 @@
 //! Test harness: a real gateway on port 0 with a real database and real agent processes, and a
 //! real WebSocket client. Every wait is on an event, with a timeout.
 
-#![allow(
-    dead_code,
-    reason = "each test binary uses a different part of the harness"
-)]
+#![allow(dead_code, reason = "each test binary uses a different part of the harness")]
 
 pub mod pg;
 
@@ -45,8 +42,7 @@ pub enum Db {
 
 /// A configuration for tests: port 0, fresh database, demo agent with no delay.
 pub fn test_config(dir: &std::path::Path, db_url: &str) -> Config {
-    let mut config =
-        Config::load_with_env(&CliOverrides::default(), |_| None).expect("default config");
+    let mut config = Config::load_with_env(&CliOverrides::default(), |_| None).expect("default config");
     config.listen = "127.0.0.1:0".parse().expect("addr");
     config.database_url = db_url.to_string();
     config.data_dir = dir.to_path_buf();
@@ -96,11 +92,7 @@ impl TestGateway {
     }
 
     /// Starts a gateway in an existing directory.
-    pub async fn start_in(
-        dir: Arc<tempfile::TempDir>,
-        db: Db,
-        tweak: impl FnOnce(&mut Config),
-    ) -> Self {
+    pub async fn start_in(dir: Arc<tempfile::TempDir>, db: Db, tweak: impl FnOnce(&mut Config)) -> Self {
         if std::env::var_os("TEST_LOG").is_some() {
             acp_gateway::telemetry::init_logs("info");
         }
@@ -149,10 +141,7 @@ impl TestGateway {
             .await
             .expect("connects");
         let init = c
-            .request(
-                "initialize",
-                json!({"protocolVersion": 1, "clientCapabilities": {}}),
-            )
+            .request("initialize", json!({"protocolVersion": 1, "clientCapabilities": {}}))
             .await;
         assert!(init.get("result").is_some(), "initialize failed: {init}");
         c
@@ -201,15 +190,10 @@ pub struct Client {
 
 impl Client {
     /// Connects with `Authorization: Bearer`.
-    pub async fn connect(
-        url: &str,
-        token: &str,
-    ) -> Result<Self, tokio_tungstenite::tungstenite::Error> {
+    pub async fn connect(url: &str, token: &str) -> Result<Self, tokio_tungstenite::tungstenite::Error> {
         let mut req = url.into_client_request()?;
-        req.headers_mut().insert(
-            "authorization",
-            format!("Bearer {token}").parse().expect("header"),
-        );
+        req.headers_mut()
+            .insert("authorization", format!("Bearer {token}").parse().expect("header"));
         Self::connect_request(req).await
     }
 
@@ -291,10 +275,7 @@ impl Client {
             return self.inbox.remove(pos).expect("present");
         }
         loop {
-            let m = self
-                .recv_raw()
-                .await
-                .expect("socket open while waiting for an answer");
+            let m = self.recv_raw().await.expect("socket open while waiting for an answer");
             if is_answer(&m, id) {
                 return m;
             }
@@ -368,10 +349,7 @@ pub fn seq(update: &Value) -> u64 {
 pub async fn eventually(what: &str, mut cond: impl FnMut() -> bool) {
     let deadline = tokio::time::Instant::now() + WAIT;
     while !cond() {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "timed out waiting for {what}"
-        );
+        assert!(tokio::time::Instant::now() < deadline, "timed out waiting for {what}");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
@@ -383,10 +361,7 @@ pub fn processes_named(name: &str) -> Vec<u32> {
         .filter(|pid| {
             let cmd = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
             let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-            let zombie = stat
-                .rsplit(')')
-                .next()
-                .is_some_and(|s| s.trim_start().starts_with('Z'));
+            let zombie = stat.rsplit(')').next().is_some_and(|s| s.trim_start().starts_with('Z'));
             !zombie && cmd.split(|b| *b == 0).next() == Some(name.as_bytes())
         })
         .collect()
@@ -406,10 +381,7 @@ pub fn processes_matching(needle: &str) -> Vec<u32> {
             continue;
         };
         let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-        let zombie = stat
-            .rsplit(')')
-            .next()
-            .is_some_and(|s| s.trim_start().starts_with('Z'));
+        let zombie = stat.rsplit(')').next().is_some_and(|s| s.trim_start().starts_with('Z'));
         let cmd = String::from_utf8_lossy(&cmd).replace('\0', " ");
         if cmd.contains(needle) || (zombie && needle.is_empty()) {
             out.push(pid);

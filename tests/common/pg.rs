@@ -45,8 +45,15 @@ pub async fn fresh_database() -> String {
     let server = server().await;
     let name = format!("t_{}", uuid::Uuid::new_v4().simple());
     let mut admin = server.admin.connect("postgres").await;
-    let owner = if server.has_test_role { format!(" OWNER {TEST_ROLE}") } else { String::new() };
-    admin.execute(format!("CREATE DATABASE {name}{owner}").as_str()).await.expect("CREATE DATABASE");
+    let owner = if server.has_test_role {
+        format!(" OWNER {TEST_ROLE}")
+    } else {
+        String::new()
+    };
+    admin
+        .execute(format!("CREATE DATABASE {name}{owner}").as_str())
+        .await
+        .expect("CREATE DATABASE");
     let _ = admin.close().await;
     if server.has_test_role {
         server.admin.with_user(TEST_ROLE, TEST_ROLE).url(&name)
@@ -103,7 +110,11 @@ async fn init() -> Server {
         eprintln!("tests: cannot create role {TEST_ROLE} ({e}); test databases will belong to the DATABASE_URL user");
     }
     let _ = conn.close().await;
-    Server { admin, has_test_role: created.is_ok(), _child: child }
+    Server {
+        admin,
+        has_test_role: created.is_ok(),
+        _child: child,
+    }
 }
 
 /// A `postgres://` URL split into the parts tests change.
@@ -121,7 +132,9 @@ struct ConnUrl {
 
 impl ConnUrl {
     fn parse(url: &str) -> Self {
-        let (scheme, rest) = url.split_once("://").unwrap_or_else(|| panic!("DATABASE_URL {url:?} is not a URL"));
+        let (scheme, rest) = url
+            .split_once("://")
+            .unwrap_or_else(|| panic!("DATABASE_URL {url:?} is not a URL"));
         let (rest, query) = match rest.split_once('?') {
             Some((r, q)) => (r, format!("?{q}")),
             None => (rest, String::new()),
@@ -131,21 +144,34 @@ impl ConnUrl {
             Some((u, h)) => (u.to_string(), h.to_string()),
             None => (String::new(), authority.to_string()),
         };
-        Self { scheme: format!("{scheme}://"), userinfo, host, query }
+        Self {
+            scheme: format!("{scheme}://"),
+            userinfo,
+            host,
+            query,
+        }
     }
 
     fn with_user(&self, user: &str, password: &str) -> Self {
-        Self { userinfo: format!("{user}:{password}"), ..self.clone() }
+        Self {
+            userinfo: format!("{user}:{password}"),
+            ..self.clone()
+        }
     }
 
     fn url(&self, database: &str) -> String {
         let at = if self.userinfo.is_empty() { "" } else { "@" };
-        format!("{}{}{at}{}/{database}{}", self.scheme, self.userinfo, self.host, self.query)
+        format!(
+            "{}{}{at}{}/{database}{}",
+            self.scheme, self.userinfo, self.host, self.query
+        )
     }
 
     async fn connect(&self, database: &str) -> PgConnection {
         let url = self.url(database);
-        PgConnection::connect(&url).await.unwrap_or_else(|e| panic!("cannot connect to {url}: {e}"))
+        PgConnection::connect(&url)
+            .await
+            .unwrap_or_else(|e| panic!("cannot connect to {url}: {e}"))
     }
 }
 
@@ -154,7 +180,9 @@ impl ConnUrl {
 async fn start_throwaway() -> (ConnUrl, std::process::Child) {
     let mut last_log = String::new();
     for _attempt in 0..3 {
-        let (mut child, port, dir) = tokio::task::spawn_blocking(spawn_server).await.expect("server start task");
+        let (mut child, port, dir) = tokio::task::spawn_blocking(spawn_server)
+            .await
+            .expect("server start task");
         let admin = ConnUrl::parse(&format!("postgres://postgres@127.0.0.1:{port}"));
         let url = admin.url("postgres");
         let deadline = Instant::now() + Duration::from_secs(60);
@@ -172,7 +200,10 @@ async fn start_throwaway() -> (ConnUrl, std::process::Child) {
                     }
                     if Instant::now() > deadline {
                         let _ = child.kill();
-                        panic!("test postgres did not accept connections within 60 s ({e}):\n{}", log_of(&dir));
+                        panic!(
+                            "test postgres did not accept connections within 60 s ({e}):\n{}",
+                            log_of(&dir)
+                        );
                     }
                     tokio::time::sleep(Duration::from_millis(50)).await;
                 }
@@ -189,15 +220,26 @@ fn log_of(dir: &Path) -> String {
 /// `initdb`s a cluster in a new temp dir and spawns `postgres` on a free port, plus its watchdog.
 fn spawn_server() -> (std::process::Child, u16, PathBuf) {
     let bin = postgres_bin_dir();
-    let run_as = if effective_uid() == Some(0) { Some(os_user("postgres")) } else { None };
-    let dir = tempfile::Builder::new().prefix("pgtest-").tempdir().expect("temp dir for postgres").keep();
+    let run_as = if effective_uid() == Some(0) {
+        Some(os_user("postgres"))
+    } else {
+        None
+    };
+    let dir = tempfile::Builder::new()
+        .prefix("pgtest-")
+        .tempdir()
+        .expect("temp dir for postgres")
+        .keep();
     if let Some((uid, gid)) = run_as {
         std::os::unix::fs::chown(&dir, Some(uid), Some(gid)).expect("chown postgres temp dir");
     }
     let data = dir.join("data");
     let as_pg = |program: PathBuf| {
         let mut c = Command::new(program);
-        c.current_dir(&dir).env_remove("PGDATA").env_remove("PGPORT").env_remove("PGHOST");
+        c.current_dir(&dir)
+            .env_remove("PGDATA")
+            .env_remove("PGPORT")
+            .env_remove("PGHOST");
         if let Some((uid, gid)) = run_as {
             std::os::unix::process::CommandExt::uid(&mut c, uid);
             std::os::unix::process::CommandExt::gid(&mut c, gid);
@@ -206,7 +248,17 @@ fn spawn_server() -> (std::process::Child, u16, PathBuf) {
         c
     };
     let out = as_pg(bin.join("initdb"))
-        .args(["-U", "postgres", "-A", "trust", "-E", "UTF8", "--no-locale", "--no-sync", "-D"])
+        .args([
+            "-U",
+            "postgres",
+            "-A",
+            "trust",
+            "-E",
+            "UTF8",
+            "--no-locale",
+            "--no-sync",
+            "-D",
+        ])
         .arg(&data)
         .output()
         .expect("run initdb");
@@ -249,14 +301,15 @@ fn spawn_server() -> (std::process::Child, u16, PathBuf) {
         .spawn()
         .expect("spawn postgres");
     // The watchdog: runs as us (so it can always see this process in /proc), stops the server
-    // when this process is gone, then removes the directory. If the server dies by itself, the
+    // when this process is gone (immediate shutdown: the data is thrown away anyway), then
+    // removes the directory. If the server dies by itself, the
     // directory (and its log) stays for diagnosis.
     let script = r#"
         while [ -e "/proc/$1" ] && kill -0 "$2" 2>/dev/null; do sleep 0.5; done
         if kill -0 "$2" 2>/dev/null; then
-            kill -INT "$2"
+            kill -QUIT "$2"
             n=0
-            while kill -0 "$2" 2>/dev/null && [ $n -lt 100 ]; do sleep 0.1; n=$((n+1)); done
+            while kill -0 "$2" 2>/dev/null && [ $n -lt 50 ]; do sleep 0.1; n=$((n+1)); done
             kill -KILL "$2" 2>/dev/null
             rm -rf "$3"
         fi

@@ -1,0 +1,889 @@
+//! The `Store` contract, checked the same way against SQLite (a temp file) and Postgres (a fresh
+//! database per test), plus Postgres row-level security and the transcript writer end to end.
+
+mod common;
+
+use std::collections::HashSet;
+use std::sync::Arc;
+
+use acp_gateway::store::persister::{Item, Persister};
+use acp_gateway::store::{self, EventChunk, ListFilter, NewSession, Position, SessionRecord, SessionWrite, Store};
+use sqlx::{Connection, Executor, PgConnection, Row};
+use tokio_util::sync::CancellationToken;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Backend {
+    Sqlite,
+    Postgres,
+}
+
+/// An opened store and what keeps it alive.
+struct Db {
+    store: Arc<dyn Store>,
+    url: String,
+    _dir: Option<tempfile::TempDir>,
+}
+
+async fn open(backend: Backend) -> Db {
+    let (url, dir) = match backend {
+        Backend::Sqlite => {
+            let dir = tempfile::tempdir().expect("tempdir");
+            (format!("sqlite://{}/store.db", dir.path().display()), Some(dir))
+        }
+        Backend::Postgres => (common::pg::fresh_database().await, None),
+    };
+    let store = store::connect(&url)
+        .await
+        .unwrap_or_else(|e| panic!("connect {url}: {e}"));
+    Db { store, url, _dir: dir }
+}
+
+/// Runs each named `async fn(Backend)` as one test per backend.
+macro_rules! on_both_backends {
+    ($($name:ident),* $(,)?) => {
+        mod sqlite {
+            $(
+                #[tokio::test]
+                async fn $name() {
+                    super::$name(super::Backend::Sqlite).await;
+                }
+            )*
+        }
+        mod postgres {
+            $(
+                #[tokio::test]
+                async fn $name() {
+                    super::$name(super::Backend::Postgres).await;
+                }
+            )*
+        }
+    };
+}
+
+on_both_backends!(
+    create_get_list_delete,
+    foreign_sessions_are_invisible,
+    list_never_crosses_owners_under_any_filter,
+    keyset_pagination_sees_each_session_once_while_sessions_are_added,
+    events_round_trip,
+    writes_for_deleted_sessions_are_dropped,
+    delete_removes_the_transcript,
+    cursor_key_is_stable,
+    persister_stores_everything_in_order,
+);
+
+const BASE: i64 = 1_700_000_000_000_000;
+
+async fn create(store: &dyn Store, id: &str, owner: &str, cwd: &str, meta: &str, now: i64) {
+    store
+        .create_session(&NewSession {
+            id,
+            owner,
+            agent: "demo",
+            agent_session_id: None,
+            cwd,
+            additional_dirs: "[]",
+            meta,
+            now,
+        })
+        .await
+        .unwrap_or_else(|e| panic!("create {id}: {e}"));
+}
+
+/// Sets a session's title (as the agent would) without touching `updated_at`.
+async fn set_title(store: &dyn Store, id: &str, title: &str) {
+    store
+        .write_batch(&[SessionWrite {
+            session_id: Arc::from(id),
+            agent_title: Some(title.to_string()),
+            ..Default::default()
+        }])
+        .await
+        .expect("title write");
+}
+
+async fn list_all(store: &dyn Store, owner: &str, filter: &ListFilter) -> Vec<SessionRecord> {
+    store.list_sessions(owner, filter, None, 10_000).await.expect("list")
+}
+
+fn ids(rows: &[SessionRecord]) -> Vec<&str> {
+    rows.iter().map(|r| r.id.as_str()).collect()
+}
+
+fn chunk(from: i64, to: i64) -> EventChunk {
+    let payload = (from..=to)
+        .map(|n| format!("{{\"n\":{n}}}"))
+        .collect::<Vec<_>>()
+        .join("\n");
+    EventChunk {
+        seq_from: from,
+        seq_to: to,
+        payload,
+    }
+}
+
+fn events(id: &str, c: EventChunk, at: i64) -> SessionWrite {
+    SessionWrite {
+        session_id: Arc::from(id),
+        chunk: Some(c),
+        updated_at: at,
+        ..Default::default()
+    }
+}
+
+async fn create_get_list_delete(backend: Backend) {
+    let db = open(backend).await;
+    let s = &*db.store;
+    s.ping().await.expect("ping");
+    create(s, "s1", "alice", "/w", r#"{"k":1}"#, BASE).await;
+    create(s, "s2", "alice", "/w", "{}", BASE + 10).await;
+    create(s, "s3", "alice", "/x", "{}", BASE + 20).await;
+
+    let got = s.get_session("alice", "s1").await.expect("get").expect("s1 exists");
+    assert_eq!(
+        got,
+        SessionRecord {
+            id: "s1".into(),
+            owner: "alice".into(),
+            agent: "demo".into(),
+            agent_session_id: None,
+            cwd: "/w".into(),
+            additional_dirs: "[]".into(),
+            title: None,
+            meta: r#"{"k":1}"#.into(),
+            message_count: 0,
+            last_seq: 0,
+            created_at: BASE,
+            updated_at: BASE,
+        }
+    );
+    assert_eq!(s.get_session("alice", "nope").await.expect("get"), None);
+
+    s.set_agent_session_id("s1", Some("agent-7"))
+        .await
+        .expect("set agent id");
+    let got = s.get_session("alice", "s1").await.expect("get").expect("s1");
+    assert_eq!(got.agent_session_id.as_deref(), Some("agent-7"));
+    s.set_agent_session_id("s1", None).await.expect("clear agent id");
+    assert_eq!(
+        s.get_session("alice", "s1")
+            .await
+            .expect("get")
+            .expect("s1")
+            .agent_session_id,
+        None
+    );
+
+    let all = list_all(s, "alice", &ListFilter::default()).await;
+    assert_eq!(ids(&all), ["s3", "s2", "s1"], "newest updated_at first");
+    let page = s
+        .list_sessions("alice", &ListFilter::default(), None, 2)
+        .await
+        .expect("list");
+    assert_eq!(ids(&page), ["s3", "s2"]);
+    let after = Position {
+        updated_at: page[1].updated_at,
+        id: &page[1].id,
+    };
+    let rest = s
+        .list_sessions("alice", &ListFilter::default(), Some(after), 2)
+        .await
+        .expect("list");
+    assert_eq!(ids(&rest), ["s1"]);
+
+    // A write moves a session to the front and updates its counters.
+    s.write_batch(&[SessionWrite {
+        session_id: Arc::from("s1"),
+        chunk: Some(chunk(1, 3)),
+        prompt_title: Some("first prompt".into()),
+        prompts: 1,
+        updated_at: BASE + 100,
+        ..Default::default()
+    }])
+    .await
+    .expect("write");
+    let s1 = s.get_session("alice", "s1").await.expect("get").expect("s1");
+    assert_eq!((s1.last_seq, s1.message_count, s1.updated_at), (3, 1, BASE + 100));
+    assert_eq!(s1.title.as_deref(), Some("first prompt"));
+    assert_eq!(
+        ids(&list_all(s, "alice", &ListFilter::default()).await),
+        ["s1", "s3", "s2"]
+    );
+    // A later prompt title does not replace it; the agent's title does.
+    s.write_batch(&[SessionWrite {
+        session_id: Arc::from("s1"),
+        prompt_title: Some("second prompt".into()),
+        prompts: 1,
+        updated_at: BASE + 50,
+        ..Default::default()
+    }])
+    .await
+    .expect("write");
+    let s1 = s.get_session("alice", "s1").await.expect("get").expect("s1");
+    assert_eq!(s1.title.as_deref(), Some("first prompt"));
+    assert_eq!(
+        (s1.message_count, s1.updated_at),
+        (2, BASE + 100),
+        "updated_at never goes back"
+    );
+    set_title(s, "s1", "agent title").await;
+    assert_eq!(
+        s.get_session("alice", "s1")
+            .await
+            .expect("get")
+            .expect("s1")
+            .title
+            .as_deref(),
+        Some("agent title")
+    );
+
+    assert!(s.delete_session("alice", "s2").await.expect("delete"));
+    assert_eq!(s.get_session("alice", "s2").await.expect("get"), None);
+    assert!(
+        !s.delete_session("alice", "s2").await.expect("delete again"),
+        "second delete finds nothing"
+    );
+    assert_eq!(ids(&list_all(s, "alice", &ListFilter::default()).await), ["s1", "s3"]);
+}
+
+async fn foreign_sessions_are_invisible(backend: Backend) {
+    let db = open(backend).await;
+    let s = &*db.store;
+    create(s, "a1", "alice", "/w", "{}", BASE).await;
+    create(s, "b1", "bob", "/w", "{}", BASE).await;
+    s.write_batch(&[events("a1", chunk(1, 2), BASE + 1)])
+        .await
+        .expect("write");
+
+    assert_eq!(
+        s.get_session("bob", "a1").await.expect("get"),
+        None,
+        "another owner's session is not found"
+    );
+    assert!(s.get_session("alice", "a1").await.expect("get").is_some());
+    assert_eq!(
+        s.read_events("bob", "a1", 0, 100).await.expect("read"),
+        [],
+        "nor its transcript"
+    );
+    assert_eq!(s.read_events("alice", "a1", 0, 100).await.expect("read").len(), 1);
+    assert!(
+        !s.delete_session("bob", "a1").await.expect("delete"),
+        "bob cannot delete alice's session"
+    );
+    assert!(
+        s.get_session("alice", "a1").await.expect("get").is_some(),
+        "still there"
+    );
+    assert_eq!(
+        s.read_events("alice", "a1", 0, 100).await.expect("read").len(),
+        1,
+        "transcript too"
+    );
+    assert_eq!(ids(&list_all(s, "bob", &ListFilter::default()).await), ["b1"]);
+    assert_eq!(
+        ids(&list_all(s, "", &ListFilter::default()).await),
+        Vec::<&str>::new(),
+        "the empty user owns nothing"
+    );
+}
+
+/// What `list_sessions` must return, computed in Rust.
+fn expected(all: &[SessionRecord], owner: &str, f: &ListFilter) -> Vec<String> {
+    let mut rows: Vec<&SessionRecord> = all
+        .iter()
+        .filter(|r| r.owner == owner)
+        .filter(|r| f.cwd.as_ref().is_none_or(|c| &r.cwd == c))
+        .filter(|r| f.created_after.is_none_or(|t| r.created_at > t))
+        .filter(|r| f.created_before.is_none_or(|t| r.created_at < t))
+        .filter(|r| f.updated_after.is_none_or(|t| r.updated_at > t))
+        .filter(|r| {
+            f.search.as_ref().is_none_or(|q| {
+                let q = q.to_lowercase();
+                r.title.as_deref().is_some_and(|t| t.to_lowercase().contains(&q)) || r.meta.to_lowercase().contains(&q)
+            })
+        })
+        .collect();
+    rows.sort_by(|a, b| (b.updated_at, &b.id).cmp(&(a.updated_at, &a.id)));
+    rows.into_iter().map(|r| r.id.clone()).collect()
+}
+
+async fn list_never_crosses_owners_under_any_filter(backend: Backend) {
+    let db = open(backend).await;
+    let s = &*db.store;
+    let titles = [
+        Some("Fix the 100% CPU bug"),
+        Some("Fix the 1000 CPU bug"),
+        Some("snake_case names"),
+        Some("snakeXcase names"),
+        Some(r"back\slash"),
+        None,
+        Some("Hello World"),
+        Some("hello world two"),
+    ];
+    let metas = [
+        r#"{"tag":"50%_off"}"#,
+        "{}",
+        r#"{"note":"under_score"}"#,
+        r#"{"note":"underXscore"}"#,
+    ];
+    let cwds = ["/w/a", "/w/b", "/w/a%", "/w/a_"];
+    // Alice and Bob get the same sessions (same times, titles, directories); Bob's metadata also
+    // names him, so a search for it must find nothing for Alice.
+    for owner in ["alice", "bob"] {
+        for i in 0..40_i64 {
+            let id = format!("{}-{i:02}", &owner[..1]);
+            let meta = if owner == "bob" {
+                metas[i as usize % metas.len()]
+                    .replace('{', r#"{"who":"bob-secret","#)
+                    .replace(",}", "}")
+            } else {
+                metas[i as usize % metas.len()].to_string()
+            };
+            create(s, &id, owner, cwds[i as usize % cwds.len()], &meta, BASE + i * 10).await;
+            // Pairs share updated_at, so the id tie-break matters.
+            s.write_batch(&[SessionWrite {
+                session_id: Arc::from(id.as_str()),
+                updated_at: BASE + 1_000 + (i / 2) * 100,
+                ..Default::default()
+            }])
+            .await
+            .expect("touch");
+            if let Some(t) = titles[i as usize % titles.len()] {
+                set_title(s, &id, t).await;
+            }
+        }
+    }
+    let mut all = list_all(s, "alice", &ListFilter::default()).await;
+    all.extend(list_all(s, "bob", &ListFilter::default()).await);
+    assert_eq!(all.len(), 80);
+
+    let search = |q: &str| ListFilter {
+        search: Some(q.into()),
+        ..Default::default()
+    };
+    let filters = vec![
+        ListFilter::default(),
+        ListFilter {
+            cwd: Some("/w/a".into()),
+            ..Default::default()
+        },
+        ListFilter {
+            cwd: Some("/w/a%".into()),
+            ..Default::default()
+        },
+        ListFilter {
+            cwd: Some("/w/%".into()),
+            ..Default::default()
+        },
+        ListFilter {
+            cwd: Some("/w/a_".into()),
+            ..Default::default()
+        },
+        ListFilter {
+            created_after: Some(BASE + 150),
+            ..Default::default()
+        },
+        ListFilter {
+            created_before: Some(BASE + 150),
+            ..Default::default()
+        },
+        ListFilter {
+            created_after: Some(BASE + 100),
+            created_before: Some(BASE + 300),
+            ..Default::default()
+        },
+        ListFilter {
+            updated_after: Some(BASE + 2_000),
+            ..Default::default()
+        },
+        ListFilter {
+            updated_after: Some(BASE + 1_000),
+            ..Default::default()
+        },
+        search("100%"),
+        search("%"),
+        search("_"),
+        search("e_c"),
+        search("r_s"),
+        search("%_"),
+        search("HELLO"),
+        search(r"\"),
+        search(r"k\s"),
+        search("bob-secret"),
+        search("bob"),
+        search("zzz-nothing"),
+        ListFilter {
+            cwd: Some("/w/a".into()),
+            search: Some("fix".into()),
+            created_after: Some(BASE + 50),
+            updated_after: Some(BASE + 1_100),
+            ..Default::default()
+        },
+    ];
+    let mut nonempty = 0;
+    for f in &filters {
+        for owner in ["alice", "bob"] {
+            let want = expected(&all, owner, f);
+            let got = list_all(s, owner, f).await;
+            assert!(
+                got.iter().all(|r| r.owner == owner),
+                "{owner} got another owner's row under {f:?}"
+            );
+            assert_eq!(ids(&got), want, "{owner}, filter {f:?}");
+            // The same through small pages.
+            let mut paged = Vec::new();
+            let mut last: Option<(i64, String)> = None;
+            loop {
+                let after = last.as_ref().map(|(t, id)| Position { updated_at: *t, id });
+                let page = s.list_sessions(owner, f, after, 3).await.expect("page");
+                assert!(
+                    page.iter().all(|r| r.owner == owner),
+                    "{owner} got another owner's row on a page under {f:?}"
+                );
+                paged.extend(page.iter().map(|r| r.id.clone()));
+                match page.last() {
+                    Some(r) if page.len() == 3 => last = Some((r.updated_at, r.id.clone())),
+                    _ => break,
+                }
+            }
+            assert_eq!(paged, want, "{owner}, paged, filter {f:?}");
+            nonempty += usize::from(!want.is_empty());
+        }
+    }
+    assert!(nonempty > 30, "the filters are meant to match something");
+    // The literal matches are what they should be.
+    assert_eq!(expected(&all, "alice", &search("100%")).len(), 5);
+    assert_eq!(expected(&all, "alice", &search("bob")).len(), 0);
+    assert_eq!(expected(&all, "bob", &search("bob")).len(), 40);
+}
+
+async fn keyset_pagination_sees_each_session_once_while_sessions_are_added(backend: Backend) {
+    let db = open(backend).await;
+    let s = &*db.store;
+    let mut originals = HashSet::new();
+    for i in 0..100_i64 {
+        // Triples share updated_at; Bob's sessions interleave with Alice's.
+        let id = format!("a{:03}", (i * 37) % 100);
+        create(s, &id, "alice", "/w", "{}", BASE + (i / 3) * 10).await;
+        create(s, &format!("b{i:03}"), "bob", "/w", "{}", BASE + (i / 3) * 10).await;
+        originals.insert(id);
+    }
+    let f = ListFilter::default();
+    let mut seen: Vec<SessionRecord> = Vec::new();
+    let mut added = 0;
+    loop {
+        let after = seen.last().map(|r| Position {
+            updated_at: r.updated_at,
+            id: &r.id,
+        });
+        let page = s.list_sessions("alice", &f, after, 7).await.expect("page");
+        let done = page.len() < 7;
+        seen.extend(page);
+        if done {
+            break;
+        }
+        // New sessions arrive between pages (newest of all: before the cursor).
+        added += 1;
+        create(
+            s,
+            &format!("new{added:03}"),
+            "alice",
+            "/w",
+            "{}",
+            BASE + 1_000_000 + added,
+        )
+        .await;
+        create(
+            s,
+            &format!("bnew{added:03}"),
+            "bob",
+            "/w",
+            "{}",
+            BASE + 1_000_000 + added,
+        )
+        .await;
+    }
+    let got: Vec<&str> = ids(&seen);
+    let unique: HashSet<&str> = got.iter().copied().collect();
+    assert_eq!(unique.len(), got.len(), "no session twice: {got:?}");
+    assert_eq!(
+        unique,
+        originals.iter().map(String::as_str).collect::<HashSet<_>>(),
+        "every session once"
+    );
+    for w in seen.windows(2) {
+        assert!(
+            (w[0].updated_at, &w[0].id) > (w[1].updated_at, &w[1].id),
+            "newest first: {} then {}",
+            w[0].id,
+            w[1].id
+        );
+    }
+    assert!(added >= 14);
+    // A fresh listing shows the new ones first.
+    let first = s.list_sessions("alice", &f, None, 3).await.expect("list");
+    assert_eq!(
+        ids(&first),
+        [
+            format!("new{added:03}"),
+            format!("new{:03}", added - 1),
+            format!("new{:03}", added - 2)
+        ]
+    );
+}
+
+async fn events_round_trip(backend: Backend) {
+    let db = open(backend).await;
+    let s = &*db.store;
+    create(s, "s", "alice", "/w", "{}", BASE).await;
+    create(s, "t", "alice", "/w", "{}", BASE).await;
+    // One flush writes several sessions; several flushes append chunks.
+    s.write_batch(&[events("s", chunk(1, 10), BASE + 1), events("t", chunk(1, 1), BASE + 1)])
+        .await
+        .expect("write 1");
+    s.write_batch(&[events("s", chunk(11, 25), BASE + 2)])
+        .await
+        .expect("write 2");
+    s.write_batch(&[events("s", chunk(26, 26), BASE + 3)])
+        .await
+        .expect("write 3");
+
+    let all = s.read_events("alice", "s", 0, 100).await.expect("read");
+    assert_eq!(all, [chunk(1, 10), chunk(11, 25), chunk(26, 26)]);
+    let range = |c: &[EventChunk]| c.iter().map(|c| (c.seq_from, c.seq_to)).collect::<Vec<_>>();
+    assert_eq!(
+        range(&s.read_events("alice", "s", 9, 100).await.expect("read")),
+        [(1, 10), (11, 25), (26, 26)]
+    );
+    assert_eq!(
+        range(&s.read_events("alice", "s", 10, 100).await.expect("read")),
+        [(11, 25), (26, 26)]
+    );
+    assert_eq!(
+        range(&s.read_events("alice", "s", 12, 100).await.expect("read")),
+        [(11, 25), (26, 26)],
+        "mid-chunk"
+    );
+    assert_eq!(
+        range(&s.read_events("alice", "s", 25, 100).await.expect("read")),
+        [(26, 26)]
+    );
+    assert_eq!(range(&s.read_events("alice", "s", 26, 100).await.expect("read")), []);
+    assert_eq!(
+        range(&s.read_events("alice", "s", 0, 2).await.expect("read")),
+        [(1, 10), (11, 25)],
+        "max_chunks"
+    );
+    assert_eq!(
+        range(&s.read_events("alice", "t", 0, 100).await.expect("read")),
+        [(1, 1)]
+    );
+    assert_eq!(s.read_events("bob", "s", 0, 100).await.expect("read"), []);
+    assert_eq!(s.read_events("alice", "missing", 0, 100).await.expect("read"), []);
+    let rec = s.get_session("alice", "s").await.expect("get").expect("s");
+    assert_eq!((rec.last_seq, rec.updated_at), (26, BASE + 3));
+}
+
+async fn writes_for_deleted_sessions_are_dropped(backend: Backend) {
+    let db = open(backend).await;
+    let s = &*db.store;
+    create(s, "gone", "alice", "/w", "{}", BASE).await;
+    create(s, "kept", "alice", "/w", "{}", BASE).await;
+    assert!(s.delete_session("alice", "gone").await.expect("delete"));
+    s.write_batch(&[
+        events("gone", chunk(1, 5), BASE + 1),
+        SessionWrite {
+            session_id: Arc::from("gone"),
+            prompts: 1,
+            agent_title: Some("x".into()),
+            updated_at: BASE + 1,
+            ..Default::default()
+        },
+        events("kept", chunk(1, 5), BASE + 1),
+    ])
+    .await
+    .expect("a batch naming a deleted session still succeeds");
+    s.write_batch(&[events("never-existed", chunk(1, 1), BASE + 2)])
+        .await
+        .expect("unknown session: dropped");
+    assert_eq!(
+        s.get_session("alice", "gone").await.expect("get"),
+        None,
+        "not resurrected"
+    );
+    assert_eq!(s.read_events("alice", "gone", 0, 100).await.expect("read"), []);
+    assert_eq!(
+        s.read_events("alice", "kept", 0, 100).await.expect("read"),
+        [chunk(1, 5)],
+        "the rest of the batch is stored"
+    );
+    // Recreating the id later starts with an empty transcript.
+    create(s, "gone", "alice", "/w", "{}", BASE + 3).await;
+    assert_eq!(s.read_events("alice", "gone", 0, 100).await.expect("read"), []);
+}
+
+async fn delete_removes_the_transcript(backend: Backend) {
+    let db = open(backend).await;
+    let s = &*db.store;
+    create(s, "s", "alice", "/w", "{}", BASE).await;
+    create(s, "other", "alice", "/w", "{}", BASE).await;
+    for k in 0..5 {
+        s.write_batch(&[
+            events("s", chunk(k * 10 + 1, k * 10 + 10), BASE + k),
+            events("other", chunk(k + 1, k + 1), BASE + k),
+        ])
+        .await
+        .expect("write");
+    }
+    assert_eq!(s.read_events("alice", "s", 0, 100).await.expect("read").len(), 5);
+    assert!(s.delete_session("alice", "s").await.expect("delete"));
+    // Recreate the same id: any transcript row left behind would show up again.
+    create(s, "s", "alice", "/w", "{}", BASE + 100).await;
+    assert_eq!(s.read_events("alice", "s", 0, 100).await.expect("read"), []);
+    assert_eq!(s.get_session("alice", "s").await.expect("get").expect("s").last_seq, 0);
+    assert_eq!(
+        s.read_events("alice", "other", 0, 100).await.expect("read").len(),
+        5,
+        "other sessions keep theirs"
+    );
+}
+
+async fn cursor_key_is_stable(backend: Backend) {
+    let db = open(backend).await;
+    let k1 = db.store.cursor_key().await.expect("key");
+    let k2 = db.store.cursor_key().await.expect("key again");
+    assert_eq!(k1.len(), 32);
+    assert_eq!(k1, k2, "same key on one connection pool");
+    let second = store::connect(&db.url).await.expect("second connection");
+    assert_eq!(
+        second.cursor_key().await.expect("key from a second pool"),
+        k1,
+        "every replica shares it"
+    );
+    // A brand-new database gets its own key.
+    let other = open(backend).await;
+    assert_ne!(other.store.cursor_key().await.expect("key"), k1);
+}
+
+async fn persister_stores_everything_in_order(backend: Backend) {
+    const PER_SESSION: u64 = 10_000;
+    let db = open(backend).await;
+    let sessions: Vec<Arc<str>> = ["p1", "p2", "p3"].into_iter().map(Arc::from).collect();
+    for id in &sessions {
+        create(&*db.store, id, "alice", "/w", "{}", BASE).await;
+    }
+    let cancel = CancellationToken::new();
+    let (persister, task) = Persister::spawn(db.store.clone(), 256, cancel.clone());
+    for seq in 1..=PER_SESSION {
+        for (k, id) in sessions.iter().enumerate() {
+            if seq == 1 {
+                persister
+                    .send(Item::Prompt {
+                        session: id.clone(),
+                        title: Some(format!("title {k}")),
+                    })
+                    .await;
+            }
+            let update =
+                format!(r#"{{"sessionUpdate":"agent_message_chunk","content":{{"type":"text","text":"{k}:{seq}"}}}}"#);
+            persister
+                .send(Item::Update {
+                    session: id.clone(),
+                    seq,
+                    update: update.into(),
+                    at: BASE + seq as i64,
+                })
+                .await;
+        }
+    }
+    persister.flush().await;
+    for (k, id) in sessions.iter().enumerate() {
+        let chunks = db.store.read_events("alice", id, 0, 1_000_000).await.expect("read");
+        let mut next = 1;
+        for c in &chunks {
+            assert_eq!(c.seq_from, next, "{id}: chunks are contiguous");
+            let lines: Vec<&str> = c.payload.split('\n').collect();
+            assert_eq!(
+                lines.len() as i64,
+                c.seq_to - c.seq_from + 1,
+                "{id}: one line per update"
+            );
+            for line in lines {
+                let v: serde_json::Value = serde_json::from_str(line).expect("each line is JSON");
+                assert_eq!(
+                    v["content"]["text"],
+                    format!("{k}:{next}"),
+                    "{id}: update {next} in order"
+                );
+                next += 1;
+            }
+        }
+        assert_eq!(next, PER_SESSION as i64 + 1, "{id}: all {PER_SESSION} updates stored");
+        let rec = db.store.get_session("alice", id).await.expect("get").expect("session");
+        assert_eq!((rec.last_seq, rec.message_count), (PER_SESSION as i64, 1));
+        assert_eq!(rec.updated_at, BASE + PER_SESSION as i64);
+        assert_eq!(rec.title, Some(format!("title {k}")));
+        assert!(
+            chunks.len() < PER_SESSION as usize / 4,
+            "{id}: updates were batched ({} chunks)",
+            chunks.len()
+        );
+    }
+    drop(persister);
+    tokio::time::timeout(common::WAIT, task)
+        .await
+        .expect("writer stops when its handles are dropped")
+        .expect("writer task");
+}
+
+/// Row-level security: even a query with no owner condition sees only the named user's rows, and
+/// nothing at all when no user is named. Superusers bypass RLS, so this runs as ordinary roles.
+#[tokio::test]
+async fn postgres_row_level_security_is_a_second_wall() {
+    let url = common::pg::fresh_database().await;
+    let database = common::pg::database_of(&url).to_string();
+    let s = store::connect(&url).await.expect("connect");
+    create(&*s, "a1", "alice", "/w", "{}", BASE).await;
+    create(&*s, "a2", "alice", "/w", "{}", BASE).await;
+    create(&*s, "b1", "bob", "/w", "{}", BASE).await;
+    s.write_batch(&[events("a1", chunk(1, 3), BASE + 1), events("b1", chunk(1, 2), BASE + 1)])
+        .await
+        .expect("write");
+    let key = s.cursor_key().await.expect("cursor key");
+
+    // The gateway's own role (owner of the tables, thanks to FORCE) and a role that was only
+    // granted SELECT: neither may be a superuser for this to mean anything.
+    let reader = format!("rls_reader_{}", uuid::Uuid::new_v4().simple());
+    let mut admin = PgConnection::connect(&common::pg::admin_url(&database).await)
+        .await
+        .expect("admin");
+    admin
+        .execute(
+            format!(
+                "CREATE ROLE {reader} LOGIN NOSUPERUSER NOBYPASSRLS PASSWORD 'pw';
+                 GRANT SELECT, INSERT, UPDATE, DELETE ON sessions, session_events, gateway_settings TO {reader}"
+            )
+            .as_str(),
+        )
+        .await
+        .expect("create reader role");
+    let owner_url = url.clone();
+    let reader_url = common::pg::url_as(&reader, "pw", &database).await;
+
+    for (who, url) in [("table owner", &owner_url), ("granted role", &reader_url)] {
+        let mut c = PgConnection::connect(url)
+            .await
+            .unwrap_or_else(|e| panic!("connect as {who}: {e}"));
+        let superuser: bool =
+            sqlx::query_scalar("SELECT rolsuper OR rolbypassrls FROM pg_roles WHERE rolname = current_user")
+                .fetch_one(&mut c)
+                .await
+                .expect("role");
+        assert!(!superuser, "{who} must be an ordinary role");
+
+        // Nothing named: nothing visible.
+        let n: i64 = sqlx::query_scalar("SELECT count(*) FROM sessions")
+            .fetch_one(&mut c)
+            .await
+            .expect("count");
+        assert_eq!(n, 0, "{who}: no rows with no user set");
+        let n: i64 = sqlx::query_scalar("SELECT count(*) FROM session_events")
+            .fetch_one(&mut c)
+            .await
+            .expect("count");
+        assert_eq!(n, 0, "{who}: no events with no user set");
+        let n: i64 = sqlx::query_scalar("SELECT count(*) FROM gateway_settings")
+            .fetch_one(&mut c)
+            .await
+            .expect("count");
+        assert_eq!(n, 0, "{who}: the cursor key is hidden");
+
+        // Bob named: only Bob's rows, whatever the query asks for.
+        let mut tx = c.begin().await.expect("begin");
+        sqlx::query("SELECT set_config('acp_gateway.user', 'bob', true)")
+            .execute(&mut *tx)
+            .await
+            .expect("set user");
+        let rows = sqlx::query("SELECT * FROM sessions")
+            .fetch_all(&mut *tx)
+            .await
+            .expect("select");
+        let owners: Vec<String> = rows.iter().map(|r| r.get("owner")).collect();
+        assert_eq!(owners, ["bob"], "{who}: bob sees only his session");
+        let n: i64 = sqlx::query_scalar("SELECT count(*) FROM sessions WHERE owner = 'alice'")
+            .fetch_one(&mut *tx)
+            .await
+            .expect("count");
+        assert_eq!(n, 0, "{who}: asking for alice's rows by name finds none");
+        let ev: Vec<String> = sqlx::query_scalar("SELECT session_id FROM session_events")
+            .fetch_all(&mut *tx)
+            .await
+            .expect("events");
+        assert_eq!(ev, ["b1"], "{who}: bob sees only his transcript");
+        let n: i64 = sqlx::query_scalar("SELECT count(*) FROM gateway_settings")
+            .fetch_one(&mut *tx)
+            .await
+            .expect("count");
+        assert_eq!(n, 0, "{who}: a user never sees the cursor key");
+        // Writes are walled too: alice's rows cannot be changed, and rows cannot be made hers.
+        let done = sqlx::query("UPDATE sessions SET title = 'pwned'")
+            .execute(&mut *tx)
+            .await
+            .expect("update");
+        assert_eq!(done.rows_affected(), 1, "{who}: only bob's row is updated");
+        let done = sqlx::query("DELETE FROM session_events")
+            .execute(&mut *tx)
+            .await
+            .expect("delete");
+        assert_eq!(done.rows_affected(), 1, "{who}: only bob's events are deleted");
+        let err = sqlx::query("INSERT INTO sessions (id, owner, agent, cwd, created_at, updated_at) VALUES ('x', 'alice', 'a', '/', 0, 0)")
+            .execute(&mut *tx)
+            .await
+            .expect_err("cannot create a row for alice while acting for bob");
+        assert!(err.to_string().contains("row-level security"), "{who}: {err}");
+        drop(tx); // rolled back
+
+        // The setting is transaction-local: on the same connection, after the transaction, nothing again.
+        let n: i64 = sqlx::query_scalar("SELECT count(*) FROM sessions")
+            .fetch_one(&mut c)
+            .await
+            .expect("count");
+        assert_eq!(n, 0, "{who}: the user setting does not outlive its transaction");
+
+        // System work sees everything.
+        let mut tx = c.begin().await.expect("begin");
+        sqlx::query("SELECT set_config('acp_gateway.system', 'on', true)")
+            .execute(&mut *tx)
+            .await
+            .expect("set system");
+        let n: i64 = sqlx::query_scalar("SELECT count(*) FROM sessions")
+            .fetch_one(&mut *tx)
+            .await
+            .expect("count");
+        assert_eq!(n, 3, "{who}: system sees every session");
+        let k: Vec<u8> = sqlx::query_scalar("SELECT value FROM gateway_settings WHERE name = 'cursor_key'")
+            .fetch_one(&mut *tx)
+            .await
+            .expect("key");
+        assert_eq!(k, key);
+        tx.rollback().await.expect("rollback");
+        let _ = c.close().await;
+    }
+
+    // The store itself still works for everyone through the wall.
+    assert_eq!(ids(&list_all(&*s, "alice", &ListFilter::default()).await), ["a1", "a2"]);
+    assert_eq!(s.read_events("alice", "a1", 0, 10).await.expect("read"), [chunk(1, 3)]);
+    assert_eq!(s.read_events("bob", "b1", 0, 10).await.expect("read"), [chunk(1, 2)]);
+    assert_eq!(
+        s.get_session("bob", "b1").await.expect("get").expect("b1").title,
+        None,
+        "the rolled-back update left no trace"
+    );
+
+    drop(s);
+    let _ = admin
+        .execute(format!("DROP OWNED BY {reader}; DROP ROLE {reader}").as_str())
+        .await;
+    let _ = admin.close().await;
+}

@@ -7,7 +7,8 @@
 //!   blocks of `BENCH_BLOCK` (default 20);
 //! - `BENCH_WARMUP` (default 200): untimed prompts each way first;
 //! - `BENCH_UPDATES` (default 200000): updates streamed by the throughput prompt;
-//! - `BENCH_THROUGHPUT_RUNS` (default 3): throughput runs each way (alternating).
+//! - `BENCH_THROUGHPUT_RUNS` (default 3): throughput runs each way (alternating);
+//! - `BENCH_ONLY=latency` or `BENCH_ONLY=throughput`: run one part (for profiling).
 //!
 //! The gateway runs on its own multi-threaded runtime (as it would in its own process); the
 //! benchmark client runs on a single-threaded runtime on the main thread, the same client code
@@ -400,7 +401,7 @@ fn main() -> Result<()> {
     // The gateway: its own multi-threaded runtime, as if it were its own process.
     let gw_rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
-        .thread_name("gateway")
+        .thread_name("gw-worker")
         .build()?;
     let dir = tempfile::tempdir()?;
     let config = bench_config(dir.path())?;
@@ -455,167 +456,193 @@ async fn run(
     let mut via = Rpc::new(WsClient::connect(addr, token).await?);
     let gw_session = via.setup().await.context("gateway setup")?;
 
-    // ---- 1. Latency
-    for _ in 0..warmup {
-        direct.small_prompt(&direct_session, AGENT_EXTRAS).await?;
-        via.small_prompt(&gw_session, GATEWAY_EXTRAS).await?;
-    }
-    let mut d_samples = Vec::with_capacity((rounds * per_round) as usize);
-    let mut g_samples = Vec::with_capacity((rounds * per_round) as usize);
-    let mut per_round_p50 = Vec::new();
-    // Within a round the two paths alternate in blocks of `block` prompts, so machine noise hits
-    // both alike; the paired estimate is the median over blocks of (gateway p50 - direct p50).
-    let mut block_diffs = Vec::new();
-    for round in 0..rounds {
-        let (d0, g0) = (d_samples.len(), g_samples.len());
-        let mut done = 0;
-        let mut k = 0u64;
-        while done < per_round {
-            let n = block.min(per_round - done);
-            let (bd, bg) = (d_samples.len(), g_samples.len());
-            // Alternate which side goes first.
-            for leg in 0..2 {
-                if (leg == 0) == ((round + k) % 2 == 0) {
-                    for _ in 0..n {
-                        d_samples.push(direct.small_prompt(&direct_session, AGENT_EXTRAS).await?);
-                    }
-                } else {
-                    for _ in 0..n {
-                        g_samples.push(via.small_prompt(&gw_session, GATEWAY_EXTRAS).await?);
+    let only = std::env::var("BENCH_ONLY").unwrap_or_default();
+    if only != "throughput" {
+        // ---- 1. Latency
+        for _ in 0..warmup {
+            direct.small_prompt(&direct_session, AGENT_EXTRAS).await?;
+            via.small_prompt(&gw_session, GATEWAY_EXTRAS).await?;
+        }
+        let mut d_samples = Vec::with_capacity((rounds * per_round) as usize);
+        let mut g_samples = Vec::with_capacity((rounds * per_round) as usize);
+        let mut per_round_p50 = Vec::new();
+        // Within a round the two paths alternate in blocks of `block` prompts, so machine noise hits
+        // both alike; the paired estimate is the median over blocks of (gateway p50 - direct p50).
+        let mut block_diffs = Vec::new();
+        for round in 0..rounds {
+            let (d0, g0) = (d_samples.len(), g_samples.len());
+            let mut done = 0;
+            let mut k = 0u64;
+            while done < per_round {
+                let n = block.min(per_round - done);
+                let (bd, bg) = (d_samples.len(), g_samples.len());
+                // Alternate which side goes first.
+                for leg in 0..2 {
+                    if (leg == 0) == (round + k).is_multiple_of(2) {
+                        for _ in 0..n {
+                            d_samples.push(direct.small_prompt(&direct_session, AGENT_EXTRAS).await?);
+                        }
+                    } else {
+                        for _ in 0..n {
+                            g_samples.push(via.small_prompt(&gw_session, GATEWAY_EXTRAS).await?);
+                        }
                     }
                 }
+                block_diffs.push(stats(&g_samples[bg..]).p50 - stats(&d_samples[bd..]).p50);
+                done += n;
+                k += 1;
             }
-            block_diffs.push(stats(&g_samples[bg..]).p50 - stats(&d_samples[bd..]).p50);
-            done += n;
-            k += 1;
+            per_round_p50.push((stats(&d_samples[d0..]).p50, stats(&g_samples[g0..]).p50));
         }
-        per_round_p50.push((stats(&d_samples[d0..]).p50, stats(&g_samples[g0..]).p50));
-    }
-    block_diffs.sort_by(|a, b| a.total_cmp(b));
-    let paired = block_diffs.get(block_diffs.len() / 2).copied().unwrap_or(f64::NAN);
-    let d = stats(&d_samples);
-    let g = stats(&g_samples);
-    println!();
-    println!("== 1. prompt round trip ([chunks=1]: 5 updates direct, 6 through the gateway), µs ==");
-    println!(
-        "{:<10} {:>7} {:>9} {:>9} {:>9} {:>9} {:>9}",
-        "path", "n", "min", "p50", "p90", "p99", "mean"
-    );
-    for (name, s) in [("direct", &d), ("gateway", &g)] {
+        block_diffs.sort_by(|a, b| a.total_cmp(b));
+        let paired = block_diffs.get(block_diffs.len() / 2).copied().unwrap_or(f64::NAN);
+        let d = stats(&d_samples);
+        let g = stats(&g_samples);
+        println!();
+        println!("== 1. prompt round trip ([chunks=1]: 5 updates direct, 6 through the gateway), µs ==");
         println!(
-            "{:<10} {:>7} {:>9.1} {:>9.1} {:>9.1} {:>9.1} {:>9.1}",
-            name, s.n, s.min, s.p50, s.p90, s.p99, s.mean
+            "{:<10} {:>7} {:>9} {:>9} {:>9} {:>9} {:>9}",
+            "path", "n", "min", "p50", "p90", "p99", "mean"
         );
-    }
-    println!(
-        "{:<10} {:>7} {:>9.1} {:>9.1} {:>9.1} {:>9.1} {:>9.1}   <- added by the gateway (target <= ~50 µs)",
-        "added",
-        "",
-        g.min - d.min,
-        g.p50 - d.p50,
-        g.p90 - d.p90,
-        g.p99 - d.p99,
-        g.mean - d.mean
-    );
-    println!(
-        "{:<10} {:>7} {:>9.2} {:>9.2} {:>9.2} {:>9.2} {:>9.2}   (gateway / direct)",
-        "ratio",
-        "",
-        g.min / d.min,
-        g.p50 / d.p50,
-        g.p90 / d.p90,
-        g.p99 / d.p99,
-        g.mean / d.mean
-    );
-    let rounds_text: Vec<String> = per_round_p50.iter().map(|(d, g)| format!("{:.0}", g - d)).collect();
-    println!("added p50 per round (µs): {}", rounds_text.join(", "));
-    let verdict = if paired.min(g.p50 - d.p50) <= 50.0 { "MEETS" } else { "MISSES" };
-    println!(
-        "paired estimate (median over {} blocks of {block} of gateway p50 - direct p50): {paired:.1} µs",
-        block_diffs.len()
-    );
-    println!("latency target (added p50 <= 50 µs): {verdict}");
-
-    // ---- 2. Throughput
-    println!();
-    println!("== 2. streaming throughput: one prompt, [chunks={n_updates}] [delay_us=0], one connection ==");
-    let (rss0, _) = rss_kib();
-    let mut d_runs = Vec::new();
-    let mut g_runs = Vec::new();
-    let mut flush_ms = Vec::new();
-    let mut stored_ok = true;
-    let mut rss_after_stream = 0;
-    let mut hwm = 0;
-    for _ in 0..tp_runs {
-        d_runs.push(stream_once(&mut direct, &direct_session, n_updates, AGENT_EXTRAS).await?);
-        let before = stored_last_seq(gw_rt, gw, &gw_session).await?;
-        let t = stream_once(&mut via, &gw_session, n_updates, GATEWAY_EXTRAS).await?;
-        rss_after_stream = rss_kib().0;
-        // How long after the answer until the transcript is all in the database.
-        let persister = gw.persister.clone();
-        let flushed = gw_rt.spawn(async move {
-            let started = Instant::now();
-            persister.flush().await;
-            started.elapsed()
-        });
-        let flush = flushed.await?;
-        flush_ms.push(flush.as_secs_f64() * 1e3);
-        hwm = rss_kib().1;
-        let after = stored_last_seq(gw_rt, gw, &gw_session).await?;
-        // Check the last forwarded update's seq against the store.
-        let last_seq = serde_json::from_slice::<Value>(&via.last_note)
-            .ok()
-            .and_then(|v| v["params"]["_meta"]["gateway"]["seq"].as_i64());
-        if after - before != (n_updates + GATEWAY_EXTRAS) as i64 || last_seq != Some(after) {
-            stored_ok = false;
+        for (name, s) in [("direct", &d), ("gateway", &g)] {
             println!(
-                "!!!!!! MISMATCH: stored last_seq went {before} -> {after} (expected +{}), last forwarded seq {last_seq:?} !!!!!!",
-                n_updates + GATEWAY_EXTRAS
+                "{:<10} {:>7} {:>9.1} {:>9.1} {:>9.1} {:>9.1} {:>9.1}",
+                name, s.n, s.min, s.p50, s.p90, s.p99, s.mean
             );
         }
-        g_runs.push(t);
-    }
-    let (rss1, _) = rss_kib();
-    let rates = |runs: &[Throughput]| {
-        let mut r: Vec<f64> = runs.iter().map(Throughput::rate).collect();
-        r.sort_by(|a, b| a.total_cmp(b));
-        (r[r.len() / 2], r[r.len() - 1])
-    };
-    let secs = |runs: &[Throughput]| runs.iter().map(|t| t.secs).fold(f64::INFINITY, f64::min);
-    let ((dm, dr), (gm, gr)) = (rates(&d_runs), rates(&g_runs));
-    println!("{:<10} {:>10} {:>10} {:>16} {:>16}", "path", "updates", "best secs", "best updates/s", "median upd/s");
-    println!("{:<10} {:>10} {:>10.3} {:>16.0} {:>16.0}", "direct", d_runs[0].updates, secs(&d_runs), dr, dm);
-    println!("{:<10} {:>10} {:>10.3} {:>16.0} {:>16.0}", "gateway", g_runs[0].updates, secs(&g_runs), gr, gm);
-    println!("ratio gateway/direct: best {:.2}, median {:.2}", gr / dr, gm / dm);
-    let flush_text: Vec<String> = flush_ms.iter().map(|m| format!("{m:.1}")).collect();
-    println!(
-        "transcript fully flushed {} ms after the prompt's answer",
-        flush_text.join(" / ")
-    );
-    println!(
-        "stored transcript: {}",
-        if stored_ok {
-            "complete (last_seq advanced by N+5, matches the last forwarded seq)"
+        println!(
+            "{:<10} {:>7} {:>9.1} {:>9.1} {:>9.1} {:>9.1} {:>9.1}   <- added by the gateway (target <= ~50 µs)",
+            "added",
+            "",
+            g.min - d.min,
+            g.p50 - d.p50,
+            g.p90 - d.p90,
+            g.p99 - d.p99,
+            g.mean - d.mean
+        );
+        println!(
+            "{:<10} {:>7} {:>9.2} {:>9.2} {:>9.2} {:>9.2} {:>9.2}   (gateway / direct)",
+            "ratio",
+            "",
+            g.min / d.min,
+            g.p50 / d.p50,
+            g.p90 / d.p90,
+            g.p99 / d.p99,
+            g.mean / d.mean
+        );
+        let rounds_text: Vec<String> = per_round_p50.iter().map(|(d, g)| format!("{:.0}", g - d)).collect();
+        println!("added p50 per round (µs): {}", rounds_text.join(", "));
+        let verdict = if paired.min(g.p50 - d.p50) <= 50.0 {
+            "MEETS"
         } else {
-            "MISMATCH (see above)"
-        }
-    );
-    let verdict = if gm >= 300_000.0 {
-        "MEETS"
-    } else if gr >= 300_000.0 {
-        "MEETS (best run only)"
-    } else {
-        "MISSES"
-    };
-    println!("throughput target (>= 300,000 updates/s through the gateway, persistence on, median run): {verdict}");
+            "MISSES"
+        };
+        println!(
+            "paired estimate (median over {} blocks of {block} of gateway p50 - direct p50): {paired:.1} µs",
+            block_diffs.len()
+        );
+        println!("latency target (added p50 <= 50 µs): {verdict}");
+    }
 
-    // ---- 3. Memory (this process holds the gateway and the client)
-    println!();
-    println!("== 3. memory of this process (gateway + bench client), KiB ==");
-    println!(
-        "VmRSS before throughput {rss0}, right after the gateway stream {rss_after_stream}, after flush {rss1} (delta {:+}); VmHWM {hwm}",
-        rss1 as i64 - rss0 as i64
-    );
+    if only != "latency" {
+        // ---- 2. Throughput
+        println!();
+        println!("== 2. streaming throughput: one prompt, [chunks={n_updates}] [delay_us=0], one connection ==");
+        let (rss0, _) = rss_kib();
+        let mut d_runs = Vec::new();
+        let mut g_runs = Vec::new();
+        let mut flush_ms = Vec::new();
+        let mut stored_ok = true;
+        let mut rss_after_stream = 0;
+        let mut hwm = 0;
+        for _ in 0..tp_runs {
+            d_runs.push(stream_once(&mut direct, &direct_session, n_updates, AGENT_EXTRAS).await?);
+            let before = stored_last_seq(gw_rt, gw, &gw_session).await?;
+            let t = stream_once(&mut via, &gw_session, n_updates, GATEWAY_EXTRAS).await?;
+            rss_after_stream = rss_kib().0;
+            // How long after the answer until the transcript is all in the database.
+            let persister = gw.persister.clone();
+            let flushed = gw_rt.spawn(async move {
+                let started = Instant::now();
+                persister.flush().await;
+                started.elapsed()
+            });
+            let flush = flushed.await?;
+            flush_ms.push(flush.as_secs_f64() * 1e3);
+            hwm = rss_kib().1;
+            let after = stored_last_seq(gw_rt, gw, &gw_session).await?;
+            // Check the last forwarded update's seq against the store.
+            let last_seq = serde_json::from_slice::<Value>(&via.last_note)
+                .ok()
+                .and_then(|v| v["params"]["_meta"]["gateway"]["seq"].as_i64());
+            if after - before != (n_updates + GATEWAY_EXTRAS) as i64 || last_seq != Some(after) {
+                stored_ok = false;
+                println!(
+                    "!!!!!! MISMATCH: stored last_seq went {before} -> {after} (expected +{}), last forwarded seq {last_seq:?} !!!!!!",
+                    n_updates + GATEWAY_EXTRAS
+                );
+            }
+            g_runs.push(t);
+        }
+        let (rss1, _) = rss_kib();
+        let rates = |runs: &[Throughput]| {
+            let mut r: Vec<f64> = runs.iter().map(Throughput::rate).collect();
+            r.sort_by(|a, b| a.total_cmp(b));
+            (r[r.len() / 2], r[r.len() - 1])
+        };
+        let secs = |runs: &[Throughput]| runs.iter().map(|t| t.secs).fold(f64::INFINITY, f64::min);
+        let ((dm, dr), (gm, gr)) = (rates(&d_runs), rates(&g_runs));
+        println!(
+            "{:<10} {:>10} {:>10} {:>16} {:>16}",
+            "path", "updates", "best secs", "best updates/s", "median upd/s"
+        );
+        println!(
+            "{:<10} {:>10} {:>10.3} {:>16.0} {:>16.0}",
+            "direct",
+            d_runs[0].updates,
+            secs(&d_runs),
+            dr,
+            dm
+        );
+        println!(
+            "{:<10} {:>10} {:>10.3} {:>16.0} {:>16.0}",
+            "gateway",
+            g_runs[0].updates,
+            secs(&g_runs),
+            gr,
+            gm
+        );
+        println!("ratio gateway/direct: best {:.2}, median {:.2}", gr / dr, gm / dm);
+        let flush_text: Vec<String> = flush_ms.iter().map(|m| format!("{m:.1}")).collect();
+        println!(
+            "transcript fully flushed {} ms after the prompt's answer",
+            flush_text.join(" / ")
+        );
+        println!(
+            "stored transcript: {}",
+            if stored_ok {
+                "complete (last_seq advanced by N+5, matches the last forwarded seq)"
+            } else {
+                "MISMATCH (see above)"
+            }
+        );
+        let verdict = if gm >= 300_000.0 {
+            "MEETS"
+        } else if gr >= 300_000.0 {
+            "MEETS (best run only)"
+        } else {
+            "MISSES"
+        };
+        println!("throughput target (>= 300,000 updates/s through the gateway, persistence on, median run): {verdict}");
+
+        // ---- 3. Memory (this process holds the gateway and the client)
+        println!();
+        println!("== 3. memory of this process (gateway + bench client), KiB ==");
+        println!(
+            "VmRSS before throughput {rss0}, right after the gateway stream {rss_after_stream}, after flush {rss1} (delta {:+}); VmHWM {hwm}",
+            rss1 as i64 - rss0 as i64
+        );
+    }
 
     drop(direct);
     drop(via);

@@ -116,11 +116,10 @@ pub fn session_info(r: &SessionRecord) -> Value {
         "updatedAt": iso8601(r.updated_at),
         "_meta": { "messageCount": r.message_count, "agent": r.agent, "lastSeq": r.last_seq },
     });
-    if let Ok(dirs) = serde_json::from_str::<Vec<Value>>(&r.additional_dirs) {
-        if !dirs.is_empty() {
+    if let Ok(dirs) = serde_json::from_str::<Vec<Value>>(&r.additional_dirs)
+        && !dirs.is_empty() {
             info["additionalDirectories"] = Value::Array(dirs);
         }
-    }
     info
 }
 

@@ -189,11 +189,10 @@ fn public_key(pem: &[u8]) -> Option<(DecodingKey, Algorithm)> {
     if text.contains("PRIVATE KEY") {
         return None;
     }
-    if let Ok(k) = DecodingKey::from_ed_pem(pem) {
-        if key_family(text) == Some("ed") {
+    if let Ok(k) = DecodingKey::from_ed_pem(pem)
+        && key_family(text) == Some("ed") {
             return Some((k, Algorithm::EdDSA));
         }
-    }
     if key_family(text) == Some("ec") {
         return DecodingKey::from_ec_pem(pem).ok().map(|k| (k, Algorithm::ES256));
     }

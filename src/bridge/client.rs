@@ -25,6 +25,9 @@ pub enum Outbound {
 /// Close code sent to a client that stopped reading (RFC 6455 1013, "try again later").
 pub const CLOSE_TOO_SLOW: u16 = 1013;
 
+/// Where one of a client's requests went: the process and the id the gateway used there.
+type ForwardedTo = (Weak<AgentProcess>, u64);
+
 /// A connected client.
 pub struct ClientHandle {
     /// `Acp-Connection-Id`.
@@ -42,7 +45,7 @@ pub struct ClientHandle {
     /// Agent requests asked of this client, by the id it was asked under.
     out_requests: Mutex<HashMap<u64, Arc<Settle>>>,
     /// This client's requests in flight at an agent: its id (raw JSON) → (process, agent-side id).
-    forwarded: Mutex<HashMap<Box<str>, (Weak<AgentProcess>, u64)>>,
+    forwarded: Mutex<HashMap<Box<str>, ForwardedTo>>,
     /// Sessions it is attached to.
     sessions: Mutex<HashSet<Arc<str>>>,
 }

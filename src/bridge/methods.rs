@@ -106,14 +106,13 @@ impl Connection {
                 let Some(session) = self.gw.registry.get(&sid).filter(|s| *s.owner == *self.client.user) else {
                     return;
                 };
-                if let (Some(b), Some(params)) = (session.binding().await, msg.params) {
-                    if let Some(params) = protocol::with_session_id(params, &b.agent_session_id) {
+                if let (Some(b), Some(params)) = (session.binding().await, msg.params)
+                    && let Some(params) = protocol::with_session_id(params, &b.agent_session_id) {
                         let _ = b
                             .process
                             .send_line(protocol::notification("session/cancel", &params))
                             .await;
                     }
-                }
             }
             "$/cancel_request" => {
                 #[derive(Deserialize)]
@@ -288,11 +287,10 @@ impl Ctx {
     /// The caller's session `sid`, loaded into memory if needed. Unknown and foreign ids take the
     /// same path (a database lookup filtered by owner) and get the same `-32002`.
     async fn owned(&self, sid: &str) -> Result<Arc<LiveSession>, RpcError> {
-        if let Some(s) = self.gw.registry.get(sid) {
-            if *s.owner == *self.client.user {
+        if let Some(s) = self.gw.registry.get(sid)
+            && *s.owner == *self.client.user {
                 return Ok(s);
             }
-        }
         self.gw.persister.flush().await;
         let record = self.gw.store.get_session(&self.client.user, sid).await.map_err(|e| {
             tracing::error!(error = %e, "session lookup failed");
@@ -396,8 +394,8 @@ impl Ctx {
         let session = self.owned(&sid).await?;
         session.detach(&self.client).await;
         self.client.untrack_session(&sid);
-        if let Some(b) = session.take_binding().await {
-            if self
+        if let Some(b) = session.take_binding().await
+            && self
                 .pool_of(&session)
                 .and_then(|p| p.cached_info())
                 .is_some_and(|i| i.can_close())
@@ -411,7 +409,6 @@ impl Ctx {
                     tracing::warn!(session = %sid, error = %e, "agent did not close the session cleanly");
                 }
             }
-        }
         if delete {
             crate::api::delete_session(&self.gw, &self.client.user, &sid).await?;
         }

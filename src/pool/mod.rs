@@ -163,26 +163,21 @@ impl AgentPool {
         let max = self.cfg.pool.max_sessions_per_process;
         let share = self.cfg.pool.share_between_users;
         let procs = self.procs.lock().unwrap_or_else(|e| e.into_inner());
-        let live = || procs.iter().filter(|p| !p.is_dead());
-        let mine = live()
-            .filter(|p| share || p.owner().as_deref() == Some(&**user))
-            .filter(|p| p.owner().is_some() || share);
-        // Fill the least-loaded of the user's processes first.
-        let mut candidates: Vec<&Arc<AgentProcess>> = mine.collect();
-        candidates.sort_by_key(|p| p.reserved());
-        for p in candidates {
-            if p.claim(user) || share {
-                if p.try_reserve(max) {
-                    return Some(p.clone());
-                }
-            }
+        // The user's own processes (any assigned process when sharing), least loaded first.
+        let mut usable: Vec<&Arc<AgentProcess>> = procs
+            .iter()
+            .filter(|p| !p.is_dead())
+            .filter(|p| match p.owner() {
+                Some(owner) => share || owner == *user,
+                None => false,
+            })
+            .collect();
+        usable.sort_by_key(|p| p.reserved());
+        if let Some(p) = usable.into_iter().find(|p| p.try_reserve(max)) {
+            return Some(p.clone());
         }
-        for p in live().filter(|p| p.owner().is_none()) {
-            if p.claim(user) && p.try_reserve(max) {
-                return Some(p.clone());
-            }
-        }
-        None
+        // Else a warm, unassigned one.
+        procs.iter().filter(|p| !p.is_dead()).find(|p| p.claim(user) && p.try_reserve(max)).cloned()
     }
 
     /// Starts and initializes one process. Caller holds `spawn_gate`.

@@ -159,8 +159,8 @@ impl LiveSession {
     async fn publish_locked(&self, st: &mut State, update: &str, agent_meta: Option<&RawValue>) {
         st.last_seq += 1;
         let seq = st.last_seq;
-        if update.contains("\"session_info_update\"") {
-            if let Some(title) = info_update_title(update) {
+        if update.contains("\"session_info_update\"")
+            && let Some(title) = info_update_title(update) {
                 self.persister
                     .send(Item::AgentTitle {
                         session: self.id.clone(),
@@ -168,7 +168,6 @@ impl LiveSession {
                     })
                     .await;
             }
-        }
         // Stored before it is sent: whatever a client has seen can be replayed.
         self.persister
             .send(Item::Update {

@@ -55,11 +55,10 @@ pub async fn list_sessions(gw: &Gateway, user: &str, params: &str) -> Result<Val
 
 /// [`list_sessions`] with parsed parameters.
 pub async fn list(gw: &Gateway, user: &str, p: ListParams) -> Result<Value, RpcError> {
-    let limit = p.limit.unwrap_or(DEFAULT_LIMIT);
-    if !(1..=MAX_LIMIT).contains(&limit) {
-        return Err(RpcError::invalid_params(format!(
-            "limit must be between 1 and {MAX_LIMIT}"
-        )));
+    // Above the maximum is served as the maximum; zero asks for nothing and is an error.
+    let limit = p.limit.unwrap_or(DEFAULT_LIMIT).min(MAX_LIMIT);
+    if limit == 0 {
+        return Err(RpcError::invalid_params("limit must be at least 1"));
     }
     let filter = ListFilter {
         cwd: p.cwd,
@@ -117,9 +116,10 @@ pub fn session_info(r: &SessionRecord) -> Value {
         "_meta": { "messageCount": r.message_count, "agent": r.agent, "lastSeq": r.last_seq },
     });
     if let Ok(dirs) = serde_json::from_str::<Vec<Value>>(&r.additional_dirs)
-        && !dirs.is_empty() {
-            info["additionalDirectories"] = Value::Array(dirs);
-        }
+        && !dirs.is_empty()
+    {
+        info["additionalDirectories"] = Value::Array(dirs);
+    }
     info
 }
 

@@ -344,3 +344,25 @@ async fn unauthenticated_upgrades_get_401_and_browsers_can_use_the_subprotocol()
     );
     drop(ws);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_oversized_frame_closes_with_1009_and_other_connections_live_on() {
+    let gw = TestGateway::start(Db::Sqlite, |c| c.limits.max_frame_bytes = 64 * 1024).await;
+    let mut other = gw.client("alice").await;
+    let mut c = gw.client("alice").await;
+    let huge = format!(
+        r#"{{"jsonrpc":"2.0","id":9,"method":"session/list","params":{{"search":"{}"}}}}"#,
+        "x".repeat(100_000)
+    );
+    c.send_text(&huge).await;
+    let close = loop {
+        match c.recv_frame().await {
+            Some(tokio_tungstenite::tungstenite::Message::Close(frame)) => break frame,
+            Some(_) => continue,
+            None => panic!("closed without a close frame"),
+        }
+    };
+    assert_eq!(close.map(|f| u16::from(f.code)), Some(1009));
+    let r = other.request("session/list", json!({})).await;
+    assert!(r.get("result").is_some());
+}

@@ -31,9 +31,10 @@ pub enum Source {
 /// Finds a token in the request, in order of preference.
 pub fn find_token(headers: &HeaderMap, query: Option<&str>) -> Option<(String, Source)> {
     if let Some(v) = headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok())
-        && let Some(t) = v.strip_prefix("Bearer ").or_else(|| v.strip_prefix("bearer ")) {
-            return Some((t.trim().to_string(), Source::Header));
-        }
+        && let Some(t) = v.strip_prefix("Bearer ").or_else(|| v.strip_prefix("bearer "))
+    {
+        return Some((t.trim().to_string(), Source::Header));
+    }
     for v in headers
         .get_all(header::SEC_WEBSOCKET_PROTOCOL)
         .iter()

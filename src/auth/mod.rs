@@ -190,9 +190,10 @@ fn public_key(pem: &[u8]) -> Option<(DecodingKey, Algorithm)> {
         return None;
     }
     if let Ok(k) = DecodingKey::from_ed_pem(pem)
-        && key_family(text) == Some("ed") {
-            return Some((k, Algorithm::EdDSA));
-        }
+        && key_family(text) == Some("ed")
+    {
+        return Some((k, Algorithm::EdDSA));
+    }
     if key_family(text) == Some("ec") {
         return DecodingKey::from_ec_pem(pem).ok().map(|k| (k, Algorithm::ES256));
     }

@@ -107,12 +107,13 @@ impl Connection {
                     return;
                 };
                 if let (Some(b), Some(params)) = (session.binding().await, msg.params)
-                    && let Some(params) = protocol::with_session_id(params, &b.agent_session_id) {
-                        let _ = b
-                            .process
-                            .send_line(protocol::notification("session/cancel", &params))
-                            .await;
-                    }
+                    && let Some(params) = protocol::with_session_id(params, &b.agent_session_id)
+                {
+                    let _ = b
+                        .process
+                        .send_line(protocol::notification("session/cancel", &params))
+                        .await;
+                }
             }
             "$/cancel_request" => {
                 #[derive(Deserialize)]
@@ -288,9 +289,10 @@ impl Ctx {
     /// same path (a database lookup filtered by owner) and get the same `-32002`.
     async fn owned(&self, sid: &str) -> Result<Arc<LiveSession>, RpcError> {
         if let Some(s) = self.gw.registry.get(sid)
-            && *s.owner == *self.client.user {
-                return Ok(s);
-            }
+            && *s.owner == *self.client.user
+        {
+            return Ok(s);
+        }
         self.gw.persister.flush().await;
         let record = self.gw.store.get_session(&self.client.user, sid).await.map_err(|e| {
             tracing::error!(error = %e, "session lookup failed");
@@ -399,16 +401,16 @@ impl Ctx {
                 .pool_of(&session)
                 .and_then(|p| p.cached_info())
                 .is_some_and(|i| i.can_close())
+        {
+            let params = json!({ "sessionId": &*b.agent_session_id }).to_string();
+            if let Err(e) = b
+                .process
+                .request("session/close", &params, std::time::Duration::from_secs(10))
+                .await
             {
-                let params = json!({ "sessionId": &*b.agent_session_id }).to_string();
-                if let Err(e) = b
-                    .process
-                    .request("session/close", &params, std::time::Duration::from_secs(10))
-                    .await
-                {
-                    tracing::warn!(session = %sid, error = %e, "agent did not close the session cleanly");
-                }
+                tracing::warn!(session = %sid, error = %e, "agent did not close the session cleanly");
             }
+        }
         if delete {
             crate::api::delete_session(&self.gw, &self.client.user, &sid).await?;
         }

@@ -23,6 +23,8 @@ use client::{ClientHandle, Outbound};
 
 /// Close code when the token expires (RFC 6455 1008, policy violation).
 const CLOSE_TOKEN_EXPIRED: u16 = 1008;
+/// Close code for a frame over the size cap (1009, message too big).
+const CLOSE_TOO_BIG: u16 = 1009;
 /// Close code on shutdown (1001, going away).
 const CLOSE_GOING_AWAY: u16 = 1001;
 
@@ -65,7 +67,15 @@ pub async fn serve(socket: WebSocket, gw: Arc<Gateway>, identity: Identity, conn
                 client.close(CLOSE_GOING_AWAY, "keepalive timeout");
                 break;
             }
-            Ok(None) | Ok(Some(Err(_))) | Ok(Some(Ok(Message::Close(_)))) => break,
+            Ok(Some(Err(e))) => {
+                // The one read error worth answering: a frame over the cap (1009, message too big).
+                if e.to_string().contains("too long") {
+                    tracing::info!(connection = %conn_id, "frame over max_frame_bytes; closing");
+                    client.close(CLOSE_TOO_BIG, "message too big");
+                }
+                break;
+            }
+            Ok(None) | Ok(Some(Ok(Message::Close(_)))) => break,
             Ok(Some(Ok(Message::Text(text)))) => conn.on_text(text.as_str()).await,
             // Binary frames are ignored (transport RFD); pings are answered by the library.
             Ok(Some(Ok(_))) => {}

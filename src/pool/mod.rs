@@ -177,7 +177,11 @@ impl AgentPool {
             return Some(p.clone());
         }
         // Else a warm, unassigned one.
-        procs.iter().filter(|p| !p.is_dead()).find(|p| p.claim(user) && p.try_reserve(max)).cloned()
+        procs
+            .iter()
+            .filter(|p| !p.is_dead())
+            .find(|p| p.claim(user) && p.try_reserve(max))
+            .cloned()
     }
 
     /// Starts and initializes one process. Caller holds `spawn_gate`.

@@ -160,14 +160,15 @@ impl LiveSession {
         st.last_seq += 1;
         let seq = st.last_seq;
         if update.contains("\"session_info_update\"")
-            && let Some(title) = info_update_title(update) {
-                self.persister
-                    .send(Item::AgentTitle {
-                        session: self.id.clone(),
-                        title,
-                    })
-                    .await;
-            }
+            && let Some(title) = info_update_title(update)
+        {
+            self.persister
+                .send(Item::AgentTitle {
+                    session: self.id.clone(),
+                    title,
+                })
+                .await;
+        }
         // Stored before it is sent: whatever a client has seen can be replayed.
         self.persister
             .send(Item::Update {

@@ -230,6 +230,14 @@ impl Client {
         self.send_text(&msg.to_string()).await;
     }
 
+    /// Receives the next raw frame, or `None` when the socket ended.
+    pub async fn recv_frame(&mut self) -> Option<Message> {
+        tokio::time::timeout(WAIT, self.ws.next())
+            .await
+            .expect("a frame in time")
+            .and_then(Result::ok)
+    }
+
     /// Receives the next JSON message (skipping pings), or `None` when the socket closed.
     pub async fn recv_raw(&mut self) -> Option<Value> {
         loop {

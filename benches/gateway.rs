@@ -8,6 +8,7 @@
 //! - `BENCH_WARMUP` (default 200): untimed prompts each way first;
 //! - `BENCH_UPDATES` (default 200000): updates streamed by the throughput prompt;
 //! - `BENCH_THROUGHPUT_RUNS` (default 3): throughput runs each way (alternating);
+//! - `BENCH_GW_THREADS` (default: one per core, like `#[tokio::main]`): the gateway's workers;
 //! - `BENCH_ONLY=latency` or `BENCH_ONLY=throughput`: run one part (for profiling).
 //!
 //! The gateway runs on its own multi-threaded runtime (as it would in its own process); the
@@ -400,6 +401,10 @@ fn main() -> Result<()> {
 
     // The gateway: its own multi-threaded runtime, as if it were its own process.
     let gw_rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(env_u64(
+            "BENCH_GW_THREADS",
+            std::thread::available_parallelism().map_or(2, |n| n.get() as u64),
+        ) as usize)
         .enable_all()
         .thread_name("gw-worker")
         .build()?;

@@ -20,7 +20,7 @@ use std::str::FromStr;
 use std::time::{Duration, Instant};
 
 use acp_gateway::store::{self, ListFilter, Position, Store};
-use sqlx::{Connection, Executor, PgConnection, Row, SqliteConnection};
+use sqlx::{Connection, Executor, PgConnection, QueryBuilder, Row, SqliteConnection};
 
 /// Runs per measured case.
 const RUNS: usize = 50;
@@ -290,45 +290,63 @@ async fn deep_position(backend: Backend, url: &str, offset: i64) -> (i64, String
     }
 }
 
-/// The SQL the stores build for `case` (kept in step with `src/store/{sqlite,postgres}.rs`),
-/// with the values inlined.
-fn list_sql(backend: Backend, owner: &str, case: &Case) -> String {
+/// The query the stores build for `case`, after `prefix` (`EXPLAIN …`), with the same bind
+/// parameters (kept in step with `src/store/{sqlite,postgres}.rs`: SQLite plans can depend on how
+/// values are bound).
+fn list_query<'a, DB: sqlx::Database>(
+    backend: Backend,
+    prefix: &str,
+    owner: &'a str,
+    case: &'a Case,
+) -> QueryBuilder<'a, DB>
+where
+    &'a str: sqlx::Encode<'a, DB> + sqlx::Type<DB>,
+    String: sqlx::Encode<'a, DB> + sqlx::Type<DB>,
+    i64: sqlx::Encode<'a, DB> + sqlx::Type<DB>,
+{
     let like = if backend == Backend::Sqlite { "LIKE" } else { "ILIKE" };
-    let mut q = format!(
-        "SELECT id, owner, agent, agent_session_id, cwd, additional_dirs, title, meta, message_count, last_seq, created_at, updated_at \
-         FROM sessions WHERE owner = '{owner}'"
-    );
+    let mut q = QueryBuilder::new(format!(
+        "{prefix} SELECT id, owner, agent, agent_session_id, cwd, additional_dirs, title, meta, message_count, last_seq, created_at, updated_at \
+         FROM sessions WHERE owner = "
+    ));
+    q.push_bind(owner);
     if let Some(cwd) = &case.filter.cwd {
-        q.push_str(&format!(" AND cwd = '{cwd}'"));
+        q.push(" AND cwd = ").push_bind(cwd.clone());
     }
     if let Some(s) = &case.filter.search {
-        q.push_str(&format!(
-            " AND (title {like} '%{s}%' ESCAPE '\\' OR meta {like} '%{s}%' ESCAPE '\\')"
-        ));
+        let pattern = format!("%{s}%");
+        q.push(format!(" AND (title {like} "))
+            .push_bind(pattern.clone())
+            .push(format!(" ESCAPE '\\' OR meta {like} "));
+        q.push_bind(pattern).push(" ESCAPE '\\')");
     }
     if let Some((t, id)) = &case.after {
-        q.push_str(&keyset_sql(backend, *t, id));
+        match backend {
+            Backend::Sqlite => {
+                q.push(" AND (updated_at < ").push_bind(*t);
+                q.push(" OR (updated_at = ")
+                    .push_bind(*t)
+                    .push(" AND id < ")
+                    .push_bind(id.as_str())
+                    .push("))");
+            }
+            Backend::Postgres => {
+                q.push(" AND (updated_at, id) < (").push_bind(*t);
+                q.push(", ").push_bind(id.as_str()).push(")");
+            }
+        }
     }
-    q.push_str(&format!(" ORDER BY updated_at DESC, id DESC LIMIT {PAGE}"));
+    q.push(" ORDER BY updated_at DESC, id DESC LIMIT ")
+        .push_bind(i64::from(PAGE));
     q
 }
 
-fn keyset_sql(backend: Backend, t: i64, id: &str) -> String {
-    match backend {
-        Backend::Sqlite => format!(" AND (updated_at < {t} OR (updated_at = {t} AND id < '{id}'))"),
-        Backend::Postgres => format!(" AND (updated_at, id) < ({t}, '{id}')"),
-    }
-}
-
 async fn plan(backend: Backend, url: &str, owner: &str, case: &Case) -> String {
-    let sql = list_sql(backend, owner, case);
     let lines: Vec<String> = match backend {
         Backend::Sqlite => {
             let mut c = SqliteConnection::connect(url).await.expect("sqlite");
-            let rows = sqlx::query(&format!("EXPLAIN QUERY PLAN {sql}"))
-                .fetch_all(&mut c)
-                .await
-                .expect("explain");
+            let mut q = list_query::<sqlx::Sqlite>(backend, "EXPLAIN QUERY PLAN", owner, case);
+            let rows = q.build().fetch_all(&mut c).await.expect("explain");
             rows.iter().map(|r| r.get::<String, _>("detail")).collect()
         }
         Backend::Postgres => {
@@ -340,10 +358,8 @@ async fn plan(backend: Backend, url: &str, owner: &str, case: &Case) -> String {
                 .execute(&mut *tx)
                 .await
                 .expect("user");
-            let rows = sqlx::query(&format!("EXPLAIN (ANALYZE, BUFFERS) {sql}"))
-                .fetch_all(&mut *tx)
-                .await
-                .expect("explain");
+            let mut q = list_query::<sqlx::Postgres>(backend, "EXPLAIN (ANALYZE, BUFFERS)", owner, case);
+            let rows = q.build().fetch_all(&mut *tx).await.expect("explain");
             rows.iter().map(|r| r.get::<String, _>(0)).collect()
         }
     };

@@ -399,6 +399,11 @@ fn main() -> Result<()> {
     let n_updates = env_u64("BENCH_UPDATES", 200_000);
     let tp_runs = env_u64("BENCH_THROUGHPUT_RUNS", 3).max(1);
 
+    // As `acp-gateway serve` does: the Prometheus recorder is installed (metrics cost what they
+    // cost in production); logs at warn so the table stays readable.
+    acp_gateway::telemetry::init_logs("warn");
+    acp_gateway::telemetry::init_metrics();
+
     // The gateway: its own multi-threaded runtime, as if it were its own process.
     let gw_rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(env_u64(

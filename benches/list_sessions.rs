@@ -141,6 +141,14 @@ async fn run(backend: Backend, url: &str, rows: i64) {
             filter: ListFilter::default(),
             after: None,
         },
+        Case {
+            name: "light user, search (no match)",
+            filter: ListFilter {
+                search: Some("no-such-text".into()),
+                ..Default::default()
+            },
+            after: None,
+        },
     ];
     println!("{:<34} {:>10} {:>10} {:>6}", "case", "median", "p95", "rows");
     for case in &cases {
@@ -321,20 +329,8 @@ where
         q.push_bind(pattern).push(" ESCAPE '\\')");
     }
     if let Some((t, id)) = &case.after {
-        match backend {
-            Backend::Sqlite => {
-                q.push(" AND (updated_at < ").push_bind(*t);
-                q.push(" OR (updated_at = ")
-                    .push_bind(*t)
-                    .push(" AND id < ")
-                    .push_bind(id.as_str())
-                    .push("))");
-            }
-            Backend::Postgres => {
-                q.push(" AND (updated_at, id) < (").push_bind(*t);
-                q.push(", ").push_bind(id.as_str()).push(")");
-            }
-        }
+        q.push(" AND (updated_at, id) < (").push_bind(*t);
+        q.push(", ").push_bind(id.as_str()).push(")");
     }
     q.push(" ORDER BY updated_at DESC, id DESC LIMIT ")
         .push_bind(i64::from(PAGE));

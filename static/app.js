@@ -196,9 +196,8 @@ class Connection {
 
   async #initialize(ws) {
     try {
-      const result = await this.#send('initialize', CLIENT_INIT);
+      await this.#send('initialize', CLIENT_INIT);
       if (this.ws !== ws) return;
-      this.initializeResult = result;
       this.retry = 0;
       this.ready = true;
       this.#status('connected');
@@ -635,7 +634,8 @@ async function deleteSession(id) {
   try {
     await api(`/api/sessions/${encodeURIComponent(id)}`, { method: 'DELETE' });
   } catch (err) {
-    if (err.status !== 401 && err.status !== 404) return conv.error(err);
+    if (err.status === 401) return;
+    if (err.status !== 404) return conv.error(err); // 404: already gone, drop it from the list
   }
   entry?.item?.remove();
   state.sessions.delete(id);

@@ -137,12 +137,12 @@ impl Store for SqliteStore {
             q.push_bind(pattern).push(" ESCAPE '\\')");
         }
         if let Some(pos) = after {
-            q.push(" AND (updated_at < ").push_bind(pos.updated_at);
-            q.push(" OR (updated_at = ")
+            // A row-value comparison: SQLite seeks the index with it (the OR form scans).
+            q.push(" AND (updated_at, id) < (")
                 .push_bind(pos.updated_at)
-                .push(" AND id < ")
+                .push(", ")
                 .push_bind(pos.id)
-                .push("))");
+                .push(")");
         }
         q.push(" ORDER BY updated_at DESC, id DESC LIMIT ")
             .push_bind(i64::from(limit));

@@ -34,8 +34,9 @@ pub struct Server {
     admin: ConnUrl,
     /// Whether [`TEST_ROLE`] exists there.
     has_test_role: bool,
-    /// The throwaway server process, when we started one (kept only so that it is clear who owns it).
-    _child: Option<std::process::Child>,
+    /// The throwaway server and its watchdog, when we started them (never waited for: the
+    /// watchdog outlives this process on purpose).
+    _processes: Vec<std::process::Child>,
 }
 
 static SERVER: OnceCell<Server> = OnceCell::const_new();
@@ -84,12 +85,9 @@ pub async fn server() -> &'static Server {
 }
 
 async fn init() -> Server {
-    let (admin, child) = match std::env::var("DATABASE_URL") {
-        Ok(url) if url.starts_with("postgres") => (ConnUrl::parse(&url), None),
-        _ => {
-            let (admin, child) = start_throwaway().await;
-            (admin, Some(child))
-        }
+    let (admin, processes) = match std::env::var("DATABASE_URL") {
+        Ok(url) if url.starts_with("postgres") => (ConnUrl::parse(&url), Vec::new()),
+        _ => start_throwaway().await,
     };
     let mut conn = admin.connect("postgres").await;
     // Several test processes may share one server: creating the role must tolerate a race.
@@ -113,7 +111,7 @@ async fn init() -> Server {
     Server {
         admin,
         has_test_role: created.is_ok(),
-        _child: child,
+        _processes: processes,
     }
 }
 
@@ -177,10 +175,10 @@ impl ConnUrl {
 
 /// Starts the throwaway server and waits until it accepts connections (retrying with another
 /// port if the one picked was taken meanwhile).
-async fn start_throwaway() -> (ConnUrl, std::process::Child) {
+async fn start_throwaway() -> (ConnUrl, Vec<std::process::Child>) {
     let mut last_log = String::new();
     for _attempt in 0..3 {
-        let (mut child, port, dir) = tokio::task::spawn_blocking(spawn_server)
+        let (mut child, mut watchdog, port, dir) = tokio::task::spawn_blocking(spawn_server)
             .await
             .expect("server start task");
         let admin = ConnUrl::parse(&format!("postgres://postgres@127.0.0.1:{port}"));
@@ -190,16 +188,19 @@ async fn start_throwaway() -> (ConnUrl, std::process::Child) {
             match PgConnection::connect(&url).await {
                 Ok(c) => {
                     let _ = c.close().await;
-                    return (admin, child);
+                    return (admin, vec![child, watchdog]);
                 }
                 Err(e) => {
                     if let Ok(Some(status)) = child.try_wait() {
                         last_log = format!("exited ({status}):\n{}", log_of(&dir));
                         let _ = std::fs::remove_dir_all(&dir);
+                        let _ = watchdog.wait(); // it ends once the server is gone
                         break;
                     }
                     if Instant::now() > deadline {
                         let _ = child.kill();
+                        let _ = child.wait();
+                        let _ = watchdog.wait();
                         panic!(
                             "test postgres did not accept connections within 60 s ({e}):\n{}",
                             log_of(&dir)
@@ -218,7 +219,7 @@ fn log_of(dir: &Path) -> String {
 }
 
 /// `initdb`s a cluster in a new temp dir and spawns `postgres` on a free port, plus its watchdog.
-fn spawn_server() -> (std::process::Child, u16, PathBuf) {
+fn spawn_server() -> (std::process::Child, std::process::Child, u16, PathBuf) {
     let bin = postgres_bin_dir();
     let run_as = if effective_uid() == Some(0) {
         Some(os_user("postgres"))
@@ -302,8 +303,8 @@ fn spawn_server() -> (std::process::Child, u16, PathBuf) {
         .expect("spawn postgres");
     // The watchdog: runs as us (so it can always see this process in /proc), stops the server
     // when this process is gone (immediate shutdown: the data is thrown away anyway), then
-    // removes the directory. If the server dies by itself, the
-    // directory (and its log) stays for diagnosis.
+    // removes the directory. If the server dies by itself, the directory (and its log) stays
+    // for diagnosis.
     let script = r#"
         while [ -e "/proc/$1" ] && kill -0 "$2" 2>/dev/null; do sleep 0.5; done
         if kill -0 "$2" 2>/dev/null; then
@@ -314,7 +315,7 @@ fn spawn_server() -> (std::process::Child, u16, PathBuf) {
             rm -rf "$3"
         fi
     "#;
-    Command::new("sh")
+    let watchdog = Command::new("sh")
         .args(["-c", script, "pg-watchdog"])
         .arg(std::process::id().to_string())
         .arg(child.id().to_string())
@@ -324,7 +325,7 @@ fn spawn_server() -> (std::process::Child, u16, PathBuf) {
         .stderr(Stdio::null())
         .spawn()
         .expect("spawn postgres watchdog");
-    (child, port, dir)
+    (child, watchdog, port, dir)
 }
 
 /// Where `initdb` and `postgres` are.

@@ -62,7 +62,7 @@ pub struct Application {
     gateway: Arc<Gateway>,
     /// The transcript writer's task, awaited at shutdown.
     persister_task: tokio::task::JoinHandle<()>,
-    /// Stops the writer when the database stays unreachable during shutdown.
+    /// Stops the transcript writer at the end of shutdown.
     persister_cancel: CancellationToken,
 }
 
@@ -166,10 +166,10 @@ impl Application {
         let _ = maintenance.await;
         let _ = sweeper.await;
         // Everything acknowledged is written before we exit.
-        let flushed = tokio::time::timeout(grace, gw.persister.flush()).await;
-        if flushed.is_err() {
-            self.persister_cancel.cancel();
+        if tokio::time::timeout(grace, gw.persister.flush()).await.is_err() {
+            tracing::error!("the transcript writer could not flush within the grace period");
         }
+        self.persister_cancel.cancel();
         drop(gw);
         let _ = tokio::time::timeout(grace, self.persister_task).await;
         tracing::info!("stopped");

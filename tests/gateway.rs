@@ -366,3 +366,75 @@ async fn an_oversized_frame_closes_with_1009_and_other_connections_live_on() {
     let r = other.request("session/list", json!({})).await;
     assert!(r.get("result").is_some());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_stops_answering_pings_is_disconnected() {
+    let gw = TestGateway::start(Db::Sqlite, |c| c.limits.ping_interval_secs = 1).await;
+    let mut c = gw.client("alice").await;
+    // Not reading means not answering pings: from the server's side the peer has gone silent.
+    let before = Instant::now();
+    eventually("the silent connection to be dropped", || open_connections(&gw) == 0).await;
+    assert!(
+        before.elapsed() < Duration::from_secs(10),
+        "closed after {:?}",
+        before.elapsed()
+    );
+    // The client sees the close once it reads again.
+    let end = loop {
+        match c.recv_frame().await {
+            Some(tokio_tungstenite::tungstenite::Message::Close(_)) | None => break true,
+            Some(_) => continue,
+        }
+    };
+    assert!(end);
+}
+
+/// WebSocket connections the gateway is serving.
+fn open_connections(gw: &TestGateway) -> usize {
+    gw.gw.config.limits.max_connections - gw.gw.connection_slots.available_permits()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn warm_processes_are_kept_and_users_get_their_own() {
+    let gw = TestGateway::start(Db::Sqlite, |c| {
+        c.agents.get_mut("default").expect("default").pool.min_idle = 2
+    })
+    .await;
+    let pool = gw.gw.pools.get("default").expect("pool").clone();
+    eventually("two warm processes", || pool.process_count() == 2).await;
+    let mut alice = gw.client("alice").await;
+    let mut bob = gw.client("bob").await;
+    let a = alice.new_session().await;
+    let b = bob.new_session().await;
+    assert_eq!(alice.prompt(&a, "hi").await["result"]["stopReason"], "end_turn");
+    assert_eq!(bob.prompt(&b, "hi").await["result"]["stopReason"], "end_turn");
+    // Each user took a warm process of their own; two more are started to stay warm.
+    eventually("warm processes replenished", || pool.process_count() == 4).await;
+    let a2 = alice.new_session().await;
+    assert_ne!(a2, a);
+    assert_eq!(pool.process_count(), 4, "alice's second session shares her process");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn users_share_a_process_only_when_configured() {
+    let gw = TestGateway::start(Db::Sqlite, |c| {
+        c.agents.get_mut("default").expect("default").pool.share_between_users = true
+    })
+    .await;
+    let pool = gw.gw.pools.get("default").expect("pool").clone();
+    let mut alice = gw.client("alice").await;
+    let mut bob = gw.client("bob").await;
+    let a = alice.new_session().await;
+    let b = bob.new_session().await;
+    assert_eq!(pool.process_count(), 1, "shared");
+    let (ra, rb) = tokio::join!(alice.prompt(&a, "a [chunks=50]"), bob.prompt(&b, "b [chunks=50]"));
+    assert_eq!(
+        (ra["result"]["stopReason"].clone(), rb["result"]["stopReason"].clone()),
+        (json!("end_turn"), json!("end_turn"))
+    );
+    assert!(
+        alice.inbox.iter().all(|m| m["params"]["sessionId"] == a.as_str()),
+        "still no cross-talk"
+    );
+    assert!(bob.inbox.iter().all(|m| m["params"]["sessionId"] == b.as_str()));
+}

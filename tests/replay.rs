@@ -312,3 +312,45 @@ async fn waiting_permission(db: Db) {
     all.extend(updates);
     assert_contiguous(&all, 1);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_that_cannot_restore_gets_a_clear_error_and_the_history_stays_readable() {
+    // The official Python SDK agent supports neither session/load nor session/resume.
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/agents/sdk_echo_agent.py");
+    let gw = TestGateway::start(Db::Sqlite, |c| {
+        c.agents.insert("sdk".into(), common::agent("python3", &[script]));
+    })
+    .await;
+    let mut c = Client::connect(&format!("{}?agent=sdk", gw.ws_url()), &gw.token("alice"))
+        .await
+        .expect("connect");
+    c.request("initialize", json!({"protocolVersion": 1})).await;
+    let s = c.new_session().await;
+    assert_eq!(c.prompt(&s, "remember me").await["result"]["stopReason"], "end_turn");
+    let before = c.take_updates(&s);
+    let pool = gw.gw.pools.get("sdk").expect("pool").clone();
+    for pid in pool.pids() {
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(pid as i32),
+            nix::sys::signal::Signal::SIGKILL,
+        )
+        .expect("kill");
+    }
+    common::eventually("the process to be gone", || pool.process_count() == 0).await;
+    let r = c.prompt(&s, "are you there?").await;
+    assert_eq!(r["error"]["code"], -32603, "{r}");
+    let msg = r["error"]["message"].as_str().unwrap_or_default();
+    assert!(msg.contains("neither session/resume nor session/load"), "{msg}");
+    let mut other = Client::connect(&format!("{}?agent=sdk", gw.ws_url()), &gw.token("alice"))
+        .await
+        .expect("connect");
+    other.request("initialize", json!({"protocolVersion": 1})).await;
+    let r = other.request("session/load", load(&s, None)).await;
+    assert!(r.get("result").is_some(), "history stays readable: {r}");
+    let replayed = other.take_updates(&s);
+    assert_eq!(replayed.len(), before.len());
+    assert_eq!(
+        replayed.iter().map(|u| &u["params"]["update"]).collect::<Vec<_>>(),
+        before.iter().map(|u| &u["params"]["update"]).collect::<Vec<_>>()
+    );
+}

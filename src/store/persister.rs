@@ -60,8 +60,9 @@ pub struct Persister {
 }
 
 impl Persister {
-    /// Starts the writer on `store`. It runs until every handle is dropped and the queue is
-    /// drained, or until `cancel` fires while the database is unreachable.
+    /// Starts the writer on `store`. It runs until every handle is dropped, or until `cancel`
+    /// fires: then it writes what is queued (giving up on it if the database is unreachable) and
+    /// stops.
     pub fn spawn(
         store: Arc<dyn Store>,
         capacity: usize,
@@ -89,7 +90,24 @@ impl Persister {
 
 async fn run(store: Arc<dyn Store>, mut rx: mpsc::Receiver<Item>, cancel: CancellationToken) {
     let mut items = Vec::with_capacity(1024);
-    while rx.recv_many(&mut items, MAX_BATCH_ITEMS).await > 0 {
+    loop {
+        // Once cancelled, write what is still queued and stop (handles may outlive the gateway).
+        let received = tokio::select! {
+            biased;
+            n = rx.recv_many(&mut items, MAX_BATCH_ITEMS) => n,
+            () = cancel.cancelled() => {
+                while items.len() < MAX_BATCH_ITEMS {
+                    match rx.try_recv() {
+                        Ok(item) => items.push(item),
+                        Err(_) => break,
+                    }
+                }
+                items.len()
+            }
+        };
+        if received == 0 {
+            break;
+        }
         // Take what else is already waiting, up to the byte cap.
         let mut bytes: usize = items.iter().map(item_bytes).sum();
         while items.len() < MAX_BATCH_ITEMS && bytes < MAX_BATCH_BYTES {

@@ -123,6 +123,7 @@ describe('web UI in Chromium against the real gateway', { timeout: 180_000 }, ()
       ACP_GATEWAY_STATIC_DIR: path.join(REPO, 'static'),
       ACP_GATEWAY_AGENT: `${BINARY} demo-agent --delay-us 2000 --chunks 5`,
       RUST_LOG: process.env.RUST_LOG || 'info',
+      NO_COLOR: '1',
     };
     delete env.ACP_GATEWAY_JWT_PUBLIC_KEY;
     delete env.ACP_GATEWAY_JWT_ISSUER;
@@ -344,12 +345,12 @@ describe('web UI in Chromium against the real gateway', { timeout: 180_000 }, ()
     } finally {
       await stranger.close();
     }
-  });
+  }, { always: true });
 
   step('raised no page errors', () => {
     assert.deepEqual(pageErrors, [], 'uncaught errors in the page');
     assert.deepEqual(consoleErrors, [], 'console errors in the page');
-  });
+  }, { always: true });
 
   step('shuts down cleanly on SIGTERM and leaves no process behind', async () => {
     await browser.close();
@@ -359,5 +360,5 @@ describe('web UI in Chromium against the real gateway', { timeout: 180_000 }, ()
     assert.deepEqual(status, { code: 0, signal: null },
       `the gateway did not exit cleanly on SIGTERM\n--- gateway log ---\n${gatewayLog}`);
     assert.ok(Date.now() - started < 15_000, 'shutdown took longer than the grace period');
-  });
+  }, { always: true });
 });

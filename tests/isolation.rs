@@ -5,23 +5,9 @@ mod common;
 use std::collections::HashSet;
 use std::time::Duration;
 
-use common::{Client, Db, TestGateway};
+use common::{Client, Db, TestGateway, both_backends};
 use jsonwebtoken::{Algorithm, EncodingKey, Header};
 use serde_json::{Value, json};
-
-/// Runs `f` once per backend.
-macro_rules! both_backends {
-    ($sqlite:ident, $postgres:ident, $body:ident) => {
-        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-        async fn $sqlite() {
-            $body(Db::Sqlite).await;
-        }
-        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-        async fn $postgres() {
-            $body(Db::Postgres).await;
-        }
-    };
-}
 
 /// Strips the id so two error answers can be compared whole.
 fn without_id(mut v: Value) -> Value {

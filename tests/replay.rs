@@ -4,21 +4,8 @@ mod common;
 
 use std::sync::Arc;
 
-use common::{Client, Db, TestGateway, seq};
+use common::{Client, Db, TestGateway, both_backends, seq};
 use serde_json::{Value, json};
-
-macro_rules! both_backends {
-    ($sqlite:ident, $postgres:ident, $body:ident) => {
-        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-        async fn $sqlite() {
-            $body(Db::Sqlite).await;
-        }
-        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-        async fn $postgres() {
-            $body(Db::Postgres).await;
-        }
-    };
-}
 
 fn kind(u: &Value) -> &str {
     u["params"]["update"]["sessionUpdate"].as_str().unwrap_or_default()

@@ -179,6 +179,59 @@ pub async fn connect(url: &str) -> Result<Arc<dyn Store>, StoreError> {
     }
 }
 
+/// Every column of `sessions`, in [`SessionRecord`] order.
+pub(crate) const SESSION_COLUMNS: &str = "id, owner, agent, agent_session_id, cwd, additional_dirs, title, meta, message_count, last_seq, created_at, updated_at";
+
+/// The `session/list` query, the same on both backends but for `like`, the backend's
+/// case-insensitive `LIKE` operator.
+pub(crate) fn list_query<'a, DB>(
+    owner: &'a str,
+    filter: &'a ListFilter,
+    after: Option<Position<'a>>,
+    limit: u32,
+    like: &str,
+) -> sqlx::QueryBuilder<'a, DB>
+where
+    DB: sqlx::Database,
+    &'a str: sqlx::Encode<'a, DB> + sqlx::Type<DB>,
+    String: sqlx::Encode<'a, DB> + sqlx::Type<DB>,
+    i64: sqlx::Encode<'a, DB> + sqlx::Type<DB>,
+{
+    let mut q = sqlx::QueryBuilder::new(format!("SELECT {SESSION_COLUMNS} FROM sessions WHERE owner = "));
+    q.push_bind(owner);
+    if let Some(cwd) = &filter.cwd {
+        q.push(" AND cwd = ").push_bind(cwd.as_str());
+    }
+    if let Some(t) = filter.created_after {
+        q.push(" AND created_at > ").push_bind(t);
+    }
+    if let Some(t) = filter.created_before {
+        q.push(" AND created_at < ").push_bind(t);
+    }
+    if let Some(t) = filter.updated_after {
+        q.push(" AND updated_at > ").push_bind(t);
+    }
+    if let Some(s) = &filter.search {
+        let pattern = like_pattern(s);
+        q.push(format!(" AND (title {like} ")).push_bind(pattern.clone());
+        q.push(format!(" ESCAPE '\\' OR meta {like} "))
+            .push_bind(pattern)
+            .push(" ESCAPE '\\')");
+    }
+    if let Some(pos) = after {
+        // A row-value comparison: both databases start the index scan at the cursor with it
+        // (the equivalent OR form makes them filter every row before it).
+        q.push(" AND (updated_at, id) < (")
+            .push_bind(pos.updated_at)
+            .push(", ")
+            .push_bind(pos.id)
+            .push(")");
+    }
+    q.push(" ORDER BY updated_at DESC, id DESC LIMIT ")
+        .push_bind(i64::from(limit));
+    q
+}
+
 /// Escapes `%`, `_` and `\` for a `LIKE ... ESCAPE '\'` pattern and wraps it in `%`.
 pub(crate) fn like_pattern(s: &str) -> String {
     let mut out = String::with_capacity(s.len() + 2);

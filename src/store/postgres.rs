@@ -10,10 +10,10 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use sqlx::postgres::{PgPool, PgPoolOptions, PgRow};
-use sqlx::{Postgres, QueryBuilder, Row, Transaction};
+use sqlx::{Postgres, Row, Transaction};
 
 use super::{
-    EventChunk, ListFilter, NewSession, Position, SessionRecord, SessionWrite, Store, StoreError, like_pattern,
+    EventChunk, ListFilter, NewSession, Position, SESSION_COLUMNS, SessionRecord, SessionWrite, Store, StoreError,
 };
 
 /// A Postgres-backed [`Store`].
@@ -22,8 +22,6 @@ pub struct PgStore {
     /// Connections to the server.
     pool: PgPool,
 }
-
-const SESSION_COLUMNS: &str = "id, owner, agent, agent_session_id, cwd, additional_dirs, title, meta, message_count, last_seq, created_at, updated_at";
 
 impl PgStore {
     /// Connects to `url` and migrates the database.
@@ -143,35 +141,7 @@ impl Store for PgStore {
         after: Option<Position<'_>>,
         limit: u32,
     ) -> Result<Vec<SessionRecord>, StoreError> {
-        let mut q = QueryBuilder::new(format!("SELECT {SESSION_COLUMNS} FROM sessions WHERE owner = "));
-        q.push_bind(owner);
-        if let Some(cwd) = &filter.cwd {
-            q.push(" AND cwd = ").push_bind(cwd);
-        }
-        if let Some(t) = filter.created_after {
-            q.push(" AND created_at > ").push_bind(t);
-        }
-        if let Some(t) = filter.created_before {
-            q.push(" AND created_at < ").push_bind(t);
-        }
-        if let Some(t) = filter.updated_after {
-            q.push(" AND updated_at > ").push_bind(t);
-        }
-        if let Some(s) = &filter.search {
-            let pattern = like_pattern(s);
-            q.push(" AND (title ILIKE ")
-                .push_bind(pattern.clone())
-                .push(" ESCAPE '\\' OR meta ILIKE ");
-            q.push_bind(pattern).push(" ESCAPE '\\')");
-        }
-        if let Some(pos) = after {
-            // A row comparison, so that the index (owner, updated_at DESC, id DESC) starts the
-            // scan at the cursor instead of filtering every row before it.
-            q.push(" AND (updated_at, id) < (").push_bind(pos.updated_at);
-            q.push(", ").push_bind(pos.id).push(")");
-        }
-        q.push(" ORDER BY updated_at DESC, id DESC LIMIT ")
-            .push_bind(i64::from(limit));
+        let mut q = super::list_query::<sqlx::Postgres>(owner, filter, after, limit, "ILIKE");
         let mut tx = self.as_user(owner).await?;
         let rows = q.build().fetch_all(&mut *tx).await?;
         tx.commit().await?;

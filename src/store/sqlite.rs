@@ -4,11 +4,11 @@ use std::str::FromStr;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use sqlx::Row;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous};
-use sqlx::{QueryBuilder, Row};
 
 use super::{
-    EventChunk, ListFilter, NewSession, Position, SessionRecord, SessionWrite, Store, StoreError, like_pattern,
+    EventChunk, ListFilter, NewSession, Position, SESSION_COLUMNS, SessionRecord, SessionWrite, Store, StoreError,
 };
 
 /// A SQLite-backed [`Store`].
@@ -17,8 +17,6 @@ pub struct SqliteStore {
     /// Connections to the file (WAL: readers never block the transcript writer).
     pool: SqlitePool,
 }
-
-const SESSION_COLUMNS: &str = "id, owner, agent, agent_session_id, cwd, additional_dirs, title, meta, message_count, last_seq, created_at, updated_at";
 
 impl SqliteStore {
     /// Opens (creating if needed) the file named by `url` and migrates it.
@@ -115,37 +113,7 @@ impl Store for SqliteStore {
         after: Option<Position<'_>>,
         limit: u32,
     ) -> Result<Vec<SessionRecord>, StoreError> {
-        let mut q = QueryBuilder::new(format!("SELECT {SESSION_COLUMNS} FROM sessions WHERE owner = "));
-        q.push_bind(owner);
-        if let Some(cwd) = &filter.cwd {
-            q.push(" AND cwd = ").push_bind(cwd);
-        }
-        if let Some(t) = filter.created_after {
-            q.push(" AND created_at > ").push_bind(t);
-        }
-        if let Some(t) = filter.created_before {
-            q.push(" AND created_at < ").push_bind(t);
-        }
-        if let Some(t) = filter.updated_after {
-            q.push(" AND updated_at > ").push_bind(t);
-        }
-        if let Some(s) = &filter.search {
-            let pattern = like_pattern(s);
-            q.push(" AND (title LIKE ")
-                .push_bind(pattern.clone())
-                .push(" ESCAPE '\\' OR meta LIKE ");
-            q.push_bind(pattern).push(" ESCAPE '\\')");
-        }
-        if let Some(pos) = after {
-            // A row-value comparison: SQLite seeks the index with it (the OR form scans).
-            q.push(" AND (updated_at, id) < (")
-                .push_bind(pos.updated_at)
-                .push(", ")
-                .push_bind(pos.id)
-                .push(")");
-        }
-        q.push(" ORDER BY updated_at DESC, id DESC LIMIT ")
-            .push_bind(i64::from(limit));
+        let mut q = super::list_query::<sqlx::Sqlite>(owner, filter, after, limit, "LIKE");
         let rows = q.build().fetch_all(&self.pool).await?;
         Ok(rows.iter().map(record).collect::<Result<_, _>>()?)
     }

@@ -5,6 +5,23 @@
 
 pub mod pg;
 
+/// Defines a test per backend, each calling `$body(Db)`: one on a SQLite file, one on Postgres.
+#[allow(unused_macros, reason = "only the backend-parametrized test binaries use it")]
+macro_rules! both_backends {
+    ($sqlite:ident, $postgres:ident, $body:ident) => {
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn $sqlite() {
+            $body(Db::Sqlite).await;
+        }
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn $postgres() {
+            $body(Db::Postgres).await;
+        }
+    };
+}
+#[allow(unused_imports, reason = "only the backend-parametrized test binaries use it")]
+pub(crate) use both_backends;
+
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;

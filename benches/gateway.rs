@@ -542,11 +542,7 @@ async fn run(
         );
         let rounds_text: Vec<String> = per_round_p50.iter().map(|(d, g)| format!("{:.0}", g - d)).collect();
         println!("added p50 per round (µs): {}", rounds_text.join(", "));
-        let verdict = if paired <= 50.0 {
-            "MEETS"
-        } else {
-            "MISSES"
-        };
+        let verdict = if paired <= 50.0 { "MEETS" } else { "MISSES" };
         println!(
             "paired estimate (median over {} blocks of {block} of gateway p50 - direct p50): {paired:.1} µs",
             block_diffs.len()

@@ -141,6 +141,8 @@ pub struct Limits {
     pub permission_wait_secs: u64,
     /// How long shutdown waits for connections and the transcript writer.
     pub shutdown_grace_secs: u64,
+    /// How long the transcript writer gathers a batch before writing it (0: write at once).
+    pub persist_linger_ms: u64,
 }
 
 impl Default for Limits {
@@ -155,6 +157,7 @@ impl Default for Limits {
             max_inflight_per_connection: 256,
             permission_wait_secs: 300,
             shutdown_grace_secs: 10,
+            persist_linger_ms: 5,
         }
     }
 }

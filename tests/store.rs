@@ -5,6 +5,7 @@ mod common;
 
 use std::collections::HashSet;
 use std::sync::Arc;
+use std::time::Duration;
 
 use acp_gateway::store::persister::{Item, Persister};
 use acp_gateway::store::{self, EventChunk, ListFilter, NewSession, Position, SessionRecord, SessionWrite, Store};
@@ -674,7 +675,7 @@ async fn persister_stores_everything_in_order(backend: Backend) {
         create(&*db.store, id, "alice", "/w", "{}", BASE).await;
     }
     let cancel = CancellationToken::new();
-    let (persister, task) = Persister::spawn(db.store.clone(), 256, cancel.clone());
+    let (persister, task) = Persister::spawn(db.store.clone(), 256, Duration::from_millis(5), cancel.clone());
     for seq in 1..=PER_SESSION {
         for (k, id) in sessions.iter().enumerate() {
             if seq == 1 {

@@ -95,10 +95,10 @@ async fn write_frames(
     ping_every: Duration,
 ) {
     let mut ping = tokio::time::interval_at(tokio::time::Instant::now() + ping_every, ping_every);
-    let mut batch = Vec::with_capacity(64);
+    let mut batch = Vec::with_capacity(512);
     loop {
         tokio::select! {
-            n = rx.recv_many(&mut batch, 64) => {
+            n = rx.recv_many(&mut batch, 512) => {
                 if n == 0 {
                     break;
                 }

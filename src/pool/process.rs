@@ -103,6 +103,24 @@ impl Drop for GroupGuard {
     }
 }
 
+/// A whole `session/update` line, read in one pass (the hot path of a streaming agent).
+#[derive(Deserialize)]
+struct UpdateLine<'a> {
+    #[serde(borrow)]
+    method: std::borrow::Cow<'a, str>,
+    #[serde(borrow, default)]
+    id: Option<&'a RawValue>,
+    #[serde(borrow)]
+    params: UpdateParams<'a>,
+}
+
+/// Whether the line's first bytes name `session/update` (where agents put `method`).
+fn looks_like_update(line: &str) -> bool {
+    const NEEDLE: &[u8] = b"\"session/update\"";
+    let head = &line.as_bytes()[..line.len().min(96)];
+    head.windows(NEEDLE.len()).any(|w| w == NEEDLE)
+}
+
 #[derive(Deserialize)]
 struct UpdateParams<'a> {
     #[serde(rename = "sessionId", borrow)]
@@ -161,7 +179,8 @@ impl AgentProcess {
             return Err(std::io::Error::other("agent pipes missing"));
         };
         tracker.spawn(write_stdin(stdin, stdin_rx, process.stop.clone()));
-        let stdout = FramedRead::new(stdout, LinesCodec::new_with_max_length(max_line_bytes));
+        // 64 KiB reads: a streaming agent's lines arrive in few syscalls.
+        let stdout = FramedRead::with_capacity(stdout, LinesCodec::new_with_max_length(max_line_bytes), 64 << 10);
         tracker.spawn(read_stdout(Arc::downgrade(&process), stdout, process.stop.clone()));
         let stderr = FramedRead::new(stderr, LinesCodec::new_with_max_length(STDERR_LINE_MAX));
         tracker.spawn(read_stderr(Arc::downgrade(&process), stderr));
@@ -340,6 +359,17 @@ impl AgentProcess {
     /// Routes one stdout line.
     async fn on_line(self: &Arc<Self>, line: &str) {
         self.touch();
+        if looks_like_update(line)
+            && let Ok(u) = serde_json::from_str::<UpdateLine<'_>>(line)
+            && u.method == "session/update"
+            && u.id.is_none()
+        {
+            match self.session(&u.params.session_id) {
+                Some(session) => session.publish(u.params.update, u.params.meta).await,
+                None => tracing::debug!(agent = %self.agent, "update for a session with no route; dropped"),
+            }
+            return;
+        }
         let (msg, kind) = match Incoming::parse(line) {
             Ok(parsed) => parsed,
             Err(e) => {

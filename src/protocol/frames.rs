@@ -89,9 +89,17 @@ pub fn notification(method: &str, params: &str) -> String {
 /// The `session/update` the gateway sends a client: the gateway's session id, the agent's
 /// `update` object verbatim, and `_meta.gateway.seq`. An agent's own `_meta` is kept beside ours.
 pub fn session_update(session_id: &str, update: &str, seq: u64, agent_meta: Option<&RawValue>) -> String {
+    let mut id = String::with_capacity(session_id.len() + 2);
+    push_json_str(&mut id, session_id);
+    session_update_raw_id(&id, update, seq, agent_meta)
+}
+
+/// [`session_update`] with the session id already a JSON string literal (escaped once per
+/// session, not once per update).
+pub fn session_update_raw_id(session_id_json: &str, update: &str, seq: u64, agent_meta: Option<&RawValue>) -> String {
     let mut out = String::with_capacity(120 + update.len());
     out.push_str(r#"{"jsonrpc":"2.0","method":"session/update","params":{"sessionId":"#);
-    push_json_str(&mut out, session_id);
+    out.push_str(session_id_json);
     out.push_str(r#","update":"#);
     out.push_str(update);
     match agent_meta.and_then(|m| serde_json::from_str::<serde_json::Map<String, serde_json::Value>>(m.get()).ok()) {

@@ -66,6 +66,10 @@ pub struct LiveSession {
     pub additional_dirs: String,
     /// The `mcpServers` it was created with, JSON array (restores pass them again).
     pub mcp_servers: String,
+    /// `id` as a JSON string literal, escaped once.
+    id_json: Box<str>,
+    /// `acp_gateway_updates_total`, looked up once.
+    updates_total: metrics::Counter,
     /// Transcript writer.
     persister: Persister,
     /// How long an agent's request may wait for a client.
@@ -90,7 +94,11 @@ impl LiveSession {
             .ok()
             .and_then(|m| m.get("mcpServers").map(ToString::to_string))
             .unwrap_or_else(|| String::from("[]"));
+        let mut id_json = String::new();
+        protocol::push_json_str(&mut id_json, &r.id);
         Arc::new(Self {
+            id_json: id_json.into(),
+            updates_total: metrics::counter!("acp_gateway_updates_total"),
             id: Arc::from(r.id.as_str()),
             owner: Arc::from(r.owner.as_str()),
             agent: Arc::from(r.agent.as_str()),
@@ -178,12 +186,12 @@ impl LiveSession {
                 at: now_micros(),
             })
             .await;
-        let frame = Utf8Bytes::from(protocol::session_update(&self.id, update, seq, agent_meta));
+        let frame = Utf8Bytes::from(protocol::session_update_raw_id(&self.id_json, update, seq, agent_meta));
         st.subscribers.retain(|c| !c.is_closed());
         for client in &st.subscribers {
             client.send(frame.clone()).await;
         }
-        metrics::counter!("acp_gateway_updates_total").increment(1);
+        self.updates_total.increment(1);
     }
 
     /// Records the user's prompt as `user_message_chunk` updates (one per content block) and
@@ -272,7 +280,12 @@ impl LiveSession {
                         continue;
                     }
                     if !client
-                        .send(Utf8Bytes::from(protocol::session_update(&self.id, update, seq, None)))
+                        .send(Utf8Bytes::from(protocol::session_update_raw_id(
+                            &self.id_json,
+                            update,
+                            seq,
+                            None,
+                        )))
                         .await
                     {
                         return Err(RpcError::internal("client went away during replay"));

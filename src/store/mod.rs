@@ -248,7 +248,9 @@ pub(crate) fn like_pattern(s: &str) -> String {
 
 /// Current time in epoch microseconds.
 pub fn now_micros() -> i64 {
-    chrono::Utc::now().timestamp_micros()
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_micros() as i64)
 }
 
 /// Epoch microseconds as ISO 8601 (`2026-11-21T19:40:08.123456Z`).

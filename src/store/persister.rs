@@ -10,7 +10,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{Notify, mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
 use super::{EventChunk, SessionWrite, Store};
@@ -57,20 +57,28 @@ pub enum Item {
 pub struct Persister {
     /// The bounded queue.
     tx: mpsc::Sender<Item>,
+    /// Cuts the writer's linger short when someone waits for a flush.
+    urgent: Arc<Notify>,
 }
 
 impl Persister {
     /// Starts the writer on `store`. It runs until every handle is dropped, or until `cancel`
     /// fires: then it writes what is queued (giving up on it if the database is unreachable) and
     /// stops.
+    ///
+    /// After the first item of a batch arrives the writer lingers up to `linger` for more, so that
+    /// a burst becomes one transaction and the database work stays out of the way of the prompt
+    /// round trips that produced it; [`Persister::flush`] does not wait for the linger.
     pub fn spawn(
         store: Arc<dyn Store>,
         capacity: usize,
+        linger: Duration,
         cancel: CancellationToken,
     ) -> (Self, tokio::task::JoinHandle<()>) {
         let (tx, rx) = mpsc::channel(capacity);
-        let task = tokio::spawn(run(store, rx, cancel));
-        (Self { tx }, task)
+        let urgent = Arc::new(Notify::new());
+        let task = tokio::spawn(run(store, rx, linger, urgent.clone(), cancel));
+        (Self { tx, urgent }, task)
     }
 
     /// Queues an item, waiting while the queue is full.
@@ -84,11 +92,18 @@ impl Persister {
     pub async fn flush(&self) {
         let (ack, done) = oneshot::channel();
         self.send(Item::Flush(ack)).await;
+        self.urgent.notify_one();
         let _ = done.await;
     }
 }
 
-async fn run(store: Arc<dyn Store>, mut rx: mpsc::Receiver<Item>, cancel: CancellationToken) {
+async fn run(
+    store: Arc<dyn Store>,
+    mut rx: mpsc::Receiver<Item>,
+    linger: Duration,
+    urgent: Arc<Notify>,
+    cancel: CancellationToken,
+) {
     let mut items = Vec::with_capacity(1024);
     loop {
         // Once cancelled, write what is still queued and stop (handles may outlive the gateway).
@@ -107,6 +122,14 @@ async fn run(store: Arc<dyn Store>, mut rx: mpsc::Receiver<Item>, cancel: Cancel
         };
         if received == 0 {
             break;
+        }
+        let flush_waiting = items.iter().any(|i| matches!(i, Item::Flush(_)));
+        if !flush_waiting && !linger.is_zero() && !cancel.is_cancelled() {
+            tokio::select! {
+                () = tokio::time::sleep(linger) => {}
+                () = urgent.notified() => {}
+                () = cancel.cancelled() => {}
+            }
         }
         // Take what else is already waiting, up to the byte cap.
         let mut bytes: usize = items.iter().map(item_bytes).sum();

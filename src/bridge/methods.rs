@@ -33,6 +33,14 @@ pub struct Connection {
     inflight: Arc<Semaphore>,
 }
 
+/// Session methods the gateway forwards to the session's agent.
+const FORWARDED: [&str; 4] = [
+    "session/prompt",
+    "session/set_mode",
+    "session/set_config_option",
+    "session/set_model",
+];
+
 /// What a handler produced.
 enum Reply {
     /// Answer with this result (raw JSON).
@@ -156,6 +164,18 @@ impl Connection {
             answer(&self.client, id.get(), reply).await;
             return;
         }
+        let ctx = Ctx {
+            gw: self.gw.clone(),
+            client: self.client.clone(),
+            pool: self.pool.clone(),
+        };
+        // A request for a session that is live on a process is forwarded right here: nothing in
+        // it can wait long, and a prompt's round trip is one task handoff shorter.
+        if FORWARDED.contains(&method.as_str()) && self.is_live(msg.params) {
+            let reply = ctx.dispatch(&method, id, msg.params).await;
+            answer(&self.client, id.get(), reply).await;
+            return;
+        }
         // Everything else runs beside the read loop (so a slow agent or database never stops the
         // connection from reading), bounded per connection.
         let Ok(permit) = self.inflight.clone().try_acquire_owned() else {
@@ -165,11 +185,6 @@ impl Connection {
                 .await;
             return;
         };
-        let ctx = Ctx {
-            gw: self.gw.clone(),
-            client: self.client.clone(),
-            pool: self.pool.clone(),
-        };
         let id = id.to_owned();
         let params = msg.params.map(RawValue::to_owned);
         self.gw.tracker.spawn(async move {
@@ -177,6 +192,13 @@ impl Connection {
             answer(&ctx.client, id.get(), reply).await;
             drop(permit);
         });
+    }
+
+    /// Whether `params` name a session of this user that is on a live agent process now.
+    fn is_live(&self, params: Option<&RawValue>) -> bool {
+        protocol::session_id_of(params)
+            .and_then(|sid| self.gw.registry.get(&sid))
+            .is_some_and(|s| *s.owner == *self.client.user && s.is_bound_now())
     }
 
     async fn initialize(&self) -> Handled {
@@ -275,9 +297,7 @@ impl Ctx {
             }
             "session/close" => self.close(params, false).await,
             "session/delete" => self.close(params, true).await,
-            "session/prompt" | "session/set_mode" | "session/set_config_option" | "session/set_model" => {
-                self.forward(method, id, params).await
-            }
+            m if FORWARDED.contains(&m) => self.forward(method, id, params).await,
             m if m.starts_with('_') && protocol::session_id_of(params).is_some() => {
                 self.forward(method, id, params).await
             }
@@ -429,22 +449,23 @@ impl Ctx {
         let params = params.ok_or_else(|| RpcError::invalid_params("params are required"))?;
         session.attach(&self.client, &*self.gw.store, false, 0).await?;
         let binding = session.ensure_bound(&self.gw.pools).await?;
-        if method == "session/prompt" {
+        let rewritten = protocol::with_session_id(params, &binding.agent_session_id)
+            .ok_or_else(|| RpcError::invalid_params("params must be an object"))?;
+        let send = binding
+            .process
+            .forward(method, &rewritten, self.client.clone(), id.to_owned());
+        let agent_id = if method == "session/prompt" {
             #[derive(Deserialize)]
             struct Prompt<'a> {
                 #[serde(borrow)]
                 prompt: &'a RawValue,
             }
             let prompt: Prompt<'_> = parse(Some(params), "session/prompt")?;
-            session.publish_prompt(Some(prompt.prompt)).await;
             metrics::counter!("acp_gateway_prompts_total").increment(1);
-        }
-        let rewritten = protocol::with_session_id(params, &binding.agent_session_id)
-            .ok_or_else(|| RpcError::invalid_params("params must be an object"))?;
-        let agent_id = binding
-            .process
-            .forward(method, &rewritten, self.client.clone(), id.to_owned())
-            .await?;
+            session.forward_prompt(Some(prompt.prompt), send).await?
+        } else {
+            send.await?
+        };
         self.client.remember_forwarded(id.get(), &binding.process, agent_id);
         Ok(Reply::Forwarded)
     }

@@ -194,9 +194,16 @@ impl LiveSession {
         self.updates_total.increment(1);
     }
 
-    /// Records the user's prompt as `user_message_chunk` updates (one per content block) and
-    /// counts it; the first prompt's text titles an untitled session.
-    pub async fn publish_prompt(&self, prompt: Option<&RawValue>) {
+    /// Sends a prompt to the agent with `forward` and records it: the user's prompt becomes
+    /// `user_message_chunk` updates (one per content block), counts as a message, and titles an
+    /// untitled session. The prompt is forwarded first, under the session's lock, so the agent
+    /// starts working while the gateway records it, and its updates still come after the user's
+    /// in `seq` order. A prompt the agent never received is not recorded.
+    pub async fn forward_prompt<T>(
+        &self,
+        prompt: Option<&RawValue>,
+        forward: impl Future<Output = Result<T, RpcError>>,
+    ) -> Result<T, RpcError> {
         let blocks: Vec<serde_json::Value> = prompt
             .and_then(|p| serde_json::from_str(p.get()).ok())
             .unwrap_or_default();
@@ -205,6 +212,7 @@ impl LiveSession {
             .find_map(|b| b.get("text").and_then(serde_json::Value::as_str))
             .map(make_title);
         let mut st = self.state.lock().await;
+        let sent = forward.await?;
         self.persister
             .send(Item::Prompt {
                 session: self.id.clone(),
@@ -216,6 +224,14 @@ impl LiveSession {
             let update = format!(r#"{{"sessionUpdate":"user_message_chunk","content":{block}}}"#);
             self.publish_locked(&mut st, &update, None).await;
         }
+        Ok(sent)
+    }
+
+    /// Whether the session is on a live process right now (without waiting for its lock).
+    pub fn is_bound_now(&self) -> bool {
+        self.state
+            .try_lock()
+            .is_ok_and(|st| st.binding.as_ref().is_some_and(|b| !b.process.is_dead()))
     }
 
     /// Replays the stored transcript after `after_seq` to `client` (when `replay`), then attaches

@@ -301,6 +301,7 @@ async fn deep_position(backend: Backend, url: &str, offset: i64) -> (i64, String
 /// The query the stores build for `case`, after `prefix` (`EXPLAIN …`), with the same bind
 /// parameters (kept in step with `src/store/{sqlite,postgres}.rs`: SQLite plans can depend on how
 /// values are bound).
+/// The production `session/list` query for `case`, behind `prefix` (`EXPLAIN ...`).
 fn list_query<'a, DB: sqlx::Database>(
     backend: Backend,
     prefix: &str,
@@ -313,28 +314,11 @@ where
     i64: sqlx::Encode<'a, DB> + sqlx::Type<DB>,
 {
     let like = if backend == Backend::Sqlite { "LIKE" } else { "ILIKE" };
-    let mut q = QueryBuilder::new(format!(
-        "{prefix} SELECT id, owner, agent, agent_session_id, cwd, additional_dirs, title, meta, message_count, last_seq, created_at, updated_at \
-         FROM sessions WHERE owner = "
-    ));
-    q.push_bind(owner);
-    if let Some(cwd) = &case.filter.cwd {
-        q.push(" AND cwd = ").push_bind(cwd.clone());
-    }
-    if let Some(s) = &case.filter.search {
-        let pattern = format!("%{s}%");
-        q.push(format!(" AND (title {like} "))
-            .push_bind(pattern.clone())
-            .push(format!(" ESCAPE '\\' OR meta {like} "));
-        q.push_bind(pattern).push(" ESCAPE '\\')");
-    }
-    if let Some((t, id)) = &case.after {
-        q.push(" AND (updated_at, id) < (").push_bind(*t);
-        q.push(", ").push_bind(id.as_str()).push(")");
-    }
-    q.push(" ORDER BY updated_at DESC, id DESC LIMIT ")
-        .push_bind(i64::from(PAGE));
-    q
+    let after = case.after.as_ref().map(|(t, id)| store::Position {
+        updated_at: *t,
+        id: id.as_str(),
+    });
+    store::list_query(&format!("{prefix} "), owner, &case.filter, after, PAGE, like)
 }
 
 async fn plan(backend: Backend, url: &str, owner: &str, case: &Case) -> String {

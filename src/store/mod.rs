@@ -183,8 +183,10 @@ pub async fn connect(url: &str) -> Result<Arc<dyn Store>, StoreError> {
 pub(crate) const SESSION_COLUMNS: &str = "id, owner, agent, agent_session_id, cwd, additional_dirs, title, meta, message_count, last_seq, created_at, updated_at";
 
 /// The `session/list` query, the same on both backends but for `like`, the backend's
-/// case-insensitive `LIKE` operator.
-pub(crate) fn list_query<'a, DB>(
+/// case-insensitive `LIKE` operator. `prefix` goes before `SELECT` (`EXPLAIN` in the benchmark,
+/// which shows the plan of exactly this query; empty otherwise).
+pub fn list_query<'a, DB>(
+    prefix: &str,
     owner: &'a str,
     filter: &'a ListFilter,
     after: Option<Position<'a>>,
@@ -197,7 +199,7 @@ where
     String: sqlx::Encode<'a, DB> + sqlx::Type<DB>,
     i64: sqlx::Encode<'a, DB> + sqlx::Type<DB>,
 {
-    let mut q = sqlx::QueryBuilder::new(format!("SELECT {SESSION_COLUMNS} FROM sessions WHERE owner = "));
+    let mut q = sqlx::QueryBuilder::new(format!("{prefix}SELECT {SESSION_COLUMNS} FROM sessions WHERE owner = "));
     q.push_bind(owner);
     if let Some(cwd) = &filter.cwd {
         q.push(" AND cwd = ").push_bind(cwd.as_str());

@@ -141,7 +141,7 @@ impl Store for PgStore {
         after: Option<Position<'_>>,
         limit: u32,
     ) -> Result<Vec<SessionRecord>, StoreError> {
-        let mut q = super::list_query::<sqlx::Postgres>(owner, filter, after, limit, "ILIKE");
+        let mut q = super::list_query::<sqlx::Postgres>("", owner, filter, after, limit, "ILIKE");
         let mut tx = self.as_user(owner).await?;
         let rows = q.build().fetch_all(&mut *tx).await?;
         tx.commit().await?;

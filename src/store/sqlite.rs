@@ -113,7 +113,7 @@ impl Store for SqliteStore {
         after: Option<Position<'_>>,
         limit: u32,
     ) -> Result<Vec<SessionRecord>, StoreError> {
-        let mut q = super::list_query::<sqlx::Sqlite>(owner, filter, after, limit, "LIKE");
+        let mut q = super::list_query::<sqlx::Sqlite>("", owner, filter, after, limit, "LIKE");
         let rows = q.build().fetch_all(&self.pool).await?;
         Ok(rows.iter().map(record).collect::<Result<_, _>>()?)
     }

@@ -68,6 +68,7 @@ on_both_backends!(
     keyset_pagination_sees_each_session_once_while_sessions_are_added,
     events_round_trip,
     writes_for_deleted_sessions_are_dropped,
+    a_conflicting_chunk_is_skipped_not_retried,
     delete_removes_the_transcript,
     cursor_key_is_stable,
     persister_stores_everything_in_order,
@@ -622,6 +623,31 @@ async fn writes_for_deleted_sessions_are_dropped(backend: Backend) {
     // Recreating the id later starts with an empty transcript.
     create(s, "gone", "alice", "/w", "{}", BASE + 3).await;
     assert_eq!(s.read_events("alice", "gone", 0, 100).await.expect("read"), []);
+}
+
+/// Two writers numbering the same session (two replicas without affinity) must not wedge the
+/// transcript writer: the second chunk for a seq range is skipped and the rest of its batch lands.
+async fn a_conflicting_chunk_is_skipped_not_retried(backend: Backend) {
+    let db = open(backend).await;
+    let s = &*db.store;
+    create(s, "a", "alice", "/w", "{}", BASE).await;
+    create(s, "b", "alice", "/w", "{}", BASE).await;
+    s.write_batch(&[events("a", chunk(1, 5), BASE + 1)])
+        .await
+        .expect("first write");
+    s.write_batch(&[events("a", chunk(1, 3), BASE + 2), events("b", chunk(1, 2), BASE + 2)])
+        .await
+        .expect("a batch with a conflicting chunk still succeeds");
+    assert_eq!(
+        s.read_events("alice", "a", 0, 100).await.expect("read"),
+        [chunk(1, 5)],
+        "the first writer's chunk stays"
+    );
+    assert_eq!(
+        s.read_events("alice", "b", 0, 100).await.expect("read"),
+        [chunk(1, 2)],
+        "the rest of the batch is stored"
+    );
 }
 
 async fn delete_removes_the_transcript(backend: Backend) {

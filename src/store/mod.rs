@@ -234,6 +234,19 @@ where
     q
 }
 
+/// Logs a transcript chunk the database did not take. Such a chunk is skipped, never retried: a
+/// batch that failed on it would block every session's transcript behind it.
+pub(crate) fn note_unstored(session: &str, chunk: &EventChunk, rows: u64) {
+    if rows == 0 {
+        tracing::warn!(
+            session,
+            seq_from = chunk.seq_from,
+            seq_to = chunk.seq_to,
+            "transcript chunk not stored: the session was deleted, or another replica already stored these sequence numbers"
+        );
+    }
+}
+
 /// Escapes `%`, `_` and `\` for a `LIKE ... ESCAPE '\'` pattern and wraps it in `%`.
 pub(crate) fn like_pattern(s: &str) -> String {
     let mut out = String::with_capacity(s.len() + 2);

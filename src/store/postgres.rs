@@ -165,9 +165,10 @@ impl Store for PgStore {
         let mut tx = self.as_system().await?;
         for w in writes {
             if let Some(chunk) = &w.chunk {
-                sqlx::query(
+                let done = sqlx::query(
                     "INSERT INTO session_events (session_id, seq_from, seq_to, payload, created_at)
-                     SELECT $1, $2, $3, $4, $5 WHERE EXISTS (SELECT 1 FROM sessions WHERE id = $1)",
+                     SELECT $1, $2, $3, $4, $5 WHERE EXISTS (SELECT 1 FROM sessions WHERE id = $1)
+                     ON CONFLICT (session_id, seq_from) DO NOTHING",
                 )
                 .bind(&*w.session_id)
                 .bind(chunk.seq_from)
@@ -176,6 +177,7 @@ impl Store for PgStore {
                 .bind(w.updated_at)
                 .execute(&mut *tx)
                 .await?;
+                super::note_unstored(&w.session_id, chunk, done.rows_affected());
             }
             sqlx::query(
                 "UPDATE sessions SET

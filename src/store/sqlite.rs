@@ -141,9 +141,10 @@ impl Store for SqliteStore {
         let mut tx = self.pool.begin().await?;
         for w in writes {
             if let Some(chunk) = &w.chunk {
-                sqlx::query(
+                let done = sqlx::query(
                     "INSERT INTO session_events (session_id, seq_from, seq_to, payload, created_at)
-                     SELECT ?1, ?2, ?3, ?4, ?5 WHERE EXISTS (SELECT 1 FROM sessions WHERE id = ?1)",
+                     SELECT ?1, ?2, ?3, ?4, ?5 WHERE EXISTS (SELECT 1 FROM sessions WHERE id = ?1)
+                     ON CONFLICT (session_id, seq_from) DO NOTHING",
                 )
                 .bind(&*w.session_id)
                 .bind(chunk.seq_from)
@@ -152,6 +153,7 @@ impl Store for SqliteStore {
                 .bind(w.updated_at)
                 .execute(&mut *tx)
                 .await?;
+                super::note_unstored(&w.session_id, chunk, done.rows_affected());
             }
             sqlx::query(
                 "UPDATE sessions SET

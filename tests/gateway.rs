@@ -438,3 +438,57 @@ async fn users_share_a_process_only_when_configured() {
     );
     assert!(bob.inbox.iter().all(|m| m["params"]["sessionId"] == b.as_str()));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_official_python_sdk_client_talks_to_the_gateway() {
+    let gw = TestGateway::start(Db::Sqlite, |_| {}).await;
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/agents/sdk_ws_client.py");
+    let run = |token: String| {
+        let url = gw.ws_url();
+        tokio::process::Command::new("python3")
+            .args([
+                script,
+                "--url",
+                &url,
+                "--token",
+                &token,
+                "--prompt",
+                "hi from the SDK [permission]",
+                "--timeout",
+                "20",
+            ])
+            .kill_on_drop(true)
+            .output()
+    };
+    let out = tokio::time::timeout(common::WAIT, run(gw.token("alice")))
+        .await
+        .expect("in time")
+        .expect("python3 runs");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let updates: Vec<Value> = stdout
+        .lines()
+        .filter_map(|l| l.strip_prefix("UPDATE "))
+        .map(|j| serde_json::from_str(j).expect("json"))
+        .collect();
+    assert!(updates.len() >= 5, "{stdout}");
+    assert!(
+        stdout
+            .lines()
+            .any(|l| l.starts_with("RESULT ") && l.contains("end_turn")),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("allowed"),
+        "the SDK client's permission answer reached the agent: {stdout}"
+    );
+    let out = tokio::time::timeout(common::WAIT, run("forged".into()))
+        .await
+        .expect("in time")
+        .expect("runs");
+    assert_eq!(out.status.code(), Some(3), "handshake refused with 401");
+}

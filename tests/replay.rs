@@ -67,14 +67,7 @@ async fn dropped_socket(db: Db) {
     let r = c2.request("session/load", load(&s, Some(last))).await;
     assert!(r.get("result").is_some(), "{r}");
     // Stored updates came with the load; the rest arrive live on the new connection.
-    let mut rest = c2.take_updates(&s);
-    while rest.last().map_or(0, seq) < total {
-        let m = c2.next().await;
-        if m["method"] == "session/update" {
-            rest.push(m);
-        }
-    }
-    got.extend(rest);
+    got.extend(c2.updates_until(&s, |u| seq(u) >= total).await);
     assert_contiguous(&got, 1);
     assert_eq!(got.len() as u64, total);
     // And a full replay from scratch gives the same transcript.
@@ -233,13 +226,7 @@ async fn two_clients(db: Db) {
     assert_eq!(r["result"]["stopReason"], "end_turn");
     let on_laptop = laptop.take_updates(&s);
     let total = seq(on_laptop.last().expect("updates"));
-    let mut on_phone = phone.take_updates(&s);
-    while on_phone.last().map_or(0, seq) < total {
-        let m = phone.next().await;
-        if m["method"] == "session/update" {
-            on_phone.push(m);
-        }
-    }
+    let on_phone = phone.updates_until(&s, |u| seq(u) >= total).await;
     assert_contiguous(&on_laptop, 1);
     assert_eq!(
         on_laptop.iter().map(seq).collect::<Vec<_>>(),
@@ -284,17 +271,13 @@ async fn waiting_permission(db: Db) {
         json!({"jsonrpc": "2.0", "id": ask["id"], "result": {"outcome": {"outcome": "selected", "optionId": "allow"}}}),
     )
     .await;
-    let mut updates = back.take_updates(&s);
-    while !updates.iter().any(|u| {
-        u["params"]["update"]["content"]["text"]
-            .as_str()
-            .is_some_and(|t| t.starts_with("chunk 4/4"))
-    }) {
-        let m = back.next().await;
-        if m["method"] == "session/update" {
-            updates.push(m);
-        }
-    }
+    let updates = back
+        .updates_until(&s, |u| {
+            u["params"]["update"]["content"]["text"]
+                .as_str()
+                .is_some_and(|t| t.starts_with("chunk 4/4"))
+        })
+        .await;
     let mut all = seen;
     all.extend(updates);
     assert_contiguous(&all, 1);

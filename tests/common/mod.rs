@@ -352,6 +352,23 @@ impl Client {
         mine
     }
 
+    /// Takes `session`'s updates from the inbox, then keeps reading until one of them satisfies
+    /// `done`; returns them all, in arrival order.
+    pub async fn updates_until(&mut self, session: &str, done: impl Fn(&Value) -> bool) -> Vec<Value> {
+        let mut updates = self.take_updates(session);
+        let mut finished = updates.iter().any(&done);
+        while !finished {
+            let m = self.recv_raw().await.expect("socket open while waiting for updates");
+            if m["method"] == "session/update" && m["params"]["sessionId"] == session {
+                finished = done(&m);
+                updates.push(m);
+            } else {
+                self.inbox.push_back(m);
+            }
+        }
+        updates
+    }
+
     /// Closes the socket.
     pub async fn close(mut self) {
         let _ = self.ws.close(None).await;

@@ -340,7 +340,7 @@ fn bench_config(dir: &std::path::Path) -> Result<Config> {
     config.listen = "127.0.0.1:0".parse()?;
     config.database_url = format!("sqlite://{}/bench.db", dir.display());
     config.data_dir = dir.to_path_buf();
-    config.jwt.secret = Some("bench-secret-0123456789".to_string().into());
+    config.jwt.secret = Some("bench-secret-0123456789-0123456789".to_string().into());
     let agent = config.agents.get_mut(DEFAULT_AGENT).context("default agent")?;
     agent.command = gateway_bin().to_string();
     agent.args = agent_args();

@@ -70,7 +70,7 @@ async fn main() {
         .filter(|u| u.starts_with("postgres"))
         .unwrap_or_else(|| format!("sqlite://{}/bench.db", dir.path().display()));
     config.data_dir = dir.path().to_path_buf();
-    config.jwt.secret = Some("bench-secret".to_string().into());
+    config.jwt.secret = Some("bench-secret-0123456789-0123456789".to_string().into());
     let agent = config.agents.get_mut(DEFAULT_AGENT).expect("default agent");
     agent.command = env!("CARGO_BIN_EXE_acp-gateway").into();
     agent.args = vec!["demo-agent".into(), "--delay-us".into(), "0".into()];

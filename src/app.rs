@@ -14,7 +14,7 @@ use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::auth::Authenticator;
+use crate::auth::{Authenticator, LoginCodes};
 use crate::config::Config;
 use crate::pool::Pools;
 use crate::session::Registry;
@@ -32,6 +32,8 @@ pub struct Gateway {
     pub config: Config,
     /// Token verification.
     pub auth: Authenticator,
+    /// One-time login codes (`GET /auth/login?code=`), such as the one `serve` prints.
+    pub login_codes: LoginCodes,
     /// Sessions and transcripts.
     pub store: Arc<dyn Store>,
     /// The transcript writer.
@@ -94,6 +96,7 @@ impl Application {
             connection_slots: Arc::new(Semaphore::new(config.limits.max_connections)),
             config,
             auth,
+            login_codes: LoginCodes::default(),
             store,
             persister,
             pools,

@@ -89,20 +89,19 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
 
 async fn serve(config: Config) -> anyhow::Result<()> {
     crate::telemetry::init_metrics();
-    let login = if config.jwt.public_key.is_none() {
-        let auth = Authenticator::from_config(&config.jwt, &config.data_dir)?;
-        Some(auth.mint("local", config.jwt.default_ttl_secs)?)
-    } else {
-        None
-    };
     let app = Application::build(config).await?;
     let addr = app.local_addr();
     tracing::info!(%addr, "acp-gateway listening");
-    match login {
-        Some(token) => println!(
-            "acp-gateway is running. Web UI (signed in as user `local`):\n  http://{addr}/auth/login?token={token}"
-        ),
-        None => println!("acp-gateway is running at http://{addr}/ (tokens come from your identity provider)"),
+    let gw = app.gateway();
+    if gw.auth.can_mint() {
+        // A one-time code, not a token: it works once, for minutes, and only in this process.
+        let code = gw.login_codes.issue("local");
+        let minutes = crate::auth::codes::DEFAULT_CODE_TTL.as_secs() / 60;
+        println!(
+            "acp-gateway is running. Web UI, signed in as user `local` (this link works once, within {minutes} minutes):\n  http://{addr}/auth/login?code={code}"
+        );
+    } else {
+        println!("acp-gateway is running at http://{addr}/ (tokens come from your identity provider)");
     }
     app.run_until_stopped(shutdown_signal()).await
 }

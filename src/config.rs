@@ -299,6 +299,7 @@ impl Config {
                     .into(),
             ));
         }
+        crate::auth::check_config(&self.jwt).map_err(|e| ConfigError::Invalid(e.to_string()))?;
         Ok(self)
     }
 
@@ -365,7 +366,7 @@ mod tests {
     fn env_overrides_file_and_splits_agent() {
         let c = load(
             Some("listen = \"127.0.0.1:9000\"\n[agents.default.pool]\nmax_processes = 3\n[agents.py]\ncommand = \"python3\"\nargs = [\"a.py\"]\n"),
-            &[("ACP_GATEWAY_LISTEN", "127.0.0.1:9100"), ("ACP_GATEWAY_AGENT", "npx -y 'my agent'"), ("ACP_GATEWAY_JWT_SECRET", "12345")],
+            &[("ACP_GATEWAY_LISTEN", "127.0.0.1:9100"), ("ACP_GATEWAY_AGENT", "npx -y 'my agent'"), ("ACP_GATEWAY_JWT_SECRET", "12345678901234567890123456789012")],
         )
         .expect("loads");
         assert_eq!(c.listen.port(), 9100);
@@ -389,6 +390,22 @@ mod tests {
         assert!(msg.contains("expected"), "{msg}");
         let err = load(Some("lisen = 1\n"), &[]).expect_err("unknown key");
         assert!(err.to_string().contains("lisen"), "{err}");
+    }
+
+    #[test]
+    fn short_secrets_and_public_keys_without_audience_are_refused() {
+        let err = load(None, &[("ACP_GATEWAY_JWT_SECRET", "short")]).expect_err("short secret");
+        assert!(err.to_string().contains("at least 32 bytes"), "{err}");
+        let err = load(None, &[("ACP_GATEWAY_JWT_PUBLIC_KEY", "/etc/jwt.pub")]).expect_err("no audience");
+        assert!(err.to_string().contains("ACP_GATEWAY_JWT_AUDIENCE"), "{err}");
+        let ok = load(
+            None,
+            &[
+                ("ACP_GATEWAY_JWT_PUBLIC_KEY", "/etc/jwt.pub"),
+                ("ACP_GATEWAY_JWT_AUDIENCE", "gw"),
+            ],
+        );
+        assert!(ok.is_ok(), "the key file is read at start, not at load");
     }
 
     #[test]

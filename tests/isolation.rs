@@ -320,6 +320,7 @@ async fn public_keys_pin_their_algorithm() {
         let gw = TestGateway::start(Db::Sqlite, move |c| {
             c.jwt.secret = None;
             c.jwt.public_key = Some(public_path.into());
+            c.jwt.audience = Some("acp-gateway".into());
         })
         .await;
         let pem = std::fs::read(&private).expect("key");
@@ -329,8 +330,23 @@ async fn public_keys_pin_their_algorithm() {
             _ => EncodingKey::from_ed_pem(&pem),
         }
         .expect("private key");
-        let claims = json!({"sub": "alice", "exp": acp_gateway::auth::now_secs() + 600});
+        let claims = json!({"sub": "alice", "exp": acp_gateway::auth::now_secs() + 600, "aud": "acp-gateway"});
         assert_eq!(status_of(&gw, &forge(claims.clone(), alg, &key)).await, 200, "{name}");
+        // The identity provider's tokens for other applications are not ours.
+        let mut other_app = claims.clone();
+        other_app["aud"] = json!("other-app");
+        assert_eq!(
+            status_of(&gw, &forge(other_app, alg, &key)).await,
+            401,
+            "{name}: another audience"
+        );
+        let mut no_aud = claims.clone();
+        no_aud.as_object_mut().map(|o| o.remove("aud"));
+        assert_eq!(
+            status_of(&gw, &forge(no_aud, alg, &key)).await,
+            401,
+            "{name}: no audience"
+        );
         // The classic confusion attack: HS256 with the public key as the shared secret.
         let public_pem = std::fs::read(&public).expect("pub");
         let confused = forge(claims.clone(), Algorithm::HS256, &EncodingKey::from_secret(&public_pem));

@@ -1,6 +1,12 @@
 //! Where a token may come from: `Authorization: Bearer`, the `bearer.<jwt>` WebSocket subprotocol
-//! (browsers cannot set headers on a WebSocket), the web UI's HttpOnly cookie, or, for clients
-//! that can set neither (the Rust SDK's WebSocket client), an `access_token` query parameter.
+//! (browsers cannot set headers on a WebSocket), the web UI's HttpOnly cookie, or, on `/acp` only
+//! and for clients that can set neither (the Rust SDK's WebSocket client), an `access_token`
+//! query parameter.
+//!
+//! Also what a browser request looks like from here: the scheme and host it was sent to (taken
+//! from a proxy's `Forwarded` / `X-Forwarded-*` headers when present), and whether it came from
+//! our own pages. A cross-site page cannot set those headers (they are not CORS-safelisted and
+//! there is no CORS layer), so trusting them cannot help it ride the cookie.
 
 use std::sync::Arc;
 
@@ -12,8 +18,12 @@ use axum::response::{IntoResponse, Response};
 use super::Identity;
 use crate::app::Gateway;
 
-/// Name of the web UI's cookie.
+/// Name of the web UI's cookie over plain HTTP.
 pub const COOKIE: &str = "acp_gateway_token";
+
+/// Name of the web UI's cookie over HTTPS: the `__Host-` prefix makes browsers refuse it unless it
+/// is `Secure`, `Path=/` and has no `Domain`, so a sibling subdomain cannot plant one.
+pub const SECURE_COOKIE: &str = "__Host-acp_gateway_token";
 
 /// How a token was presented.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -24,11 +34,12 @@ pub enum Source {
     Subprotocol,
     /// The web UI's cookie (only honoured same-origin).
     Cookie,
-    /// `?access_token=`.
+    /// `?access_token=` (only passed in by `/acp`).
     Query,
 }
 
-/// Finds a token in the request, in order of preference.
+/// Finds a token in the request, in order of preference. `query` is the URL's query string where
+/// `?access_token=` is allowed (`/acp`), `None` elsewhere.
 pub fn find_token(headers: &HeaderMap, query: Option<&str>) -> Option<(String, Source)> {
     if let Some(v) = headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok())
         && let Some(t) = v.strip_prefix("Bearer ").or_else(|| v.strip_prefix("bearer "))
@@ -44,14 +55,8 @@ pub fn find_token(headers: &HeaderMap, query: Option<&str>) -> Option<(String, S
             return Some((t.to_string(), Source::Subprotocol));
         }
     }
-    for v in headers.get_all(header::COOKIE).iter().filter_map(|v| v.to_str().ok()) {
-        if let Some(t) = v
-            .split(';')
-            .map(str::trim)
-            .find_map(|c| c.strip_prefix(COOKIE).and_then(|r| r.strip_prefix('=')))
-        {
-            return Some((t.to_string(), Source::Cookie));
-        }
+    if let Some(t) = cookie_token(headers) {
+        return Some((t, Source::Cookie));
     }
     let query = query?;
     query
@@ -60,22 +65,104 @@ pub fn find_token(headers: &HeaderMap, query: Option<&str>) -> Option<(String, S
         .map(|t| (t.to_string(), Source::Query))
 }
 
-/// Whether a cookie-authenticated request comes from our own pages: a browser always sends
-/// `Origin` on a WebSocket handshake, and a cross-site page must not ride the user's cookie.
-pub fn same_origin(headers: &HeaderMap) -> bool {
-    let Some(origin) = headers.get(header::ORIGIN).and_then(|v| v.to_str().ok()) else {
-        return true;
+/// The web UI's cookie. Over HTTPS only the `__Host-` one counts (a plain-named cookie there may
+/// have been planted by a sibling subdomain); over HTTP either, the `__Host-` one first.
+fn cookie_token(headers: &HeaderMap) -> Option<String> {
+    let cookies = || {
+        headers
+            .get_all(header::COOKIE)
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .flat_map(|v| v.split(';'))
+            .filter_map(|c| c.trim().split_once('='))
     };
-    let Some(host) = headers.get(header::HOST).and_then(|v| v.to_str().ok()) else {
-        return false;
+    let named = |name: &str| {
+        cookies()
+            .find(|(n, v)| *n == name && !v.is_empty())
+            .map(|(_, v)| v.to_string())
     };
-    origin.split_once("://").is_some_and(|(_, rest)| rest == host)
+    named(SECURE_COOKIE).or_else(|| if is_https(headers) { None } else { named(COOKIE) })
+}
+
+/// The first element of a `Forwarded` header (RFC 7239): the proxy nearest the client.
+fn forwarded(headers: &HeaderMap, param: &str) -> Option<String> {
+    let first = headers.get("forwarded")?.to_str().ok()?.split(',').next()?;
+    first.split(';').find_map(|pair| {
+        let (k, v) = pair.trim().split_once('=')?;
+        k.trim()
+            .eq_ignore_ascii_case(param)
+            .then(|| v.trim().trim_matches('"').to_string())
+    })
+}
+
+/// The first value of an `X-Forwarded-*` header.
+fn x_forwarded(headers: &HeaderMap, name: &str) -> Option<String> {
+    let v = headers.get(name)?.to_str().ok()?.split(',').next()?.trim();
+    (!v.is_empty()).then(|| v.to_string())
+}
+
+/// Whether the browser used HTTPS: a proxy says so with `X-Forwarded-Proto: https` or
+/// `Forwarded: proto=https`; the gateway itself only speaks plain HTTP.
+pub fn is_https(headers: &HeaderMap) -> bool {
+    let https = |p: Option<String>| p.is_some_and(|p| p.eq_ignore_ascii_case("https"));
+    https(forwarded(headers, "proto")) || https(x_forwarded(headers, "x-forwarded-proto"))
+}
+
+/// The host (and port) the browser addressed: `Forwarded: host=`, `X-Forwarded-Host`, else `Host`.
+pub fn request_host(headers: &HeaderMap) -> Option<String> {
+    forwarded(headers, "host")
+        .or_else(|| x_forwarded(headers, "x-forwarded-host"))
+        .or_else(|| headers.get(header::HOST)?.to_str().ok().map(str::to_string))
+}
+
+/// `scheme://host[:port]` of this request as a browser would write it in `Origin`.
+pub fn request_origin(headers: &HeaderMap) -> Option<String> {
+    let scheme = if is_https(headers) { "https" } else { "http" };
+    Some(format!(
+        "{scheme}://{}",
+        normalize_host(&request_host(headers)?, scheme)
+    ))
+}
+
+/// Lower case, without the scheme's default port.
+fn normalize_host(host: &str, scheme: &str) -> String {
+    let host = host.trim().to_ascii_lowercase();
+    let default = if scheme == "https" { ":443" } else { ":80" };
+    host.strip_suffix(default).map(str::to_string).unwrap_or(host)
+}
+
+/// How strict [`same_origin`] is about a request without `Origin`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NoOrigin {
+    /// Allow it unless `Sec-Fetch-Site` names another site (a typed URL, `none`, is fine).
+    AllowNavigation,
+    /// Allow it only when `Sec-Fetch-Site` is absent (not a browser) or `same-origin`.
+    SameOriginOnly,
+}
+
+/// Whether a request comes from our own pages: its `Origin` matches the scheme and host it was
+/// sent to. Browsers always send `Origin` on WebSocket handshakes and POSTs; without one,
+/// `Sec-Fetch-Site` decides.
+pub fn same_origin(headers: &HeaderMap, no_origin: NoOrigin) -> bool {
+    if let Some(origin) = headers.get(header::ORIGIN) {
+        let Some((scheme, host)) = origin.to_str().ok().and_then(|o| o.split_once("://")) else {
+            return false;
+        };
+        let scheme = scheme.to_ascii_lowercase();
+        return request_origin(headers)
+            .is_some_and(|ours| ours == format!("{scheme}://{}", normalize_host(host, &scheme)));
+    }
+    match headers.get("sec-fetch-site").and_then(|v| v.to_str().ok()) {
+        None | Some("same-origin") => true,
+        Some("none") => no_origin == NoOrigin::AllowNavigation,
+        Some(_) => false,
+    }
 }
 
 /// Verifies the request's token; every failure is the same `401`.
 pub fn authenticate(gw: &Gateway, headers: &HeaderMap, query: Option<&str>) -> Result<Identity, Unauthorized> {
     let (token, source) = find_token(headers, query).ok_or(Unauthorized)?;
-    if source == Source::Cookie && !same_origin(headers) {
+    if source == Source::Cookie && !same_origin(headers, NoOrigin::AllowNavigation) {
         tracing::warn!("cookie-authenticated request from another origin refused");
         return Err(Unauthorized);
     }
@@ -104,7 +191,8 @@ impl FromRequestParts<Arc<Gateway>> for Caller {
     type Rejection = Unauthorized;
 
     async fn from_request_parts(parts: &mut Parts, gw: &Arc<Gateway>) -> Result<Self, Self::Rejection> {
-        authenticate(gw, &parts.headers, parts.uri.query()).map(Caller)
+        // `?access_token=` is for `/acp` only: tokens in URLs end up in logs.
+        authenticate(gw, &parts.headers, None).map(Caller)
     }
 }
 
@@ -137,13 +225,73 @@ mod tests {
     }
 
     #[test]
-    fn origin_must_match_host_for_cookies() {
+    fn reads_either_cookie_but_only_the_host_one_over_https() {
+        let mut h = HeaderMap::new();
+        h.insert(
+            header::COOKIE,
+            HeaderValue::from_static("acp_gateway_token=plain; __Host-acp_gateway_token=host"),
+        );
+        assert_eq!(find_token(&h, None), Some(("host".into(), Source::Cookie)));
+        h.insert(header::COOKIE, HeaderValue::from_static("acp_gateway_token=plain"));
+        assert_eq!(find_token(&h, None), Some(("plain".into(), Source::Cookie)));
+        h.insert("x-forwarded-proto", HeaderValue::from_static("https"));
+        assert_eq!(
+            find_token(&h, None),
+            None,
+            "over HTTPS a plain-named cookie may be planted"
+        );
+        h.insert(header::COOKIE, HeaderValue::from_static("x_acp_gateway_token=nope"));
+        h.remove("x-forwarded-proto");
+        assert_eq!(find_token(&h, None), None, "names match exactly");
+    }
+
+    #[test]
+    fn the_scheme_comes_from_the_proxy() {
         let mut h = HeaderMap::new();
         h.insert(header::HOST, HeaderValue::from_static("gw.example:8080"));
-        assert!(same_origin(&h), "no Origin: not a browser");
+        assert!(!is_https(&h));
+        assert_eq!(request_origin(&h).as_deref(), Some("http://gw.example:8080"));
+        h.insert("x-forwarded-proto", HeaderValue::from_static("https, http"));
+        assert!(is_https(&h));
+        h.remove("x-forwarded-proto");
+        h.insert(
+            "forwarded",
+            HeaderValue::from_static("for=192.0.2.1;proto=https;host=\"GW.example:443\", for=10.0.0.1;proto=http"),
+        );
+        assert!(is_https(&h));
+        assert_eq!(request_origin(&h).as_deref(), Some("https://gw.example"));
+        h.remove("forwarded");
+        h.insert("x-forwarded-host", HeaderValue::from_static("public.example"));
+        assert_eq!(request_origin(&h).as_deref(), Some("http://public.example"));
+    }
+
+    #[test]
+    fn origin_must_match_scheme_and_host() {
+        let mut h = HeaderMap::new();
+        h.insert(header::HOST, HeaderValue::from_static("gw.example:8080"));
+        assert!(same_origin(&h, NoOrigin::SameOriginOnly), "no Origin: not a browser");
+        h.insert(header::ORIGIN, HeaderValue::from_static("http://gw.example:8080"));
+        assert!(same_origin(&h, NoOrigin::SameOriginOnly));
         h.insert(header::ORIGIN, HeaderValue::from_static("https://gw.example:8080"));
-        assert!(same_origin(&h));
+        assert!(!same_origin(&h, NoOrigin::AllowNavigation), "https page, http request");
         h.insert(header::ORIGIN, HeaderValue::from_static("https://evil.example"));
-        assert!(!same_origin(&h));
+        assert!(!same_origin(&h, NoOrigin::AllowNavigation));
+        h.insert(header::ORIGIN, HeaderValue::from_static("null"));
+        assert!(!same_origin(&h, NoOrigin::AllowNavigation));
+        h.insert(header::ORIGIN, HeaderValue::from_static("https://gw.example"));
+        h.insert(header::HOST, HeaderValue::from_static("gw.example:443"));
+        h.insert("x-forwarded-proto", HeaderValue::from_static("https"));
+        assert!(same_origin(&h, NoOrigin::SameOriginOnly), "default ports are equal");
+        h.insert(header::ORIGIN, HeaderValue::from_static("http://gw.example"));
+        assert!(!same_origin(&h, NoOrigin::SameOriginOnly), "http page, https request");
+
+        let mut h = HeaderMap::new();
+        h.insert("sec-fetch-site", HeaderValue::from_static("none"));
+        assert!(same_origin(&h, NoOrigin::AllowNavigation), "a typed URL");
+        assert!(!same_origin(&h, NoOrigin::SameOriginOnly));
+        for site in ["cross-site", "same-site"] {
+            h.insert("sec-fetch-site", HeaderValue::from_str(site).expect("value"));
+            assert!(!same_origin(&h, NoOrigin::AllowNavigation), "{site}");
+        }
     }
 }

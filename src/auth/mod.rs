@@ -4,8 +4,15 @@
 //! key only its own family (RS256, ES256 or EdDSA). `alg: none`, a token signed with another
 //! algorithm, or an HS256 token forged with the public key as its secret are all refused.
 //! `exp` and `sub` are required, `nbf` honoured, `iss`/`aud` checked when configured.
+//!
+//! What a key must be: an HS256 secret has at least [`MIN_SECRET_BYTES`] bytes (a shorter one can be
+//! brute-forced offline from any token), and a public key comes with a required audience (an
+//! identity provider's key also signs tokens for its other applications).
 
+pub mod codes;
 pub mod extract;
+
+pub use codes::LoginCodes;
 
 use std::path::Path;
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -19,6 +26,9 @@ use crate::config::JwtConfig;
 
 /// Name of the file in the data directory that holds the generated secret.
 const GENERATED_SECRET_FILE: &str = "jwt-secret";
+
+/// Shortest HS256 secret accepted, in bytes (RFC 7518 §3.2: at least the hash size).
+pub const MIN_SECRET_BYTES: usize = 32;
 
 /// An authenticated caller.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -58,6 +68,16 @@ pub enum KeyError {
     /// The PEM is not an RSA, EC (P-256) or Ed25519 public key.
     #[error("{0}: not an RSA, EC P-256 or Ed25519 public key in PEM form")]
     BadPem(String),
+    /// The HS256 secret is too short to resist an offline guess.
+    #[error(
+        "jwt.secret (ACP_GATEWAY_JWT_SECRET) is {0} bytes long; an HS256 secret must have at least {MIN_SECRET_BYTES} bytes (for example `openssl rand -base64 32`)"
+    )]
+    WeakSecret(usize),
+    /// A public key without a required audience would accept tokens minted for other applications.
+    #[error(
+        "jwt.audience (ACP_GATEWAY_JWT_AUDIENCE) is required with jwt.public_key (ACP_GATEWAY_JWT_PUBLIC_KEY): without it, tokens your identity provider issued for other applications would be accepted"
+    )]
+    AudienceRequired,
     /// Minting needs the HS256 secret.
     #[error("this gateway verifies tokens with a public key; mint tokens with your identity provider")]
     CannotMint,
@@ -99,10 +119,31 @@ impl std::fmt::Debug for Authenticator {
     }
 }
 
+/// Checks what the configuration alone can tell: a long enough secret, an audience with a public
+/// key. [`Authenticator::from_config`] runs it too (and checks a generated secret the same way).
+pub fn check_config(cfg: &JwtConfig) -> Result<(), KeyError> {
+    if let Some(secret) = &cfg.secret {
+        check_secret(secret)?;
+    }
+    if cfg.public_key.is_some() && cfg.audience.as_deref().is_none_or(|a| a.trim().is_empty()) {
+        return Err(KeyError::AudienceRequired);
+    }
+    Ok(())
+}
+
+fn check_secret(secret: &SecretString) -> Result<(), KeyError> {
+    let len = secret.expose_secret().len();
+    if len < MIN_SECRET_BYTES {
+        return Err(KeyError::WeakSecret(len));
+    }
+    Ok(())
+}
+
 impl Authenticator {
     /// Builds the verifier from the configuration; with no key at all, generates (once) and reuses
     /// a secret in `data_dir`.
     pub fn from_config(cfg: &JwtConfig, data_dir: &Path) -> Result<Self, KeyError> {
+        check_config(cfg)?;
         let (decoding, encoding, alg) = if let Some(path) = &cfg.public_key {
             let pem = std::fs::read(path).map_err(|source| KeyError::Io {
                 path: path.display().to_string(),
@@ -115,6 +156,7 @@ impl Authenticator {
                 Some(s) => s.clone(),
                 None => generated_secret(data_dir)?,
             };
+            check_secret(&secret)?;
             let bytes = secret.expose_secret().as_bytes();
             (
                 DecodingKey::from_secret(bytes),
@@ -158,6 +200,11 @@ impl Authenticator {
             user: data.claims.sub,
             expires_at: data.claims.exp,
         })
+    }
+
+    /// Whether this gateway can mint tokens (it verifies with an HS256 secret).
+    pub fn can_mint(&self) -> bool {
+        self.encoding.is_some()
     }
 
     /// Mints an HS256 token for `sub`, valid for `ttl_secs`.
@@ -216,7 +263,8 @@ fn key_family(pem_text: &str) -> Option<&'static str> {
     }
 }
 
-/// Loads the secret kept in `data_dir`, creating it (mode 0600) on first use.
+/// Loads the secret kept in `data_dir`, creating it (mode 0600, in a 0700 directory) on first use.
+/// A kept secret that other users could read is made private again, with a warning.
 fn generated_secret(data_dir: &Path) -> Result<SecretString, KeyError> {
     let path = data_dir.join(GENERATED_SECRET_FILE);
     let io = |source| KeyError::Io {
@@ -224,12 +272,15 @@ fn generated_secret(data_dir: &Path) -> Result<SecretString, KeyError> {
         source,
     };
     match std::fs::read_to_string(&path) {
-        Ok(s) if !s.trim().is_empty() => return Ok(SecretString::from(s.trim().to_string())),
+        Ok(s) if !s.trim().is_empty() => {
+            make_private(&path).map_err(io)?;
+            return Ok(SecretString::from(s.trim().to_string()));
+        }
         Ok(_) => {}
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
         Err(e) => return Err(io(e)),
     }
-    std::fs::create_dir_all(data_dir).map_err(io)?;
+    create_private_dir(data_dir).map_err(io)?;
     let bytes: [u8; 32] = rand::random();
     let secret = base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(bytes);
     use std::io::Write;
@@ -244,6 +295,33 @@ fn generated_secret(data_dir: &Path) -> Result<SecretString, KeyError> {
     Ok(SecretString::from(secret))
 }
 
+/// Creates `dir` and any missing parents with mode 0700 (directories that exist are left as they
+/// are: the data directory may well be an operator's own).
+fn create_private_dir(dir: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::DirBuilderExt;
+    std::fs::DirBuilder::new().recursive(true).mode(0o700).create(dir)
+}
+
+/// Makes an existing file that the group or others can access mode 0600, with a warning; a
+/// missing file is fine.
+fn make_private(path: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    let mode = match std::fs::metadata(path) {
+        Ok(m) => m.permissions().mode(),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(e),
+    };
+    if mode & 0o077 != 0 {
+        tracing::warn!(
+            file = %path.display(),
+            mode = format!("{:o}", mode & 0o777),
+            "file was readable by other users; changing its mode to 0600"
+        );
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -256,39 +334,45 @@ mod tests {
         Authenticator::from_config(&cfg, Path::new("/nonexistent")).expect("hs256")
     }
 
+    /// A secret long enough to be accepted.
+    const K: &str = "k-0123456789abcdefghijklmnopqrstuvwxyz";
+
     fn forge(claims: serde_json::Value, alg: Algorithm, secret: &[u8]) -> String {
         jsonwebtoken::encode(&Header::new(alg), &claims, &EncodingKey::from_secret(secret)).expect("encode")
     }
 
     #[test]
     fn mints_and_verifies() {
-        let a = hs("s3cret");
+        let a = hs("s3cret-0123456789abcdefghijklmnopqrstuvwxyz");
         let t = a.mint("alice", 60).expect("mint");
         assert_eq!(a.verify(&t).expect("valid").user, "alice");
-        assert!(hs("other").verify(&t).is_err(), "another secret refuses it");
+        assert!(
+            hs("other-0123456789abcdefghijklmnopqrstuvwxyz").verify(&t).is_err(),
+            "another secret refuses it"
+        );
     }
 
     #[test]
     fn refuses_expired_missing_exp_future_nbf_and_other_algs() {
-        let a = hs("k");
+        let a = hs(K);
         let now = now_secs();
         assert!(
             a.verify(&forge(
                 serde_json::json!({"sub":"a","exp":now - 100}),
                 Algorithm::HS256,
-                b"k"
+                K.as_bytes()
             ))
             .is_err()
         );
         assert!(
-            a.verify(&forge(serde_json::json!({"sub":"a"}), Algorithm::HS256, b"k"))
+            a.verify(&forge(serde_json::json!({"sub":"a"}), Algorithm::HS256, K.as_bytes()))
                 .is_err()
         );
         assert!(
             a.verify(&forge(
                 serde_json::json!({"sub":"a","exp":now+100,"nbf":now+100}),
                 Algorithm::HS256,
-                b"k"
+                K.as_bytes()
             ))
             .is_err()
         );
@@ -296,7 +380,7 @@ mod tests {
             a.verify(&forge(
                 serde_json::json!({"sub":"a","exp":now+100}),
                 Algorithm::HS384,
-                b"k"
+                K.as_bytes()
             ))
             .is_err()
         );
@@ -304,7 +388,7 @@ mod tests {
             a.verify(&forge(
                 serde_json::json!({"sub":"","exp":now+100}),
                 Algorithm::HS256,
-                b"k"
+                K.as_bytes()
             ))
             .is_err()
         );
@@ -321,7 +405,7 @@ mod tests {
     #[test]
     fn issuer_and_audience_are_enforced_when_set() {
         let cfg = JwtConfig {
-            secret: Some(SecretString::from("k".to_string())),
+            secret: Some(SecretString::from(K.to_string())),
             issuer: Some("me".into()),
             audience: Some("gw".into()),
             ..Default::default()
@@ -333,7 +417,7 @@ mod tests {
             a.verify(&forge(
                 serde_json::json!({"sub":"u","exp":now,"iss":"me"}),
                 Algorithm::HS256,
-                b"k"
+                K.as_bytes()
             ))
             .is_err()
         );
@@ -341,7 +425,7 @@ mod tests {
             a.verify(&forge(
                 serde_json::json!({"sub":"u","exp":now,"aud":"gw"}),
                 Algorithm::HS256,
-                b"k"
+                K.as_bytes()
             ))
             .is_err()
         );
@@ -349,18 +433,42 @@ mod tests {
             a.verify(&forge(
                 serde_json::json!({"sub":"u","exp":now,"iss":"x","aud":"gw"}),
                 Algorithm::HS256,
-                b"k"
+                K.as_bytes()
             ))
             .is_err()
         );
     }
 
     #[test]
-    fn generated_secret_is_kept() {
+    fn short_secrets_and_public_keys_without_audience_are_refused() {
+        let short = JwtConfig {
+            secret: Some(SecretString::from("x".repeat(MIN_SECRET_BYTES - 1))),
+            ..Default::default()
+        };
+        let err = Authenticator::from_config(&short, Path::new("/nonexistent")).expect_err("short");
+        assert!(err.to_string().contains("31 bytes"), "{err}");
+        let keyed = JwtConfig {
+            public_key: Some("/nonexistent.pem".into()),
+            ..Default::default()
+        };
+        let err = Authenticator::from_config(&keyed, Path::new("/nonexistent")).expect_err("no audience");
+        assert!(matches!(err, KeyError::AudienceRequired), "{err}");
+    }
+
+    #[test]
+    fn generated_secret_is_private_and_kept() {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = |p: &Path| std::fs::metadata(p).expect("exists").permissions().mode() & 0o777;
         let dir = tempfile::tempdir().expect("tmp");
-        let a = Authenticator::from_config(&JwtConfig::default(), dir.path()).expect("gen");
+        let data = dir.path().join("data");
+        let a = Authenticator::from_config(&JwtConfig::default(), &data).expect("gen");
+        assert_eq!(mode(&data), 0o700);
+        assert_eq!(mode(&data.join(GENERATED_SECRET_FILE)), 0o600);
+        std::fs::set_permissions(data.join(GENERATED_SECRET_FILE), std::fs::Permissions::from_mode(0o644))
+            .expect("chmod");
         let t = a.mint("local", 60).expect("mint");
-        let b = Authenticator::from_config(&JwtConfig::default(), dir.path()).expect("reuse");
+        let b = Authenticator::from_config(&JwtConfig::default(), &data).expect("reuse");
         assert_eq!(b.verify(&t).expect("same secret").user, "local");
+        assert_eq!(mode(&data.join(GENERATED_SECRET_FILE)), 0o600, "made private again");
     }
 }

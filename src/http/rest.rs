@@ -3,9 +3,11 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use axum::Form;
+use axum::extract::rejection::FormRejection;
 use axum::extract::{Path, Query, State};
-use axum::http::{StatusCode, header};
-use axum::response::{IntoResponse, Redirect, Response};
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::response::{Html, IntoResponse, Response};
 use axum::routing::{delete, get, post};
 use axum::{Json, Router};
 use serde::Deserialize;
@@ -13,7 +15,7 @@ use serde_json::json;
 
 use crate::api::{self, ListParams};
 use crate::app::Gateway;
-use crate::auth::extract::{COOKIE, Caller, Unauthorized};
+use crate::auth::extract::{COOKIE, Caller, NoOrigin, SECURE_COOKIE, is_https, same_origin};
 use crate::auth::now_secs;
 use crate::config::DEFAULT_AGENT;
 use crate::protocol::{RpcError, codes};
@@ -24,7 +26,7 @@ pub(super) fn router() -> Router<Arc<Gateway>> {
         .route("/api/agents", get(agents))
         .route("/api/sessions", get(sessions))
         .route("/api/sessions/{id}", delete(delete_session))
-        .route("/auth/login", get(login))
+        .route("/auth/login", get(login_with_code).post(login_with_token))
         .route("/auth/logout", post(logout))
 }
 
@@ -76,24 +78,133 @@ async fn delete_session(State(gw): State<Arc<Gateway>>, Caller(who): Caller, Pat
 }
 
 #[derive(Deserialize)]
-struct LoginQuery {
+struct CodeQuery {
+    code: Option<String>,
+}
+
+/// `GET /auth/login?code=`: trades a one-time code (the link `serve` prints) for the cookie.
+/// Refused when a page on another site sent the browser here (login CSRF).
+async fn login_with_code(State(gw): State<Arc<Gateway>>, headers: HeaderMap, Query(q): Query<CodeQuery>) -> Response {
+    if headers.get("sec-fetch-site").is_some_and(|v| v == "cross-site") {
+        tracing::warn!("login link followed from another site refused");
+        return refusal(
+            &headers,
+            StatusCode::FORBIDDEN,
+            "A login link only works when you open it yourself, not from another site.",
+        );
+    }
+    let Some(user) = q.code.as_deref().and_then(|code| gw.login_codes.redeem(code)) else {
+        return refusal(
+            &headers,
+            StatusCode::UNAUTHORIZED,
+            "This login link is unknown, expired or already used. Get a token with `acp-gateway token --sub USER` and sign in with it.",
+        );
+    };
+    let ttl = gw.config.jwt.default_ttl_secs;
+    match gw.auth.mint(&user, ttl) {
+        Ok(token) => signed_in(&headers, &token, ttl),
+        Err(e) => {
+            tracing::error!(error = %e, "cannot mint a token for a login code");
+            refusal(
+                &headers,
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "This gateway cannot sign you in with a code.",
+            )
+        }
+    }
+}
+
+#[derive(Deserialize)]
+struct LoginForm {
     token: String,
 }
 
-/// Trades a token in the URL for an HttpOnly cookie, then sends the browser to the UI.
-async fn login(State(gw): State<Arc<Gateway>>, Query(q): Query<LoginQuery>) -> Response {
-    let Ok(who) = gw.auth.verify(&q.token) else {
-        return Unauthorized.into_response();
+/// `POST /auth/login` (form field `token`): the web UI's sign-in form. Only our own pages may post
+/// it, so no other site can sign a browser in as someone else.
+async fn login_with_token(
+    State(gw): State<Arc<Gateway>>,
+    headers: HeaderMap,
+    form: Result<Form<LoginForm>, FormRejection>,
+) -> Response {
+    if !same_origin(&headers, NoOrigin::SameOriginOnly) {
+        tracing::warn!("sign-in from another origin refused");
+        return refusal(&headers, StatusCode::FORBIDDEN, "Sign in from this gateway's own page.");
+    }
+    let Ok(Form(form)) = form else {
+        return refusal(&headers, StatusCode::BAD_REQUEST, "Expected a form with a token field.");
     };
-    let max_age = who.expires_at.saturating_sub(now_secs());
-    let cookie = format!(
-        "{COOKIE}={}; Path=/; HttpOnly; SameSite=Strict; Max-Age={max_age}",
-        q.token
-    );
-    ([(header::SET_COOKIE, cookie)], Redirect::to("/")).into_response()
+    match gw.auth.verify(form.token.trim()) {
+        Ok(who) => signed_in(&headers, form.token.trim(), who.expires_at.saturating_sub(now_secs())),
+        Err(e) => {
+            tracing::info!(error = %e, "sign-in token refused");
+            refusal(
+                &headers,
+                StatusCode::UNAUTHORIZED,
+                "That token was refused: it is invalid or expired.",
+            )
+        }
+    }
 }
 
-async fn logout() -> Response {
-    let cookie = format!("{COOKIE}=; Path=/; HttpOnly; SameSite=Strict; Max-Age=0");
-    (StatusCode::NO_CONTENT, [(header::SET_COOKIE, cookie)]).into_response()
+/// The web UI's cookie holding `token`: `__Host-` and `Secure` when the browser used HTTPS.
+fn session_cookie(headers: &HeaderMap, token: &str, max_age: u64) -> String {
+    if is_https(headers) {
+        format!("{SECURE_COOKIE}={token}; Path=/; Secure; HttpOnly; SameSite=Strict; Max-Age={max_age}")
+    } else {
+        format!("{COOKIE}={token}; Path=/; HttpOnly; SameSite=Strict; Max-Age={max_age}")
+    }
+}
+
+/// Sets the cookie and sends the browser to the UI.
+fn signed_in(headers: &HeaderMap, token: &str, max_age: u64) -> Response {
+    (
+        StatusCode::SEE_OTHER,
+        [
+            (header::LOCATION, String::from("/")),
+            (header::SET_COOKIE, session_cookie(headers, token, max_age)),
+            (header::CACHE_CONTROL, String::from("no-store")),
+        ],
+    )
+        .into_response()
+}
+
+/// A refused sign-in: a small page for a browser, `{"error": …}` for anything else.
+fn refusal(headers: &HeaderMap, status: StatusCode, message: &'static str) -> Response {
+    let wants_html = headers
+        .get(header::ACCEPT)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|a| a.contains("text/html"));
+    let cache = [(header::CACHE_CONTROL, "no-store")];
+    if wants_html {
+        let page = format!(
+            "<!doctype html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>Not signed in · ACP Gateway</title>\
+             <link rel=\"stylesheet\" href=\"/style.css\"></head><body><main class=\"signin\"><section class=\"signin-card\">\
+             <h1>Not signed in</h1><p>{message}</p><p><a href=\"/\">Back to the sign-in page</a></p></section></main></body></html>\n"
+        );
+        (status, cache, Html(page)).into_response()
+    } else {
+        (status, cache, Json(json!({ "error": message }))).into_response()
+    }
+}
+
+/// Clears both cookie names. Only our own pages may sign a browser out.
+async fn logout(headers: HeaderMap) -> Response {
+    if !same_origin(&headers, NoOrigin::SameOriginOnly) {
+        return refusal(
+            &headers,
+            StatusCode::FORBIDDEN,
+            "Sign out from this gateway's own page.",
+        );
+    }
+    let plain = format!("{COOKIE}=; Path=/; HttpOnly; SameSite=Strict; Max-Age=0");
+    let host = format!("{SECURE_COOKIE}=; Path=/; Secure; HttpOnly; SameSite=Strict; Max-Age=0");
+    let mut response = StatusCode::NO_CONTENT.into_response();
+    let h = response.headers_mut();
+    for cookie in [plain, host] {
+        if let Ok(v) = header::HeaderValue::from_str(&cookie) {
+            h.append(header::SET_COOKIE, v);
+        }
+    }
+    h.insert(header::CACHE_CONTROL, header::HeaderValue::from_static("no-store"));
+    response
 }

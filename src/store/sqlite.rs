@@ -1,5 +1,6 @@
 //! The embedded default: a SQLite file in WAL mode.
 
+use std::path::Path;
 use std::str::FromStr;
 use std::time::Duration;
 
@@ -23,11 +24,8 @@ impl SqliteStore {
     pub async fn connect(url: &str) -> Result<Self, StoreError> {
         let path = url.trim_start_matches("sqlite://").trim_start_matches("sqlite:");
         let path = path.split('?').next().unwrap_or(path);
-        if let Some(dir) = std::path::Path::new(path)
-            .parent()
-            .filter(|d| !d.as_os_str().is_empty())
-        {
-            std::fs::create_dir_all(dir).map_err(|e| StoreError::Db(sqlx::Error::Io(e)))?;
+        if !path.is_empty() && path != ":memory:" && !url.contains("mode=memory") {
+            private_files(Path::new(path)).map_err(|e| StoreError::Db(sqlx::Error::Io(e)))?;
         }
         let options = SqliteConnectOptions::from_str(url)?
             .create_if_missing(true)
@@ -42,6 +40,51 @@ impl SqliteStore {
         sqlx::migrate!("./migrations/sqlite").run(&pool).await?;
         Ok(Self { pool })
     }
+}
+
+/// The database holds every transcript and the cursor key: its directory is created 0700, the
+/// file itself 0600 before SQLite opens it (SQLite gives its `-wal` and `-shm` the same mode), and
+/// existing files that other users can read are made 0600 with a warning.
+fn private_files(db: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+    if let Some(dir) = db.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::DirBuilder::new().recursive(true).mode(0o700).create(dir)?;
+    }
+    match std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(db)
+    {
+        Ok(_) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+        Err(e) => return Err(e),
+    }
+    for suffix in ["", "-wal", "-shm"] {
+        let mut name = db.as_os_str().to_owned();
+        name.push(suffix);
+        make_private(Path::new(&name))?;
+    }
+    Ok(())
+}
+
+/// Changes a group- or world-accessible file to 0600, with a warning; a missing file is fine.
+fn make_private(path: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    let mode = match std::fs::metadata(path) {
+        Ok(m) => m.permissions().mode(),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(e),
+    };
+    if mode & 0o077 != 0 {
+        tracing::warn!(
+            file = %path.display(),
+            mode = format!("{:o}", mode & 0o777),
+            "database file was readable by other users; changing its mode to 0600"
+        );
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
+    }
+    Ok(())
 }
 
 fn record(row: &sqlx::sqlite::SqliteRow) -> Result<SessionRecord, sqlx::Error> {

@@ -39,7 +39,7 @@ use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
 pub const WAIT: Duration = Duration::from_secs(20);
 
 /// The HS256 secret test gateways use.
-pub const SECRET: &str = "test-secret-0123456789";
+pub const SECRET: &str = "test-secret-0123456789-0123456789";
 
 /// Path of the gateway binary (its `demo-agent` is the default agent).
 pub fn gateway_bin() -> String {

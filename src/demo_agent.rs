@@ -10,6 +10,11 @@
 //! prompt may carry controls, see [`Controls`]: `[chunks=N]`, `[delay_us=N]`, `[permission]`,
 //! `[crash]`, `[hang]`, `[title=XYZ]`.
 //!
+//! With `--require-auth` it behaves like an agent that needs a login (`claude login`, …):
+//! `initialize` advertises the `demo-login` auth method, `session/new` answers `-32000` until
+//! `authenticate` with that method has written `$HOME/.acp-demo-agent/login`. The login belongs
+//! to a `HOME`, so to one user, and outlives the process.
+//!
 //! Concurrency: every prompt runs in its own task, so sessions never block each other. A second
 //! prompt on a session whose prompt is still running is *queued* (FIFO) behind it; a
 //! `session/cancel` cancels every prompt of that session received before the cancel (running or
@@ -18,6 +23,7 @@
 use std::collections::{HashMap, VecDeque};
 use std::fmt::Write as _;
 use std::io;
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
@@ -49,6 +55,13 @@ pub struct DemoAgentOptions {
     /// Whether to advertise and support session/load
     #[arg(long, env = "ACP_DEMO_LOAD_SESSION", default_value_t = true, action = clap::ArgAction::Set)]
     pub load_session: bool,
+    /// Refuse session/new with -32000 until `authenticate` (method `demo-login`) has signed this
+    /// HOME in
+    #[arg(long)]
+    pub require_auth: bool,
+    /// Where the login marker lives (default: $HOME); for in-process tests
+    #[arg(skip)]
+    pub home: Option<PathBuf>,
 }
 
 impl Default for DemoAgentOptions {
@@ -57,9 +70,14 @@ impl Default for DemoAgentOptions {
             chunks: 8,
             delay_us: 20_000,
             load_session: true,
+            require_auth: false,
+            home: None,
         }
     }
 }
+
+/// The one auth method the demo agent offers with `--require-auth`.
+const LOGIN_METHOD: &str = "demo-login";
 
 /// Runs the demo agent on the process's stdin/stdout; returns `Ok` when stdin reaches EOF.
 pub async fn run(opts: DemoAgentOptions) -> anyhow::Result<()> {
@@ -305,6 +323,38 @@ impl Agent {
             .clone()
     }
 
+    /// `$HOME/.acp-demo-agent/login`: present once this HOME has logged in.
+    fn login_marker(&self) -> Option<PathBuf> {
+        let home = self
+            .opts
+            .home
+            .clone()
+            .or_else(|| std::env::var_os("HOME").map(PathBuf::from))?;
+        Some(home.join(".acp-demo-agent").join("login"))
+    }
+
+    fn logged_in(&self) -> bool {
+        self.login_marker().is_some_and(|m| m.exists())
+    }
+
+    /// Writes the login marker (directory 0700, file 0600, like a real agent's credentials).
+    fn log_in(&self) -> io::Result<()> {
+        use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+        let marker = self
+            .login_marker()
+            .ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, "HOME is not set"))?;
+        if let Some(dir) = marker.parent() {
+            std::fs::DirBuilder::new().recursive(true).mode(0o700).create(dir)?;
+        }
+        let mut file = std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(&marker)?;
+        std::io::Write::write_all(&mut file, b"signed in with demo-login\n")
+    }
+
     /// Handles one parsed-or-not input line.
     async fn handle(self: &Arc<Self>, line: &[u8], tasks: &mut JoinSet<()>) -> io::Result<()> {
         let msg: Value = match serde_json::from_slice(line) {
@@ -367,9 +417,27 @@ impl Agent {
                     "sessionCapabilities": {"resume": {}, "close": {}},
                 },
                 "agentInfo": {"name": "acp-gateway-demo-agent", "version": env!("CARGO_PKG_VERSION")},
-                "authMethods": [],
+                "authMethods": if self.opts.require_auth {
+                    json!([{"id": LOGIN_METHOD, "name": "Demo login",
+                            "description": "Signs this user's demo agent in (stored in $HOME)"}])
+                } else {
+                    json!([])
+                },
             })),
+            ("authenticate", _) if self.opts.require_auth => match params.get("methodId").and_then(Value::as_str) {
+                Some(LOGIN_METHOD) => match self.log_in() {
+                    Ok(()) => Ok(json!({})),
+                    Err(e) => {
+                        eprintln!("demo-agent: cannot store the login: {e}");
+                        Err((-32603, "cannot store the login"))
+                    }
+                },
+                _ => Err((-32602, "invalid params: unknown methodId")),
+            },
             ("authenticate", _) => Ok(json!({})),
+            ("session/new", _) if self.opts.require_auth && !self.logged_in() => {
+                Err((-32000, "Authentication required"))
+            }
             ("session/new", _) => {
                 let sid = format!("demo-{}", uuid::Uuid::new_v4());
                 self.session_or_create(&sid);
@@ -769,6 +837,52 @@ mod tests {
             assert_eq!(c.recv().await["method"], "session/update");
         }
         assert_eq!(c.recv().await["id"], 4);
+        drop(c);
+        task.await.unwrap().unwrap();
+    }
+
+    /// With `--require-auth`: no session before `authenticate`, and the login is the HOME's.
+    #[tokio::test]
+    async fn requires_a_login_kept_in_home() {
+        let home = tempfile::tempdir().unwrap();
+        let start = || {
+            let (client_out, agent_in) = tokio::io::duplex(1 << 16);
+            let (agent_out, client_in) = tokio::io::duplex(1 << 16);
+            let opts = DemoAgentOptions {
+                require_auth: true,
+                home: Some(home.path().to_path_buf()),
+                ..Default::default()
+            };
+            let task = tokio::spawn(serve(opts, agent_in, agent_out));
+            (Client(client_out, BufReader::new(client_in).lines()), task)
+        };
+        let rpc = |id: u64, method: &str, params: Value| json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params});
+        let new_session = json!({"cwd": "/", "mcpServers": []});
+
+        let (mut c, task) = start();
+        c.send(rpc(1, "initialize", json!({"protocolVersion": 1}))).await;
+        let mut init = c.recv().await;
+        let methods = init["result"]["authMethods"].take();
+        assert_eq!(methods[0]["id"], LOGIN_METHOD);
+        assert_eq!(methods[0]["name"], "Demo login");
+        let _: Vec<v1::AuthMethod> = serde_json::from_value(methods).unwrap();
+        c.send(rpc(2, "session/new", new_session.clone())).await;
+        assert_eq!(c.recv().await["error"]["code"], -32000);
+        c.send(rpc(3, "authenticate", json!({"methodId": "other"}))).await;
+        assert_eq!(c.recv().await["error"]["code"], -32602);
+        assert!(!home.path().join(".acp-demo-agent/login").exists());
+        c.send(rpc(4, "authenticate", json!({"methodId": LOGIN_METHOD}))).await;
+        assert_eq!(c.recv().await["result"], json!({}));
+        assert!(home.path().join(".acp-demo-agent/login").exists());
+        c.send(rpc(5, "session/new", new_session.clone())).await;
+        assert!(c.recv().await["result"]["sessionId"].is_string());
+        drop(c);
+        task.await.unwrap().unwrap();
+
+        // A new process with the same HOME is still signed in.
+        let (mut c, task) = start();
+        c.send(rpc(1, "session/new", new_session)).await;
+        assert!(c.recv().await["result"]["sessionId"].is_string());
         drop(c);
         task.await.unwrap().unwrap();
     }

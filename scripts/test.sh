@@ -17,6 +17,10 @@ have_initdb() { command -v initdb >/dev/null || ls /usr/lib/postgresql/*/bin/ini
 if [[ "${DATABASE_URL:-}" != postgres* ]] && ! have_initdb; then
   echo "== installing postgresql"; apt_install postgresql
 fi
+# bubblewrap for the agent sandbox (tests/tenancy.rs requires it to work), and the system
+# Python the probe agent runs on (no launcher scripts between it and the gateway).
+command -v bwrap >/dev/null || { echo "== installing bubblewrap"; apt_install bubblewrap; }
+[ -x /usr/bin/python3 ] || { echo "== installing python3"; apt_install python3; }
 # The official ACP Python SDK, for the third-party agent in tests/agents.
 if ! python3 -c 'import acp, websockets' 2>/dev/null; then
   echo "== installing the ACP Python SDK"; python3 -m pip install -q -r tests/agents/requirements.txt

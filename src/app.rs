@@ -21,6 +21,7 @@ use crate::session::Registry;
 use crate::store::cursor::CursorCodec;
 use crate::store::persister::Persister;
 use crate::store::{self, Store};
+use crate::tenancy::Tenancy;
 
 /// Transcript items queued before publishers wait for the database.
 const PERSIST_QUEUE: usize = 65_536;
@@ -40,6 +41,8 @@ pub struct Gateway {
     pub persister: Persister,
     /// Agent processes.
     pub pools: Arc<Pools>,
+    /// Each user's home, workspace roots and agent sandbox.
+    pub tenancy: Arc<Tenancy>,
     /// Sessions in memory.
     pub registry: Registry,
     /// Signs `session/list` cursors.
@@ -71,6 +74,13 @@ pub struct Application {
 impl Application {
     /// Connects the store (migrating it), sets up keys and pools, and binds the listener.
     pub async fn build(config: Config) -> anyhow::Result<Self> {
+        // Agents run as our OS user: without this, any of them could read our environment (the
+        // JWT secret, DATABASE_URL) from /proc/<gateway>/environ, or ptrace us.
+        if let Err(e) = nix::sys::prctl::set_dumpable(false) {
+            tracing::warn!(error = %e, "cannot make the gateway undumpable; agents may read its /proc entries");
+        }
+        let tenancy =
+            Arc::new(Tenancy::new(&config).context("setting up user homes, workspaces and the agent sandbox")?);
         let auth = Authenticator::from_config(&config.jwt, &config.data_dir).context("setting up JWT verification")?;
         let store = store::connect(&config.database_url)
             .await
@@ -84,7 +94,7 @@ impl Application {
             persister_cancel.clone(),
         );
         let tracker = TaskTracker::new();
-        let pools = Arc::new(Pools::new(&config, tracker.clone()));
+        let pools = Arc::new(Pools::new(&config, tenancy.clone(), tracker.clone()));
         let listener = TcpListener::bind(config.listen)
             .await
             .with_context(|| format!("binding {}", config.listen))?;
@@ -100,6 +110,7 @@ impl Application {
             store,
             persister,
             pools,
+            tenancy,
             registry: Registry::default(),
             cursors,
             shutdown: CancellationToken::new(),

@@ -40,6 +40,12 @@ pub struct Config {
     pub static_dir: PathBuf,
     /// Identifies this replica in logs and in the `Acp-Connection-Id` prefix.
     pub replica_id: Option<String>,
+    /// Where each user's agent `HOME` is (`ACP_GATEWAY_USER_HOMES`); `{data_dir}` and `{user}`
+    /// are filled in, `{user}` made filesystem-safe.
+    pub user_homes: String,
+    /// Directories a user's sessions may work in (`ACP_GATEWAY_WORKSPACE_ROOTS`, comma-separated
+    /// in the environment); the same templates as `user_homes`.
+    pub workspace_roots: Vec<String>,
 }
 
 /// JWT settings. Either `secret` (HS256) or `public_key` (RS256/ES256/EdDSA) is used; with neither,
@@ -68,7 +74,7 @@ fn never_serialize_secret<S: serde::Serializer>(secret: &Option<SecretString>, s
 }
 
 /// One agent the gateway can start.
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct AgentConfig {
     /// Program to run (looked up on `PATH`).
@@ -85,6 +91,51 @@ pub struct AgentConfig {
     /// forwards `fs/*` and `terminal/*` requests to the session's client, so only declare what
     /// your clients implement. Default: none (the agent uses its own tools on the server).
     pub client_capabilities: Option<serde_json::Value>,
+    /// Names of the gateway's environment variables copied into the agent's environment (API
+    /// keys, proxies). Nothing else of the gateway's environment reaches an agent but `PATH`,
+    /// `LANG`, `LC_ALL`, `TERM` and `TZ`.
+    pub pass_env: Vec<String>,
+    /// `command`s a client may name in a `stdio` entry of `mcpServers`; every other stdio MCP
+    /// server is refused (it would be a command run on this host of the client's choosing).
+    pub allowed_stdio_mcp: Vec<String>,
+    /// Keys of a client's `_meta` that reach the agent; the rest is dropped (some agents read
+    /// options from `_meta`).
+    pub forward_meta: Vec<String>,
+    /// Extension methods (`_…`) a client may call on this agent; others get `-32601`.
+    pub allowed_ext_methods: Vec<String>,
+    /// How the agent's processes are confined.
+    pub sandbox: SandboxMode,
+}
+
+/// How an agent's processes are confined (see the README's "Tenancy" section).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SandboxMode {
+    /// bubblewrap when it works on this host, else none (with a warning and a note in `/readyz`).
+    #[default]
+    Auto,
+    /// Always bubblewrap; the gateway refuses to start if it does not work here.
+    Bwrap,
+    /// No confinement beyond the clean environment, own `HOME` and workspace checks.
+    None,
+}
+
+impl Default for AgentConfig {
+    fn default() -> Self {
+        Self {
+            command: String::new(),
+            args: Vec::new(),
+            env: BTreeMap::new(),
+            cwd: None,
+            pool: PoolConfig::default(),
+            client_capabilities: None,
+            pass_env: Vec::new(),
+            allowed_stdio_mcp: Vec::new(),
+            forward_meta: ["traceparent", "tracestate", "baggage"].map(String::from).to_vec(),
+            allowed_ext_methods: Vec::new(),
+            sandbox: SandboxMode::Auto,
+        }
+    }
 }
 
 /// Pool settings for one agent.
@@ -177,6 +228,8 @@ impl Default for Config {
             limits: Limits::default(),
             static_dir: PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/static")),
             replica_id: None,
+            user_homes: String::from("{data_dir}/homes/{user}"),
+            workspace_roots: vec![String::from("{data_dir}/workspaces/{user}")],
         }
     }
 }
@@ -220,6 +273,7 @@ const ENV_KEYS: &[(&str, &str)] = &[
     ("ACP_GATEWAY_DATA_DIR", "data_dir"),
     ("ACP_GATEWAY_STATIC_DIR", "static_dir"),
     ("ACP_GATEWAY_REPLICA_ID", "replica_id"),
+    ("ACP_GATEWAY_USER_HOMES", "user_homes"),
 ];
 
 impl Config {
@@ -244,6 +298,16 @@ impl Config {
             if let Some(value) = env(var).filter(|v| !v.is_empty()) {
                 figment = figment.merge((*key, value));
             }
+        }
+        // A list in the environment: comma-separated.
+        if let Some(roots) = env("ACP_GATEWAY_WORKSPACE_ROOTS").filter(|v| !v.trim().is_empty()) {
+            let roots: Vec<String> = roots
+                .split(',')
+                .map(str::trim)
+                .filter(|r| !r.is_empty())
+                .map(String::from)
+                .collect();
+            figment = figment.merge(("workspace_roots", roots));
         }
         if let Some(listen) = &cli.listen {
             figment = figment.merge(("listen", listen));
@@ -287,9 +351,33 @@ impl Config {
                     "agents.{name}.pool: max_processes and max_sessions_per_process must be at least 1"
                 )));
             }
+            for name_ in agent.pass_env.iter().chain(agent.env.keys()) {
+                if name_.starts_with("ACP_GATEWAY_") || name_ == "DATABASE_URL" {
+                    return Err(ConfigError::Invalid(format!(
+                        "agents.{name}: {name_} is the gateway's own setting and never reaches an agent"
+                    )));
+                }
+                if ["HOME", "USER", "TMPDIR"].contains(&name_.as_str()) {
+                    return Err(ConfigError::Invalid(format!(
+                        "agents.{name}: {name_} is set by the gateway (each user's own) and cannot be configured"
+                    )));
+                }
+            }
             if pool.min_idle > pool.max_processes {
                 return Err(ConfigError::Invalid(format!(
                     "agents.{name}.pool.min_idle: must not exceed max_processes"
+                )));
+            }
+        }
+        if self.workspace_roots.is_empty() {
+            return Err(ConfigError::Invalid(
+                "workspace_roots (ACP_GATEWAY_WORKSPACE_ROOTS): at least one root is needed (`/` trusts every user with the whole host)".into(),
+            ));
+        }
+        for template in self.workspace_roots.iter().chain([&self.user_homes]) {
+            if !template.replace("{data_dir}", "/").starts_with('/') {
+                return Err(ConfigError::Invalid(format!(
+                    "{template:?}: user homes and workspace roots must be absolute paths (or start with {{data_dir}})"
                 )));
             }
         }

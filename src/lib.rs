@@ -20,6 +20,7 @@
 //! - [`protocol`]: JSON-RPC parsing (once, borrowed) and frame building (no re-serialization).
 //! - [`demo_agent`]: the built-in offline ACP agent.
 //! - [`telemetry`]: logs and Prometheus metrics.
+//! - [`tenancy`]: what a user's agent process can reach: environment, home, workspaces, sandbox.
 
 pub mod api;
 pub mod app;
@@ -34,3 +35,4 @@ pub mod protocol;
 pub mod session;
 pub mod store;
 pub mod telemetry;
+pub mod tenancy;

@@ -32,8 +32,8 @@ async fn foreign_ids(db: Db) {
     let made_up = "00000000000040008000000000000000";
     let methods: [(&str, Value); 9] = [
         ("session/prompt", json!({"prompt": [{"type": "text", "text": "x"}]})),
-        ("session/load", json!({"cwd": "/tmp", "mcpServers": []})),
-        ("session/resume", json!({"cwd": "/tmp", "mcpServers": []})),
+        ("session/load", json!({"mcpServers": []})),
+        ("session/resume", json!({"mcpServers": []})),
         ("session/close", json!({})),
         ("session/delete", json!({})),
         ("session/set_mode", json!({"modeId": "x"})),
@@ -81,10 +81,7 @@ async fn foreign_ids(db: Db) {
         assert_eq!(r.status(), 404);
     }
     let r = alice
-        .request(
-            "session/load",
-            json!({"sessionId": sa, "cwd": "/tmp", "mcpServers": []}),
-        )
+        .request("session/load", json!({"sessionId": sa, "mcpServers": []}))
         .await;
     assert!(r.get("result").is_some(), "{r}");
     let r = http
@@ -95,10 +92,7 @@ async fn foreign_ids(db: Db) {
         .expect("http");
     assert_eq!(r.status(), 204);
     let r = alice
-        .request(
-            "session/load",
-            json!({"sessionId": sa, "cwd": "/tmp", "mcpServers": []}),
-        )
+        .request("session/load", json!({"sessionId": sa, "mcpServers": []}))
         .await;
     assert_eq!(r["error"]["code"], -32002, "deleted: {r}");
 }
@@ -109,7 +103,8 @@ both_backends!(
     list_isolation
 );
 async fn list_isolation(db: Db) {
-    let gw = TestGateway::start(db, |_| {}).await;
+    // One root both users may work in, so that a `cwd` filter matches sessions of both.
+    let gw = TestGateway::start(db, |c| c.workspace_roots = vec!["/tmp".into()]).await;
     let mut alice = gw.client("alice").await;
     let mut bob = gw.client("bob").await;
     let mut alice_ids = HashSet::new();

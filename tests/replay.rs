@@ -12,7 +12,7 @@ fn kind(u: &Value) -> &str {
 }
 
 fn load(session: &str, after: Option<u64>) -> Value {
-    let mut p = json!({"sessionId": session, "cwd": "/tmp", "mcpServers": []});
+    let mut p = json!({"sessionId": session, "mcpServers": []});
     if let Some(n) = after {
         p["_meta"] = json!({"gateway": {"afterSeq": n}});
     }
@@ -294,7 +294,7 @@ async fn an_agent_that_cannot_restore_gets_a_clear_error_and_the_history_stays_r
     let mut c = Client::connect(&format!("{}?agent=sdk", gw.ws_url()), &gw.token("alice"))
         .await
         .expect("connect");
-    c.request("initialize", json!({"protocolVersion": 1})).await;
+    c.initialize().await;
     let s = c.new_session().await;
     assert_eq!(c.prompt(&s, "remember me").await["result"]["stopReason"], "end_turn");
     let before = c.take_updates(&s);

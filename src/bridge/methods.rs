@@ -114,8 +114,13 @@ impl Connection {
                 let Some(session) = self.gw.registry.get(&sid).filter(|s| *s.owner == *self.client.user) else {
                     return;
                 };
-                if let (Some(b), Some(params)) = (session.binding().await, msg.params)
-                    && let Some(params) = protocol::with_session_id(params, &b.agent_session_id)
+                let keep = self
+                    .gw
+                    .pools
+                    .get(&session.agent)
+                    .map(|p| p.config().forward_meta.as_slice());
+                if let (Some(b), Some(params), Some(keep)) = (session.binding().await, msg.params, keep)
+                    && let Some(params) = protocol::rewrite_params(params, Some(&b.agent_session_id), Some(keep))
                 {
                     let _ = b
                         .process
@@ -202,7 +207,18 @@ impl Connection {
     }
 
     async fn initialize(&self) -> Handled {
-        let info = self.pool.info().await?;
+        let user = &self.client.user;
+        let info = self.pool.info_for(user).await?;
+        self.pool.prewarm(user);
+        let roots: Vec<String> = self
+            .gw
+            .tenancy
+            .roots(user)
+            .map(|roots| roots.iter().map(|r| r.to_string_lossy().into_owned()).collect())
+            .unwrap_or_else(|e| {
+                tracing::warn!(user = %user, error = %e, "cannot set up the user's workspace roots");
+                Vec::new()
+            });
         let mut caps = info.capabilities.clone();
         caps.insert("loadSession".into(), Value::Bool(true));
         let mut session_caps = caps
@@ -224,6 +240,7 @@ impl Connection {
                 "user": &*self.client.user,
                 "agent": &*self.pool.name,
                 "version": env!("CARGO_PKG_VERSION"),
+                "workspaceRoots": roots,
             }},
         });
         Ok(Reply::Result(result.to_string()))
@@ -248,12 +265,14 @@ struct Ctx {
 }
 
 #[derive(Deserialize)]
-struct NewParams {
+struct NewParams<'a> {
     cwd: String,
     #[serde(rename = "mcpServers", default)]
-    mcp_servers: Option<Value>,
+    mcp_servers: Vec<Value>,
     #[serde(rename = "additionalDirectories", default)]
-    additional_dirs: Option<Value>,
+    additional_dirs: Option<Vec<String>>,
+    #[serde(rename = "_meta", borrow, default)]
+    meta: Option<&'a RawValue>,
 }
 
 #[derive(Deserialize, Default)]
@@ -270,6 +289,10 @@ struct LoadGatewayMeta {
 
 #[derive(Deserialize)]
 struct LoadParams {
+    #[serde(default)]
+    cwd: Option<String>,
+    #[serde(rename = "additionalDirectories", default)]
+    additional_dirs: Option<Vec<String>>,
     #[serde(rename = "_meta", default)]
     meta: Option<LoadMeta>,
 }
@@ -283,10 +306,7 @@ impl Ctx {
     async fn dispatch(&self, method: &str, id: &RawValue, params: Option<&RawValue>) -> Handled {
         match method {
             "initialize" => Err(RpcError::new(codes::INVALID_REQUEST, "already initialized")),
-            "authenticate" => Err(RpcError::new(
-                codes::METHOD_NOT_FOUND,
-                "authenticate is not available through the gateway: it authenticates you with your token, and agents are configured with their own credentials",
-            )),
+            "authenticate" => self.authenticate(params).await,
             "session/new" => self.new_session(params).await,
             "session/load" => self.load(params, true).await,
             "session/resume" => self.load(params, false).await,
@@ -334,17 +354,52 @@ impl Ctx {
         protocol::session_id_of(params).ok_or_else(|| RpcError::invalid_params("sessionId is required"))
     }
 
+    /// `cwd` and `additionalDirectories` resolved inside the caller's workspace roots, as the
+    /// agent will be given them; `-32602` naming the roots otherwise.
+    fn workspace_dirs(
+        &self,
+        cwd: Option<&str>,
+        dirs: Option<&[String]>,
+    ) -> Result<(Option<String>, Vec<String>), RpcError> {
+        let resolve = |path: &str| {
+            self.gw
+                .tenancy
+                .resolve(&self.client.user, path)
+                .map_err(RpcError::invalid_params)?
+                .into_os_string()
+                .into_string()
+                .map_err(|_| RpcError::invalid_params(format!("{path:?} resolves to a path that is not UTF-8")))
+        };
+        let cwd = cwd.map(resolve).transpose()?;
+        let dirs = dirs
+            .unwrap_or_default()
+            .iter()
+            .map(|d| resolve(d))
+            .collect::<Result<_, _>>()?;
+        Ok((cwd, dirs))
+    }
+
     async fn new_session(&self, params: Option<&RawValue>) -> Handled {
-        let p: NewParams = parse(params, "session/new")?;
-        if !p.cwd.starts_with('/') {
-            return Err(RpcError::invalid_params("cwd must be an absolute path"));
+        let p: NewParams<'_> = parse(params, "session/new")?;
+        let (cwd, dirs) = self.workspace_dirs(Some(&p.cwd), p.additional_dirs.as_deref())?;
+        let cwd = cwd.unwrap_or_default();
+        let info = self.pool.info_for(&self.client.user).await?;
+        let cfg = self.pool.config();
+        crate::tenancy::check_mcp_servers(&p.mcp_servers, cfg, info.mcp_transports())
+            .map_err(RpcError::invalid_params)?;
+        // What the agent gets is built here, not copied: the resolved directories, the accepted
+        // MCP servers, and only the allowed `_meta` keys.
+        let mcp = Value::from(p.mcp_servers).to_string();
+        let mut raw = format!(r#"{{"cwd":{},"mcpServers":{mcp}"#, json!(cwd));
+        if p.additional_dirs.is_some() {
+            raw.push_str(&format!(r#","additionalDirectories":{}"#, json!(dirs)));
         }
-        let raw = params.map_or("{}", RawValue::get);
+        if let Some(meta) = p.meta.and_then(|m| protocol::filtered_meta(m, &cfg.forward_meta)) {
+            raw.push_str(&format!(r#","_meta":{meta}"#));
+        }
+        raw.push('}');
         let process = self.pool.acquire(&self.client.user).await?;
-        let result = match process
-            .request("session/new", raw, std::time::Duration::from_secs(120))
-            .await
-        {
+        let result = match process.request("session/new", &raw, self.pool.request_timeout()).await {
             Ok(r) => r,
             Err(e) => {
                 process.release();
@@ -356,15 +411,15 @@ impl Ctx {
             return Err(RpcError::internal("agent answered session/new without a sessionId"));
         };
         let id = uuid::Uuid::new_v4().simple().to_string();
-        let meta = json!({ "mcpServers": p.mcp_servers.unwrap_or_else(|| json!([])) }).to_string();
-        let dirs = p.additional_dirs.unwrap_or_else(|| json!([])).to_string();
+        let meta = format!(r#"{{"mcpServers":{mcp}}}"#);
+        let dirs = json!(dirs).to_string();
         let now = crate::store::now_micros();
         let new = NewSession {
             id: &id,
             owner: &self.client.user,
             agent: &self.pool.name,
             agent_session_id: Some(&agent_sid),
-            cwd: &p.cwd,
+            cwd: &cwd,
             additional_dirs: &dirs,
             meta: &meta,
             now,
@@ -379,7 +434,7 @@ impl Ctx {
             owner: self.client.user.to_string(),
             agent: self.pool.name.to_string(),
             agent_session_id: Some(agent_sid.clone()),
-            cwd: p.cwd,
+            cwd,
             additional_dirs: dirs,
             title: None,
             meta,
@@ -393,7 +448,15 @@ impl Ctx {
             self.gw.persister.clone(),
             self.gw.permission_wait(),
         ));
-        session.bind(process, Arc::from(agent_sid.as_str())).await;
+        if let Err(e) = session.bind(process.clone(), Arc::from(agent_sid.as_str())).await {
+            process.release();
+            self.gw.registry.remove(&id);
+            if let Err(e) = self.gw.store.delete_session(&self.client.user, &id).await {
+                tracing::error!(session = %id, error = %e, "cannot remove a refused session");
+            }
+            tracing::warn!(connection = %self.client.id, user = %self.client.user, agent_session = %agent_sid, "agent reused a bound session id; session refused");
+            return Err(e);
+        }
         session.attach(&self.client, &*self.gw.store, false, 0).await?;
         metrics::counter!("acp_gateway_sessions_created_total", "agent" => self.pool.name.to_string()).increment(1);
         tracing::info!(connection = %self.client.id, user = %self.client.user, session = %id, "session created");
@@ -407,6 +470,8 @@ impl Ctx {
         let p: LoadParams = parse(params, if replay { "session/load" } else { "session/resume" })?;
         let after = p.meta.and_then(|m| m.gateway).and_then(|g| g.after_seq).unwrap_or(0);
         let session = self.owned(&sid).await?;
+        // The stored cwd is what the agent gets on restore; a client's must still be its own.
+        self.workspace_dirs(p.cwd.as_deref(), p.additional_dirs.as_deref())?;
         session.attach(&self.client, &*self.gw.store, replay, after).await?;
         Ok(Reply::Result(String::from("{}")))
     }
@@ -437,6 +502,30 @@ impl Ctx {
         Ok(Reply::Result(String::from("{}")))
     }
 
+    /// ACP `authenticate`, passed to the caller's own agent process: its `HOME` is theirs, so
+    /// the login it stores belongs to them alone. A shared agent's processes serve several
+    /// users, so its login is the operator's to set up, not a client's.
+    async fn authenticate(&self, params: Option<&RawValue>) -> Handled {
+        if self.pool.is_shared() {
+            return Err(RpcError::new(
+                codes::INVALID_REQUEST,
+                format!(
+                    "agent {} serves several users from one process; its login is configured by the operator",
+                    self.pool.name
+                ),
+            ));
+        }
+        let params = params.ok_or_else(|| RpcError::invalid_params("authenticate needs params with a methodId"))?;
+        let forwarded = protocol::rewrite_params(params, None, Some(&self.pool.config().forward_meta))
+            .ok_or_else(|| RpcError::invalid_params("params must be an object"))?;
+        let process = self.pool.process_for(&self.client.user).await?;
+        let result = process
+            .request("authenticate", &forwarded, self.pool.request_timeout())
+            .await?;
+        tracing::info!(connection = %self.client.id, user = %self.client.user, agent = %self.pool.name, "agent login passed to the user's own process");
+        Ok(Reply::Result(result.get().to_string()))
+    }
+
     fn pool_of(&self, session: &LiveSession) -> Option<Arc<AgentPool>> {
         self.gw.pools.get(&session.agent).cloned()
     }
@@ -447,9 +536,16 @@ impl Ctx {
         let sid = Self::session_param(params)?;
         let session = self.owned(&sid).await?;
         let params = params.ok_or_else(|| RpcError::invalid_params("params are required"))?;
+        let pool = self
+            .pool_of(&session)
+            .ok_or_else(|| RpcError::internal(format!("agent {} is no longer configured", session.agent)))?;
+        let cfg = pool.config();
+        if method.starts_with('_') && !cfg.allowed_ext_methods.iter().any(|m| m == method) {
+            return Err(RpcError::method_not_found(method));
+        }
         session.attach(&self.client, &*self.gw.store, false, 0).await?;
         let binding = session.ensure_bound(&self.gw.pools).await?;
-        let rewritten = protocol::with_session_id(params, &binding.agent_session_id)
+        let rewritten = protocol::rewrite_params(params, Some(&binding.agent_session_id), Some(&cfg.forward_meta))
             .ok_or_else(|| RpcError::invalid_params("params must be an object"))?;
         let send = binding
             .process

@@ -45,9 +45,17 @@ async fn readyz(State(gw): State<Arc<Gateway>>) -> impl IntoResponse {
         Ok(()) => json!("ok"),
         Err(e) => json!(format!("error: {e}")),
     };
+    // Not a failure (the operator chose `auto`), but never silent.
+    let unsandboxed: Vec<String> = gw
+        .tenancy
+        .unsandboxed(&gw.config)
+        .into_iter()
+        .map(|agent| format!("agent {agent} runs unsandboxed: bubblewrap does not work on this host"))
+        .collect();
     let body = json!({
         "status": if ready { "ready" } else { "unavailable" },
         "checks": { "database": check(&database), "defaultAgent": check(&agent), "draining": draining },
+        "warnings": unsandboxed,
     });
     (
         if ready {

@@ -21,6 +21,7 @@ pub use process::AgentProcess;
 
 use crate::config::{AgentConfig, Config};
 use crate::protocol::RpcError;
+use crate::tenancy::{McpTransports, Tenancy};
 
 /// What an agent said about itself in `initialize`.
 #[derive(Debug)]
@@ -72,6 +73,20 @@ impl AgentInfo {
             .unwrap_or(false)
     }
 
+    /// The MCP transports the agent advertises besides stdio.
+    pub fn mcp_transports(&self) -> McpTransports {
+        let mcp = self.capabilities.get("mcpCapabilities");
+        let flag = |k: &str| {
+            mcp.and_then(|m| m.get(k))
+                .and_then(serde_json::Value::as_bool)
+                .unwrap_or(false)
+        };
+        McpTransports {
+            http: flag("http"),
+            sse: flag("sse"),
+        }
+    }
+
     /// Whether the agent itself supports `session/close`.
     pub fn can_close(&self) -> bool {
         self.capabilities
@@ -98,12 +113,21 @@ pub struct AgentPool {
     info: Mutex<Option<Arc<AgentInfo>>>,
     /// Source of process ids (shared across pools for readable logs).
     ids: Arc<AtomicU64>,
+    /// Each user's home, workspaces and sandbox.
+    tenancy: Arc<Tenancy>,
     /// Tracks every process task, so shutdown can wait for them.
     tracker: TaskTracker,
 }
 
 impl AgentPool {
-    fn new(name: &str, cfg: AgentConfig, max_line_bytes: usize, ids: Arc<AtomicU64>, tracker: TaskTracker) -> Self {
+    fn new(
+        name: &str,
+        cfg: AgentConfig,
+        max_line_bytes: usize,
+        ids: Arc<AtomicU64>,
+        tenancy: Arc<Tenancy>,
+        tracker: TaskTracker,
+    ) -> Self {
         Self {
             name: Arc::from(name),
             cfg,
@@ -112,15 +136,33 @@ impl AgentPool {
             spawn_gate: tokio::sync::Mutex::new(()),
             info: Mutex::new(None),
             ids,
+            tenancy,
             tracker,
         }
+    }
+
+    /// How this agent is configured.
+    pub fn config(&self) -> &AgentConfig {
+        &self.cfg
+    }
+
+    /// Whether one process may carry several users' sessions.
+    pub fn is_shared(&self) -> bool {
+        self.cfg.pool.share_between_users
+    }
+
+    /// How long a request to the agent may take.
+    pub fn request_timeout(&self) -> Duration {
+        self.timeout()
     }
 
     fn timeout(&self) -> Duration {
         Duration::from_secs(self.cfg.pool.request_timeout_secs)
     }
 
-    /// The agent's capabilities, starting a (warm, unassigned) process to learn them if needed.
+    /// The agent's capabilities, starting a process to learn them if needed: a warm one for a
+    /// shared agent; for a per-user agent a probe with no user's environment, stopped once it
+    /// has answered `initialize` (a process is only ever handed to the user it was started for).
     pub async fn info(&self) -> Result<Arc<AgentInfo>, RpcError> {
         if let Some(info) = self.cached_info() {
             return Ok(info);
@@ -129,9 +171,80 @@ impl AgentPool {
         if let Some(info) = self.cached_info() {
             return Ok(info);
         }
-        self.spawn_locked().await?;
+        let probe = self.spawn_locked(None).await?;
+        if !self.is_shared() {
+            self.forget(&probe);
+            probe.stop();
+        }
         self.cached_info()
             .ok_or_else(|| RpcError::internal("agent did not initialize"))
+    }
+
+    /// The agent's capabilities for `user`'s connection: when nobody has learned them yet, the
+    /// process started to learn them is `user`'s own, and serves their first session.
+    pub async fn info_for(&self, user: &Arc<str>) -> Result<Arc<AgentInfo>, RpcError> {
+        if let Some(info) = self.cached_info() {
+            return Ok(info);
+        }
+        let _gate = self.spawn_gate.lock().await;
+        if let Some(info) = self.cached_info() {
+            return Ok(info);
+        }
+        self.spawn_locked(Some(user)).await?;
+        self.cached_info()
+            .ok_or_else(|| RpcError::internal("agent did not initialize"))
+    }
+
+    /// With `min_idle` on a per-user agent: when `user` connects and has no process of this
+    /// agent, start one in the background, so that their `session/new` finds it warm.
+    pub fn prewarm(self: &Arc<Self>, user: &Arc<str>) {
+        if self.is_shared() || self.cfg.pool.min_idle == 0 || self.has_process_of(user) {
+            return;
+        }
+        let pool = self.clone();
+        let user = user.clone();
+        self.tracker.spawn(async move {
+            let _gate = pool.spawn_gate.lock().await;
+            if pool.has_process_of(&user) {
+                return;
+            }
+            if let Err(e) = pool.spawn_locked(Some(&user)).await {
+                tracing::warn!(agent = %pool.name, user = %user, error = %e, "cannot start a warm process");
+            }
+        });
+    }
+
+    /// A live process of `user` (without taking a session slot), started if they have none:
+    /// where requests about the user rather than a session (`authenticate`) go.
+    pub async fn process_for(&self, user: &Arc<str>) -> Result<Arc<AgentProcess>, RpcError> {
+        if let Some(p) = self.live_process_of(user) {
+            return Ok(p);
+        }
+        let _gate = self.spawn_gate.lock().await;
+        if let Some(p) = self.live_process_of(user) {
+            return Ok(p);
+        }
+        self.spawn_locked(Some(user)).await
+    }
+
+    fn live_process_of(&self, user: &Arc<str>) -> Option<Arc<AgentProcess>> {
+        self.procs
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .find(|p| !p.is_dead() && p.owner().as_ref() == Some(user))
+            .cloned()
+    }
+
+    fn has_process_of(&self, user: &Arc<str>) -> bool {
+        self.live_process_of(user).is_some()
+    }
+
+    fn forget(&self, process: &Arc<AgentProcess>) {
+        self.procs
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .retain(|p| !Arc::ptr_eq(p, process));
     }
 
     /// The capabilities, if a process has reported them.
@@ -149,7 +262,7 @@ impl AgentPool {
         if let Some(p) = self.pick(user) {
             return Ok(p);
         }
-        let p = self.spawn_locked().await?;
+        let p = self.spawn_locked(Some(user)).await?;
         if p.claim(user) && p.try_reserve(self.cfg.pool.max_sessions_per_process) {
             Ok(p)
         } else {
@@ -157,8 +270,8 @@ impl AgentPool {
         }
     }
 
-    /// An existing process that can take a session of `user`: one of theirs (or shared) with room,
-    /// else a warm unassigned one.
+    /// An existing process that can take a session of `user`: one of theirs (or, for a shared
+    /// agent, any assigned one) with room, else (shared agents only) a warm unassigned one.
     fn pick(&self, user: &Arc<str>) -> Option<Arc<AgentProcess>> {
         let max = self.cfg.pool.max_sessions_per_process;
         let share = self.cfg.pool.share_between_users;
@@ -176,7 +289,11 @@ impl AgentPool {
         if let Some(p) = usable.into_iter().find(|p| p.try_reserve(max)) {
             return Some(p.clone());
         }
-        // Else a warm, unassigned one.
+        // Else a warm, unassigned one: only shared agents have them, since a per-user process
+        // runs with its user's home and workspaces from the start.
+        if !share {
+            return None;
+        }
         procs
             .iter()
             .filter(|p| !p.is_dead())
@@ -184,8 +301,9 @@ impl AgentPool {
             .cloned()
     }
 
-    /// Starts and initializes one process. Caller holds `spawn_gate`.
-    async fn spawn_locked(&self) -> Result<Arc<AgentProcess>, RpcError> {
+    /// Starts and initializes one process for `user` (`None`: no user's environment; such a
+    /// process is kept only by a shared agent). Caller holds `spawn_gate`.
+    async fn spawn_locked(&self, user: Option<&Arc<str>>) -> Result<Arc<AgentProcess>, RpcError> {
         self.sweep();
         let count = self.procs.lock().unwrap_or_else(|e| e.into_inner()).len();
         if count >= self.cfg.pool.max_processes {
@@ -195,11 +313,26 @@ impl AgentPool {
             )));
         }
         let id = self.ids.fetch_add(1, Ordering::Relaxed);
-        let p =
-            AgentProcess::spawn(id, self.name.clone(), &self.cfg, self.max_line_bytes, &self.tracker).map_err(|e| {
-                tracing::error!(agent = %self.name, command = %self.cfg.command, error = %e, "cannot start agent");
-                RpcError::internal(format!("cannot start agent {}: {e}", self.name))
-            })?;
+        // A shared agent's processes carry no user's environment; the first user to need one
+        // claims it (for routing and accounting) without changing what it can reach.
+        let user = user.filter(|_| !self.is_shared());
+        let cannot_start = |e: std::io::Error| {
+            tracing::error!(agent = %self.name, command = %self.cfg.command, error = %e, "cannot start agent");
+            RpcError::internal(format!("cannot start agent {}", self.name))
+        };
+        let launch = self
+            .tenancy
+            .launch(&self.cfg, user.map(|u| &**u))
+            .map_err(cannot_start)?;
+        let p = AgentProcess::spawn(
+            id,
+            self.name.clone(),
+            user.cloned(),
+            launch,
+            self.max_line_bytes,
+            &self.tracker,
+        )
+        .map_err(cannot_start)?;
         let client_caps = self.cfg.client_capabilities.clone().unwrap_or_else(
             || serde_json::json!({ "fs": { "readTextFile": false, "writeTextFile": false }, "terminal": false }),
         );
@@ -236,13 +369,15 @@ impl AgentPool {
     pub async fn maintain(&self) {
         self.sweep();
         let idle_timeout = Duration::from_secs(self.cfg.pool.idle_timeout_secs);
+        // Warm, unassigned processes exist only for shared agents (see `prewarm` for the rest).
+        let min_idle = if self.is_shared() { self.cfg.pool.min_idle } else { 0 };
         let warm = {
             let procs = self.procs.lock().unwrap_or_else(|e| e.into_inner());
             let mut warm = procs.iter().filter(|p| p.owner().is_none()).count();
             for p in procs.iter() {
                 // Keep unassigned processes up to min_idle; stop everything else that is idle.
                 let unassigned = p.owner().is_none();
-                if p.is_idle(idle_timeout) && (!unassigned || warm > self.cfg.pool.min_idle) {
+                if p.is_idle(idle_timeout) && (!unassigned || warm > min_idle) {
                     tracing::info!(agent = %self.name, process = p.id, "stopping idle agent process");
                     p.stop();
                     if unassigned {
@@ -252,9 +387,9 @@ impl AgentPool {
             }
             warm
         };
-        for _ in warm..self.cfg.pool.min_idle {
+        for _ in warm..min_idle {
             let _gate = self.spawn_gate.lock().await;
-            if let Err(e) = self.spawn_locked().await {
+            if let Err(e) = self.spawn_locked(None).await {
                 tracing::warn!(agent = %self.name, error = %e, "cannot keep a warm process");
                 break;
             }
@@ -299,7 +434,7 @@ pub struct Pools {
 
 impl Pools {
     /// Pools for every agent in `config`.
-    pub fn new(config: &Config, tracker: TaskTracker) -> Self {
+    pub fn new(config: &Config, tenancy: Arc<Tenancy>, tracker: TaskTracker) -> Self {
         let ids = Arc::new(AtomicU64::new(1));
         let pools = config
             .agents
@@ -310,6 +445,7 @@ impl Pools {
                     cfg.clone(),
                     config.limits.max_line_bytes,
                     ids.clone(),
+                    tenancy.clone(),
                     tracker.clone(),
                 );
                 (name.clone(), Arc::new(pool))

@@ -26,9 +26,9 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::bridge::client::ClientHandle;
-use crate::config::AgentConfig;
 use crate::protocol::{self, Incoming, Kind, RpcError, codes};
 use crate::session::LiveSession;
+use crate::tenancy::Launch;
 
 /// Lines queued for one agent's stdin.
 const STDIN_QUEUE: usize = 1024;
@@ -78,10 +78,12 @@ pub struct AgentProcess {
     last_active_ms: AtomicU64,
     /// Reference for `last_active_ms`.
     started: Instant,
-    /// The last stderr lines, for crash reports.
+    /// The last stderr lines, logged when the process ends (never sent to clients: they can
+    /// hold other users' data or the host's secrets).
     stderr_tail: Mutex<VecDeque<String>>,
-    /// How the process ended, once it has.
-    exit: Mutex<Option<String>>,
+    /// What every request gets once the process has ended: how it ended, and an error id that
+    /// matches the log line holding its stderr tail.
+    gone: Mutex<Option<RpcError>>,
 }
 
 impl std::fmt::Debug for AgentProcess {
@@ -132,25 +134,22 @@ struct UpdateParams<'a> {
 }
 
 impl AgentProcess {
-    /// Starts the agent and its three tasks. Does not initialize it.
+    /// Starts the agent (as `launch` says: environment, home, sandbox) for `owner` (`None`: a
+    /// process that may serve several users) and its three tasks. Does not initialize it.
     pub fn spawn(
         id: u64,
         agent: Arc<str>,
-        cfg: &AgentConfig,
+        owner: Option<Arc<str>>,
+        launch: Launch,
         max_line_bytes: usize,
         tracker: &TaskTracker,
     ) -> std::io::Result<Arc<Self>> {
-        let mut cmd = Command::new(&cfg.command);
-        cmd.args(&cfg.args)
-            .envs(&cfg.env)
-            .stdin(Stdio::piped())
+        let mut cmd: Command = launch.command;
+        cmd.stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .process_group(0)
             .kill_on_drop(true);
-        if let Some(dir) = &cfg.cwd {
-            cmd.current_dir(dir);
-        }
         let mut child = cmd.spawn()?;
         let pid = child
             .id()
@@ -161,7 +160,7 @@ impl AgentProcess {
             id,
             agent,
             pid,
-            owner: Mutex::new(None),
+            owner: Mutex::new(owner),
             stdin: stdin_tx,
             next_id: AtomicU64::new(0),
             pending: Mutex::new(HashMap::new()),
@@ -172,7 +171,7 @@ impl AgentProcess {
             last_active_ms: AtomicU64::new(0),
             started: Instant::now(),
             stderr_tail: Mutex::new(VecDeque::with_capacity(STDERR_TAIL)),
-            exit: Mutex::new(None),
+            gone: Mutex::new(None),
         });
         let (Some(stdin), Some(stdout), Some(stderr)) = (child.stdin.take(), child.stdout.take(), child.stderr.take())
         else {
@@ -186,7 +185,7 @@ impl AgentProcess {
         tracker.spawn(read_stderr(Arc::downgrade(&process), stderr));
         tracker.spawn(wait(process.clone(), child, guard));
         metrics::gauge!("acp_gateway_agent_processes", "agent" => process.agent.to_string()).increment(1.0);
-        tracing::info!(agent = %process.agent, process = id, pid, "agent process started");
+        tracing::info!(agent = %process.agent, process = id, pid, sandboxed = launch.sandboxed, "agent process started");
         Ok(process)
     }
 
@@ -253,12 +252,18 @@ impl AgentProcess {
             .store(self.started.elapsed().as_millis() as u64, Ordering::Relaxed);
     }
 
-    /// Routes the agent's updates and requests for `agent_session_id` to `session`.
-    pub fn bind_session(&self, agent_session_id: Arc<str>, session: Arc<LiveSession>) {
-        self.sessions
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(agent_session_id, session);
+    /// Routes the agent's updates and requests for `agent_session_id` to `session`. Refused
+    /// (`false`) when that id already routes to another session: an agent that answers with an
+    /// id it already gave out (or one a client chose) must not divert a live session.
+    pub fn bind_session(&self, agent_session_id: Arc<str>, session: Arc<LiveSession>) -> bool {
+        let mut sessions = self.sessions.lock().unwrap_or_else(|e| e.into_inner());
+        match sessions.get(&agent_session_id) {
+            Some(bound) if !Arc::ptr_eq(bound, &session) => false,
+            _ => {
+                sessions.insert(agent_session_id, session);
+                true
+            }
+        }
     }
 
     /// Stops routing for a session and frees its slot.
@@ -341,7 +346,19 @@ impl AgentProcess {
 
     /// The error every request gets once the process is gone.
     pub fn gone_error(&self) -> RpcError {
-        let exit = self.exit.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        self.gone
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+            .unwrap_or_else(|| {
+                RpcError::internal("agent process is gone").with_data(serde_json::json!({ "agent": &*self.agent }))
+            })
+    }
+
+    /// Records how the process ended: logs its stderr tail under a fresh error id, and keeps the
+    /// client-facing error (the id, never the tail).
+    fn record_exit(&self, how: &str) {
+        let error_id = uuid::Uuid::new_v4().simple().to_string()[..12].to_string();
         let tail: Vec<String> = self
             .stderr_tail
             .lock()
@@ -349,11 +366,10 @@ impl AgentProcess {
             .iter()
             .cloned()
             .collect();
-        RpcError::internal(format!(
-            "agent process exited{}",
-            exit.map(|e| format!(" ({e})")).unwrap_or_default()
-        ))
-        .with_data(serde_json::json!({ "agent": &*self.agent, "stderrTail": tail }))
+        tracing::warn!(agent = %self.agent, process = self.id, pid = self.pid, status = %how, error_id = %error_id, stderr_tail = ?tail, "agent process ended");
+        let err = RpcError::internal(format!("agent process exited ({how}); error id {error_id}"))
+            .with_data(serde_json::json!({ "agent": &*self.agent, "errorId": error_id }));
+        *self.gone.lock().unwrap_or_else(|e| e.into_inner()) = Some(err);
     }
 
     /// Routes one stdout line.
@@ -609,8 +625,7 @@ async fn wait(process: Arc<AgentProcess>, mut child: Child, guard: GroupGuard) {
         },
         Err(e) => format!("wait failed: {e}"),
     };
-    tracing::info!(agent = %process.agent, process = process.id, pid = process.pid, status = %text, "agent process ended");
-    *process.exit.lock().unwrap_or_else(|e| e.into_inner()) = Some(text);
+    process.record_exit(&text);
     metrics::gauge!("acp_gateway_agent_processes", "agent" => process.agent.to_string()).decrement(1.0);
     process.stop.cancel();
     process.dead.cancel();

@@ -119,16 +119,57 @@ pub fn session_update_raw_id(session_id_json: &str, update: &str, seq: u64, agen
 /// Returns `params` (a JSON object) with `sessionId` set to `session_id`; every other member is
 /// copied as raw JSON. `None` when `params` is not an object.
 pub fn with_session_id(params: &RawValue, session_id: &str) -> Option<String> {
+    rewrite_params(params, Some(session_id), None)
+}
+
+/// [`with_session_id`] for what a client sends an agent: `sessionId` set when given, and the
+/// root `_meta` keeping only the keys in `keep_meta` (`None`: all of it), left out when nothing
+/// of it is kept. Members are copied as raw JSON, never re-serialized.
+pub fn rewrite_params(params: &RawValue, session_id: Option<&str>, keep_meta: Option<&[String]>) -> Option<String> {
     let mut members: BTreeMap<std::borrow::Cow<'_, str>, &RawValue> = serde_json::from_str(params.get()).ok()?;
-    members.remove("sessionId");
-    let mut out = String::with_capacity(params.get().len() + session_id.len() + 16);
-    out.push_str(r#"{"sessionId":"#);
-    push_json_str(&mut out, session_id);
+    if session_id.is_some() {
+        members.remove("sessionId");
+    }
+    let meta = match keep_meta {
+        Some(keep) => members.remove("_meta").and_then(|m| filtered_meta(m, keep)),
+        None => None,
+    };
+    let mut out = String::with_capacity(params.get().len() + 16);
+    if let Some(session_id) = session_id {
+        out.push_str(r#"{"sessionId":"#);
+        push_json_str(&mut out, session_id);
+    }
     for (key, value) in members {
-        out.push(',');
+        out.push(if out.is_empty() { '{' } else { ',' });
         push_json_str(&mut out, &key);
         out.push(':');
         out.push_str(value.get());
+    }
+    if let Some(meta) = meta {
+        out.push(if out.is_empty() { '{' } else { ',' });
+        out.push_str(r#""_meta":"#);
+        out.push_str(&meta);
+    }
+    if out.is_empty() {
+        out.push('{');
+    }
+    out.push('}');
+    Some(out)
+}
+
+/// A `_meta` object with only the keys in `keep`, or `None` when none of them is there (or it
+/// is not an object).
+pub fn filtered_meta(meta: &RawValue, keep: &[String]) -> Option<String> {
+    let members: BTreeMap<std::borrow::Cow<'_, str>, &RawValue> = serde_json::from_str(meta.get()).ok()?;
+    let mut out = String::new();
+    for (key, value) in members.iter().filter(|(k, _)| keep.iter().any(|w| w == k.as_ref())) {
+        out.push(if out.is_empty() { '{' } else { ',' });
+        push_json_str(&mut out, key);
+        out.push(':');
+        out.push_str(value.get());
+    }
+    if out.is_empty() {
+        return None;
     }
     out.push('}');
     Some(out)
@@ -167,6 +208,39 @@ mod tests {
         );
         let not_object: Box<RawValue> = serde_json::from_str("[1]").expect("raw");
         assert!(with_session_id(&not_object, "b").is_none());
+    }
+
+    #[test]
+    fn client_meta_keeps_only_allowed_keys() {
+        let keep = vec![String::from("traceparent")];
+        let p = RawValue::from_string(
+            r#"{"sessionId":"c","prompt":[{"type":"text","text":"x","_meta":{"k":1}}],"_meta":{"traceparent":"00-a-b-01","claudeCode":{"options":{"env":{}}}}}"#.into(),
+        )
+        .expect("raw");
+        let out = parse(&rewrite_params(&p, Some("agent-1"), Some(&keep)).expect("object"));
+        assert_eq!(out["sessionId"], "agent-1");
+        assert_eq!(out["_meta"], json!({"traceparent": "00-a-b-01"}));
+        assert_eq!(
+            out["prompt"][0]["_meta"],
+            json!({"k": 1}),
+            "only the root _meta is the client's options"
+        );
+        let p = RawValue::from_string(r#"{"sessionId":"c","_meta":{"claudeCode":{}}}"#.into()).expect("raw");
+        let out = parse(&rewrite_params(&p, Some("a"), Some(&keep)).expect("object"));
+        assert!(out.get("_meta").is_none(), "{out}");
+        let p = RawValue::from_string(r#"{"sessionId":"c","_meta":"not an object"}"#.into()).expect("raw");
+        assert!(
+            parse(&rewrite_params(&p, Some("a"), Some(&keep)).expect("object"))
+                .get("_meta")
+                .is_none()
+        );
+        let p = RawValue::from_string(r#"{"methodId":"m","_meta":{"x":1}}"#.into()).expect("raw");
+        assert_eq!(
+            parse(&rewrite_params(&p, None, Some(&keep)).expect("object")),
+            json!({"methodId": "m"})
+        );
+        let p = RawValue::from_string(r#"{"_meta":{"x":1}}"#.into()).expect("raw");
+        assert_eq!(rewrite_params(&p, None, Some(&keep)).as_deref(), Some("{}"));
     }
 
     #[test]

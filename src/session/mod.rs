@@ -116,14 +116,22 @@ impl LiveSession {
     }
 
     /// Binds the session to a process that already knows it (right after `session/new`).
-    pub async fn bind(self: &Arc<Self>, process: Arc<AgentProcess>, agent_session_id: Arc<str>) {
-        process.bind_session(agent_session_id.clone(), self.clone());
+    /// Refused when the process already routes that agent session id to another session.
+    pub async fn bind(
+        self: &Arc<Self>,
+        process: Arc<AgentProcess>,
+        agent_session_id: Arc<str>,
+    ) -> Result<(), RpcError> {
+        if !process.bind_session(agent_session_id.clone(), self.clone()) {
+            return Err(id_in_use());
+        }
         let mut st = self.state.lock().await;
         st.agent_session_id = Some(agent_session_id.clone());
         st.binding = Some(Binding {
             process,
             agent_session_id,
         });
+        Ok(())
     }
 
     /// Forgets the binding to process `process_id` (it died or was stopped).
@@ -328,7 +336,7 @@ impl LiveSession {
             return Err(RpcError::internal("session has no agent-side id to restore"));
         };
         let process = pool.acquire(&self.owner).await?;
-        let info = pool.info().await?;
+        let info = pool.info_for(&self.owner).await?;
         let method = if info.can_resume() {
             "session/resume"
         } else if info.can_load() {
@@ -340,14 +348,28 @@ impl LiveSession {
                 self.agent
             )));
         };
+        // The MCP servers accepted at creation, checked again: an operator may have taken a
+        // stdio command off the allow list since.
+        let servers: Vec<serde_json::Value> = serde_json::from_str(&self.mcp_servers).unwrap_or_default();
+        let servers: Vec<serde_json::Value> = servers
+            .into_iter()
+            .filter(|s| {
+                let ok =
+                    crate::tenancy::check_mcp_servers(std::slice::from_ref(s), pool.config(), info.mcp_transports());
+                if let Err(e) = &ok {
+                    tracing::warn!(session = %self.id, error = %e, "MCP server no longer allowed; not restored");
+                }
+                ok.is_ok()
+            })
+            .collect();
         let params = format!(
             r#"{{"sessionId":{},"cwd":{},"additionalDirectories":{},"mcpServers":{}}}"#,
             serde_json::to_string(&*agent_sid).unwrap_or_default(),
             serde_json::to_string(&self.cwd).unwrap_or_default(),
             self.additional_dirs,
-            self.mcp_servers,
+            serde_json::Value::from(servers),
         );
-        let timeout = Duration::from_secs(120);
+        let timeout = pool.request_timeout();
         if let Err(e) = process.request(method, &params, timeout).await {
             process.release();
             tracing::warn!(session = %self.id, method, error = %e, "agent could not restore session");
@@ -356,8 +378,12 @@ impl LiveSession {
                 e.message
             )));
         }
+        if !process.bind_session(agent_sid.clone(), self.clone()) {
+            process.release();
+            tracing::warn!(session = %self.id, process = process.id, "restored agent session id is already bound to another session; refused");
+            return Err(id_in_use());
+        }
         tracing::info!(session = %self.id, process = process.id, method, "session restored on agent process");
-        process.bind_session(agent_sid.clone(), self.clone());
         let b = Binding {
             process,
             agent_session_id: agent_sid,
@@ -404,6 +430,11 @@ impl LiveSession {
             settle.ask(&targets).await;
         }
     }
+}
+
+/// The answer when an agent's session id already routes to another live session.
+fn id_in_use() -> RpcError {
+    RpcError::internal("the agent answered with a session id that is already bound to another session; refused")
 }
 
 /// Title from a prompt's text: first line, at most [`TITLE_CHARS`] characters.

@@ -157,10 +157,7 @@ impl TestGateway {
         let mut c = Client::connect(&self.ws_url(), &self.token(user))
             .await
             .expect("connects");
-        let init = c
-            .request("initialize", json!({"protocolVersion": 1, "clientCapabilities": {}}))
-            .await;
-        assert!(init.get("result").is_some(), "initialize failed: {init}");
+        c.initialize().await;
         c
     }
 
@@ -203,6 +200,8 @@ pub struct Client {
     pub inbox: std::collections::VecDeque<Value>,
     /// The 101's `Acp-Connection-Id`.
     pub connection_id: Option<String>,
+    /// The user's first workspace root, from `initialize` (`_meta.gateway.workspaceRoots`).
+    pub root: String,
 }
 
 impl Client {
@@ -229,7 +228,21 @@ impl Client {
             next_id: 0,
             inbox: Default::default(),
             connection_id,
+            root: String::new(),
         })
+    }
+
+    /// Sends `initialize`, checks it succeeded, and notes the user's workspace root.
+    pub async fn initialize(&mut self) -> Value {
+        let init = self
+            .request("initialize", json!({"protocolVersion": 1, "clientCapabilities": {}}))
+            .await;
+        assert!(init.get("result").is_some(), "initialize failed: {init}");
+        self.root = init["result"]["_meta"]["gateway"]["workspaceRoots"][0]
+            .as_str()
+            .unwrap_or_else(|| panic!("initialize names no workspace root: {init}"))
+            .to_string();
+        init
     }
 
     /// Sends raw text.
@@ -324,9 +337,8 @@ impl Client {
 
     /// Creates a session and returns its id.
     pub async fn new_session(&mut self) -> String {
-        let r = self
-            .request("session/new", json!({"cwd": "/tmp", "mcpServers": []}))
-            .await;
+        let cwd = self.root.clone();
+        let r = self.request("session/new", json!({"cwd": cwd, "mcpServers": []})).await;
         r["result"]["sessionId"]
             .as_str()
             .unwrap_or_else(|| panic!("session/new failed: {r}"))

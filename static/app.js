@@ -76,6 +76,14 @@ class RpcError extends Error {
   }
 }
 
+/** session/new needs the user to sign in to the agent first; the sign-in card is on screen. */
+class AgentLoginNeeded extends Error {
+  constructor() { super('the agent needs a login'); }
+}
+
+/** JSON-RPC "authentication required": the agent wants `authenticate` before sessions. */
+const AUTH_REQUIRED = -32000;
+
 /** A request that was in flight when the socket dropped; the session catches up on reconnect. */
 class ConnectionLost extends Error {
   constructor() { super('connection lost'); }
@@ -92,6 +100,7 @@ class Connection {
   constructor(hooks) {
     this.hooks = hooks;
     this.agent = null;
+    this.info = null; // the last `initialize` result: authMethods, _meta.gateway.workspaceRoots
     this.ws = null;
     this.nextId = 1;
     this.pending = new Map(); // request id → {resolve, reject}
@@ -196,8 +205,9 @@ class Connection {
 
   async #initialize(ws) {
     try {
-      await this.#send('initialize', CLIENT_INIT);
+      const info = await this.#send('initialize', CLIENT_INIT);
       if (this.ws !== ws) return;
+      this.info = info ?? {};
       this.retry = 0;
       this.ready = true;
       this.#status('connected');
@@ -459,7 +469,7 @@ const ui = {
   agentSelect: $('agent-select'), newSession: $('new-session'), search: $('session-search'),
   list: $('session-list'), empty: $('session-empty'), loadMore: $('load-more'),
   title: $('session-title'), agentLabel: $('session-agent'), conn: $('conn-status'),
-  composer: $('composer'), input: $('prompt-input'), send: $('send'), stop: $('stop'),
+  composer: $('composer'), input: $('prompt-input'), send: $('send'), stop: $('stop'), cwd: $('cwd-input'),
   toggle: $('sidebar-toggle'), scrim: $('scrim'),
 };
 
@@ -471,6 +481,8 @@ const state = {
   current: null, // {id, cwd, title, agent}
   running: new Set(), // sessions with a session/prompt in flight
   permissions: new Map(), // String(request id) → card element
+  roots: [], // the user's workspace roots (GET /api/me), the first is the default cwd
+  agentLogin: null, // the agent sign-in card, while shown
 };
 
 const conv = new Conversation(ui.log);
@@ -510,10 +522,40 @@ function showSignIn() {
   $('signin-token').focus();
 }
 
-$('signin-form').addEventListener('submit', (event) => {
+// The form posts the token to /auth/login (never in a URL). Submitting it with fetch keeps a refusal
+// on this page; without JavaScript the browser posts the form itself.
+$('signin-form').addEventListener('submit', async (event) => {
   event.preventDefault();
-  const token = $('signin-token').value.trim();
-  if (token) location.href = `/auth/login?token=${encodeURIComponent(token)}`;
+  const input = $('signin-token');
+  const error = $('signin-error');
+  const token = input.value.trim();
+  if (!token) return;
+  error.hidden = true;
+  let res;
+  try {
+    res = await fetch('/auth/login', {
+      method: 'POST', credentials: 'same-origin', redirect: 'manual',
+      headers: { Accept: 'application/json' }, body: new URLSearchParams({ token }),
+    });
+  } catch {
+    error.textContent = 'The gateway did not answer; try again.';
+    error.hidden = false;
+    return;
+  }
+  // 303 to / with the cookie set: an opaque redirect to fetch.
+  if (res.type === 'opaqueredirect' || res.ok) {
+    input.value = '';
+    location.replace('/');
+    return;
+  }
+  let message = `${res.status} ${res.statusText}`;
+  try {
+    const body = await res.json();
+    if (typeof body.error === 'string') message = body.error;
+  } catch { /* not JSON */ }
+  error.textContent = message;
+  error.hidden = false;
+  input.select();
 });
 
 $('logout').addEventListener('click', async () => {
@@ -550,8 +592,76 @@ function useAgent(name) {
 
 ui.agentSelect.addEventListener('change', () => {
   setCurrent(null);
+  closeAgentLogin();
   useAgent(ui.agentSelect.value);
 });
+
+// --- agent login ---------------------------------------------------------------------------
+// An agent that needs its own login (claude, codex, …) refuses session/new with -32000 and lists
+// its auth methods in `initialize`. Each becomes a button that sends ACP `authenticate`; the
+// gateway passes it to this user's own agent process. Agent strings only ever go to textContent.
+
+function authMethods() {
+  const methods = conn.info?.authMethods;
+  return Array.isArray(methods) ? methods.filter((m) => m && typeof m.id === 'string') : [];
+}
+
+function closeAgentLogin() {
+  state.agentLogin?.remove();
+  state.agentLogin = null;
+}
+
+function showAgentLogin(err) {
+  closeAgentLogin();
+  const status = h('p', { class: 'agent-auth-status', role: 'status', testid: 'agent-auth-status' });
+  const buttons = [];
+  const items = authMethods().map((method) => {
+    const button = h('button', {
+      type: 'button', class: 'secondary', testid: 'auth-method', 'data-method-id': method.id,
+      text: typeof method.name === 'string' && method.name ? method.name : method.id,
+      onclick: () => signInToAgent(method, { card, buttons, status }),
+    });
+    buttons.push(button);
+    const about = typeof method.description === 'string' && method.description
+      ? h('span', { class: 'muted small', text: method.description }) : null;
+    return h('li', {}, button, about);
+  });
+  const card = h('div', { class: 'agent-auth', role: 'group', 'aria-labelledby': 'agent-auth-title', testid: 'agent-auth' },
+    h('p', { id: 'agent-auth-title', class: 'agent-auth-title' },
+      h('strong', { text: 'The agent needs you to sign in. ' }), h('span', { class: 'muted', text: err.message })),
+    h('ul', { class: 'agent-auth-methods' }, items),
+    status);
+  state.agentLogin = card;
+  ui.permissions.prepend(card);
+  buttons[0]?.focus();
+}
+
+async function signInToAgent(method, { card, buttons, status }) {
+  const name = typeof method.name === 'string' && method.name ? method.name : method.id;
+  buttons.forEach((b) => { b.disabled = true; });
+  status.dataset.state = 'pending';
+  status.textContent = `Signing in with ${name}…`;
+  try {
+    await conn.request('authenticate', { methodId: method.id });
+  } catch (err) {
+    status.dataset.state = 'failed';
+    status.textContent = err instanceof ConnectionLost
+      ? 'Connection lost; try again.' : `Sign-in failed: ${err.message}${err.code != null ? ` (code ${err.code})` : ''}`;
+    buttons.forEach((b) => { b.disabled = false; });
+    return;
+  }
+  status.dataset.state = 'ok';
+  status.textContent = `Signed in with ${name}.`;
+  if (state.agentLogin === card) state.agentLogin = null;
+  card.remove();
+  try {
+    await newSession();
+    conv.note(`Signed in to the agent with ${name}.`);
+    ui.input.focus();
+  } catch (err) {
+    reportError(err);
+  }
+}
 
 // --- session list --------------------------------------------------------------------------
 
@@ -667,10 +777,12 @@ function setCurrent(session) {
 
 /** Loads the current session, or catches up with what was missed (afterSeq) after a reconnect. */
 function syncSession() {
+  if (!ui.cwd.value) ui.cwd.value = defaultCwd();
   const current = state.current;
   if (!current) return;
   conv.flush();
-  const params = { sessionId: current.id, cwd: current.cwd || '/', mcpServers: [] };
+  // A restore names the session's own stored cwd (the gateway checks it against the roots).
+  const params = { sessionId: current.id, cwd: current.cwd || defaultCwd(), mcpServers: [] };
   if (conv.lastSeq > 0) params._meta = { gateway: { afterSeq: conv.lastSeq } };
   conv.busy(true);
   conn.request('session/load', params)
@@ -686,17 +798,35 @@ function openSession(id) {
   if (state.agents.length && !state.agents.some((a) => a.name === agent)) {
     return conv.error(new Error(`agent “${agent}” is not configured on this gateway`));
   }
-  setCurrent({ id, cwd: data.cwd || '/', title: data.title ?? '', agent });
+  setCurrent({ id, cwd: data.cwd || defaultCwd(), title: data.title ?? '', agent });
   if (agent !== conn.agent || conn.stopped) useAgent(agent); // onReady will load it
   else if (conn.ready) syncSession();
 }
 
+/** The user's first workspace root: from /api/me, else from `initialize`, else `/` (older gateways). */
+function defaultCwd() {
+  const fromInit = conn.info?._meta?.gateway?.workspaceRoots;
+  const roots = state.roots.length ? state.roots : Array.isArray(fromInit) ? fromInit : [];
+  return roots.find((r) => typeof r === 'string' && r) ?? '/';
+}
+
 async function newSession() {
-  const result = await conn.request('session/new', { cwd: '/', mcpServers: [] });
+  const cwd = ui.cwd.value.trim() || defaultCwd();
+  let result;
+  try {
+    result = await conn.request('session/new', { cwd, mcpServers: [] });
+  } catch (err) {
+    if (err instanceof RpcError && err.code === AUTH_REQUIRED && authMethods().length) {
+      showAgentLogin(err);
+      throw new AgentLoginNeeded();
+    }
+    throw err;
+  }
+  closeAgentLogin();
   const now = new Date().toISOString();
-  upsertSession({ sessionId: result.sessionId, cwd: '/', title: null, createdAt: now, updatedAt: now,
+  upsertSession({ sessionId: result.sessionId, cwd, title: null, createdAt: now, updatedAt: now,
     _meta: { messageCount: 0, agent: conn.agent } }, { top: true });
-  setCurrent({ id: result.sessionId, cwd: '/', title: '', agent: conn.agent });
+  setCurrent({ id: result.sessionId, cwd, title: '', agent: conn.agent });
   return result.sessionId;
 }
 
@@ -714,6 +844,7 @@ ui.newSession.addEventListener('click', async () => {
 });
 
 function reportError(err) {
+  if (err instanceof AgentLoginNeeded) return; // the sign-in card says it
   if (err instanceof ConnectionLost) conv.note('Connection lost; catching up after reconnecting…');
   else conv.error(err);
 }
@@ -864,6 +995,8 @@ async function boot() {
   ui.signin.hidden = true;
   ui.app.hidden = false;
   $('user-name').textContent = me?.user ?? '';
+  state.roots = Array.isArray(me?.workspaceRoots) ? me.workspaceRoots.filter((r) => typeof r === 'string') : [];
+  if (state.roots.length) ui.cwd.value = state.roots[0];
   setCurrent(null);
   const agent = await loadAgents();
   useAgent(agent);

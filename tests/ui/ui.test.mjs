@@ -6,7 +6,7 @@
 import { after, before, describe, it } from 'node:test';
 import assert from 'node:assert/strict';
 import { execFile, spawn } from 'node:child_process';
-import { existsSync, mkdirSync, mkdtempSync, readdirSync, readFileSync, rmSync } from 'node:fs';
+import { existsSync, mkdirSync, mkdtempSync, readdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import http from 'node:http';
 import net from 'node:net';
 import os from 'node:os';
@@ -26,6 +26,7 @@ const VERBOSE = process.env.TEST_LOG === '1';
 const STEP_MS = 15_000;
 const PROMPT_1 = 'hello from the browser';
 const PROMPT_2 = 'please look around [permission]';
+const PROMPT_3 = 'hello from a signed-in agent';
 
 const execFileAsync = promisify(execFile);
 
@@ -57,13 +58,17 @@ async function waitUntil(what, check, { ms = 30_000, every = 50 } = {}) {
   }
 }
 
-/** Pids of live processes whose environment contains `needle` (our gateway and its agents). */
-function processesWithEnv(needle) {
+/**
+ * Pids of live processes with an environment variable whose value mentions `dir`: our gateway
+ * (ACP_GATEWAY_DATA_DIR) and its agents (a clean environment, but HOME is the user's home under
+ * the data directory).
+ */
+function processesWithEnv(dir) {
   const pids = [];
   for (const name of readdirSync('/proc')) {
     if (!/^\d+$/.test(name) || Number(name) === process.pid) continue;
     try {
-      if (readFileSync(`/proc/${name}/environ`, 'latin1').split('\0').includes(needle)) {
+      if (readFileSync(`/proc/${name}/environ`, 'latin1').split('\0').some((kv) => kv.includes(dir))) {
         const stat = readFileSync(`/proc/${name}/stat`, 'latin1');
         if (stat.slice(stat.lastIndexOf(')') + 2)[0] !== 'Z') pids.push(Number(name));
       }
@@ -100,11 +105,14 @@ describe('web UI in Chromium against the real gateway', { timeout: 180_000 }, ()
   let gatewayLog = '';
   let base;
   let token;
+  let loginUrl; // the one-time link `serve` printed
+  let user; // who that link signs in
   let browser;
   let context;
   let page;
   const pageErrors = [];
   const consoleErrors = [];
+  const cspViolations = [];
   let sessionId;
 
   before(async () => {
@@ -113,13 +121,13 @@ describe('web UI in Chromium against the real gateway', { timeout: 180_000 }, ()
     tmp = mkdtempSync(path.join(os.tmpdir(), 'acp-gateway-ui-'));
     const port = await freePort();
     base = `http://127.0.0.1:${port}`;
-    envMarker = `ACP_GATEWAY_DATA_DIR=${tmp}`;
+    envMarker = tmp;
     env = {
       ...process.env,
       ACP_GATEWAY_LISTEN: `127.0.0.1:${port}`,
       ACP_GATEWAY_DATA_DIR: tmp,
       DATABASE_URL: `sqlite://${tmp}/ui.db`,
-      ACP_GATEWAY_JWT_SECRET: 'ui-test-secret',
+      ACP_GATEWAY_JWT_SECRET: 'ui-test-secret-0123456789-0123456789',
       ACP_GATEWAY_STATIC_DIR: path.join(REPO, 'static'),
       ACP_GATEWAY_AGENT: `${BINARY} demo-agent --delay-us 2000 --chunks 5`,
       RUST_LOG: process.env.RUST_LOG || 'info',
@@ -128,8 +136,19 @@ describe('web UI in Chromium against the real gateway', { timeout: 180_000 }, ()
     delete env.ACP_GATEWAY_JWT_PUBLIC_KEY;
     delete env.ACP_GATEWAY_JWT_ISSUER;
     delete env.ACP_GATEWAY_JWT_AUDIENCE;
+    // A second agent that needs its own login (like claude or codex): the web UI signs the user in
+    // to it through its auth method.
+    const configFile = path.join(tmp, 'gateway.toml');
+    writeFileSync(configFile, [
+      '[agents.login]',
+      `command = ${JSON.stringify(BINARY)}`,
+      'args = ["demo-agent", "--require-auth", "--delay-us", "2000", "--chunks", "5"]',
+      '',
+    ].join('\n'));
 
-    gateway = spawn(BINARY, ['serve'], { env, cwd: tmp, stdio: ['ignore', 'pipe', 'pipe'] });
+    let stdout = '';
+    gateway = spawn(BINARY, ['serve', '--config', configFile], { env, cwd: tmp, stdio: ['ignore', 'pipe', 'pipe'] });
+    gateway.stdout.on('data', (chunk) => { stdout += chunk.toString(); });
     gatewayExit = new Promise((resolve) => gateway.once('exit', (code, signal) => resolve({ code, signal })));
     const keep = (chunk) => {
       const text = chunk.toString();
@@ -150,6 +169,13 @@ describe('web UI in Chromium against the real gateway', { timeout: 180_000 }, ()
       throw new Error(`${err.message}\n--- gateway log ---\n${gatewayLog}`);
     });
 
+    // `serve` prints a one-time login link for user `local`, never a token.
+    await waitUntil('the login link on stdout', () => /\/auth\/login\?code=\S+/.test(stdout), { ms: STEP_MS });
+    loginUrl = stdout.match(/http:\/\/\S+\/auth\/login\?code=\S+/)?.[0];
+    assert.ok(loginUrl?.startsWith(`${base}/auth/login?code=`), `unexpected login link in:\n${stdout}`);
+    assert.doesNotMatch(stdout, /token=/, 'serve printed a token');
+    user = 'local';
+
     const minted = await execFileAsync(BINARY, ['token', '--sub', 'alice'], { env, cwd: tmp, timeout: 30_000 });
     token = minted.stdout.trim().split(/\s+/).pop();
     assert.match(token, /^[\w-]+\.[\w-]+\.[\w-]+$/, `token command printed no JWT: ${minted.stdout}`);
@@ -162,6 +188,13 @@ describe('web UI in Chromium against the real gateway', { timeout: 180_000 }, ()
     });
     context = await browser.newContext({ viewport: { width: 1280, height: 800 } });
     context.setDefaultTimeout(STEP_MS);
+    // Content-Security-Policy violations, reported from inside every document the page loads.
+    await context.exposeFunction('reportCspViolation', (v) => cspViolations.push(v));
+    await context.addInitScript(() => {
+      document.addEventListener('securitypolicyviolation', (e) => {
+        window.reportCspViolation(`${e.violatedDirective} blocked ${e.blockedURI || 'inline'} in ${e.sourceFile}:${e.lineNumber}`);
+      });
+    });
     page = await context.newPage();
     page.on('pageerror', (err) => pageErrors.push(String(err?.stack ?? err)));
     page.on('console', (msg) => { if (msg.type() === 'error') consoleErrors.push(`${msg.text()} (${msg.location()?.url ?? ''})`); });
@@ -220,17 +253,26 @@ describe('web UI in Chromium against the real gateway', { timeout: 180_000 }, ()
   const agentReply = (text) => byId('message-agent').filter({ hasText: text }).first();
   const userMessage = (text) => byId('message-user').filter({ hasText: text });
 
-  step('signs in through /auth/login and connects the ACP socket', async () => {
-    const response = await page.goto(`${base}/auth/login?token=${encodeURIComponent(token)}`);
+  /** The user's first workspace root, as the gateway reports it. */
+  const workspaceRoot = (name) => path.join(tmp, 'workspaces', name);
+
+  step('signs in with the one-time link `serve` printed and connects the ACP socket', async () => {
+    const response = await page.goto(loginUrl);
     assert.equal(new URL(page.url()).pathname, '/', `landed on ${page.url()}`);
+    assert.equal(new URL(page.url()).search, '', 'the code is gone from the address bar');
     assert.equal(response.status(), 200);
+    const csp = response.headers()['content-security-policy'] ?? '';
+    assert.match(csp, /frame-ancestors 'none'/);
+    assert.match(csp, /script-src 'self'/);
     await connected();
-    assert.equal(await byId('user-name').textContent(), 'alice');
+    assert.equal(await byId('user-name').textContent(), user);
     assert.equal(await byId('conn-status').textContent(), 'connected');
     assert.equal(await page.locator('#signin').isVisible(), false);
   });
 
   step('creates a session and streams a reply with a plan and a tool call', async () => {
+    // New sessions start in the user's workspace root, not in `/`.
+    assert.equal(await byId('cwd-input').inputValue(), workspaceRoot(user));
     await byId('new-session').click();
     await byId('session-item').first().waitFor();
     await byId('prompt-input').fill(PROMPT_1);
@@ -256,7 +298,8 @@ describe('web UI in Chromium against the real gateway', { timeout: 180_000 }, ()
     // The server agrees: the session is stored with its title taken from the first prompt.
     await waitUntil('the session to be listed with its title', async () => {
       const list = await (await page.request.get(`${base}/api/sessions`)).json();
-      return list.sessions?.length === 1 && list.sessions[0].sessionId === sessionId && list.sessions[0].title === PROMPT_1;
+      return list.sessions?.length === 1 && list.sessions[0].sessionId === sessionId && list.sessions[0].title === PROMPT_1
+        && list.sessions[0].cwd === workspaceRoot(user);
     }, { ms: STEP_MS });
 
     await page.screenshot({ path: path.join(SCREENSHOTS, 'conversation.png') });
@@ -320,6 +363,37 @@ describe('web UI in Chromium against the real gateway', { timeout: 180_000 }, ()
     assert.deepEqual((await res.json()).sessions, []);
   });
 
+  step('signs in to an agent that needs its own login, through its auth method', async () => {
+    const marker = path.join(tmp, 'homes', user, '.acp-demo-agent', 'login');
+    assert.equal(existsSync(marker), false);
+    await byId('agent-select').selectOption('login');
+    await connected();
+    await byId('new-session').click();
+
+    const card = byId('agent-auth');
+    await card.waitFor();
+    assert.match(await card.textContent(), /Authentication required/);
+    assert.match(await card.textContent(), /Signs this user's demo agent in \(stored in \$HOME\)/);
+    const method = byId('auth-method');
+    assert.equal(await method.count(), 1);
+    assert.equal(await method.textContent(), 'Demo login');
+    assert.equal(await byId('session-item').count(), 0, 'no session before the agent is signed in');
+    await page.screenshot({ path: path.join(SCREENSHOTS, 'agent-login.png') });
+    await method.click();
+
+    // authenticate went to this user's own agent (its HOME), then session/new was retried.
+    await card.waitFor({ state: 'detached' });
+    await page.locator('.note', { hasText: 'Signed in to the agent with Demo login.' }).waitFor();
+    await byId('session-item').first().waitFor();
+    assert.ok(existsSync(marker), `no login marker in ${marker}`);
+    await byId('prompt-input').fill(PROMPT_3);
+    await byId('send').click();
+    await agentReply(`chunk 5/5: you said: ${PROMPT_3}`).waitFor();
+    const list = await (await page.request.get(`${base}/api/sessions`)).json();
+    assert.equal(list.sessions?.[0]?._meta?.agent, 'login');
+    assert.equal(list.sessions?.[0]?.cwd, workspaceRoot(user));
+  });
+
   step('shows the sign-in panel without a login, and /acp refuses the socket', async () => {
     const stranger = await browser.newContext();
     try {
@@ -341,15 +415,42 @@ describe('web UI in Chromium against the real gateway', { timeout: 180_000 }, ()
       assert.equal(outcome, 'closed 1006', 'an unauthenticated WebSocket must not connect');
       assert.equal((await other.request.get(`${base}/api/sessions`)).status(), 401);
       assert.equal(await upgradeStatus(new URL(base).port), 401);
+
+      // The printed link worked once; a second use is refused.
+      const reused = await other.goto(loginUrl);
+      assert.equal(reused.status(), 401);
+      await other.getByText('expired or already used').waitFor();
+
+      // The sign-in form posts the token (never in a URL); a bad one is refused on the page.
+      await other.goto(`${base}/`);
+      await other.getByTestId('signin-token').fill('not-a-token');
+      await other.getByTestId('signin-submit').click();
+      await other.getByTestId('signin-error').waitFor();
+      assert.match(await other.getByTestId('signin-error').textContent(), /refused/);
+      const posted = [];
+      other.on('request', (req) => { if (req.url().includes('/auth/login')) posted.push(`${req.method()} ${req.url()}`); });
+      await other.getByTestId('signin-token').fill(token);
+      await other.getByTestId('signin-submit').click();
+      await other.locator('[data-testid="conn-status"][data-state="connected"]').waitFor();
+      assert.equal(await other.getByTestId('user-name').textContent(), 'alice');
+      assert.equal(await other.getByTestId('cwd-input').inputValue(), workspaceRoot('alice'));
+      assert.deepEqual(posted, [`POST ${base}/auth/login`], 'the token went in a POST body');
+      assert.equal(new URL(other.url()).search, '');
+      const cookies = await stranger.cookies(base);
+      const cookie = cookies.find((c) => c.name === 'acp_gateway_token');
+      assert.ok(cookie, `no cookie: ${JSON.stringify(cookies.map((c) => c.name))}`);
+      assert.equal(cookie.httpOnly, true);
+      assert.equal(cookie.sameSite, 'Strict');
       assert.deepEqual(otherErrors, [], 'uncaught errors in the signed-out page');
     } finally {
       await stranger.close();
     }
   }, { always: true });
 
-  step('raised no page errors', () => {
+  step('raised no page errors and no Content-Security-Policy violations', () => {
     assert.deepEqual(pageErrors, [], 'uncaught errors in the page');
     assert.deepEqual(consoleErrors, [], 'console errors in the page');
+    assert.deepEqual(cspViolations, [], 'Content-Security-Policy violations');
   }, { always: true });
 
   step('shuts down cleanly on SIGTERM and leaves no process behind', async () => {

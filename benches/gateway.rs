@@ -257,10 +257,16 @@ impl<T: Transport> Rpc<T> {
     }
 
     async fn setup(&mut self) -> Result<String> {
-        self.call_timed("initialize", json!({"protocolVersion": 1, "clientCapabilities": {}}))
+        let (init, _, _) = self
+            .call_timed("initialize", json!({"protocolVersion": 1, "clientCapabilities": {}}))
             .await?;
+        // The gateway names the user's workspace root; the bare agent takes any directory.
+        let cwd = init["result"]["_meta"]["gateway"]["workspaceRoots"][0]
+            .as_str()
+            .unwrap_or("/tmp")
+            .to_string();
         let (v, _, _) = self
-            .call_timed("session/new", json!({"cwd": "/tmp", "mcpServers": []}))
+            .call_timed("session/new", json!({"cwd": cwd, "mcpServers": []}))
             .await?;
         v["result"]["sessionId"]
             .as_str()

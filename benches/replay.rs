@@ -70,6 +70,8 @@ async fn main() {
         .filter(|u| u.starts_with("postgres"))
         .unwrap_or_else(|| format!("sqlite://{}/bench.db", dir.path().display()));
     config.data_dir = dir.path().to_path_buf();
+    // One user, trusted with /tmp: the benchmark measures replay, not workspace checks.
+    config.workspace_roots = vec!["/tmp".into()];
     config.jwt.secret = Some("bench-secret-0123456789-0123456789".to_string().into());
     let agent = config.agents.get_mut(DEFAULT_AGENT).expect("default agent");
     agent.command = env!("CARGO_BIN_EXE_acp-gateway").into();

@@ -157,6 +157,16 @@ async fn working_directories_outside_the_users_roots_are_refused() {
     let bob = gw.client("bob").await;
     let root = PathBuf::from(&alice.root);
     assert_eq!(root, dir.join("workspaces/alice"));
+    let me: Value = reqwest::Client::new()
+        .get(gw.http_url("/api/me"))
+        .bearer_auth(gw.token("alice"))
+        .send()
+        .await
+        .expect("http")
+        .json()
+        .await
+        .expect("json");
+    assert_eq!(me["workspaceRoots"], json!([alice.root]), "the web UI's default cwd");
     std::fs::create_dir_all(root.join("proj/src")).expect("mkdir");
     std::os::unix::fs::symlink("/etc", root.join("escape")).expect("symlink");
     std::os::unix::fs::symlink(root.join("proj"), root.join("inside")).expect("symlink");

@@ -40,8 +40,16 @@ fn http_error(e: RpcError) -> Response {
     (status, Json(json!({ "error": e.message }))).into_response()
 }
 
-async fn me(Caller(who): Caller) -> Json<serde_json::Value> {
-    Json(json!({ "user": who.user, "expiresAt": who.expires_at }))
+/// Who the caller is, and the workspace roots their sessions may use (created on first use).
+async fn me(State(gw): State<Arc<Gateway>>, Caller(who): Caller) -> Json<serde_json::Value> {
+    let roots: Vec<String> = match gw.tenancy.roots(&who.user) {
+        Ok(roots) => roots.iter().map(|r| r.to_string_lossy().into_owned()).collect(),
+        Err(e) => {
+            tracing::warn!(user = %who.user, error = %e, "cannot set up the user's workspace roots");
+            Vec::new()
+        }
+    };
+    Json(json!({ "user": who.user, "expiresAt": who.expires_at, "workspaceRoots": roots }))
 }
 
 async fn agents(State(gw): State<Arc<Gateway>>, Caller(_): Caller) -> Json<serde_json::Value> {

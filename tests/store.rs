@@ -161,21 +161,6 @@ async fn create_get_list_delete(backend: Backend) {
     );
     assert_eq!(s.get_session("alice", "nope").await.expect("get"), None);
 
-    s.set_agent_session_id("s1", Some("agent-7"))
-        .await
-        .expect("set agent id");
-    let got = s.get_session("alice", "s1").await.expect("get").expect("s1");
-    assert_eq!(got.agent_session_id.as_deref(), Some("agent-7"));
-    s.set_agent_session_id("s1", None).await.expect("clear agent id");
-    assert_eq!(
-        s.get_session("alice", "s1")
-            .await
-            .expect("get")
-            .expect("s1")
-            .agent_session_id,
-        None
-    );
-
     let all = list_all(s, "alice", &ListFilter::default()).await;
     assert_eq!(ids(&all), ["s3", "s2", "s1"], "newest updated_at first");
     let page = s

@@ -141,8 +141,6 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     async fn create_session(&self, s: &NewSession<'_>) -> Result<(), StoreError>;
     /// A session of `owner`, or `None` (unknown and foreign ids alike).
     async fn get_session(&self, owner: &str, id: &str) -> Result<Option<SessionRecord>, StoreError>;
-    /// Records the agent's id for a session after a (re)start.
-    async fn set_agent_session_id(&self, id: &str, agent_session_id: Option<&str>) -> Result<(), StoreError>;
     /// One page of `owner`'s sessions, newest `updated_at` first, strictly after `after`.
     async fn list_sessions(
         &self,

@@ -122,18 +122,6 @@ impl Store for PgStore {
         Ok(row.as_ref().map(record).transpose()?)
     }
 
-    async fn set_agent_session_id(&self, id: &str, agent_session_id: Option<&str>) -> Result<(), StoreError> {
-        // The trait names no owner here (the caller has checked it): system work.
-        let mut tx = self.as_system().await?;
-        sqlx::query("UPDATE sessions SET agent_session_id = $1 WHERE id = $2")
-            .bind(agent_session_id)
-            .bind(id)
-            .execute(&mut *tx)
-            .await?;
-        tx.commit().await?;
-        Ok(())
-    }
-
     async fn list_sessions(
         &self,
         owner: &str,

@@ -140,15 +140,6 @@ impl Store for SqliteStore {
         Ok(row.as_ref().map(record).transpose()?)
     }
 
-    async fn set_agent_session_id(&self, id: &str, agent_session_id: Option<&str>) -> Result<(), StoreError> {
-        sqlx::query("UPDATE sessions SET agent_session_id = ?1 WHERE id = ?2")
-            .bind(agent_session_id)
-            .bind(id)
-            .execute(&self.pool)
-            .await?;
-        Ok(())
-    }
-
     async fn list_sessions(
         &self,
         owner: &str,

@@ -9,11 +9,14 @@
 pub mod cursor;
 pub mod persister;
 pub mod postgres;
+mod sql;
 pub mod sqlite;
 
 use std::sync::Arc;
 
 use async_trait::async_trait;
+
+pub use sql::list_query;
 
 /// A store failure. Callers log the detail and answer clients with a generic error.
 #[derive(Debug, thiserror::Error)]
@@ -30,7 +33,7 @@ pub enum StoreError {
 }
 
 /// A session as stored.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
 pub struct SessionRecord {
     /// The gateway's session id.
     pub id: String,
@@ -83,7 +86,7 @@ pub struct Position<'a> {
 }
 
 /// A run of consecutive transcript updates of one session.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
 pub struct EventChunk {
     /// First sequence number in the chunk.
     pub seq_from: i64,
@@ -177,88 +180,6 @@ pub async fn connect(url: &str) -> Result<Arc<dyn Store>, StoreError> {
     }
 }
 
-/// Every column of `sessions`, in [`SessionRecord`] order.
-pub(crate) const SESSION_COLUMNS: &str = "id, owner, agent, agent_session_id, cwd, additional_dirs, title, meta, message_count, last_seq, created_at, updated_at";
-
-/// The `session/list` query, the same on both backends but for `like`, the backend's
-/// case-insensitive `LIKE` operator. `prefix` goes before `SELECT` (`EXPLAIN` in the benchmark,
-/// which shows the plan of exactly this query; empty otherwise).
-pub fn list_query<'a, DB>(
-    prefix: &str,
-    owner: &'a str,
-    filter: &'a ListFilter,
-    after: Option<Position<'a>>,
-    limit: u32,
-    like: &str,
-) -> sqlx::QueryBuilder<'a, DB>
-where
-    DB: sqlx::Database,
-    &'a str: sqlx::Encode<'a, DB> + sqlx::Type<DB>,
-    String: sqlx::Encode<'a, DB> + sqlx::Type<DB>,
-    i64: sqlx::Encode<'a, DB> + sqlx::Type<DB>,
-{
-    let mut q = sqlx::QueryBuilder::new(format!("{prefix}SELECT {SESSION_COLUMNS} FROM sessions WHERE owner = "));
-    q.push_bind(owner);
-    if let Some(cwd) = &filter.cwd {
-        q.push(" AND cwd = ").push_bind(cwd.as_str());
-    }
-    if let Some(t) = filter.created_after {
-        q.push(" AND created_at > ").push_bind(t);
-    }
-    if let Some(t) = filter.created_before {
-        q.push(" AND created_at < ").push_bind(t);
-    }
-    if let Some(t) = filter.updated_after {
-        q.push(" AND updated_at > ").push_bind(t);
-    }
-    if let Some(s) = &filter.search {
-        let pattern = like_pattern(s);
-        q.push(format!(" AND (title {like} ")).push_bind(pattern.clone());
-        q.push(format!(" ESCAPE '\\' OR meta {like} "))
-            .push_bind(pattern)
-            .push(" ESCAPE '\\')");
-    }
-    if let Some(pos) = after {
-        // A row-value comparison: both databases start the index scan at the cursor with it
-        // (the equivalent OR form makes them filter every row before it).
-        q.push(" AND (updated_at, id) < (")
-            .push_bind(pos.updated_at)
-            .push(", ")
-            .push_bind(pos.id)
-            .push(")");
-    }
-    q.push(" ORDER BY updated_at DESC, id DESC LIMIT ")
-        .push_bind(i64::from(limit));
-    q
-}
-
-/// Logs a transcript chunk the database did not take. Such a chunk is skipped, never retried: a
-/// batch that failed on it would block every session's transcript behind it.
-pub(crate) fn note_unstored(session: &str, chunk: &EventChunk, rows: u64) {
-    if rows == 0 {
-        tracing::warn!(
-            session,
-            seq_from = chunk.seq_from,
-            seq_to = chunk.seq_to,
-            "transcript chunk not stored: the session was deleted, or another replica already stored these sequence numbers"
-        );
-    }
-}
-
-/// Escapes `%`, `_` and `\` for a `LIKE ... ESCAPE '\'` pattern and wraps it in `%`.
-pub(crate) fn like_pattern(s: &str) -> String {
-    let mut out = String::with_capacity(s.len() + 2);
-    out.push('%');
-    for c in s.chars() {
-        if matches!(c, '%' | '_' | '\\') {
-            out.push('\\');
-        }
-        out.push(c);
-    }
-    out.push('%');
-    out
-}
-
 /// Current time in epoch microseconds.
 pub fn now_micros() -> i64 {
     std::time::SystemTime::now()
@@ -283,11 +204,6 @@ pub fn parse_iso8601(s: &str) -> Option<i64> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn like_escapes_wildcards() {
-        assert_eq!(like_pattern("a%b_c\\"), "%a\\%b\\_c\\\\%");
-    }
 
     #[test]
     fn iso_round_trip() {

@@ -32,6 +32,15 @@ pub enum StoreError {
     UnsupportedUrl(String),
 }
 
+/// What a client sees when the store fails: a generic internal error. The detail is logged here,
+/// once, so callers can use `?` where they answer a client.
+impl From<StoreError> for crate::protocol::RpcError {
+    fn from(e: StoreError) -> Self {
+        tracing::error!(error = %e, "session store failed");
+        Self::internal("session store unavailable")
+    }
+}
+
 /// A session as stored.
 #[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
 pub struct SessionRecord {
@@ -204,6 +213,14 @@ pub fn parse_iso8601(s: &str) -> Option<i64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn store_errors_reach_clients_without_their_detail() {
+        let e = crate::protocol::RpcError::from(StoreError::UnsupportedUrl("mysql://secret@host".into()));
+        assert_eq!(e.code, crate::protocol::codes::INTERNAL_ERROR);
+        assert_eq!(e.message, "session store unavailable");
+        assert_eq!(e.data, None);
+    }
 
     #[test]
     fn iso_round_trip() {

@@ -1,4 +1,5 @@
-//! Who is calling: JWT verification and minting.
+//! Who is calling: JWT verification and minting, and the one-time login [`codes`]. Where a
+//! request's token comes from is HTTP's business (`http::auth`).
 //!
 //! The configured key pins the algorithm: an HS256 secret accepts only HS256 tokens, a PEM public
 //! key only its own family (RS256, ES256 or EdDSA). `alg: none`, a token signed with another
@@ -10,7 +11,6 @@
 //! identity provider's key also signs tokens for its other applications).
 
 pub mod codes;
-pub mod extract;
 
 pub use codes::LoginCodes;
 

@@ -12,8 +12,8 @@ use axum::routing::get;
 use serde::Deserialize;
 use serde_json::json;
 
+use super::auth::authenticate;
 use crate::app::Gateway;
-use crate::auth::extract::authenticate;
 use crate::config::DEFAULT_AGENT;
 
 /// Response header naming the connection (transport RFD).

@@ -1,7 +1,8 @@
 //! HTTP routes, merged in one place: health and metrics, the `/acp` WebSocket endpoint, the REST
-//! API, the web UI's login, and the static web UI.
+//! API, the web UI's login, and the static web UI; and who the caller is (`auth`).
 
 mod acp;
+mod auth;
 mod health;
 mod rest;
 

@@ -13,9 +13,9 @@ use axum::{Json, Router};
 use serde::Deserialize;
 use serde_json::json;
 
+use super::auth::{COOKIE, Caller, NoOrigin, SECURE_COOKIE, is_https, same_origin};
 use crate::api::{self, ListParams};
 use crate::app::Gateway;
-use crate::auth::extract::{COOKIE, Caller, NoOrigin, SECURE_COOKIE, is_https, same_origin};
 use crate::auth::now_secs;
 use crate::config::DEFAULT_AGENT;
 use crate::protocol::{RpcError, codes};

@@ -1,4 +1,4 @@
-//! Where a token may come from: `Authorization: Bearer`, the `bearer.<jwt>` WebSocket subprotocol
+//! Who is calling, as HTTP sees it. Where a token may come from: `Authorization: Bearer`, the `bearer.<jwt>` WebSocket subprotocol
 //! (browsers cannot set headers on a WebSocket), the web UI's HttpOnly cookie, or, on `/acp` only
 //! and for clients that can set neither (the Rust SDK's WebSocket client), an `access_token`
 //! query parameter.
@@ -15,8 +15,8 @@ use axum::http::request::Parts;
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 
-use super::Identity;
 use crate::app::Gateway;
+use crate::auth::Identity;
 
 /// Name of the web UI's cookie over plain HTTP.
 pub const COOKIE: &str = "acp_gateway_token";

@@ -1,8 +1,10 @@
 //! HTTP routes, merged in one place: health and metrics, the `/acp` WebSocket endpoint, the REST
-//! API, the web UI's login, and the static web UI; and who the caller is (`auth`).
+//! API, the web UI's login, and the static web UI; with what they share: who the caller is
+//! (`auth`) and how a failed call becomes an answer (`error`).
 
 mod acp;
 mod auth;
+mod error;
 mod health;
 mod rest;
 

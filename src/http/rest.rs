@@ -14,11 +14,11 @@ use serde::Deserialize;
 use serde_json::json;
 
 use super::auth::{COOKIE, Caller, NoOrigin, SECURE_COOKIE, is_https, same_origin};
+use super::error::HttpError;
 use crate::api::{self, ListParams};
 use crate::app::Gateway;
 use crate::auth::now_secs;
 use crate::config::DEFAULT_AGENT;
-use crate::protocol::{RpcError, codes};
 
 pub(super) fn router() -> Router<Arc<Gateway>> {
     Router::new()
@@ -28,16 +28,6 @@ pub(super) fn router() -> Router<Arc<Gateway>> {
         .route("/api/sessions/{id}", delete(delete_session))
         .route("/auth/login", get(login_with_code).post(login_with_token))
         .route("/auth/logout", post(logout))
-}
-
-/// A JSON-RPC error as an HTTP answer.
-fn http_error(e: RpcError) -> Response {
-    let status = match e.code {
-        codes::INVALID_PARAMS => StatusCode::BAD_REQUEST,
-        codes::RESOURCE_NOT_FOUND => StatusCode::NOT_FOUND,
-        _ => StatusCode::INTERNAL_SERVER_ERROR,
-    };
-    (status, Json(json!({ "error": e.message }))).into_response()
 }
 
 /// Who the caller is, and the workspace roots their sessions may use (created on first use).
@@ -71,18 +61,21 @@ async fn agents(State(gw): State<Arc<Gateway>>, Caller(_): Caller) -> Json<serde
     Json(json!({ "agents": out }))
 }
 
-async fn sessions(State(gw): State<Arc<Gateway>>, Caller(who): Caller, Query(q): Query<ListParams>) -> Response {
-    match api::list(&gw, &who.user, q).await {
-        Ok(v) => Json(v).into_response(),
-        Err(e) => http_error(e),
-    }
+async fn sessions(
+    State(gw): State<Arc<Gateway>>,
+    Caller(who): Caller,
+    Query(q): Query<ListParams>,
+) -> Result<Json<serde_json::Value>, HttpError> {
+    Ok(Json(api::list(&gw, &who.user, q).await?))
 }
 
-async fn delete_session(State(gw): State<Arc<Gateway>>, Caller(who): Caller, Path(id): Path<String>) -> Response {
-    match api::delete_session(&gw, &who.user, &id).await {
-        Ok(()) => StatusCode::NO_CONTENT.into_response(),
-        Err(e) => http_error(e),
-    }
+async fn delete_session(
+    State(gw): State<Arc<Gateway>>,
+    Caller(who): Caller,
+    Path(id): Path<String>,
+) -> Result<StatusCode, HttpError> {
+    api::delete_session(&gw, &who.user, &id).await?;
+    Ok(StatusCode::NO_CONTENT)
 }
 
 #[derive(Deserialize)]

@@ -1,0 +1,58 @@
+//! How a failed API call becomes an HTTP answer.
+
+use axum::Json;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use serde_json::json;
+
+use crate::protocol::{RpcError, codes};
+
+/// An error of the sessions API (shared with ACP, hence a JSON-RPC error) answered over HTTP:
+/// `{"error": message}` with the status its code maps to. The message is already safe to show
+/// (whatever failed inside was logged where the error was made), so nothing is logged here.
+#[derive(Debug)]
+pub(super) struct HttpError(RpcError);
+
+impl From<RpcError> for HttpError {
+    fn from(e: RpcError) -> Self {
+        Self(e)
+    }
+}
+
+impl HttpError {
+    /// `400` for bad parameters, `404` for an unknown (or another user's) session, else `500`.
+    fn status_code(&self) -> StatusCode {
+        match self.0.code {
+            codes::INVALID_PARAMS => StatusCode::BAD_REQUEST,
+            codes::RESOURCE_NOT_FOUND => StatusCode::NOT_FOUND,
+            _ => StatusCode::INTERNAL_SERVER_ERROR,
+        }
+    }
+}
+
+impl IntoResponse for HttpError {
+    fn into_response(self) -> Response {
+        (self.status_code(), Json(json!({ "error": self.0.message }))).into_response()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn codes_map_to_statuses() {
+        let cases = [
+            (RpcError::invalid_params("bad cursor"), StatusCode::BAD_REQUEST),
+            (RpcError::session_not_found(), StatusCode::NOT_FOUND),
+            (
+                RpcError::internal("session store unavailable"),
+                StatusCode::INTERNAL_SERVER_ERROR,
+            ),
+            (RpcError::method_not_found("x"), StatusCode::INTERNAL_SERVER_ERROR),
+        ];
+        for (e, status) in cases {
+            assert_eq!(HttpError::from(e).into_response().status(), status);
+        }
+    }
+}

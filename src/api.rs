@@ -127,7 +127,7 @@ pub fn session_info(r: &SessionRecord) -> Value {
 /// transcript from the store. Unknown and foreign ids get `-32002`.
 pub async fn delete_session(gw: &Gateway, user: &str, id: &str) -> Result<(), RpcError> {
     if let Some(s) = gw.registry.get(id).filter(|s| &*s.owner == user) {
-        if let Some(b) = s.take_binding().await {
+        if let Some(b) = s.take_binding() {
             let params = json!({ "sessionId": &*b.agent_session_id }).to_string();
             if gw
                 .pools

@@ -87,12 +87,7 @@ impl Application {
             .with_context(|| format!("opening database {}", redact(&config.database_url)))?;
         let cursors = CursorCodec::new(store.cursor_key().await.context("loading the cursor key")?);
         let persister_cancel = CancellationToken::new();
-        let (persister, persister_task) = Persister::spawn(
-            store.clone(),
-            PERSIST_QUEUE,
-            Duration::from_millis(config.limits.persist_linger_ms),
-            persister_cancel.clone(),
-        );
+        let (persister, persister_task) = Persister::spawn(store.clone(), PERSIST_QUEUE, persister_cancel.clone());
         let tracker = TaskTracker::new();
         let pools = Arc::new(Pools::new(&config, tenancy.clone(), tracker.clone()));
         let listener = TcpListener::bind(config.listen)

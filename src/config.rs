@@ -179,11 +179,11 @@ pub struct Limits {
     pub max_line_bytes: usize,
     /// Most concurrent WebSocket connections.
     pub max_connections: usize,
-    /// Frames queued for one client before the gateway waits on it.
+    /// Frames queued for one client; one more closes it with `1013` (it catches up with
+    /// `session/load` + `afterSeq`; nothing is lost). Never waited on.
     pub client_queue: usize,
-    /// How long a client may leave its queue full before it is disconnected (it can catch up
-    /// with `session/load` + `afterSeq`; nothing is lost).
-    pub slow_client_timeout_secs: u64,
+    /// Bytes queued for one client, likewise.
+    pub client_queue_bytes: usize,
     /// WebSocket ping interval; a connection silent for two intervals is closed.
     pub ping_interval_secs: u64,
     /// Requests one connection may have being handled at once.
@@ -192,8 +192,6 @@ pub struct Limits {
     pub permission_wait_secs: u64,
     /// How long shutdown waits for connections and the transcript writer.
     pub shutdown_grace_secs: u64,
-    /// How long the transcript writer gathers a batch before writing it (0: write at once).
-    pub persist_linger_ms: u64,
 }
 
 impl Default for Limits {
@@ -202,13 +200,12 @@ impl Default for Limits {
             max_frame_bytes: 4 << 20,
             max_line_bytes: 16 << 20,
             max_connections: 10_000,
-            client_queue: 1024,
-            slow_client_timeout_secs: 10,
+            client_queue: 4096,
+            client_queue_bytes: 16 << 20,
             ping_interval_secs: 20,
             max_inflight_per_connection: 256,
             permission_wait_secs: 300,
             shutdown_grace_secs: 10,
-            persist_linger_ms: 5,
         }
     }
 }

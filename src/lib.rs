@@ -17,6 +17,7 @@
 //! - [`pool`]: agent processes, pooled per agent; spawning, routing stdout, reaping.
 //! - [`store`]: the `Store` trait (SQLite and Postgres), the batching transcript writer, cursors.
 //! - [`api`]: `session/list` and deletion, shared by ACP and REST.
+//! - [`outbox`]: one client's bounded outgoing queue (never waited on by fan-out).
 //! - [`protocol`]: JSON-RPC parsing (once, borrowed) and frame building (no re-serialization).
 //! - [`demo_agent`]: the built-in offline ACP agent.
 //! - [`telemetry`]: logs and Prometheus metrics.
@@ -30,6 +31,7 @@ pub mod cli;
 pub mod config;
 pub mod demo_agent;
 pub mod http;
+pub mod outbox;
 pub mod pool;
 pub mod protocol;
 pub mod session;

@@ -5,7 +5,6 @@ mod common;
 
 use std::collections::HashSet;
 use std::sync::Arc;
-use std::time::Duration;
 
 use acp_gateway::store::persister::{Item, Persister};
 use acp_gateway::store::{self, EventChunk, ListFilter, NewSession, Position, SessionRecord, SessionWrite, Store};
@@ -678,6 +677,16 @@ async fn cursor_key_is_stable(backend: Backend) {
     assert_ne!(other.store.cursor_key().await.expect("key"), k1);
 }
 
+/// Records one session's commit notices from the writer.
+#[derive(Default)]
+struct Told(std::sync::Mutex<Vec<u64>>);
+
+impl acp_gateway::store::persister::Committed for Told {
+    fn committed(&self, seq: u64) {
+        self.0.lock().expect("lock").push(seq);
+    }
+}
+
 async fn persister_stores_everything_in_order(backend: Backend) {
     const PER_SESSION: u64 = 10_000;
     let db = open(backend).await;
@@ -686,7 +695,8 @@ async fn persister_stores_everything_in_order(backend: Backend) {
         create(&*db.store, id, "alice", "/w", "{}", BASE).await;
     }
     let cancel = CancellationToken::new();
-    let (persister, task) = Persister::spawn(db.store.clone(), 256, Duration::from_millis(5), cancel.clone());
+    let (persister, task) = Persister::spawn(db.store.clone(), 256, cancel.clone());
+    let told: Vec<Arc<Told>> = sessions.iter().map(|_| Arc::new(Told::default())).collect();
     for seq in 1..=PER_SESSION {
         for (k, id) in sessions.iter().enumerate() {
             if seq == 1 {
@@ -702,6 +712,7 @@ async fn persister_stores_everything_in_order(backend: Backend) {
             persister
                 .send(Item::Update {
                     session: id.clone(),
+                    notify: told[k].clone(),
                     seq,
                     update: update.into(),
                     at: BASE + seq as i64,
@@ -710,6 +721,15 @@ async fn persister_stores_everything_in_order(backend: Backend) {
         }
     }
     persister.flush().await;
+    for told in &told {
+        let told = told.0.lock().expect("lock").clone();
+        assert_eq!(
+            told.last(),
+            Some(&PER_SESSION),
+            "the writer says how far updates are committed"
+        );
+        assert!(told.windows(2).all(|w| w[0] < w[1]), "only ever forwards: {told:?}");
+    }
     for (k, id) in sessions.iter().enumerate() {
         let chunks = db.store.read_events("alice", id, 0, 1_000_000).await.expect("read");
         let mut next = 1;

@@ -2,35 +2,80 @@
 //! (`initialize`, `session/new|load|resume|list|close|delete`) and the ones it forwards to the
 //! session's agent process after checking the session belongs to the caller.
 
-use std::sync::Arc;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex, Weak};
 
 use axum::extract::ws::Utf8Bytes;
 use serde::Deserialize;
 use serde_json::value::RawValue;
 use serde_json::{Value, json};
-use tokio::sync::Semaphore;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
-use super::client::ClientHandle;
 use super::parse_or_answer;
 use crate::app::Gateway;
-use crate::pool::AgentPool;
+use crate::pool::{AgentPool, AgentProcess, Pending, SessionRoute};
 use crate::protocol::{self, Incoming, Kind, RpcError, codes};
-use crate::session::LiveSession;
+use crate::session::{Client, LiveSession};
 use crate::store::NewSession;
 
 /// Per-connection dispatch state.
 pub struct Connection {
     /// Shared gateway state.
     gw: Arc<Gateway>,
-    /// This client.
-    client: Arc<ClientHandle>,
+    /// The client, as sessions see it.
+    client: Arc<Client>,
     /// The agent this connection talks to (`?agent=`).
     pool: Arc<AgentPool>,
-    /// Whether `initialize` has been answered.
+    /// Whether `initialize` has been answered: nothing else is served before it.
     initialized: bool,
-    /// Caps requests being handled at once.
+    /// Requests in flight on this connection, forwarded ones until the agent answers.
     inflight: Arc<Semaphore>,
+    /// What the connection remembers for later requests and for its end.
+    tracked: Arc<Tracked>,
+}
+
+/// Where a forwarded request went: the process and the id the gateway used there.
+type ForwardedTo = (Weak<AgentProcess>, u64);
+
+/// A connection's bookkeeping, shared with its spawned handlers.
+#[derive(Default)]
+struct Tracked {
+    /// Requests forwarded to agents, by the client's raw id: where they went and under which id
+    /// (for `$/cancel_request`). Pruned of answered ones as it grows.
+    forwarded: Mutex<HashMap<Box<str>, ForwardedTo>>,
+    /// Sessions it is attached to (detached when it ends).
+    sessions: Mutex<HashSet<Arc<str>>>,
+}
+
+/// Forwarded-request entries kept before answered ones are pruned.
+const FORWARDED_PRUNE_AT: usize = 64;
+
+impl Tracked {
+    fn remember_forwarded(&self, client_id: &str, process: &Arc<AgentProcess>, agent_id: u64) {
+        let mut map = self.forwarded.lock().unwrap_or_else(|e| e.into_inner());
+        if map.len() >= FORWARDED_PRUNE_AT {
+            map.retain(|_, (p, id)| p.upgrade().is_some_and(|p| p.is_pending(*id)));
+        }
+        map.insert(client_id.into(), (Arc::downgrade(process), agent_id));
+    }
+
+    fn forwarded(&self, client_id: &str) -> Option<(Arc<AgentProcess>, u64)> {
+        let map = self.forwarded.lock().unwrap_or_else(|e| e.into_inner());
+        let (process, id) = map.get(client_id)?;
+        process.upgrade().filter(|p| p.is_pending(*id)).map(|p| (p, *id))
+    }
+
+    fn attached(&self, session: &Arc<str>) {
+        self.sessions
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(session.clone());
+    }
+
+    fn left(&self, session: &str) {
+        self.sessions.lock().unwrap_or_else(|e| e.into_inner()).remove(session);
+    }
 }
 
 /// Session methods the gateway forwards to the session's agent.
@@ -53,7 +98,7 @@ type Handled = Result<Reply, RpcError>;
 
 impl Connection {
     /// Dispatch state for a new connection.
-    pub fn new(gw: Arc<Gateway>, client: Arc<ClientHandle>, pool: Arc<AgentPool>) -> Self {
+    pub fn new(gw: Arc<Gateway>, client: Arc<Client>, pool: Arc<AgentPool>) -> Self {
         let inflight = Arc::new(Semaphore::new(gw.config.limits.max_inflight_per_connection));
         Self {
             gw,
@@ -61,6 +106,7 @@ impl Connection {
             pool,
             initialized: false,
             inflight,
+            tracked: Arc::default(),
         }
     }
 
@@ -78,15 +124,21 @@ impl Connection {
 
     /// Cleans up after the connection: detaches its sessions, hands its unanswered agent requests
     /// to other clients (or keeps them waiting).
-    pub async fn finish(&mut self) {
-        let (sessions, asked) = self.client.take_leftovers();
+    pub fn finish(&mut self) {
+        let sessions: Vec<Arc<str>> = self
+            .tracked
+            .sessions
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .drain()
+            .collect();
         for id in sessions {
             if let Some(s) = self.gw.registry.get(&id) {
-                s.detach(&self.client).await;
+                s.detach(&self.client);
             }
         }
-        for settle in asked {
-            settle.client_gone(&self.client).await;
+        for request in self.client.take_all_asked() {
+            request.client_gone(&self.client);
         }
     }
 
@@ -94,7 +146,7 @@ impl Connection {
         let Some(id) = msg.id.and_then(protocol::own_id) else {
             return;
         };
-        match self.client.take_out_request(id) {
+        match self.client.take_asked(id) {
             Some(settle) => settle.answer(&self.client, msg.result, msg.error).await,
             None => {
                 tracing::debug!(connection = %self.client.id, id, "answer to no pending request (settled elsewhere?)")
@@ -119,7 +171,7 @@ impl Connection {
                     .pools
                     .get(&session.agent)
                     .map(|p| p.config().forward_meta.as_slice());
-                if let (Some(b), Some(params), Some(keep)) = (session.binding().await, msg.params, keep)
+                if let (Some(b), Some(params), Some(keep)) = (session.binding(), msg.params, keep)
                     && let Some(params) = protocol::rewrite_params(params, Some(&b.agent_session_id), Some(keep))
                 {
                     let _ = b
@@ -137,7 +189,7 @@ impl Connection {
                 let Some(p) = msg.params.and_then(|p| serde_json::from_str::<P<'_>>(p.get()).ok()) else {
                     return;
                 };
-                if let Some((process, agent_id)) = self.client.forwarded(p.request_id.get()) {
+                if let Some((process, agent_id)) = self.tracked.forwarded(p.request_id.get()) {
                     let _ = process
                         .send_line(protocol::notification(
                             "$/cancel_request",
@@ -169,33 +221,32 @@ impl Connection {
             answer(&self.client, id.get(), reply).await;
             return;
         }
+        // Every request holds a slot while it is handled, a forwarded one until the agent answers.
+        let Ok(slot) = self.inflight.clone().try_acquire_owned() else {
+            let err = RpcError::internal("too many requests in flight on this connection");
+            answer(&self.client, id.get(), Err(err)).await;
+            return;
+        };
         let ctx = Ctx {
             gw: self.gw.clone(),
             client: self.client.clone(),
             pool: self.pool.clone(),
+            tracked: self.tracked.clone(),
         };
         // A request for a session that is live on a process is forwarded right here: nothing in
-        // it can wait long, and a prompt's round trip is one task handoff shorter.
+        // it waits on a client or an agent, and a prompt's round trip is one task handoff shorter.
         if FORWARDED.contains(&method.as_str()) && self.is_live(msg.params) {
-            let reply = ctx.dispatch(&method, id, msg.params).await;
+            let reply = ctx.dispatch(&method, id, msg.params, slot).await;
             answer(&self.client, id.get(), reply).await;
             return;
         }
-        // Everything else runs beside the read loop (so a slow agent or database never stops the
-        // connection from reading), bounded per connection.
-        let Ok(permit) = self.inflight.clone().try_acquire_owned() else {
-            let err = RpcError::internal("too many requests in flight on this connection");
-            self.client
-                .send(Utf8Bytes::from(protocol::error(Some(id.get()), &err)))
-                .await;
-            return;
-        };
+        // Everything else runs beside the read loop, so a slow agent or database never stops the
+        // connection from reading.
         let id = id.to_owned();
         let params = msg.params.map(RawValue::to_owned);
         self.gw.tracker.spawn(async move {
-            let reply = ctx.dispatch(&method, &id, params.as_deref()).await;
+            let reply = ctx.dispatch(&method, &id, params.as_deref(), slot).await;
             answer(&ctx.client, id.get(), reply).await;
-            drop(permit);
         });
     }
 
@@ -247,21 +298,22 @@ impl Connection {
     }
 }
 
-/// Sends a handler's outcome.
-async fn answer(client: &ClientHandle, id: &str, reply: Handled) {
+/// Sends a handler's outcome (waiting for room: it is the client's own answer).
+async fn answer(client: &Client, id: &str, reply: Handled) {
     let frame = match reply {
         Ok(Reply::Forwarded) => return,
         Ok(Reply::Result(result)) => protocol::response(id, &result),
         Err(e) => protocol::error(Some(id), &e),
     };
-    client.send(Utf8Bytes::from(frame)).await;
+    client.outbox.send(Utf8Bytes::from(frame)).await;
 }
 
-/// What a spawned handler needs.
+/// What a handler needs.
 struct Ctx {
     gw: Arc<Gateway>,
-    client: Arc<ClientHandle>,
+    client: Arc<Client>,
     pool: Arc<AgentPool>,
+    tracked: Arc<Tracked>,
 }
 
 #[derive(Deserialize)]
@@ -303,7 +355,13 @@ fn parse<'a, T: Deserialize<'a>>(params: Option<&'a RawValue>, what: &str) -> Re
 }
 
 impl Ctx {
-    async fn dispatch(&self, method: &str, id: &RawValue, params: Option<&RawValue>) -> Handled {
+    async fn dispatch(
+        &self,
+        method: &str,
+        id: &RawValue,
+        params: Option<&RawValue>,
+        slot: OwnedSemaphorePermit,
+    ) -> Handled {
         match method {
             "initialize" => Err(RpcError::new(codes::INVALID_REQUEST, "already initialized")),
             "authenticate" => self.authenticate(params).await,
@@ -317,33 +375,32 @@ impl Ctx {
             }
             "session/close" => self.close(params, false).await,
             "session/delete" => self.close(params, true).await,
-            m if FORWARDED.contains(&m) => self.forward(method, id, params).await,
+            m if FORWARDED.contains(&m) => self.forward(method, id, params, slot).await,
             m if m.starts_with('_') && protocol::session_id_of(params).is_some() => {
-                self.forward(method, id, params).await
+                self.forward(method, id, params, slot).await
             }
             m => Err(RpcError::method_not_found(m)),
         }
     }
 
     /// The caller's session `sid`, loaded into memory if needed. Unknown and foreign ids take the
-    /// same path (a database lookup filtered by owner) and get the same `-32002`.
+    /// same path (a database lookup filtered by owner) and get the same `-32002`. A session leaves
+    /// memory only with nothing unstored, so its stored `last_seq` is current.
     async fn owned(&self, sid: &str) -> Result<Arc<LiveSession>, RpcError> {
         if let Some(s) = self.gw.registry.get(sid)
             && *s.owner == *self.client.user
         {
             return Ok(s);
         }
-        self.gw.persister.flush().await;
         let record = self.gw.store.get_session(&self.client.user, sid).await.map_err(|e| {
             tracing::error!(error = %e, "session lookup failed");
             RpcError::internal("session store unavailable")
         })?;
         let record = record.ok_or_else(RpcError::session_not_found)?;
-        let session = self.gw.registry.insert(LiveSession::from_record(
-            &record,
-            self.gw.persister.clone(),
-            self.gw.permission_wait(),
-        ));
+        let session = self
+            .gw
+            .registry
+            .insert(LiveSession::from_record(&record, &self.gw.session_options()));
         if *session.owner != *self.client.user {
             return Err(RpcError::session_not_found());
         }
@@ -443,12 +500,11 @@ impl Ctx {
             created_at: now,
             updated_at: now,
         };
-        let session = self.gw.registry.insert(LiveSession::from_record(
-            &record,
-            self.gw.persister.clone(),
-            self.gw.permission_wait(),
-        ));
-        if let Err(e) = session.bind(process.clone(), Arc::from(agent_sid.as_str())).await {
+        let session = self
+            .gw
+            .registry
+            .insert(LiveSession::from_record(&record, &self.gw.session_options()));
+        if let Err(e) = session.bind(process.clone(), Arc::from(agent_sid.as_str())) {
             process.release();
             self.gw.registry.remove(&id);
             if let Err(e) = self.gw.store.delete_session(&self.client.user, &id).await {
@@ -457,7 +513,7 @@ impl Ctx {
             tracing::warn!(connection = %self.client.id, user = %self.client.user, agent_session = %agent_sid, "agent reused a bound session id; session refused");
             return Err(e);
         }
-        session.attach(&self.client, &*self.gw.store, false, 0).await?;
+        self.attach(&session, false, 0).await?;
         metrics::counter!("acp_gateway_sessions_created_total", "agent" => self.pool.name.to_string()).increment(1);
         tracing::info!(connection = %self.client.id, user = %self.client.user, session = %id, "session created");
         let result = protocol::with_session_id(&result, &id)
@@ -472,16 +528,16 @@ impl Ctx {
         let session = self.owned(&sid).await?;
         // The stored cwd is what the agent gets on restore; a client's must still be its own.
         self.workspace_dirs(p.cwd.as_deref(), p.additional_dirs.as_deref())?;
-        session.attach(&self.client, &*self.gw.store, replay, after).await?;
+        self.attach(&session, replay, after).await?;
         Ok(Reply::Result(String::from("{}")))
     }
 
     async fn close(&self, params: Option<&RawValue>, delete: bool) -> Handled {
         let sid = Self::session_param(params)?;
         let session = self.owned(&sid).await?;
-        session.detach(&self.client).await;
-        self.client.untrack_session(&sid);
-        if let Some(b) = session.take_binding().await
+        session.detach(&self.client);
+        self.tracked.left(&sid);
+        if let Some(b) = session.take_binding()
             && self
                 .pool_of(&session)
                 .and_then(|p| p.cached_info())
@@ -526,13 +582,25 @@ impl Ctx {
         Ok(Reply::Result(result.get().to_string()))
     }
 
+    /// Attaches this connection to `session` (and remembers it, to detach when it ends).
+    async fn attach(&self, session: &Arc<LiveSession>, replay: bool, after: u64) -> Result<(), RpcError> {
+        self.tracked.attached(&session.id);
+        session.attach(&self.client, &*self.gw.store, replay, after).await
+    }
+
     fn pool_of(&self, session: &LiveSession) -> Option<Arc<AgentPool>> {
         self.gw.pools.get(&session.agent).cloned()
     }
 
     /// Forwards a session-scoped request to the session's agent process (restoring the session
     /// onto one if needed), with the agent's session id and a gateway-issued request id.
-    async fn forward(&self, method: &str, id: &RawValue, params: Option<&RawValue>) -> Handled {
+    async fn forward(
+        &self,
+        method: &str,
+        id: &RawValue,
+        params: Option<&RawValue>,
+        slot: OwnedSemaphorePermit,
+    ) -> Handled {
         let sid = Self::session_param(params)?;
         let session = self.owned(&sid).await?;
         let params = params.ok_or_else(|| RpcError::invalid_params("params are required"))?;
@@ -543,13 +611,18 @@ impl Ctx {
         if method.starts_with('_') && !cfg.allowed_ext_methods.iter().any(|m| m == method) {
             return Err(RpcError::method_not_found(method));
         }
-        session.attach(&self.client, &*self.gw.store, false, 0).await?;
+        self.attach(&session, false, 0).await?;
         let binding = session.ensure_bound(&self.gw.pools).await?;
         let rewritten = protocol::rewrite_params(params, Some(&binding.agent_session_id), Some(&cfg.forward_meta))
             .ok_or_else(|| RpcError::invalid_params("params must be an object"))?;
-        let send = binding
-            .process
-            .forward(method, &rewritten, self.client.clone(), id.to_owned());
+        let route: Arc<dyn SessionRoute> = session.clone();
+        let answer = Pending::Forward {
+            route,
+            to: self.client.outbox.clone(),
+            client_id: id.to_owned(),
+            _slot: Some(slot),
+        };
+        let send = || binding.process.forward(method, &rewritten, answer);
         let agent_id = if method == "session/prompt" {
             #[derive(Deserialize)]
             struct Prompt<'a> {
@@ -560,17 +633,21 @@ impl Ctx {
             metrics::counter!("acp_gateway_prompts_total").increment(1);
             session.forward_prompt(Some(prompt.prompt), send).await?
         } else {
-            send.await?
+            send()?
         };
-        self.client.remember_forwarded(id.get(), &binding.process, agent_id);
+        self.tracked.remember_forwarded(id.get(), &binding.process, agent_id);
         Ok(Reply::Forwarded)
     }
 }
 
 impl Gateway {
-    /// How long an agent's request waits for a client.
-    pub fn permission_wait(&self) -> std::time::Duration {
-        std::time::Duration::from_secs(self.config.limits.permission_wait_secs)
+    /// How sessions are set up in memory.
+    pub fn session_options(&self) -> crate::session::SessionOptions {
+        crate::session::SessionOptions {
+            persister: self.persister.clone(),
+            permission_wait: std::time::Duration::from_secs(self.config.limits.permission_wait_secs),
+            catch_up_bytes: self.config.limits.client_queue_bytes,
+        }
     }
 
     /// Whether the gateway is draining (for `/readyz`).

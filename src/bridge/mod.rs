@@ -1,11 +1,12 @@
 //! The WebSocket bridge: one task pair per connection. The reader parses each frame once and
-//! dispatches it ([`methods`]); the writer drains the client's bounded queue, batching frames into
-//! one flush, and sends keepalive pings.
+//! dispatches it ([`methods`]); the writer drains the client's [`Outbox`], batching frames into
+//! one flush, and sends keepalive pings. When the outbox closes (overflow, shutdown, expiry) the
+//! writer stops at once, tries the close frame for a moment, and both halves of the socket are
+//! dropped: the file descriptor and the queued frames are released.
 //!
 //! Protocol errors (bad JSON, batches, unknown methods, bad params) are answered and the
 //! connection lives; transport errors, a keepalive timeout, an expired token or shutdown end it.
 
-pub mod client;
 mod methods;
 
 use std::sync::Arc;
@@ -13,13 +14,13 @@ use std::time::Duration;
 
 use axum::extract::ws::{CloseFrame, Message, Utf8Bytes, WebSocket};
 use futures_util::{SinkExt, StreamExt};
-use tokio::sync::mpsc;
 
 use crate::app::Gateway;
 use crate::auth::{Identity, now_secs};
+use crate::outbox::{Outbox, OutboxReceiver};
 use crate::pool::AgentPool;
 use crate::protocol::{self, Incoming, Kind, ParseFailure, RpcError, codes};
-use client::{ClientHandle, Outbound};
+use crate::session::Client;
 
 /// Close code when the token expires (RFC 6455 1008, policy violation).
 const CLOSE_TOKEN_EXPIRED: u16 = 1008;
@@ -27,51 +28,53 @@ const CLOSE_TOKEN_EXPIRED: u16 = 1008;
 const CLOSE_TOO_BIG: u16 = 1009;
 /// Close code on shutdown (1001, going away).
 const CLOSE_GOING_AWAY: u16 = 1001;
+/// How long a closing connection's writer tries to deliver its close frame (a peer that does not
+/// read may never take it) before the socket is dropped.
+const CLOSE_FRAME_WAIT: Duration = Duration::from_millis(500);
 
 /// Serves one upgraded connection until it ends.
 pub async fn serve(socket: WebSocket, gw: Arc<Gateway>, identity: Identity, conn_id: Arc<str>, pool: Arc<AgentPool>) {
     let limits = &gw.config.limits;
-    let (client, rx) = ClientHandle::new(
-        conn_id.clone(),
-        Arc::from(identity.user.as_str()),
-        limits.client_queue,
-        Duration::from_secs(limits.slow_client_timeout_secs),
-    );
+    let (outbox, rx) = crate::outbox::outbox(limits.client_queue, limits.client_queue_bytes);
+    let client = Client::new(conn_id.clone(), Arc::from(identity.user.as_str()), outbox.clone());
     let (sink, mut stream) = socket.split();
     let ping_every = Duration::from_secs(limits.ping_interval_secs.max(1));
-    let writer = tokio::spawn(write_frames(sink, rx, ping_every));
+    let writer = tokio::spawn(write_frames(sink, rx, outbox.clone(), ping_every));
     metrics::gauge!("acp_gateway_connections").increment(1.0);
     tracing::info!(connection = %conn_id, user = %identity.user, agent = %pool.name, "client connected");
 
     let mut conn = methods::Connection::new(gw.clone(), client.clone(), pool);
-    let expires = tokio::time::Instant::now() + Duration::from_secs(identity.expires_at.saturating_sub(now_secs()));
+    let now = tokio::time::Instant::now();
+    let expires = now
+        .checked_add(Duration::from_secs(identity.expires_at.saturating_sub(now_secs())))
+        .unwrap_or_else(|| now + Duration::from_secs(10 * 365 * 24 * 3600));
     let expiry = tokio::time::sleep_until(expires);
     tokio::pin!(expiry);
     loop {
         let frame = tokio::select! {
             frame = tokio::time::timeout(ping_every * 2, stream.next()) => frame,
-            () = client.closed() => break,
+            () = outbox.closed() => break,
             () = &mut expiry => {
                 tracing::info!(connection = %conn_id, user = %identity.user, "token expired; closing connection");
-                client.close(CLOSE_TOKEN_EXPIRED, "token expired");
+                outbox.close(CLOSE_TOKEN_EXPIRED, "token expired");
                 break;
             }
             () = gw.shutdown.cancelled() => {
-                client.close(CLOSE_GOING_AWAY, "gateway shutting down");
+                outbox.close(CLOSE_GOING_AWAY, "gateway shutting down");
                 break;
             }
         };
         match frame {
             Err(_) => {
                 tracing::info!(connection = %conn_id, "no traffic or pong for two ping intervals; closing");
-                client.close(CLOSE_GOING_AWAY, "keepalive timeout");
+                outbox.close(CLOSE_GOING_AWAY, "keepalive timeout");
                 break;
             }
             Ok(Some(Err(e))) => {
                 // The one read error worth answering: a frame over the cap (1009, message too big).
                 if e.to_string().contains("too long") {
                     tracing::info!(connection = %conn_id, "frame over max_frame_bytes; closing");
-                    client.close(CLOSE_TOO_BIG, "message too big");
+                    outbox.close(CLOSE_TOO_BIG, "message too big");
                 }
                 break;
             }
@@ -81,53 +84,65 @@ pub async fn serve(socket: WebSocket, gw: Arc<Gateway>, identity: Identity, conn
             Ok(Some(Ok(_))) => {}
         }
     }
-    client.close(1000, "");
-    conn.finish().await;
-    let _ = tokio::time::timeout(Duration::from_secs(5), writer).await;
+    outbox.close(1000, "");
+    conn.finish();
+    drop(stream);
+    let _ = writer.await;
     metrics::gauge!("acp_gateway_connections").decrement(1.0);
     tracing::info!(connection = %conn_id, user = %identity.user, "client disconnected");
 }
 
-/// Writes queued frames, several per flush, and pings every `ping_every`.
+/// Writes queued frames, several per flush, and pings every `ping_every`; when the outbox
+/// closes, sends the close frame if the peer takes it within [`CLOSE_FRAME_WAIT`], and returns
+/// (dropping its half of the socket and whatever was still queued).
 async fn write_frames(
     mut sink: futures_util::stream::SplitSink<WebSocket, Message>,
-    mut rx: mpsc::Receiver<Outbound>,
+    mut rx: OutboxReceiver,
+    outbox: Outbox,
     ping_every: Duration,
 ) {
     let mut ping = tokio::time::interval_at(tokio::time::Instant::now() + ping_every, ping_every);
     let mut batch = Vec::with_capacity(512);
-    loop {
-        tokio::select! {
-            n = rx.recv_many(&mut batch, 512) => {
-                if n == 0 {
-                    break;
-                }
-                for out in batch.drain(..) {
-                    match out {
-                        Outbound::Text(text) => {
-                            if sink.feed(Message::Text(text)).await.is_err() {
-                                return;
-                            }
-                        }
-                        Outbound::Close(code, reason) => {
-                            let frame = CloseFrame { code, reason: Utf8Bytes::from_static(reason) };
-                            let _ = sink.send(Message::Close(Some(frame))).await;
+    let sent = async {
+        loop {
+            tokio::select! {
+                n = rx.recv_many(&mut batch, 512) => {
+                    if n == 0 {
+                        return;
+                    }
+                    for text in &batch {
+                        if sink.feed(Message::Text(text.clone())).await.is_err() {
                             return;
                         }
                     }
+                    if sink.flush().await.is_err() {
+                        return;
+                    }
+                    rx.written(&batch);
+                    batch.clear();
                 }
-                if sink.flush().await.is_err() {
-                    return;
-                }
-            }
-            _ = ping.tick() => {
-                if sink.send(Message::Ping(bytes::Bytes::new())).await.is_err() {
-                    return;
+                _ = ping.tick() => {
+                    if sink.send(Message::Ping(bytes::Bytes::new())).await.is_err() {
+                        return;
+                    }
                 }
             }
         }
+    };
+    // A write blocked on a peer that does not read ends as soon as the outbox closes.
+    tokio::select! {
+        () = sent => {}
+        () = outbox.closed() => {}
     }
-    let _ = sink.close().await;
+    drop(rx);
+    outbox.close(1000, "");
+    if let Some(reason) = outbox.close_reason() {
+        let frame = CloseFrame {
+            code: reason.code,
+            reason: Utf8Bytes::from_static(reason.reason),
+        };
+        let _ = tokio::time::timeout(CLOSE_FRAME_WAIT, sink.send(Message::Close(Some(frame)))).await;
+    }
 }
 
 /// The error frame for a frame that is not a usable JSON-RPC message.
@@ -149,11 +164,11 @@ fn parse_failure_frame(failure: ParseFailure) -> String {
 }
 
 /// Reads the message kind, answering the client directly when the frame is unusable.
-async fn parse_or_answer<'a>(client: &ClientHandle, text: &'a str) -> Option<(Incoming<'a>, Kind)> {
+async fn parse_or_answer<'a>(client: &Client, text: &'a str) -> Option<(Incoming<'a>, Kind)> {
     match Incoming::parse(text) {
         Ok(parsed) => Some(parsed),
         Err(failure) => {
-            client.send(Utf8Bytes::from(parse_failure_frame(failure))).await;
+            client.outbox.send(Utf8Bytes::from(parse_failure_frame(failure))).await;
             None
         }
     }

@@ -7,6 +7,7 @@
 //! the request that needed it.
 
 pub mod process;
+pub mod route;
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -17,7 +18,8 @@ use serde::Deserialize;
 use serde_json::value::RawValue;
 use tokio_util::task::TaskTracker;
 
-pub use process::AgentProcess;
+pub use process::{AgentProcess, Pending};
+pub use route::SessionRoute;
 
 use crate::config::{AgentConfig, Config};
 use crate::protocol::RpcError;

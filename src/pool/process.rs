@@ -25,9 +25,9 @@ use tokio_util::codec::{FramedRead, LinesCodec, LinesCodecError};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::bridge::client::ClientHandle;
+use super::route::SessionRoute;
+use crate::outbox::Outbox;
 use crate::protocol::{self, Incoming, Kind, RpcError, codes};
-use crate::session::LiveSession;
 use crate::tenancy::Launch;
 
 /// Lines queued for one agent's stdin.
@@ -39,12 +39,16 @@ const STDERR_LINE_MAX: usize = 8 * 1024;
 
 /// Where the answer to a request the gateway sent an agent goes.
 pub enum Pending {
-    /// Back to a client, under the client's own id.
+    /// Back to a client, under the client's own id, in order with its session's updates.
     Forward {
+        /// The session the request concerns (it orders the answer after its updates).
+        route: Arc<dyn SessionRoute>,
         /// The client that asked.
-        client: Arc<ClientHandle>,
-        /// Its id, raw.
+        to: Outbox,
+        /// The client's id for the request, raw.
         client_id: Box<RawValue>,
+        /// The client's in-flight slot, held until the agent answers.
+        _slot: Option<tokio::sync::OwnedSemaphorePermit>,
     },
     /// To the gateway itself.
     Internal(oneshot::Sender<Result<Box<RawValue>, RpcError>>),
@@ -67,7 +71,7 @@ pub struct AgentProcess {
     /// Requests sent to the agent and not yet answered.
     pending: Mutex<HashMap<u64, Pending>>,
     /// Live sessions on this process, by the agent's session id.
-    sessions: Mutex<HashMap<Arc<str>, Arc<LiveSession>>>,
+    sessions: Mutex<HashMap<Arc<str>, Arc<dyn SessionRoute>>>,
     /// Session slots taken (including sessions being created).
     reserved: AtomicUsize,
     /// Fired when the process has ended (or is being stopped).
@@ -255,7 +259,7 @@ impl AgentProcess {
     /// Routes the agent's updates and requests for `agent_session_id` to `session`. Refused
     /// (`false`) when that id already routes to another session: an agent that answers with an
     /// id it already gave out (or one a client chose) must not divert a live session.
-    pub fn bind_session(&self, agent_session_id: Arc<str>, session: Arc<LiveSession>) -> bool {
+    pub fn bind_session(&self, agent_session_id: Arc<str>, session: Arc<dyn SessionRoute>) -> bool {
         let mut sessions = self.sessions.lock().unwrap_or_else(|e| e.into_inner());
         match sessions.get(&agent_session_id) {
             Some(bound) if !Arc::ptr_eq(bound, &session) => false,
@@ -279,7 +283,7 @@ impl AgentProcess {
         }
     }
 
-    fn session(&self, agent_session_id: &str) -> Option<Arc<LiveSession>> {
+    fn session(&self, agent_session_id: &str) -> Option<Arc<dyn SessionRoute>> {
         self.sessions
             .lock()
             .unwrap_or_else(|e| e.into_inner())
@@ -323,25 +327,37 @@ impl AgentProcess {
         }
     }
 
-    /// Forwards a client's request; the answer goes straight back to the client. Returns the id
-    /// used with the agent (for `$/cancel_request`).
-    pub async fn forward(
-        &self,
-        method: &str,
-        params: &str,
-        client: Arc<ClientHandle>,
-        client_id: Box<RawValue>,
-    ) -> Result<u64, RpcError> {
+    /// Forwards a client's request without waiting: the answer goes back to the client through
+    /// its session (after the session's earlier updates). Returns the id used with the agent
+    /// (for `$/cancel_request`). An agent whose input queue is full is not waited on.
+    pub fn forward(&self, method: &str, params: &str, answer: Pending) -> Result<u64, RpcError> {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         self.pending
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .insert(id, Pending::Forward { client, client_id });
-        if let Err(e) = self.send_line(protocol::request(id, method, params)).await {
+            .insert(id, answer);
+        let mut line = protocol::request(id, method, params);
+        line.push('\n');
+        self.touch();
+        let sent = self.stdin.try_send(Utf8Bytes::from(line));
+        if let Err(e) = sent {
             self.pending.lock().unwrap_or_else(|e| e.into_inner()).remove(&id);
-            return Err(e);
+            return Err(match e {
+                mpsc::error::TrySendError::Full(_) => {
+                    RpcError::internal("the agent is not reading its input; try again later")
+                }
+                mpsc::error::TrySendError::Closed(_) => self.gone_error(),
+            });
         }
         Ok(id)
+    }
+
+    /// Whether the request sent under `agent_id` is still waiting for the agent's answer.
+    pub fn is_pending(&self, agent_id: u64) -> bool {
+        self.pending
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .contains_key(&agent_id)
     }
 
     /// The error every request gets once the process is gone.
@@ -427,8 +443,9 @@ impl AgentProcess {
             return;
         };
         match pending {
-            Pending::Forward { client, client_id } => {
-                client.forget_forwarded(client_id.get());
+            Pending::Forward {
+                route, to, client_id, ..
+            } => {
                 let frame = match (msg.result, msg.error) {
                     (Some(result), _) => protocol::response(client_id.get(), result.get()),
                     (None, Some(error)) => protocol::error_passthrough(client_id.get(), error.get()),
@@ -437,7 +454,7 @@ impl AgentProcess {
                         &RpcError::internal("agent sent an empty response"),
                     ),
                 };
-                client.send(Utf8Bytes::from(frame)).await;
+                route.respond(&to, Utf8Bytes::from(frame));
             }
             Pending::Internal(tx) => {
                 let answer = match (msg.result, msg.error) {
@@ -459,11 +476,11 @@ impl AgentProcess {
             let _ = self.send_line(protocol::error(Some(id.get()), &err)).await;
             return;
         };
-        let params = msg.params.and_then(|p| protocol::with_session_id(p, &session.id));
+        let params = msg
+            .params
+            .and_then(|p| protocol::with_session_id(p, session.session_id()));
         let params = params.unwrap_or_else(|| String::from("{}"));
-        session
-            .deliver_agent_request(self, id.to_owned(), msg.method(), params)
-            .await;
+        session.agent_request(self, id.to_owned(), msg.method(), params);
     }
 
     /// Called once stdout has closed: fails everything waiting and unbinds every session.
@@ -481,18 +498,17 @@ impl AgentProcess {
             .collect();
         for p in pending {
             match p {
-                Pending::Forward { client, client_id } => {
-                    client.forget_forwarded(client_id.get());
-                    client
-                        .send(Utf8Bytes::from(protocol::error(Some(client_id.get()), &err)))
-                        .await;
+                Pending::Forward {
+                    route, to, client_id, ..
+                } => {
+                    route.respond(&to, Utf8Bytes::from(protocol::error(Some(client_id.get()), &err)));
                 }
                 Pending::Internal(tx) => {
                     let _ = tx.send(Err(err.clone()));
                 }
             }
         }
-        let sessions: Vec<Arc<LiveSession>> = self
+        let sessions: Vec<Arc<dyn SessionRoute>> = self
             .sessions
             .lock()
             .unwrap_or_else(|e| e.into_inner())
@@ -500,7 +516,7 @@ impl AgentProcess {
             .map(|(_, s)| s)
             .collect();
         for s in sessions {
-            s.unbind_from(self.id).await;
+            s.unbound(self.id);
         }
     }
 }

@@ -1,16 +1,20 @@
 //! The transcript writer: one task that drains a bounded queue and writes whatever has gathered in
-//! one transaction, one row per session per flush.
+//! one transaction (group commit), one row per session per flush, and only then tells each
+//! session how far its updates are stored.
 //!
-//! Publishers enqueue each update *before* forwarding it, so anything a client has seen is at
-//! least queued here; the queue is bounded, so a slow or unreachable database slows the agents'
-//! streams down instead of growing memory. Failed writes are retried with backoff until they
-//! succeed (a database restart loses nothing) or shutdown gives up on them.
+//! Sessions hand an update to clients only once it is committed ([`Committed`]), so whatever a
+//! client has seen survives a crash of the gateway, and `seq` numbers continue above it after a
+//! restart. There is no linger: while one transaction commits, the next batch gathers, so a
+//! burst becomes a few transactions and a lone update waits for one commit. The queue is
+//! bounded, so a slow or unreachable database slows the agents' streams down instead of growing
+//! memory. Failed writes are retried with backoff until they succeed (a database restart loses
+//! nothing) or shutdown gives up on them (nobody saw those updates).
 
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::sync::{Notify, mpsc, oneshot};
+use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
 use super::{EventChunk, SessionWrite, Store};
@@ -20,13 +24,20 @@ const MAX_BATCH_ITEMS: usize = 8192;
 /// Most payload bytes written in one transaction.
 const MAX_BATCH_BYTES: usize = 8 << 20;
 
+/// Told how far a session's updates are stored, right after each commit that holds some.
+pub trait Committed: Send + Sync {
+    /// Every update of the session up to `seq` is committed.
+    fn committed(&self, seq: u64);
+}
+
 /// Something to persist.
-#[derive(Debug)]
 pub enum Item {
     /// One transcript update (the `update` object, raw JSON) with its sequence number.
     Update {
         /// Gateway session id.
         session: Arc<str>,
+        /// Told once it is committed.
+        notify: Arc<dyn Committed>,
         /// Its sequence number.
         seq: u64,
         /// The raw `update` object.
@@ -52,33 +63,36 @@ pub enum Item {
     Flush(oneshot::Sender<()>),
 }
 
+impl std::fmt::Debug for Item {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Item::Update { session, seq, .. } => write!(f, "Update({session}, {seq})"),
+            Item::Prompt { session, .. } => write!(f, "Prompt({session})"),
+            Item::AgentTitle { session, .. } => write!(f, "AgentTitle({session})"),
+            Item::Flush(_) => f.write_str("Flush"),
+        }
+    }
+}
+
 /// Handle to the writer task. Cheap to clone.
 #[derive(Debug, Clone)]
 pub struct Persister {
     /// The bounded queue.
     tx: mpsc::Sender<Item>,
-    /// Cuts the writer's linger short when someone waits for a flush.
-    urgent: Arc<Notify>,
 }
 
 impl Persister {
     /// Starts the writer on `store`. It runs until every handle is dropped, or until `cancel`
     /// fires: then it writes what is queued (giving up on it if the database is unreachable) and
     /// stops.
-    ///
-    /// After the first item of a batch arrives the writer lingers up to `linger` for more, so that
-    /// a burst becomes one transaction and the database work stays out of the way of the prompt
-    /// round trips that produced it; [`Persister::flush`] does not wait for the linger.
     pub fn spawn(
         store: Arc<dyn Store>,
         capacity: usize,
-        linger: Duration,
         cancel: CancellationToken,
     ) -> (Self, tokio::task::JoinHandle<()>) {
         let (tx, rx) = mpsc::channel(capacity);
-        let urgent = Arc::new(Notify::new());
-        let task = tokio::spawn(run(store, rx, linger, urgent.clone(), cancel));
-        (Self { tx, urgent }, task)
+        let task = tokio::spawn(run(store, rx, cancel));
+        (Self { tx }, task)
     }
 
     /// Queues an item, waiting while the queue is full.
@@ -92,18 +106,11 @@ impl Persister {
     pub async fn flush(&self) {
         let (ack, done) = oneshot::channel();
         self.send(Item::Flush(ack)).await;
-        self.urgent.notify_one();
         let _ = done.await;
     }
 }
 
-async fn run(
-    store: Arc<dyn Store>,
-    mut rx: mpsc::Receiver<Item>,
-    linger: Duration,
-    urgent: Arc<Notify>,
-    cancel: CancellationToken,
-) {
+async fn run(store: Arc<dyn Store>, mut rx: mpsc::Receiver<Item>, cancel: CancellationToken) {
     let mut items = Vec::with_capacity(1024);
     loop {
         // Once cancelled, write what is still queued and stop (handles may outlive the gateway).
@@ -123,14 +130,6 @@ async fn run(
         if received == 0 {
             break;
         }
-        let flush_waiting = items.iter().any(|i| matches!(i, Item::Flush(_)));
-        if !flush_waiting && !linger.is_zero() && !cancel.is_cancelled() {
-            tokio::select! {
-                () = tokio::time::sleep(linger) => {}
-                () = urgent.notified() => {}
-                () = cancel.cancelled() => {}
-            }
-        }
         // Take what else is already waiting, up to the byte cap.
         let mut bytes: usize = items.iter().map(item_bytes).sum();
         while items.len() < MAX_BATCH_ITEMS && bytes < MAX_BATCH_BYTES {
@@ -142,7 +141,13 @@ async fn run(
                 Err(_) => break,
             }
         }
-        let (writes, acks, updates) = coalesce(items.drain(..));
+        let Batch {
+            writes,
+            acks,
+            updates,
+            stored_up_to,
+        } = coalesce(items.drain(..));
+        let mut stored = true;
         if !writes.is_empty() {
             let started = std::time::Instant::now();
             let mut backoff = Duration::from_millis(50);
@@ -150,7 +155,9 @@ async fn run(
                 match store.write_batch(&writes).await {
                     Ok(()) => break,
                     Err(e) if cancel.is_cancelled() => {
+                        // Nobody saw these: they are released only once stored.
                         tracing::error!(error = %e, updates, "shutting down with the database unreachable: updates not stored");
+                        stored = false;
                         break;
                     }
                     Err(e) => {
@@ -167,6 +174,11 @@ async fn run(
             metrics::histogram!("acp_gateway_transcript_write_seconds").record(started.elapsed().as_secs_f64());
             metrics::counter!("acp_gateway_transcript_updates_stored_total").increment(updates);
         }
+        if stored {
+            for (notify, seq) in stored_up_to {
+                notify.committed(seq);
+            }
+        }
         for ack in acks {
             let _ = ack.send(());
         }
@@ -180,12 +192,26 @@ fn item_bytes(item: &Item) -> usize {
     }
 }
 
+/// One transaction's worth of items.
+struct Batch {
+    /// One write per session (one chunk per run of consecutive updates).
+    writes: Vec<SessionWrite>,
+    /// Flushes to answer once it is written.
+    acks: Vec<oneshot::Sender<()>>,
+    /// Updates in it.
+    updates: u64,
+    /// Each session's highest seq in it, and whom to tell once it is committed.
+    stored_up_to: Vec<(Arc<dyn Committed>, u64)>,
+}
+
 /// Groups a batch into one write per session (one chunk per run of consecutive updates).
-fn coalesce(items: impl Iterator<Item = Item>) -> (Vec<SessionWrite>, Vec<oneshot::Sender<()>>, u64) {
+fn coalesce(items: impl Iterator<Item = Item>) -> Batch {
     let mut writes: Vec<SessionWrite> = Vec::new();
     let mut current: HashMap<Arc<str>, usize> = HashMap::new();
     let mut acks = Vec::new();
     let mut updates = 0;
+    let mut stored_up_to: Vec<(Arc<dyn Committed>, u64)> = Vec::new();
+    let mut notify_slot: HashMap<Arc<str>, usize> = HashMap::new();
     fn slot(writes: &mut Vec<SessionWrite>, current: &mut HashMap<Arc<str>, usize>, session: &Arc<str>) -> usize {
         *current.entry(session.clone()).or_insert_with(|| {
             writes.push(SessionWrite {
@@ -199,11 +225,19 @@ fn coalesce(items: impl Iterator<Item = Item>) -> (Vec<SessionWrite>, Vec<onesho
         match item {
             Item::Update {
                 session,
+                notify,
                 seq,
                 update,
                 at,
             } => {
                 updates += 1;
+                match notify_slot.get(&session) {
+                    Some(&i) => stored_up_to[i].1 = stored_up_to[i].1.max(seq),
+                    None => {
+                        notify_slot.insert(session.clone(), stored_up_to.len());
+                        stored_up_to.push((notify, seq));
+                    }
+                }
                 let mut i = slot(&mut writes, &mut current, &session);
                 let seq = seq as i64;
                 let contiguous = writes[i].chunk.as_ref().is_none_or(|c| c.seq_to + 1 == seq);
@@ -248,16 +282,27 @@ fn coalesce(items: impl Iterator<Item = Item>) -> (Vec<SessionWrite>, Vec<onesho
             Item::Flush(ack) => acks.push(ack),
         }
     }
-    (writes, acks, updates)
+    Batch {
+        writes,
+        acks,
+        updates,
+        stored_up_to,
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    struct Nobody;
+    impl Committed for Nobody {
+        fn committed(&self, _: u64) {}
+    }
+
     fn upd(s: &Arc<str>, seq: u64) -> Item {
         Item::Update {
             session: s.clone(),
+            notify: Arc::new(Nobody),
             seq,
             update: format!("{{\"n\":{seq}}}").into(),
             at: seq as i64,
@@ -278,9 +323,19 @@ mod tests {
             },
             upd(&a, 3),
         ];
-        let (writes, acks, n) = coalesce(items.into_iter());
+        let Batch {
+            writes,
+            acks,
+            updates: n,
+            stored_up_to,
+        } = coalesce(items.into_iter());
         assert_eq!(n, 4);
         assert!(acks.is_empty());
+        assert_eq!(
+            stored_up_to.iter().map(|(_, seq)| *seq).collect::<Vec<_>>(),
+            vec![3, 5],
+            "each session is told its highest stored seq"
+        );
         assert_eq!(writes.len(), 2);
         let wa = &writes[0];
         assert_eq!(
@@ -301,7 +356,7 @@ mod tests {
     #[test]
     fn a_gap_starts_a_new_chunk() {
         let a: Arc<str> = Arc::from("a");
-        let (writes, _, _) = coalesce(vec![upd(&a, 1), upd(&a, 3)].into_iter());
-        assert_eq!(writes.len(), 2);
+        let batch = coalesce(vec![upd(&a, 1), upd(&a, 3)].into_iter());
+        assert_eq!(batch.writes.len(), 2);
     }
 }

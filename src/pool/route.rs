@@ -1,0 +1,32 @@
+//! What an agent process hands a session: the pool's side of the bargain, implemented by the
+//! session layer above it, so that the pool never imports what sits on top of it.
+
+use std::sync::Arc;
+
+use axum::extract::ws::Utf8Bytes;
+use serde_json::value::RawValue;
+
+use super::AgentProcess;
+use crate::outbox::Outbox;
+
+/// A session as its agent process sees it.
+#[async_trait::async_trait]
+pub trait SessionRoute: Send + Sync {
+    /// The gateway's id for the session (agent requests are rewritten to it).
+    fn session_id(&self) -> &str;
+
+    /// The agent sent an update for the session (`update` and its `_meta`, raw). Waits only
+    /// while the transcript writer's queue is full: the database's pace, never a client's.
+    async fn publish(&self, update: &RawValue, meta: Option<&RawValue>);
+
+    /// The agent asks the session's clients something (`session/request_permission`, `fs/*`,
+    /// `terminal/*`); the answer goes back to `process` under `id`. Never waits.
+    fn agent_request(self: Arc<Self>, process: &Arc<AgentProcess>, id: Box<RawValue>, method: &str, params: String);
+
+    /// The answer to a client's request forwarded to the agent, for `to`: delivered after every
+    /// update of the session the agent sent before it. Never waits.
+    fn respond(&self, to: &Outbox, frame: Utf8Bytes);
+
+    /// The process with this id no longer serves the session (it died or was stopped).
+    fn unbound(&self, process_id: u64);
+}

@@ -1,0 +1,78 @@
+//! A connected client as sessions see it: who it is, its outbox, and the agent requests it has
+//! been asked (each under an id of its own connection). The WebSocket bridge creates it and
+//! keeps the rest of the connection's bookkeeping itself.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use super::requests::AgentRequest;
+use crate::outbox::Outbox;
+
+/// One connected client.
+pub struct Client {
+    /// `Acp-Connection-Id`, for logs.
+    pub id: Arc<str>,
+    /// The authenticated user: every session it touches must be theirs.
+    pub user: Arc<str>,
+    /// Where its frames go.
+    pub outbox: Outbox,
+    /// Ids for the requests the gateway sends it (its own id space on this socket).
+    next_out_id: AtomicU64,
+    /// Agent requests asked of it and not yet answered, by the id it was asked under.
+    asked: Mutex<HashMap<u64, Arc<AgentRequest>>>,
+}
+
+impl std::fmt::Debug for Client {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Client")
+            .field("id", &self.id)
+            .field("user", &self.user)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Client {
+    /// A client for `user` on connection `id`.
+    pub fn new(id: Arc<str>, user: Arc<str>, outbox: Outbox) -> Arc<Self> {
+        Arc::new(Self {
+            id,
+            user,
+            outbox,
+            next_out_id: AtomicU64::new(0),
+            asked: Mutex::new(HashMap::new()),
+        })
+    }
+
+    /// Whether its connection is closing.
+    pub fn is_closed(&self) -> bool {
+        self.outbox.is_closed()
+    }
+
+    /// Records an agent request asked of it; returns the id to ask it under.
+    pub(crate) fn ask(&self, request: Arc<AgentRequest>) -> u64 {
+        let id = self.next_out_id.fetch_add(1, Ordering::Relaxed);
+        self.asked.lock().unwrap_or_else(|e| e.into_inner()).insert(id, request);
+        id
+    }
+
+    /// Takes the agent request it was asked under `id` (it is answering it).
+    pub fn take_asked(&self, id: u64) -> Option<Arc<AgentRequest>> {
+        self.asked.lock().unwrap_or_else(|e| e.into_inner()).remove(&id)
+    }
+
+    /// Forgets a request settled elsewhere.
+    pub(crate) fn forget_asked(&self, id: u64) {
+        self.asked.lock().unwrap_or_else(|e| e.into_inner()).remove(&id);
+    }
+
+    /// Everything it was asked and did not answer (its connection is ending).
+    pub fn take_all_asked(&self) -> Vec<Arc<AgentRequest>> {
+        self.asked
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .drain()
+            .map(|(_, r)| r)
+            .collect()
+    }
+}

@@ -1,0 +1,54 @@
+//! The sessions this gateway process has in memory, by id; dormant ones are swept (they are
+//! loaded again from the store when next used).
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use super::LiveSession;
+
+/// The sessions this gateway process has in memory.
+#[derive(Debug, Default)]
+pub struct Registry {
+    /// By gateway session id.
+    map: Mutex<HashMap<Arc<str>, Arc<LiveSession>>>,
+}
+
+impl Registry {
+    /// The session with `id`, if in memory (ownership is the caller's to check).
+    pub fn get(&self, id: &str) -> Option<Arc<LiveSession>> {
+        self.map.lock().unwrap_or_else(|e| e.into_inner()).get(id).cloned()
+    }
+
+    /// Adds `session`, or returns the one already there under its id.
+    pub fn insert(&self, session: Arc<LiveSession>) -> Arc<LiveSession> {
+        self.map
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .entry(session.id.clone())
+            .or_insert(session)
+            .clone()
+    }
+
+    /// Forgets a session.
+    pub fn remove(&self, id: &str) -> Option<Arc<LiveSession>> {
+        self.map.lock().unwrap_or_else(|e| e.into_inner()).remove(id)
+    }
+
+    /// Drops sessions nobody uses (they are reloaded from the store when needed).
+    pub fn sweep(&self) {
+        self.map
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .retain(|_, s| !s.is_dormant());
+    }
+
+    /// Sessions in memory.
+    pub fn len(&self) -> usize {
+        self.map.lock().unwrap_or_else(|e| e.into_inner()).len()
+    }
+
+    /// Whether none are.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}

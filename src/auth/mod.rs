@@ -1,4 +1,4 @@
-//! Who is calling: JWT verification and minting, and the one-time login [`codes`]. Where a
+//! Who is calling: JWT verification and minting, and the one-time login codes (`codes`). Where a
 //! request's token comes from is HTTP's business (`http::auth`).
 //!
 //! The configured key pins the algorithm: an HS256 secret accepts only HS256 tokens, a PEM public
@@ -10,7 +10,7 @@
 //! brute-forced offline from any token), and a public key comes with a required audience (an
 //! identity provider's key also signs tokens for its other applications).
 
-pub mod codes;
+pub(crate) mod codes;
 
 pub use codes::LoginCodes;
 
@@ -43,9 +43,6 @@ pub struct Identity {
 /// for the log.
 #[derive(Debug, thiserror::Error)]
 pub enum AuthError {
-    /// No token in the request.
-    #[error("no token")]
-    Missing,
     /// The token failed verification.
     #[error("invalid token: {0}")]
     Invalid(#[from] jsonwebtoken::errors::Error),
@@ -121,7 +118,7 @@ impl std::fmt::Debug for Authenticator {
 
 /// Checks what the configuration alone can tell: a long enough secret, an audience with a public
 /// key. [`Authenticator::from_config`] runs it too (and checks a generated secret the same way).
-pub fn check_config(cfg: &JwtConfig) -> Result<(), KeyError> {
+pub(crate) fn check_config(cfg: &JwtConfig) -> Result<(), KeyError> {
     if let Some(secret) = &cfg.secret {
         check_secret(secret)?;
     }

@@ -27,7 +27,7 @@ pub const SECURE_COOKIE: &str = "__Host-acp_gateway_token";
 
 /// How a token was presented.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Source {
+enum Source {
     /// `Authorization: Bearer`.
     Header,
     /// `Sec-WebSocket-Protocol: acp, bearer.<jwt>`.
@@ -40,7 +40,7 @@ pub enum Source {
 
 /// Finds a token in the request, in order of preference. `query` is the URL's query string where
 /// `?access_token=` is allowed (`/acp`), `None` elsewhere.
-pub fn find_token(headers: &HeaderMap, query: Option<&str>) -> Option<(String, Source)> {
+fn find_token(headers: &HeaderMap, query: Option<&str>) -> Option<(String, Source)> {
     if let Some(v) = headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok())
         && let Some(t) = v.strip_prefix("Bearer ").or_else(|| v.strip_prefix("bearer "))
     {
@@ -109,14 +109,14 @@ pub fn is_https(headers: &HeaderMap) -> bool {
 }
 
 /// The host (and port) the browser addressed: `Forwarded: host=`, `X-Forwarded-Host`, else `Host`.
-pub fn request_host(headers: &HeaderMap) -> Option<String> {
+fn request_host(headers: &HeaderMap) -> Option<String> {
     forwarded(headers, "host")
         .or_else(|| x_forwarded(headers, "x-forwarded-host"))
         .or_else(|| headers.get(header::HOST)?.to_str().ok().map(str::to_string))
 }
 
 /// `scheme://host[:port]` of this request as a browser would write it in `Origin`.
-pub fn request_origin(headers: &HeaderMap) -> Option<String> {
+fn request_origin(headers: &HeaderMap) -> Option<String> {
     let scheme = if is_https(headers) { "https" } else { "http" };
     Some(format!(
         "{scheme}://{}",

@@ -6,11 +6,11 @@
 //! second become a handful of rows per flush, and `afterSeq` replays start at the chunk that holds
 //! the first missing update.
 
-pub mod cursor;
+pub(crate) mod cursor;
 pub mod persister;
-pub mod postgres;
+pub(crate) mod postgres;
 mod sql;
-pub mod sqlite;
+pub(crate) mod sqlite;
 
 use std::sync::Arc;
 

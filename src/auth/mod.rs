@@ -57,9 +57,8 @@ pub enum KeyError {
     /// Reading or writing a key file failed.
     #[error("{path}: {source}")]
     Io {
-        /// The file.
+        /// The configured public key or the generated secret, named in the message.
         path: String,
-        /// Why.
         source: std::io::Error,
     },
     /// The PEM is not an RSA, EC (P-256) or Ed25519 public key.
@@ -103,8 +102,9 @@ pub struct Authenticator {
     validation: Validation,
     /// Present only with an HS256 secret.
     encoding: Option<EncodingKey>,
-    /// `iss` and `aud` to put in minted tokens.
+    /// `iss` of minted tokens: the configured issuer, so our own tokens pass our own check.
     issuer: Option<String>,
+    /// `aud` of minted tokens, for the same reason.
     audience: Option<String>,
 }
 

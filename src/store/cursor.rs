@@ -35,13 +35,13 @@ impl std::fmt::Debug for CursorCodec {
 struct Payload {
     /// `updated_at` of the last row returned.
     t: i64,
-    /// Its id.
+    /// Id of that row (ties on `t`).
     i: String,
     /// The user it was issued to.
     u: String,
-    /// Hash of the filters.
+    /// Hash of the filters: the cursor only continues the same query.
     f: u64,
-    /// Issued at (epoch µs).
+    /// Issued at (epoch µs): the cursor expires.
     at: i64,
 }
 
@@ -50,7 +50,7 @@ struct Payload {
 pub struct Decoded {
     /// `updated_at` of the last row already returned.
     pub updated_at: i64,
-    /// Its id.
+    /// Id of that row, which breaks ties on `updated_at`.
     pub id: String,
 }
 

@@ -44,15 +44,15 @@ impl From<StoreError> for crate::protocol::RpcError {
 /// A session as stored.
 #[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
 pub struct SessionRecord {
-    /// The gateway's session id.
+    /// The id clients know it by (the gateway's, not the agent's).
     pub id: String,
     /// The user (`sub`) it belongs to.
     pub owner: String,
-    /// The configured agent name.
+    /// Which configured agent (`[agents.NAME]`) runs it, so a reload restores it on the same kind.
     pub agent: String,
     /// The agent's own id for it, when a process has one.
     pub agent_session_id: Option<String>,
-    /// Working directory.
+    /// The agent's working directory; `session/list` can filter on it.
     pub cwd: String,
     /// `additionalDirectories`, as a JSON array.
     pub additional_dirs: String,
@@ -62,11 +62,11 @@ pub struct SessionRecord {
     pub meta: String,
     /// Prompts sent in this session.
     pub message_count: i64,
-    /// Highest stored transcript sequence number.
+    /// Highest stored transcript sequence number: a reloaded session numbers on from here.
     pub last_seq: i64,
-    /// Microseconds since the epoch.
+    /// When it was created, in epoch microseconds (a `session/list` filter).
     pub created_at: i64,
-    /// Microseconds since the epoch.
+    /// When its newest update arrived, in epoch microseconds: `session/list` shows the newest first.
     pub updated_at: i64,
 }
 
@@ -88,9 +88,9 @@ pub struct ListFilter {
 /// Keyset position: the last row of the previous page.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Position<'a> {
-    /// Its `updated_at`.
+    /// Pages run newest `updated_at` first, so the next page starts below this.
     pub updated_at: i64,
-    /// Its id.
+    /// Breaks ties between sessions updated in the same microsecond.
     pub id: &'a str,
 }
 
@@ -108,7 +108,7 @@ pub struct EventChunk {
 /// Everything one flush writes for one session.
 #[derive(Debug, Clone, Default)]
 pub struct SessionWrite {
-    /// The session.
+    /// Which session (an `Arc`, so a flush copies no ids).
     pub session_id: Arc<str>,
     /// The updates; `None` when only metadata changes.
     pub chunk: Option<EventChunk>,
@@ -116,30 +116,26 @@ pub struct SessionWrite {
     pub prompt_title: Option<String>,
     /// Title from the agent: always set.
     pub agent_title: Option<String>,
-    /// Prompts in this flush.
+    /// Prompts in this flush, added to `message_count`.
     pub prompts: i64,
     /// When the newest update was received (epoch µs).
     pub updated_at: i64,
 }
 
-/// A new session row.
+/// A new session row: the [`SessionRecord`] columns known when a session starts (no title, no
+/// prompts, no transcript yet), borrowed.
 #[derive(Debug, Clone)]
 pub struct NewSession<'a> {
-    /// Gateway id.
     pub id: &'a str,
-    /// User.
     pub owner: &'a str,
-    /// Agent name.
     pub agent: &'a str,
-    /// The agent's id.
     pub agent_session_id: Option<&'a str>,
-    /// Working directory.
     pub cwd: &'a str,
-    /// JSON array.
+    /// A JSON array.
     pub additional_dirs: &'a str,
-    /// JSON object.
+    /// A JSON object.
     pub meta: &'a str,
-    /// Epoch µs.
+    /// Both `created_at` and `updated_at` (epoch µs).
     pub now: i64,
 }
 

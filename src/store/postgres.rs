@@ -19,7 +19,8 @@ use super::{EventChunk, ListFilter, NewSession, Position, SessionRecord, Session
 /// A Postgres-backed [`Store`].
 #[derive(Debug, Clone)]
 pub struct PgStore {
-    /// Connections to the server.
+    /// Each method borrows one connection for one transaction, whose row-level security setting
+    /// ends with it.
     pool: PgPool,
 }
 

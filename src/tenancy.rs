@@ -243,6 +243,7 @@ impl Tenancy {
             _ => {
                 let mut c = tokio::process::Command::new(&agent.command);
                 c.args(&agent.args).current_dir(&cwd);
+                die_with_gateway(&mut c);
                 c
             }
         };
@@ -336,6 +337,30 @@ pub fn check_mcp_servers(servers: &[serde_json::Value], agent: &AgentConfig, can
         }
     }
     Ok(())
+}
+
+/// Asks the kernel to SIGKILL the agent when the gateway dies, however it dies (bubblewrap's
+/// `--die-with-parent` does the same for sandboxed agents). The agent's own children are killed
+/// with its process group on every orderly exit, and by the next start's reaper otherwise
+/// (`pool::reaper`).
+#[allow(
+    unsafe_code,
+    reason = "pre_exec runs between fork and exec; the closure only makes async-signal-safe system calls (prctl, getppid) and allocates nothing"
+)]
+fn die_with_gateway(command: &mut tokio::process::Command) {
+    let gateway = nix::unistd::getpid();
+    // SAFETY: the closure runs in the forked child before exec; prctl(PR_SET_PDEATHSIG) and
+    // getppid are async-signal-safe, and nothing here allocates or takes a lock.
+    unsafe {
+        command.pre_exec(move || {
+            nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL)?;
+            // The gateway may have died between fork and prctl: then nothing would fire.
+            if nix::unistd::getppid() != gateway {
+                return Err(io::Error::other("the gateway is gone"));
+            }
+            Ok(())
+        });
+    }
 }
 
 /// `template` with `{user}` filled in.

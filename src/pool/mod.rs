@@ -7,6 +7,7 @@
 //! the request that needed it.
 
 pub mod process;
+pub mod reaper;
 pub mod route;
 
 use std::collections::BTreeMap;
@@ -117,6 +118,8 @@ pub struct AgentPool {
     ids: Arc<AtomicU64>,
     /// Each user's home, workspaces and sandbox.
     tenancy: Arc<Tenancy>,
+    /// Process groups of running agents, on disk for the next start's reaper.
+    groups: Arc<reaper::GroupRecord>,
     /// Tracks every process task, so shutdown can wait for them.
     tracker: TaskTracker,
 }
@@ -128,6 +131,7 @@ impl AgentPool {
         max_line_bytes: usize,
         ids: Arc<AtomicU64>,
         tenancy: Arc<Tenancy>,
+        groups: Arc<reaper::GroupRecord>,
         tracker: TaskTracker,
     ) -> Self {
         Self {
@@ -139,6 +143,7 @@ impl AgentPool {
             info: Mutex::new(None),
             ids,
             tenancy,
+            groups,
             tracker,
         }
     }
@@ -332,6 +337,7 @@ impl AgentPool {
             user.cloned(),
             launch,
             self.max_line_bytes,
+            &self.groups,
             &self.tracker,
         )
         .map_err(cannot_start)?;
@@ -438,6 +444,7 @@ impl Pools {
     /// Pools for every agent in `config`.
     pub fn new(config: &Config, tenancy: Arc<Tenancy>, tracker: TaskTracker) -> Self {
         let ids = Arc::new(AtomicU64::new(1));
+        let groups = Arc::new(reaper::GroupRecord::open(&tenancy.data_dir().join("agent-groups")));
         let pools = config
             .agents
             .iter()
@@ -448,6 +455,7 @@ impl Pools {
                     config.limits.max_line_bytes,
                     ids.clone(),
                     tenancy.clone(),
+                    groups.clone(),
                     tracker.clone(),
                 );
                 (name.clone(), Arc::new(pool))

@@ -25,6 +25,7 @@ use tokio_util::codec::{FramedRead, LinesCodec, LinesCodecError};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use super::reaper::GroupRecord;
 use super::route::SessionRoute;
 use crate::outbox::Outbox;
 use crate::protocol::{self, Incoming, Kind, RpcError, codes};
@@ -146,6 +147,7 @@ impl AgentProcess {
         owner: Option<Arc<str>>,
         launch: Launch,
         max_line_bytes: usize,
+        groups: &Arc<GroupRecord>,
         tracker: &TaskTracker,
     ) -> std::io::Result<Arc<Self>> {
         let mut cmd: Command = launch.command;
@@ -159,6 +161,7 @@ impl AgentProcess {
             .id()
             .ok_or_else(|| std::io::Error::other("agent exited at once"))?;
         let guard = GroupGuard(pid as i32);
+        groups.add(guard.0);
         let (stdin_tx, stdin_rx) = mpsc::channel(STDIN_QUEUE);
         let process = Arc::new(Self {
             id,
@@ -187,7 +190,7 @@ impl AgentProcess {
         tracker.spawn(read_stdout(Arc::downgrade(&process), stdout, process.stop.clone()));
         let stderr = FramedRead::new(stderr, LinesCodec::new_with_max_length(STDERR_LINE_MAX));
         tracker.spawn(read_stderr(Arc::downgrade(&process), stderr));
-        tracker.spawn(wait(process.clone(), child, guard));
+        tracker.spawn(wait(process.clone(), child, guard, groups.clone()));
         metrics::gauge!("acp_gateway_agent_processes", "agent" => process.agent.to_string()).increment(1.0);
         tracing::info!(agent = %process.agent, process = id, pid, sandboxed = launch.sandboxed, "agent process started");
         Ok(process)
@@ -618,7 +621,7 @@ async fn read_stderr(process: Weak<AgentProcess>, mut lines: FramedRead<tokio::p
 
 /// Reaps the child; stops its group when asked (TERM, then KILL after two seconds) and always
 /// kills whatever is left of the group once the leader is gone.
-async fn wait(process: Arc<AgentProcess>, mut child: Child, guard: GroupGuard) {
+async fn wait(process: Arc<AgentProcess>, mut child: Child, guard: GroupGuard, groups: Arc<GroupRecord>) {
     let status = tokio::select! {
         status = child.wait() => status,
         () = process.stop.cancelled() => {
@@ -632,7 +635,9 @@ async fn wait(process: Arc<AgentProcess>, mut child: Child, guard: GroupGuard) {
             }
         }
     };
+    let pgid = guard.0;
     drop(guard);
+    groups.remove(pgid);
     let text = match status {
         Ok(s) => match (s.code(), std::os::unix::process::ExitStatusExt::signal(&s)) {
             (Some(code), _) => format!("exit code {code}"),

@@ -359,7 +359,7 @@ fn bench_config(dir: &std::path::Path) -> Result<Config> {
 async fn stored_last_seq(gw_rt: &tokio::runtime::Runtime, gw: &Arc<Gateway>, session: &str) -> Result<i64> {
     let (gw, session) = (gw.clone(), session.to_string());
     let rec = gw_rt
-        .spawn(async move { gw.store.get_session("bench", &session).await })
+        .spawn(async move { gw.sessions.store().get_session("bench", &session).await })
         .await??;
     Ok(rec.map(|r| r.last_seq).unwrap_or(-1))
 }
@@ -573,10 +573,10 @@ async fn run(
             let t = stream_once(&mut via, &gw_session, n_updates, GATEWAY_EXTRAS).await?;
             rss_after_stream = rss_kib().0;
             // How long after the answer until the transcript is all in the database.
-            let persister = gw.persister.clone();
+            let gw2 = gw.clone();
             let flushed = gw_rt.spawn(async move {
                 let started = Instant::now();
-                persister.flush().await;
+                gw2.sessions.flush().await;
                 started.elapsed()
             });
             let flush = flushed.await?;

@@ -94,7 +94,7 @@ async fn main() {
     let prompt = json!({"sessionId": sid, "prompt": [{"type": "text", "text": format!("[chunks={n}] [delay_us=0]")}]});
     let (_, live) = call(&mut ws, 2, "session/prompt", prompt).await;
     let stream_time = started.elapsed();
-    gw.persister.flush().await;
+    gw.sessions.flush().await;
     let stored_after = started.elapsed();
     println!(
         "backend: {backend}; transcript: {live} updates streamed live in {stream_time:.2?} ({:.0}/s), all stored after {stored_after:.2?}",

@@ -5,6 +5,8 @@
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+
+pub use crate::gateway::Gateway;
 use std::time::Duration;
 
 use anyhow::Context;
@@ -17,47 +19,14 @@ use tokio_util::task::TaskTracker;
 use crate::auth::{Authenticator, LoginCodes};
 use crate::config::Config;
 use crate::pool::Pools;
-use crate::session::Registry;
+use crate::session::{SessionOptions, Sessions};
+use crate::store;
 use crate::store::cursor::CursorCodec;
 use crate::store::persister::Persister;
-use crate::store::{self, Store};
 use crate::tenancy::Tenancy;
 
 /// Transcript items queued before publishers wait for the database.
 const PERSIST_QUEUE: usize = 65_536;
-
-/// Everything a request handler can reach.
-#[derive(Debug)]
-pub struct Gateway {
-    /// The loaded configuration.
-    pub config: Config,
-    /// Token verification.
-    pub auth: Authenticator,
-    /// One-time login codes (`GET /auth/login?code=`), such as the one `serve` prints.
-    pub login_codes: LoginCodes,
-    /// Sessions and transcripts.
-    pub store: Arc<dyn Store>,
-    /// The transcript writer.
-    pub persister: Persister,
-    /// Agent processes.
-    pub pools: Arc<Pools>,
-    /// Each user's home, workspace roots and agent sandbox.
-    pub tenancy: Arc<Tenancy>,
-    /// Sessions in memory.
-    pub registry: Registry,
-    /// Signs `session/list` cursors.
-    pub cursors: CursorCodec,
-    /// Fired when shutdown starts.
-    pub shutdown: CancellationToken,
-    /// Every connection, request and agent task (axum does not wait for WebSocket tasks).
-    pub tracker: TaskTracker,
-    /// Set while draining: `/readyz` answers 503.
-    pub draining: AtomicBool,
-    /// Caps concurrent WebSocket connections.
-    pub connection_slots: Arc<Semaphore>,
-    /// Prefix of connection ids, unique per replica run.
-    pub replica: String,
-}
 
 /// A built, bound gateway, ready to run.
 pub struct Application {
@@ -97,17 +66,19 @@ impl Application {
             .replica_id
             .clone()
             .unwrap_or_else(|| uuid::Uuid::new_v4().simple().to_string()[..8].to_string());
+        let options = SessionOptions {
+            persister,
+            permission_wait: Duration::from_secs(config.limits.permission_wait_secs),
+            catch_up_bytes: config.limits.client_queue_bytes,
+        };
         let gateway = Arc::new(Gateway {
             connection_slots: Arc::new(Semaphore::new(config.limits.max_connections)),
             config,
             auth,
             login_codes: LoginCodes::default(),
-            store,
-            persister,
+            sessions: Sessions::new(store, options, cursors),
             pools,
             tenancy,
-            registry: Registry::default(),
-            cursors,
             shutdown: CancellationToken::new(),
             tracker,
             draining: AtomicBool::new(false),
@@ -148,7 +119,7 @@ impl Application {
                 let mut tick = tokio::time::interval(Duration::from_secs(30));
                 loop {
                     tokio::select! {
-                        _ = tick.tick() => gw.registry.sweep(),
+                        _ = tick.tick() => gw.sessions.sweep(),
                         () = gw.shutdown.cancelled() => return,
                     }
                 }
@@ -180,7 +151,7 @@ impl Application {
         let _ = maintenance.await;
         let _ = sweeper.await;
         // Everything acknowledged is written before we exit.
-        if tokio::time::timeout(grace, gw.persister.flush()).await.is_err() {
+        if tokio::time::timeout(grace, gw.sessions.flush()).await.is_err() {
             tracing::error!("the transcript writer could not flush within the grace period");
         }
         self.persister_cancel.cancel();

@@ -10,26 +10,26 @@
 //! - [`cli`]: the commands (`serve`, `token`, `migrate`, `demo-agent`). `main.rs` only calls it.
 //! - [`config`]: defaults → TOML file → environment → flags.
 //! - [`app`]: builds every part, serves, and shuts down in order.
+//! - [`gateway`]: the state handlers reach (config, auth, sessions, pools, tenancy).
 //! - [`http`]: the routes: health, metrics, `/acp` upgrade, REST API, login, static web UI.
 //! - [`auth`]: JWT verification and minting; where tokens come from.
 //! - [`bridge`]: one WebSocket connection: reading, writing, and what each method does.
 //! - [`session`]: live sessions: sequence numbers, attached clients, agent requests.
 //! - [`pool`]: agent processes, pooled per agent; spawning, routing stdout, reaping.
 //! - [`store`]: the `Store` trait (SQLite and Postgres), the batching transcript writer, cursors.
-//! - [`api`]: `session/list` and deletion, shared by ACP and REST.
 //! - [`outbox`]: one client's bounded outgoing queue (never waited on by fan-out).
 //! - [`protocol`]: JSON-RPC parsing (once, borrowed) and frame building (no re-serialization).
 //! - [`demo_agent`]: the built-in offline ACP agent.
 //! - [`telemetry`]: logs and Prometheus metrics.
 //! - [`tenancy`]: what a user's agent process can reach: environment, home, workspaces, sandbox.
 
-pub mod api;
 pub mod app;
 pub mod auth;
 pub mod bridge;
 pub mod cli;
 pub mod config;
 pub mod demo_agent;
+pub mod gateway;
 pub mod http;
 pub mod outbox;
 pub mod pool;

@@ -3,7 +3,6 @@
 //! session's agent process after checking the session belongs to the caller.
 
 use std::collections::{HashMap, HashSet};
-use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, Weak};
 
 use axum::extract::ws::Utf8Bytes;
@@ -13,11 +12,10 @@ use serde_json::{Value, json};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use super::parse_or_answer;
-use crate::app::Gateway;
+use crate::gateway::Gateway;
 use crate::pool::{AgentPool, AgentProcess, Pending, SessionRoute};
 use crate::protocol::{self, Incoming, Kind, RpcError, codes};
 use crate::session::{Client, LiveSession};
-use crate::store::NewSession;
 
 /// Per-connection dispatch state.
 pub struct Connection {
@@ -133,7 +131,7 @@ impl Connection {
             .drain()
             .collect();
         for id in sessions {
-            if let Some(s) = self.gw.registry.get(&id) {
+            if let Some(s) = self.gw.sessions.live(&self.client.user, &id) {
                 s.detach(&self.client);
             }
         }
@@ -163,7 +161,7 @@ impl Connection {
                 let Some(sid) = protocol::session_id_of(msg.params) else {
                     return;
                 };
-                let Some(session) = self.gw.registry.get(&sid).filter(|s| *s.owner == *self.client.user) else {
+                let Some(session) = self.gw.sessions.live(&self.client.user, &sid) else {
                     return;
                 };
                 let keep = self
@@ -253,8 +251,8 @@ impl Connection {
     /// Whether `params` name a session of this user that is on a live agent process now.
     fn is_live(&self, params: Option<&RawValue>) -> bool {
         protocol::session_id_of(params)
-            .and_then(|sid| self.gw.registry.get(&sid))
-            .is_some_and(|s| *s.owner == *self.client.user && s.is_bound_now())
+            .and_then(|sid| self.gw.sessions.live(&self.client.user, &sid))
+            .is_some_and(|s| s.is_bound_now())
     }
 
     async fn initialize(&self) -> Handled {
@@ -369,8 +367,11 @@ impl Ctx {
             "session/load" => self.load(params, true).await,
             "session/resume" => self.load(params, false).await,
             "session/list" => {
-                let result =
-                    crate::api::list_sessions(&self.gw, &self.client.user, params.map_or("{}", RawValue::get)).await?;
+                let result = self
+                    .gw
+                    .sessions
+                    .list_raw(&self.client.user, params.map_or("{}", RawValue::get))
+                    .await?;
                 Ok(Reply::Result(result.to_string()))
             }
             "session/close" => self.close(params, false).await,
@@ -383,28 +384,10 @@ impl Ctx {
         }
     }
 
-    /// The caller's session `sid`, loaded into memory if needed. Unknown and foreign ids take the
-    /// same path (a database lookup filtered by owner) and get the same `-32002`. A session leaves
-    /// memory only with nothing unstored, so its stored `last_seq` is current.
+    /// The caller's session `sid`, loaded into memory if needed; unknown and foreign ids get
+    /// the same `-32002`.
     async fn owned(&self, sid: &str) -> Result<Arc<LiveSession>, RpcError> {
-        if let Some(s) = self.gw.registry.get(sid)
-            && *s.owner == *self.client.user
-        {
-            return Ok(s);
-        }
-        let record = self.gw.store.get_session(&self.client.user, sid).await.map_err(|e| {
-            tracing::error!(error = %e, "session lookup failed");
-            RpcError::internal("session store unavailable")
-        })?;
-        let record = record.ok_or_else(RpcError::session_not_found)?;
-        let session = self
-            .gw
-            .registry
-            .insert(LiveSession::from_record(&record, &self.gw.session_options()));
-        if *session.owner != *self.client.user {
-            return Err(RpcError::session_not_found());
-        }
-        Ok(session)
+        self.gw.sessions.owned(&self.client.user, sid).await
     }
 
     fn session_param(params: Option<&RawValue>) -> Result<String, RpcError> {
@@ -471,21 +454,6 @@ impl Ctx {
         let meta = format!(r#"{{"mcpServers":{mcp}}}"#);
         let dirs = json!(dirs).to_string();
         let now = crate::store::now_micros();
-        let new = NewSession {
-            id: &id,
-            owner: &self.client.user,
-            agent: &self.pool.name,
-            agent_session_id: Some(&agent_sid),
-            cwd: &cwd,
-            additional_dirs: &dirs,
-            meta: &meta,
-            now,
-        };
-        if let Err(e) = self.gw.store.create_session(&new).await {
-            tracing::error!(error = %e, "cannot store new session");
-            process.release();
-            return Err(RpcError::internal("session store unavailable"));
-        }
         let record = crate::store::SessionRecord {
             id: id.clone(),
             owner: self.client.user.to_string(),
@@ -500,16 +468,16 @@ impl Ctx {
             created_at: now,
             updated_at: now,
         };
-        let session = self
-            .gw
-            .registry
-            .insert(LiveSession::from_record(&record, &self.gw.session_options()));
+        let session = match self.gw.sessions.create(&record).await {
+            Ok(session) => session,
+            Err(e) => {
+                process.release();
+                return Err(e);
+            }
+        };
         if let Err(e) = session.bind(process.clone(), Arc::from(agent_sid.as_str())) {
             process.release();
-            self.gw.registry.remove(&id);
-            if let Err(e) = self.gw.store.delete_session(&self.client.user, &id).await {
-                tracing::error!(session = %id, error = %e, "cannot remove a refused session");
-            }
+            self.gw.sessions.discard(&self.client.user, &id).await;
             tracing::warn!(connection = %self.client.id, user = %self.client.user, agent_session = %agent_sid, "agent reused a bound session id; session refused");
             return Err(e);
         }
@@ -537,23 +505,10 @@ impl Ctx {
         let session = self.owned(&sid).await?;
         session.detach(&self.client);
         self.tracked.left(&sid);
-        if let Some(b) = session.take_binding()
-            && self
-                .pool_of(&session)
-                .and_then(|p| p.cached_info())
-                .is_some_and(|i| i.can_close())
-        {
-            let params = json!({ "sessionId": &*b.agent_session_id }).to_string();
-            if let Err(e) = b
-                .process
-                .request("session/close", &params, std::time::Duration::from_secs(10))
-                .await
-            {
-                tracing::warn!(session = %sid, error = %e, "agent did not close the session cleanly");
-            }
-        }
         if delete {
-            crate::api::delete_session(&self.gw, &self.client.user, &sid).await?;
+            self.gw.sessions.delete(&self.client.user, &sid, &self.gw.pools).await?;
+        } else {
+            self.gw.sessions.close_on_agent(&session, &self.gw.pools).await;
         }
         Ok(Reply::Result(String::from("{}")))
     }
@@ -585,7 +540,9 @@ impl Ctx {
     /// Attaches this connection to `session` (and remembers it, to detach when it ends).
     async fn attach(&self, session: &Arc<LiveSession>, replay: bool, after: u64) -> Result<(), RpcError> {
         self.tracked.attached(&session.id);
-        session.attach(&self.client, &*self.gw.store, replay, after).await
+        session
+            .attach(&self.client, &**self.gw.sessions.store(), replay, after)
+            .await
     }
 
     fn pool_of(&self, session: &LiveSession) -> Option<Arc<AgentPool>> {
@@ -637,21 +594,5 @@ impl Ctx {
         };
         self.tracked.remember_forwarded(id.get(), &binding.process, agent_id);
         Ok(Reply::Forwarded)
-    }
-}
-
-impl Gateway {
-    /// How sessions are set up in memory.
-    pub fn session_options(&self) -> crate::session::SessionOptions {
-        crate::session::SessionOptions {
-            persister: self.persister.clone(),
-            permission_wait: std::time::Duration::from_secs(self.config.limits.permission_wait_secs),
-            catch_up_bytes: self.config.limits.client_queue_bytes,
-        }
-    }
-
-    /// Whether the gateway is draining (for `/readyz`).
-    pub fn is_draining(&self) -> bool {
-        self.draining.load(Ordering::Acquire)
     }
 }

@@ -15,8 +15,8 @@ use std::time::Duration;
 use axum::extract::ws::{CloseFrame, Message, Utf8Bytes, WebSocket};
 use futures_util::{SinkExt, StreamExt};
 
-use crate::app::Gateway;
 use crate::auth::{Identity, now_secs};
+use crate::gateway::Gateway;
 use crate::outbox::{Outbox, OutboxReceiver};
 use crate::pool::AgentPool;
 use crate::protocol::{self, Incoming, Kind, ParseFailure, RpcError, codes};

@@ -13,8 +13,8 @@ use serde::Deserialize;
 use serde_json::json;
 
 use super::auth::authenticate;
-use crate::app::Gateway;
 use crate::config::DEFAULT_AGENT;
+use crate::gateway::Gateway;
 
 /// Response header naming the connection (transport RFD).
 pub const CONNECTION_ID_HEADER: &str = "acp-connection-id";

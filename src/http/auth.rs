@@ -15,8 +15,8 @@ use axum::http::request::Parts;
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 
-use crate::app::Gateway;
 use crate::auth::Identity;
+use crate::gateway::Gateway;
 
 /// Name of the web UI's cookie over plain HTTP.
 pub const COOKIE: &str = "acp_gateway_token";

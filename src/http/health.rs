@@ -10,8 +10,8 @@ use axum::routing::get;
 use axum::{Json, Router};
 use serde_json::json;
 
-use crate::app::Gateway;
 use crate::config::DEFAULT_AGENT;
+use crate::gateway::Gateway;
 
 pub(super) fn router() -> Router<Arc<Gateway>> {
     Router::new()
@@ -26,7 +26,7 @@ async fn healthz() -> Json<serde_json::Value> {
 
 /// Ready when the database answers, the default agent can be started, and we are not draining.
 async fn readyz(State(gw): State<Arc<Gateway>>) -> impl IntoResponse {
-    let database = match tokio::time::timeout(Duration::from_secs(3), gw.store.ping()).await {
+    let database = match tokio::time::timeout(Duration::from_secs(3), gw.sessions.store().ping()).await {
         Ok(Ok(())) => Ok(()),
         Ok(Err(e)) => Err(e.to_string()),
         Err(_) => Err(String::from("timed out")),
@@ -68,7 +68,7 @@ async fn readyz(State(gw): State<Arc<Gateway>>) -> impl IntoResponse {
 }
 
 async fn metrics(State(gw): State<Arc<Gateway>>) -> impl IntoResponse {
-    metrics::gauge!("acp_gateway_sessions_in_memory").set(gw.registry.len() as f64);
+    metrics::gauge!("acp_gateway_sessions_in_memory").set(gw.sessions.in_memory() as f64);
     for (name, pool) in gw.pools.iter() {
         metrics::gauge!("acp_gateway_pool_processes", "agent" => name.clone()).set(pool.process_count() as f64);
     }

@@ -15,7 +15,7 @@ use axum::http::{HeaderValue, header};
 use tower_http::services::ServeDir;
 use tower_http::set_header::SetResponseHeaderLayer;
 
-use crate::app::Gateway;
+use crate::gateway::Gateway;
 
 /// The web UI loads only its own files: no inline script or style, no framing (clickjacking the
 /// permission buttons), forms post only here.

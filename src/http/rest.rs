@@ -15,10 +15,10 @@ use serde_json::json;
 
 use super::auth::{COOKIE, Caller, NoOrigin, SECURE_COOKIE, is_https, same_origin};
 use super::error::HttpError;
-use crate::api::{self, ListParams};
-use crate::app::Gateway;
 use crate::auth::now_secs;
 use crate::config::DEFAULT_AGENT;
+use crate::gateway::Gateway;
+use crate::session::list::ListParams;
 
 pub(super) fn router() -> Router<Arc<Gateway>> {
     Router::new()
@@ -66,7 +66,7 @@ async fn sessions(
     Caller(who): Caller,
     Query(q): Query<ListParams>,
 ) -> Result<Json<serde_json::Value>, HttpError> {
-    Ok(Json(api::list(&gw, &who.user, q).await?))
+    Ok(Json(gw.sessions.list(&who.user, q).await?))
 }
 
 async fn delete_session(
@@ -74,7 +74,7 @@ async fn delete_session(
     Caller(who): Caller,
     Path(id): Path<String>,
 ) -> Result<StatusCode, HttpError> {
-    api::delete_session(&gw, &who.user, &id).await?;
+    gw.sessions.delete(&who.user, &id, &gw.pools).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 

@@ -5,13 +5,18 @@
 //! - [`client`]: a connected client as sessions see it.
 //! - [`requests`]: an agent's requests to the session's clients.
 //! - [`registry`]: the sessions in memory.
+//! - [`service`]: the one door to session rows and transcripts.
+//! - [`list`]: `session/list` from the store.
 
 pub mod client;
+pub mod list;
 pub mod live;
 pub mod registry;
 pub mod requests;
+pub mod service;
 
 pub use client::Client;
 pub use live::{Binding, LiveSession, SessionOptions};
 pub use registry::Registry;
 pub use requests::AgentRequest;
+pub use service::Sessions;

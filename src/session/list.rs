@@ -4,7 +4,7 @@
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use crate::app::Gateway;
+use super::Sessions;
 use crate::protocol::RpcError;
 use crate::store::{ListFilter, Position, SessionRecord, iso8601, now_micros, parse_iso8601};
 
@@ -43,18 +43,18 @@ fn time(name: &str, value: Option<&str>) -> Result<Option<i64>, RpcError> {
 }
 
 /// Answers a `session/list` for `user`; `params` is raw JSON (an object, or `null`).
-pub async fn list_sessions(gw: &Gateway, user: &str, params: &str) -> Result<Value, RpcError> {
+pub async fn list_sessions(sessions: &Sessions, user: &str, params: &str) -> Result<Value, RpcError> {
     let p: ListParams = if params.trim() == "null" {
         ListParams::default()
     } else {
         serde_json::from_str(params)
             .map_err(|e| RpcError::invalid_params(format!("invalid session/list params: {e}")))?
     };
-    list(gw, user, p).await
+    list(sessions, user, p).await
 }
 
 /// [`list_sessions`] with parsed parameters.
-pub async fn list(gw: &Gateway, user: &str, p: ListParams) -> Result<Value, RpcError> {
+pub async fn list(sessions: &Sessions, user: &str, p: ListParams) -> Result<Value, RpcError> {
     // Above the maximum is served as the maximum; zero asks for nothing and is an error.
     let limit = p.limit.unwrap_or(DEFAULT_LIMIT).min(MAX_LIMIT);
     if limit == 0 {
@@ -70,7 +70,8 @@ pub async fn list(gw: &Gateway, user: &str, p: ListParams) -> Result<Value, RpcE
     let now = now_micros();
     let after = match p.cursor.as_deref().filter(|c| !c.is_empty()) {
         Some(c) => Some(
-            gw.cursors
+            sessions
+                .cursors
                 .decode(c, user, &filter, now)
                 .ok_or_else(|| RpcError::invalid_params("invalid or expired cursor"))?,
         ),
@@ -80,21 +81,14 @@ pub async fn list(gw: &Gateway, user: &str, p: ListParams) -> Result<Value, RpcE
         updated_at: a.updated_at,
         id: &a.id,
     });
-    // Everything a client saw reported is in the rows we read.
-    gw.persister.flush().await;
-    let mut rows = gw
-        .store
-        .list_sessions(user, &filter, position, limit + 1)
-        .await
-        .map_err(|e| {
-            tracing::error!(error = %e, "session/list failed");
-            RpcError::internal("session store unavailable")
-        })?;
+    // Titles and message counts of what was just prompted are in the rows we read.
+    sessions.persister.flush().await;
+    let mut rows = sessions.store.list_sessions(user, &filter, position, limit + 1).await?;
     let more = rows.len() > limit as usize;
     rows.truncate(limit as usize);
     let next = if more {
         rows.last()
-            .map(|r| gw.cursors.encode(user, &filter, r.updated_at, &r.id, now))
+            .map(|r| sessions.cursors.encode(user, &filter, r.updated_at, &r.id, now))
     } else {
         None
     };
@@ -121,37 +115,4 @@ pub fn session_info(r: &SessionRecord) -> Value {
         info["additionalDirectories"] = Value::Array(dirs);
     }
     info
-}
-
-/// Deletes `user`'s session `id`: closes it on its agent, forgets it, removes it and its
-/// transcript from the store. Unknown and foreign ids get `-32002`.
-pub async fn delete_session(gw: &Gateway, user: &str, id: &str) -> Result<(), RpcError> {
-    if let Some(s) = gw.registry.get(id).filter(|s| &*s.owner == user) {
-        if let Some(b) = s.take_binding() {
-            let params = json!({ "sessionId": &*b.agent_session_id }).to_string();
-            if gw
-                .pools
-                .get(&s.agent)
-                .and_then(|p| p.cached_info())
-                .is_some_and(|i| i.can_close())
-            {
-                let _ = b
-                    .process
-                    .request("session/close", &params, std::time::Duration::from_secs(10))
-                    .await;
-            }
-        }
-        gw.registry.remove(id);
-    }
-    gw.persister.flush().await;
-    let deleted = gw.store.delete_session(user, id).await.map_err(|e| {
-        tracing::error!(error = %e, "cannot delete session");
-        RpcError::internal("session store unavailable")
-    })?;
-    if deleted {
-        tracing::info!(user, session = id, "session deleted");
-        Ok(())
-    } else {
-        Err(RpcError::session_not_found())
-    }
 }

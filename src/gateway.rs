@@ -1,0 +1,49 @@
+//! The state every request handler reaches: built at start-up (`app`), used by the HTTP routes and
+//! the WebSocket bridge. It sits below both, so neither imports the other through it.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use tokio::sync::Semaphore;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::auth::{Authenticator, LoginCodes};
+use crate::config::Config;
+use crate::pool::Pools;
+use crate::session::Sessions;
+use crate::tenancy::Tenancy;
+
+/// Everything a request handler can reach.
+#[derive(Debug)]
+pub struct Gateway {
+    /// The loaded configuration.
+    pub config: Config,
+    /// Token verification.
+    pub auth: Authenticator,
+    /// One-time login codes (`GET /auth/login?code=`), such as the one `serve` prints.
+    pub login_codes: LoginCodes,
+    /// Sessions: stored, being written, in memory (the only door to the store).
+    pub sessions: Sessions,
+    /// Agent processes.
+    pub pools: Arc<Pools>,
+    /// Each user's home, workspace roots and agent sandbox.
+    pub tenancy: Arc<Tenancy>,
+    /// Fired when shutdown starts.
+    pub shutdown: CancellationToken,
+    /// Every connection, request and agent task (axum does not wait for WebSocket tasks).
+    pub tracker: TaskTracker,
+    /// Set while draining: `/readyz` answers 503.
+    pub draining: AtomicBool,
+    /// Caps concurrent WebSocket connections.
+    pub connection_slots: Arc<Semaphore>,
+    /// Prefix of connection ids, unique per replica run.
+    pub replica: String,
+}
+
+impl Gateway {
+    /// Whether the gateway is draining (for `/readyz`).
+    pub fn is_draining(&self) -> bool {
+        self.draining.load(Ordering::Acquire)
+    }
+}

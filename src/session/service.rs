@@ -1,0 +1,160 @@
+//! The one door to session rows and transcripts: the store, the transcript writer and the
+//! sessions in memory together, so their rules are written once.
+//!
+//! - A session is looked up by owner: an unknown id and another user's id get the same `-32002`.
+//! - A session leaves memory only with nothing unstored, so a session loaded from the store
+//!   carries the `last_seq` it left with, and numbers continue above every seq ever sent.
+//! - Deleting closes the session on its agent first, then removes it and its transcript.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::Value;
+
+use super::list::{self, ListParams};
+use super::{LiveSession, Registry, SessionOptions};
+use crate::pool::Pools;
+use crate::protocol::RpcError;
+use crate::store::cursor::CursorCodec;
+use crate::store::persister::Persister;
+use crate::store::{NewSession, SessionRecord, Store};
+
+/// How long an agent may take to close a session before the gateway stops waiting.
+const CLOSE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Sessions: stored, being written, and in memory.
+#[derive(Debug)]
+pub struct Sessions {
+    /// Session rows and transcripts.
+    pub(super) store: Arc<dyn Store>,
+    /// The transcript writer (updates are visible once it has committed them).
+    pub(super) persister: Persister,
+    /// Sessions in memory.
+    registry: Registry,
+    /// Signs `session/list` cursors.
+    pub(super) cursors: CursorCodec,
+    /// How sessions are set up in memory.
+    options: SessionOptions,
+}
+
+impl Sessions {
+    /// The service over `store`, its writer and cursor key.
+    pub(crate) fn new(store: Arc<dyn Store>, options: SessionOptions, cursors: CursorCodec) -> Self {
+        Self {
+            store,
+            persister: options.persister.clone(),
+            registry: Registry::default(),
+            cursors,
+            options,
+        }
+    }
+
+    /// The store (for `/readyz`, tests and benchmarks).
+    pub fn store(&self) -> &Arc<dyn Store> {
+        &self.store
+    }
+
+    /// Waits until everything queued for the transcript is written.
+    pub async fn flush(&self) {
+        self.persister.flush().await;
+    }
+
+    /// Sessions in memory (for metrics).
+    pub fn in_memory(&self) -> usize {
+        self.registry.len()
+    }
+
+    /// Drops sessions nobody uses from memory.
+    pub fn sweep(&self) {
+        self.registry.sweep();
+    }
+
+    /// `user`'s session `id` if it is in memory.
+    pub fn live(&self, user: &str, id: &str) -> Option<Arc<LiveSession>> {
+        self.registry.get(id).filter(|s| &*s.owner == user)
+    }
+
+    /// `user`'s session `id`, loaded into memory if needed.
+    pub async fn owned(&self, user: &str, id: &str) -> Result<Arc<LiveSession>, RpcError> {
+        if let Some(s) = self.live(user, id) {
+            return Ok(s);
+        }
+        let record = self
+            .store
+            .get_session(user, id)
+            .await?
+            .ok_or_else(RpcError::session_not_found)?;
+        let session = self.registry.insert(LiveSession::from_record(&record, &self.options));
+        if *session.owner != *user {
+            return Err(RpcError::session_not_found());
+        }
+        Ok(session)
+    }
+
+    /// Stores a new session and puts it in memory.
+    pub async fn create(&self, record: &SessionRecord) -> Result<Arc<LiveSession>, RpcError> {
+        self.store
+            .create_session(&NewSession {
+                id: &record.id,
+                owner: &record.owner,
+                agent: &record.agent,
+                agent_session_id: record.agent_session_id.as_deref(),
+                cwd: &record.cwd,
+                additional_dirs: &record.additional_dirs,
+                meta: &record.meta,
+                now: record.created_at,
+            })
+            .await?;
+        Ok(self.registry.insert(LiveSession::from_record(record, &self.options)))
+    }
+
+    /// Forgets a session that was created and then refused (nothing was published to it).
+    pub async fn discard(&self, user: &str, id: &str) {
+        self.registry.remove(id);
+        if let Err(e) = self.store.delete_session(user, id).await {
+            tracing::error!(session = %id, error = %e, "cannot remove a refused session");
+        }
+    }
+
+    /// Ends `session`'s binding and, if the agent supports it, closes it there.
+    pub async fn close_on_agent(&self, session: &LiveSession, pools: &Pools) {
+        let Some(b) = session.take_binding() else { return };
+        let can_close = pools
+            .get(&session.agent)
+            .and_then(|p| p.cached_info())
+            .is_some_and(|i| i.can_close());
+        if can_close {
+            let params = serde_json::json!({ "sessionId": &*b.agent_session_id }).to_string();
+            if let Err(e) = b.process.request("session/close", &params, CLOSE_TIMEOUT).await {
+                tracing::warn!(session = %session.id, error = %e, "agent did not close the session cleanly");
+            }
+        }
+    }
+
+    /// Deletes `user`'s session `id`: closes it on its agent, forgets it, removes it and its
+    /// transcript from the store. Unknown and foreign ids get `-32002`.
+    pub async fn delete(&self, user: &str, id: &str, pools: &Pools) -> Result<(), RpcError> {
+        if let Some(s) = self.live(user, id) {
+            self.close_on_agent(&s, pools).await;
+            self.registry.remove(id);
+        }
+        // Nothing of it may still be on its way to the store once it is gone.
+        self.persister.flush().await;
+        if self.store.delete_session(user, id).await? {
+            tracing::info!(user, session = id, "session deleted");
+            Ok(())
+        } else {
+            Err(RpcError::session_not_found())
+        }
+    }
+
+    /// `session/list` for `user`, `params` raw JSON.
+    pub async fn list_raw(&self, user: &str, params: &str) -> Result<Value, RpcError> {
+        list::list_sessions(self, user, params).await
+    }
+
+    /// `session/list` for `user` (`GET /api/sessions`).
+    pub async fn list(&self, user: &str, params: ListParams) -> Result<Value, RpcError> {
+        list::list(self, user, params).await
+    }
+}

@@ -4,6 +4,9 @@
 #![allow(dead_code, reason = "each test binary uses a different part of the harness")]
 
 pub mod pg;
+pub mod procfs;
+pub mod serve_process;
+pub mod slow_client;
 
 /// Defines a test per backend, each calling `$body(Db)`: one on a SQLite file, one on Postgres.
 #[allow(unused_macros, reason = "only the backend-parametrized test binaries use it")]

@@ -1,0 +1,148 @@
+//! The real `acp-gateway serve` binary as a child process (for tests that SIGKILL it), with a
+//! demo agent that can be told apart in `/proc` from every other process.
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use tokio::io::AsyncBufReadExt;
+
+use super::{WAIT, gateway_bin};
+
+/// A running `acp-gateway serve`; killed (SIGKILL) when dropped.
+pub struct ServeProcess {
+    child: tokio::process::Child,
+    /// `host:port` it printed.
+    pub addr: String,
+    secret: String,
+    /// Keeps reading its stdout so that a late `println!` never hits a closed pipe.
+    _stdout: tokio::task::JoinHandle<()>,
+}
+
+/// Environment a developer's shell may carry that would change the gateway under test.
+const GATEWAY_ENV: [&str; 11] = [
+    "ACP_GATEWAY_LISTEN",
+    "DATABASE_URL",
+    "ACP_GATEWAY_JWT_SECRET",
+    "ACP_GATEWAY_JWT_PUBLIC_KEY",
+    "ACP_GATEWAY_JWT_ISSUER",
+    "ACP_GATEWAY_JWT_AUDIENCE",
+    "ACP_GATEWAY_AGENT",
+    "ACP_GATEWAY_DATA_DIR",
+    "ACP_GATEWAY_USER_HOMES",
+    "ACP_GATEWAY_WORKSPACE_ROOTS",
+    "ACP_GATEWAY_REPLICA_ID",
+];
+
+impl ServeProcess {
+    /// Runs `acp-gateway serve --listen 127.0.0.1:0 --config config` on `db_url` with the HS256
+    /// `secret`, and waits for it to print its address. Its stderr goes to ours with `TEST_LOG`.
+    pub async fn start(config: &Path, db_url: &str, secret: &str) -> Self {
+        let mut cmd = tokio::process::Command::new(gateway_bin());
+        for var in GATEWAY_ENV {
+            cmd.env_remove(var);
+        }
+        cmd.args(["serve", "--listen", "127.0.0.1:0", "--config"])
+            .arg(config)
+            .env("ACP_GATEWAY_JWT_SECRET", secret)
+            .env("DATABASE_URL", db_url)
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::piped())
+            .kill_on_drop(true);
+        if std::env::var_os("TEST_LOG").is_some() {
+            cmd.env("RUST_LOG", std::env::var("RUST_LOG").unwrap_or_else(|_| "info".into()));
+        } else {
+            cmd.stderr(std::process::Stdio::null());
+        }
+        let mut child = cmd.spawn().expect("gateway starts");
+        let stdout = child.stdout.take().expect("stdout");
+        let mut lines = tokio::io::BufReader::new(stdout).lines();
+        let addr = tokio::time::timeout(WAIT, async {
+            while let Some(line) = lines.next_line().await.expect("read stdout") {
+                if let Some(rest) = line.split("http://").nth(1) {
+                    return rest.split('/').next().expect("addr").to_string();
+                }
+            }
+            panic!("the gateway exited without printing its address");
+        })
+        .await
+        .expect("the gateway prints its address in time");
+        let drain = tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+        Self {
+            child,
+            addr,
+            secret: secret.to_string(),
+            _stdout: drain,
+        }
+    }
+
+    /// Its process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id().expect("running")
+    }
+
+    /// `ws://…/acp`.
+    pub fn ws_url(&self) -> String {
+        format!("ws://{}/acp", self.addr)
+    }
+
+    /// A token for `user`, minted with the gateway's secret.
+    pub fn token(&self, user: &str) -> String {
+        let auth = acp_gateway::auth::Authenticator::from_config(
+            &acp_gateway::config::JwtConfig {
+                secret: Some(self.secret.clone().into()),
+                ..Default::default()
+            },
+            Path::new("/nonexistent"),
+        )
+        .expect("authenticator");
+        auth.mint(user, 3600).expect("mint")
+    }
+
+    /// A connected, initialized client for `user`.
+    pub async fn client(&self, user: &str) -> super::Client {
+        let mut c = super::Client::connect(&self.ws_url(), &self.token(user))
+            .await
+            .expect("connects");
+        c.initialize().await;
+        c
+    }
+
+    /// SIGKILL (no shutdown of any kind) and reap.
+    pub async fn kill(mut self) {
+        self.child.start_kill().expect("SIGKILL the gateway");
+        self.child.wait().await.expect("reaped");
+    }
+
+    /// SIGTERM (graceful shutdown) and wait for the exit.
+    pub async fn stop(mut self) {
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(self.pid() as i32),
+            nix::sys::signal::Signal::SIGTERM,
+        )
+        .expect("SIGTERM");
+        tokio::time::timeout(std::time::Duration::from_secs(30), self.child.wait())
+            .await
+            .expect("the gateway stops in time")
+            .expect("reaped");
+    }
+}
+
+static MARKERS: AtomicU64 = AtomicU64::new(0);
+
+/// A name for the gateway binary that no other process has: a symlink to it in the cargo target's
+/// temp dir (visible inside the agent sandbox, which hides `/tmp`). Every process started with it
+/// as `argv[0]` (and the `bwrap` in front of it) shows this path in `/proc/PID/cmdline`, so
+/// `processes_matching(path)` finds exactly the agents started with it.
+pub fn marked_gateway_bin(label: &str) -> PathBuf {
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
+    std::fs::create_dir_all(&dir).expect("target tmp dir");
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.subsec_nanos())
+        .unwrap_or_default();
+    let n = MARKERS.fetch_add(1, Ordering::Relaxed);
+    let path = dir.join(format!("agent-{label}-{}-{nanos}-{n}", std::process::id()));
+    let _ = std::fs::remove_file(&path);
+    std::os::unix::fs::symlink(gateway_bin(), &path).expect("symlink");
+    path
+}

@@ -17,6 +17,8 @@ use std::io;
 use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
 use std::path::{Component, Path, PathBuf};
 
+use agent_client_protocol_schema::v1::McpServer;
+
 use crate::config::{AgentConfig, Config, SandboxMode};
 
 /// The home of processes that serve several users (`share_between_users`).
@@ -313,27 +315,37 @@ pub struct McpTransports {
 /// Checks a client's `mcpServers` before they reach `agent`: a `stdio` entry is a command the
 /// agent runs on this host, so only commands in `allowed_stdio_mcp` pass; `http`/`sse` entries
 /// pass when the agent advertises that transport. The error names the refused entry.
-pub fn check_mcp_servers(servers: &[serde_json::Value], agent: &AgentConfig, can: McpTransports) -> Result<(), String> {
+pub fn check_mcp_servers(servers: &[McpServer], agent: &AgentConfig, can: McpTransports) -> Result<(), String> {
     for (i, server) in servers.iter().enumerate() {
-        let name = server.get("name").and_then(serde_json::Value::as_str).unwrap_or("?");
-        match server.get("type").and_then(serde_json::Value::as_str) {
-            None | Some("stdio") => {
-                let command = server.get("command").and_then(serde_json::Value::as_str).unwrap_or("");
-                if !agent.allowed_stdio_mcp.iter().any(|c| c == command) {
+        match server {
+            McpServer::Stdio(stdio) => {
+                let command = stdio.command.to_string_lossy();
+                if !agent.allowed_stdio_mcp.iter().any(|c| *c == command) {
                     return Err(format!(
-                        "mcpServers[{i}] ({name:?}): stdio MCP server {command:?} is not allowed on this gateway (allowed: {:?})",
-                        agent.allowed_stdio_mcp
+                        "mcpServers[{i}] ({:?}): stdio MCP server {command:?} is not allowed on this gateway (allowed: {:?})",
+                        stdio.name, agent.allowed_stdio_mcp
                     ));
                 }
             }
-            Some("http") if can.http => {}
-            Some("sse") if can.sse => {}
-            Some(kind @ ("http" | "sse")) => {
+            McpServer::Http(_) if can.http => {}
+            McpServer::Sse(_) if can.sse => {}
+            McpServer::Http(http) => {
                 return Err(format!(
-                    "mcpServers[{i}] ({name:?}): this agent does not support {kind} MCP servers"
+                    "mcpServers[{i}] ({:?}): this agent does not support http MCP servers",
+                    http.name
                 ));
             }
-            Some(other) => return Err(format!("mcpServers[{i}] ({name:?}): unknown MCP server type {other:?}")),
+            McpServer::Sse(sse) => {
+                return Err(format!(
+                    "mcpServers[{i}] ({:?}): this agent does not support sse MCP servers",
+                    sse.name
+                ));
+            }
+            _ => {
+                return Err(format!(
+                    "mcpServers[{i}]: an MCP transport this gateway does not pass on"
+                ));
+            }
         }
     }
     Ok(())
@@ -494,7 +506,7 @@ mod tests {
         let mut agent = AgentConfig::default();
         let stdio = serde_json::json!([{"name":"x","command":"/bin/sh","args":["-c","id"],"env":[]}]);
         let http = serde_json::json!([{"type":"http","name":"h","url":"http://127.0.0.1:1/","headers":[]}]);
-        let servers = |v: &serde_json::Value| v.as_array().cloned().unwrap_or_default();
+        let servers = |v: &serde_json::Value| -> Vec<McpServer> { serde_json::from_value(v.clone()).expect("schema") };
         let none = McpTransports::default();
         assert!(check_mcp_servers(&servers(&stdio), &agent, none).is_err());
         assert!(check_mcp_servers(&servers(&http), &agent, none).is_err());

@@ -12,7 +12,10 @@ use serde_json::{Value, json};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use super::parse_or_answer;
+use super::request::{self, ClientRequest};
 use crate::gateway::Gateway;
+use agent_client_protocol_schema::v1::NewSessionRequest;
+
 use crate::pool::{AgentPool, AgentProcess, Pending, SessionRoute};
 use crate::protocol::{self, Incoming, Kind, RpcError, codes};
 use crate::session::{Client, LiveSession};
@@ -75,14 +78,6 @@ impl Tracked {
         self.sessions.lock().unwrap_or_else(|e| e.into_inner()).remove(session);
     }
 }
-
-/// Session methods the gateway forwards to the session's agent.
-const FORWARDED: [&str; 4] = [
-    "session/prompt",
-    "session/set_mode",
-    "session/set_config_option",
-    "session/set_model",
-];
 
 /// What a handler produced.
 enum Reply {
@@ -204,21 +199,24 @@ impl Connection {
 
     async fn on_request(&mut self, msg: &Incoming<'_>) {
         let Some(id) = msg.id else { return };
-        let method = msg.method().to_string();
         if !self.initialized {
-            let reply = if method == "initialize" {
+            let reply = if msg.method() == "initialize" {
                 let r = self.initialize().await;
                 self.initialized = r.is_ok();
                 r
             } else {
-                Err(RpcError::new(
-                    codes::INVALID_REQUEST,
-                    "the first request must be initialize",
-                ))
+                Err(request::not_initialized())
             };
             answer(&self.client, id.get(), reply).await;
             return;
         }
+        let request = match request::parse(msg.method(), msg.params) {
+            Ok(request) => request,
+            Err(e) => {
+                answer(&self.client, id.get(), Err(e)).await;
+                return;
+            }
+        };
         // Every request holds a slot while it is handled, a forwarded one until the agent answers.
         let Ok(slot) = self.inflight.clone().try_acquire_owned() else {
             let err = RpcError::internal("too many requests in flight on this connection");
@@ -233,25 +231,25 @@ impl Connection {
         };
         // A request for a session that is live on a process is forwarded right here: nothing in
         // it waits on a client or an agent, and a prompt's round trip is one task handoff shorter.
-        if FORWARDED.contains(&method.as_str()) && self.is_live(msg.params) {
-            let reply = ctx.dispatch(&method, id, msg.params, slot).await;
+        if matches!(request, ClientRequest::Forward { .. }) && request.session_id().is_some_and(|s| self.is_live(s)) {
+            let reply = ctx.handle(request, id, slot).await;
             answer(&self.client, id.get(), reply).await;
             return;
         }
         // Everything else runs beside the read loop, so a slow agent or database never stops the
         // connection from reading.
         let id = id.to_owned();
-        let params = msg.params.map(RawValue::to_owned);
         self.gw.tracker.spawn(async move {
-            let reply = ctx.dispatch(&method, &id, params.as_deref(), slot).await;
+            let reply = ctx.handle(request, &id, slot).await;
             answer(&ctx.client, id.get(), reply).await;
         });
     }
 
-    /// Whether `params` name a session of this user that is on a live agent process now.
-    fn is_live(&self, params: Option<&RawValue>) -> bool {
-        protocol::session_id_of(params)
-            .and_then(|sid| self.gw.sessions.live(&self.client.user, &sid))
+    /// Whether `session` is this user's and on a live agent process now.
+    fn is_live(&self, session: &str) -> bool {
+        self.gw
+            .sessions
+            .live(&self.client.user, session)
             .is_some_and(|s| s.is_bound_now())
     }
 
@@ -314,73 +312,37 @@ struct Ctx {
     tracked: Arc<Tracked>,
 }
 
-#[derive(Deserialize)]
-struct NewParams<'a> {
-    cwd: String,
-    #[serde(rename = "mcpServers", default)]
-    mcp_servers: Vec<Value>,
-    #[serde(rename = "additionalDirectories", default)]
-    additional_dirs: Option<Vec<String>>,
-    #[serde(rename = "_meta", borrow, default)]
-    meta: Option<&'a RawValue>,
-}
-
-#[derive(Deserialize, Default)]
-struct LoadMeta {
-    #[serde(default)]
-    gateway: Option<LoadGatewayMeta>,
-}
-
-#[derive(Deserialize, Default)]
-struct LoadGatewayMeta {
-    #[serde(rename = "afterSeq", default)]
-    after_seq: Option<u64>,
-}
-
-#[derive(Deserialize)]
-struct LoadParams {
-    #[serde(default)]
-    cwd: Option<String>,
-    #[serde(rename = "additionalDirectories", default)]
-    additional_dirs: Option<Vec<String>>,
-    #[serde(rename = "_meta", default)]
-    meta: Option<LoadMeta>,
-}
-
-fn parse<'a, T: Deserialize<'a>>(params: Option<&'a RawValue>, what: &str) -> Result<T, RpcError> {
-    let text = params.map_or("null", RawValue::get);
-    serde_json::from_str(text).map_err(|e| RpcError::invalid_params(format!("invalid {what} params: {e}")))
-}
-
 impl Ctx {
-    async fn dispatch(
-        &self,
-        method: &str,
-        id: &RawValue,
-        params: Option<&RawValue>,
-        slot: OwnedSemaphorePermit,
-    ) -> Handled {
-        match method {
-            "initialize" => Err(RpcError::new(codes::INVALID_REQUEST, "already initialized")),
-            "authenticate" => self.authenticate(params).await,
-            "session/new" => self.new_session(params).await,
-            "session/load" => self.load(params, true).await,
-            "session/resume" => self.load(params, false).await,
-            "session/list" => {
-                let result = self
-                    .gw
-                    .sessions
-                    .list_raw(&self.client.user, params.map_or("{}", RawValue::get))
-                    .await?;
+    async fn handle(&self, request: ClientRequest, id: &RawValue, slot: OwnedSemaphorePermit) -> Handled {
+        match request {
+            ClientRequest::Initialize => Err(RpcError::new(codes::INVALID_REQUEST, "already initialized")),
+            ClientRequest::Authenticate(params) => self.authenticate(&params).await,
+            ClientRequest::New(new) => self.new_session(*new).await,
+            ClientRequest::Load {
+                session_id,
+                cwd,
+                additional_dirs,
+                after_seq,
+                replay,
+            } => {
+                self.load(&session_id, cwd.as_deref(), &additional_dirs, after_seq, replay)
+                    .await
+            }
+            ClientRequest::List(params) => {
+                let params = params.as_deref().map_or("{}", RawValue::get);
+                let result = self.gw.sessions.list_raw(&self.client.user, params).await?;
                 Ok(Reply::Result(result.to_string()))
             }
-            "session/close" => self.close(params, false).await,
-            "session/delete" => self.close(params, true).await,
-            m if FORWARDED.contains(&m) => self.forward(method, id, params, slot).await,
-            m if m.starts_with('_') && protocol::session_id_of(params).is_some() => {
-                self.forward(method, id, params, slot).await
+            ClientRequest::Close { session_id, delete } => self.close(&session_id, delete).await,
+            ClientRequest::Forward {
+                method,
+                session_id,
+                params,
+                prompt,
+            } => {
+                self.forward(&method, id, &session_id, &params, prompt.as_deref(), slot)
+                    .await
             }
-            m => Err(RpcError::method_not_found(m)),
         }
     }
 
@@ -390,17 +352,9 @@ impl Ctx {
         self.gw.sessions.owned(&self.client.user, sid).await
     }
 
-    fn session_param(params: Option<&RawValue>) -> Result<String, RpcError> {
-        protocol::session_id_of(params).ok_or_else(|| RpcError::invalid_params("sessionId is required"))
-    }
-
     /// `cwd` and `additionalDirectories` resolved inside the caller's workspace roots, as the
     /// agent will be given them; `-32602` naming the roots otherwise.
-    fn workspace_dirs(
-        &self,
-        cwd: Option<&str>,
-        dirs: Option<&[String]>,
-    ) -> Result<(Option<String>, Vec<String>), RpcError> {
+    fn workspace_dirs(&self, cwd: Option<&str>, dirs: &[String]) -> Result<(Option<String>, Vec<String>), RpcError> {
         let resolve = |path: &str| {
             self.gw
                 .tenancy
@@ -411,31 +365,42 @@ impl Ctx {
                 .map_err(|_| RpcError::invalid_params(format!("{path:?} resolves to a path that is not UTF-8")))
         };
         let cwd = cwd.map(resolve).transpose()?;
-        let dirs = dirs
-            .unwrap_or_default()
-            .iter()
-            .map(|d| resolve(d))
-            .collect::<Result<_, _>>()?;
+        let dirs = dirs.iter().map(|d| resolve(d)).collect::<Result<_, _>>()?;
         Ok((cwd, dirs))
     }
 
-    async fn new_session(&self, params: Option<&RawValue>) -> Handled {
-        let p: NewParams<'_> = parse(params, "session/new")?;
-        let (cwd, dirs) = self.workspace_dirs(Some(&p.cwd), p.additional_dirs.as_deref())?;
+    async fn new_session(&self, new: NewSessionRequest) -> Handled {
+        let utf8 = |p: &std::path::Path| {
+            p.to_str()
+                .map(str::to_string)
+                .ok_or_else(|| RpcError::invalid_params(format!("{p:?} is not UTF-8")))
+        };
+        let asked_dirs: Vec<String> = new
+            .additional_directories
+            .iter()
+            .map(|d| utf8(d))
+            .collect::<Result<_, _>>()?;
+        let (cwd, dirs) = self.workspace_dirs(Some(&utf8(&new.cwd)?), &asked_dirs)?;
         let cwd = cwd.unwrap_or_default();
         let info = self.pool.info_for(&self.client.user).await?;
         let cfg = self.pool.config();
-        crate::tenancy::check_mcp_servers(&p.mcp_servers, cfg, info.mcp_transports())
+        crate::tenancy::check_mcp_servers(&new.mcp_servers, cfg, info.mcp_transports())
             .map_err(RpcError::invalid_params)?;
         // What the agent gets is built here, not copied: the resolved directories, the accepted
         // MCP servers, and only the allowed `_meta` keys.
-        let mcp = Value::from(p.mcp_servers).to_string();
+        let mcp = serde_json::to_string(&new.mcp_servers).map_err(|e| RpcError::internal(e.to_string()))?;
         let mut raw = format!(r#"{{"cwd":{},"mcpServers":{mcp}"#, json!(cwd));
-        if p.additional_dirs.is_some() {
+        if !dirs.is_empty() {
             raw.push_str(&format!(r#","additionalDirectories":{}"#, json!(dirs)));
         }
-        if let Some(meta) = p.meta.and_then(|m| protocol::filtered_meta(m, &cfg.forward_meta)) {
-            raw.push_str(&format!(r#","_meta":{meta}"#));
+        let meta: serde_json::Map<String, Value> = new
+            .meta
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|(k, _)| cfg.forward_meta.contains(k))
+            .collect();
+        if !meta.is_empty() {
+            raw.push_str(&format!(r#","_meta":{}"#, Value::Object(meta)));
         }
         raw.push('}');
         let process = self.pool.acquire(&self.client.user).await?;
@@ -489,24 +454,20 @@ impl Ctx {
         Ok(Reply::Result(result))
     }
 
-    async fn load(&self, params: Option<&RawValue>, replay: bool) -> Handled {
-        let sid = Self::session_param(params)?;
-        let p: LoadParams = parse(params, if replay { "session/load" } else { "session/resume" })?;
-        let after = p.meta.and_then(|m| m.gateway).and_then(|g| g.after_seq).unwrap_or(0);
-        let session = self.owned(&sid).await?;
+    async fn load(&self, sid: &str, cwd: Option<&str>, dirs: &[String], after: u64, replay: bool) -> Handled {
+        let session = self.owned(sid).await?;
         // The stored cwd is what the agent gets on restore; a client's must still be its own.
-        self.workspace_dirs(p.cwd.as_deref(), p.additional_dirs.as_deref())?;
+        self.workspace_dirs(cwd, dirs)?;
         self.attach(&session, replay, after).await?;
         Ok(Reply::Result(String::from("{}")))
     }
 
-    async fn close(&self, params: Option<&RawValue>, delete: bool) -> Handled {
-        let sid = Self::session_param(params)?;
-        let session = self.owned(&sid).await?;
+    async fn close(&self, sid: &str, delete: bool) -> Handled {
+        let session = self.owned(sid).await?;
         session.detach(&self.client);
-        self.tracked.left(&sid);
+        self.tracked.left(sid);
         if delete {
-            self.gw.sessions.delete(&self.client.user, &sid, &self.gw.pools).await?;
+            self.gw.sessions.delete(&self.client.user, sid, &self.gw.pools).await?;
         } else {
             self.gw.sessions.close_on_agent(&session, &self.gw.pools).await;
         }
@@ -516,7 +477,7 @@ impl Ctx {
     /// ACP `authenticate`, passed to the caller's own agent process: its `HOME` is theirs, so
     /// the login it stores belongs to them alone. A shared agent's processes serve several
     /// users, so its login is the operator's to set up, not a client's.
-    async fn authenticate(&self, params: Option<&RawValue>) -> Handled {
+    async fn authenticate(&self, params: &RawValue) -> Handled {
         if self.pool.is_shared() {
             return Err(RpcError::new(
                 codes::INVALID_REQUEST,
@@ -526,7 +487,6 @@ impl Ctx {
                 ),
             ));
         }
-        let params = params.ok_or_else(|| RpcError::invalid_params("authenticate needs params with a methodId"))?;
         let forwarded = protocol::rewrite_params(params, None, Some(&self.pool.config().forward_meta))
             .ok_or_else(|| RpcError::invalid_params("params must be an object"))?;
         let process = self.pool.process_for(&self.client.user).await?;
@@ -555,12 +515,12 @@ impl Ctx {
         &self,
         method: &str,
         id: &RawValue,
-        params: Option<&RawValue>,
+        sid: &str,
+        params: &RawValue,
+        prompt: Option<&RawValue>,
         slot: OwnedSemaphorePermit,
     ) -> Handled {
-        let sid = Self::session_param(params)?;
-        let session = self.owned(&sid).await?;
-        let params = params.ok_or_else(|| RpcError::invalid_params("params are required"))?;
+        let session = self.owned(sid).await?;
         let pool = self
             .pool_of(&session)
             .ok_or_else(|| RpcError::internal(format!("agent {} is no longer configured", session.agent)))?;
@@ -580,15 +540,9 @@ impl Ctx {
             _slot: Some(slot),
         };
         let send = || binding.process.forward(method, &rewritten, answer);
-        let agent_id = if method == "session/prompt" {
-            #[derive(Deserialize)]
-            struct Prompt<'a> {
-                #[serde(borrow)]
-                prompt: &'a RawValue,
-            }
-            let prompt: Prompt<'_> = parse(Some(params), "session/prompt")?;
+        let agent_id = if let Some(prompt) = prompt {
             metrics::counter!("acp_gateway_prompts_total").increment(1);
-            session.forward_prompt(Some(prompt.prompt), send).await?
+            session.forward_prompt(Some(prompt), send).await?
         } else {
             send()?
         };

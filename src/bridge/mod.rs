@@ -8,6 +8,7 @@
 //! connection lives; transport errors, a keepalive timeout, an expired token or shutdown end it.
 
 mod methods;
+mod request;
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -18,6 +18,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Duration;
 
+use agent_client_protocol_schema::v1::McpServer;
 use axum::extract::ws::Utf8Bytes;
 use serde_json::value::RawValue;
 
@@ -516,8 +517,13 @@ impl LiveSession {
         };
         // The MCP servers accepted at creation, checked again: an operator may have taken a
         // stdio command off the allow list since.
-        let servers: Vec<serde_json::Value> = serde_json::from_str(&self.mcp_servers).unwrap_or_default();
-        let servers: Vec<serde_json::Value> = servers
+        // Stored before the schema check existed, an entry may not parse: it is not restored.
+        let stored: Vec<serde_json::Value> = serde_json::from_str(&self.mcp_servers).unwrap_or_default();
+        let servers: Vec<McpServer> = stored
+            .into_iter()
+            .filter_map(|v| serde_json::from_value(v).ok())
+            .collect();
+        let servers: Vec<McpServer> = servers
             .into_iter()
             .filter(|s| {
                 let ok =
@@ -533,7 +539,7 @@ impl LiveSession {
             serde_json::to_string(&*agent_sid).unwrap_or_default(),
             serde_json::to_string(&self.cwd).unwrap_or_default(),
             self.additional_dirs,
-            serde_json::Value::from(servers),
+            serde_json::to_string(&servers).unwrap_or_else(|_| String::from("[]")),
         );
         if let Err(e) = process.request(method, &params, pool.request_timeout()).await {
             process.release();

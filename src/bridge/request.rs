@@ -1,0 +1,226 @@
+//! Client requests, parsed once (in the connection's read loop) into what the gateway reads of
+//! them: the official ACP schema types (`agent-client-protocol-schema`) where the gateway
+//! interprets params, raw JSON where it only forwards them. A prompt is never re-serialized.
+
+use std::borrow::Cow;
+
+use agent_client_protocol_schema::v1::{AuthenticateRequest, NewSessionRequest};
+use serde::Deserialize;
+use serde_json::value::RawValue;
+
+use crate::protocol::{RpcError, codes};
+
+/// Session methods the gateway forwards to the session's agent.
+pub(super) const FORWARDED: [&str; 4] = [
+    "session/prompt",
+    "session/set_mode",
+    "session/set_config_option",
+    "session/set_model",
+];
+
+/// One request from a client, parsed.
+#[derive(Debug)]
+pub(super) enum ClientRequest {
+    /// `initialize` (answered once, before anything else).
+    Initialize,
+    /// `authenticate`: checked against the schema, forwarded (filtered) to the user's process.
+    Authenticate(Box<RawValue>),
+    /// `session/new`.
+    New(Box<NewSessionRequest>),
+    /// `session/load` (`replay`) or `session/resume`.
+    Load {
+        session_id: String,
+        /// The client's cwd, when it sent one (it must still be inside its roots).
+        cwd: Option<String>,
+        additional_dirs: Vec<String>,
+        /// `_meta.gateway.afterSeq`: replay only what came after it.
+        after_seq: u64,
+        replay: bool,
+    },
+    /// `session/list`, raw params (the gateway's own filters beside ACP's).
+    List(Option<Box<RawValue>>),
+    /// `session/close` or (`delete`) `session/delete`.
+    Close { session_id: String, delete: bool },
+    /// A session method the agent answers (`session/prompt`, `set_mode`, …, extension methods).
+    Forward {
+        method: String,
+        session_id: String,
+        /// The whole params, raw (the session id and `_meta` are rewritten on the way).
+        params: Box<RawValue>,
+        /// `prompt` of a `session/prompt`, raw.
+        prompt: Option<Box<RawValue>>,
+    },
+}
+
+impl ClientRequest {
+    /// The session it names, for requests that name one.
+    pub(super) fn session_id(&self) -> Option<&str> {
+        match self {
+            Self::Load { session_id, .. } | Self::Close { session_id, .. } | Self::Forward { session_id, .. } => {
+                Some(session_id)
+            }
+            _ => None,
+        }
+    }
+}
+
+/// What the gateway reads of a forwarded request.
+#[derive(Deserialize)]
+struct Forwarded<'a> {
+    #[serde(rename = "sessionId", borrow)]
+    session_id: Cow<'a, str>,
+    #[serde(borrow, default)]
+    prompt: Option<&'a RawValue>,
+}
+
+#[derive(Deserialize)]
+struct SessionOnly<'a> {
+    #[serde(rename = "sessionId", borrow)]
+    session_id: Cow<'a, str>,
+}
+
+/// `session/load` and `session/resume`: `cwd` may be left out (the stored one is what the agent
+/// gets on restore anyway).
+#[derive(Deserialize)]
+struct LoadParams<'a> {
+    #[serde(rename = "sessionId", borrow)]
+    session_id: Cow<'a, str>,
+    #[serde(default)]
+    cwd: Option<String>,
+    #[serde(rename = "additionalDirectories", default)]
+    additional_dirs: Option<Vec<String>>,
+    #[serde(rename = "_meta", default)]
+    meta: Option<LoadMeta>,
+}
+
+#[derive(Deserialize, Default)]
+struct LoadMeta {
+    #[serde(default)]
+    gateway: Option<LoadGatewayMeta>,
+}
+
+#[derive(Deserialize, Default)]
+struct LoadGatewayMeta {
+    #[serde(rename = "afterSeq", default)]
+    after_seq: Option<u64>,
+}
+
+fn typed<'a, T: Deserialize<'a>>(params: Option<&'a RawValue>, method: &str) -> Result<T, RpcError> {
+    let text = params.map_or("null", RawValue::get);
+    serde_json::from_str(text).map_err(|e| RpcError::invalid_params(format!("invalid {method} params: {e}")))
+}
+
+/// Parses a request for `method`; `-32601` for a method the gateway does not serve, `-32602`
+/// for params it cannot read.
+pub(super) fn parse(method: &str, params: Option<&RawValue>) -> Result<ClientRequest, RpcError> {
+    let owned = || params.map_or_else(|| RawValue::from_string("{}".into()), |p| Ok(p.to_owned()));
+    let owned = || owned().map_err(|e| RpcError::invalid_params(format!("invalid params: {e}")));
+    Ok(match method {
+        "initialize" => ClientRequest::Initialize,
+        "authenticate" => {
+            typed::<AuthenticateRequest>(params, method)?;
+            ClientRequest::Authenticate(owned()?)
+        }
+        "session/new" => ClientRequest::New(Box::new(typed(params, method)?)),
+        "session/load" | "session/resume" => {
+            let p: LoadParams<'_> = typed(params, method)?;
+            ClientRequest::Load {
+                session_id: p.session_id.into_owned(),
+                cwd: p.cwd,
+                additional_dirs: p.additional_dirs.unwrap_or_default(),
+                after_seq: p.meta.and_then(|m| m.gateway).and_then(|g| g.after_seq).unwrap_or(0),
+                replay: method == "session/load",
+            }
+        }
+        "session/list" => ClientRequest::List(params.map(RawValue::to_owned)),
+        "session/close" | "session/delete" => {
+            let p: SessionOnly<'_> = typed(params, method)?;
+            ClientRequest::Close {
+                session_id: p.session_id.into_owned(),
+                delete: method == "session/delete",
+            }
+        }
+        m if FORWARDED.contains(&m) || m.starts_with('_') => {
+            let p: Forwarded<'_> = match typed(params, method) {
+                Ok(p) => p,
+                // An extension method without a session is not ours to forward.
+                Err(_) if m.starts_with('_') => return Err(RpcError::method_not_found(m)),
+                Err(e) => return Err(e),
+            };
+            if m == "session/prompt" && p.prompt.is_none() {
+                return Err(RpcError::invalid_params(
+                    "invalid session/prompt params: missing field `prompt`",
+                ));
+            }
+            ClientRequest::Forward {
+                method: m.to_string(),
+                session_id: p.session_id.into_owned(),
+                prompt: p.prompt.map(RawValue::to_owned),
+                params: owned()?,
+            }
+        }
+        m => return Err(RpcError::method_not_found(m)),
+    })
+}
+
+/// The error for a request before `initialize`.
+pub(super) fn not_initialized() -> RpcError {
+    RpcError::new(codes::INVALID_REQUEST, "the first request must be initialize")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn raw(s: &str) -> Box<RawValue> {
+        RawValue::from_string(s.to_string()).expect("raw")
+    }
+
+    #[test]
+    fn parses_what_the_gateway_reads_and_keeps_the_rest_raw() {
+        let p =
+            raw(r#"{"cwd":"/w","mcpServers":[{"name":"x","command":"/bin/sh","args":[],"env":[]}],"_meta":{"k":1}}"#);
+        let ClientRequest::New(new) = parse("session/new", Some(&p)).expect("new") else {
+            panic!("not new")
+        };
+        assert_eq!(new.cwd, std::path::PathBuf::from("/w"));
+        assert_eq!(new.mcp_servers.len(), 1);
+        let p = raw(r#"{"sessionId":"s","prompt":[{"type":"text","text":"hi"}]}"#);
+        let ClientRequest::Forward {
+            session_id,
+            prompt,
+            params,
+            ..
+        } = parse("session/prompt", Some(&p)).expect("prompt")
+        else {
+            panic!("not forwarded")
+        };
+        assert_eq!(session_id, "s");
+        assert_eq!(prompt.expect("prompt").get(), r#"[{"type":"text","text":"hi"}]"#);
+        assert_eq!(params.get(), p.get(), "forwarded bytes are the client's");
+        let p = raw(r#"{"sessionId":"s","_meta":{"gateway":{"afterSeq":7}}}"#);
+        let ClientRequest::Load { after_seq, replay, .. } = parse("session/load", Some(&p)).expect("load") else {
+            panic!("not load")
+        };
+        assert_eq!((after_seq, replay), (7, true));
+    }
+
+    #[test]
+    fn bad_params_and_unknown_methods_are_told_apart() {
+        let code = |m: &str, p: &str| parse(m, Some(&raw(p))).err().map(|e| e.code);
+        assert_eq!(code("session/new", r#"{"mcpServers":[]}"#), Some(codes::INVALID_PARAMS));
+        assert_eq!(
+            code("session/prompt", r#"{"sessionId":"s"}"#),
+            Some(codes::INVALID_PARAMS)
+        );
+        assert_eq!(code("authenticate", r#"{}"#), Some(codes::INVALID_PARAMS));
+        assert_eq!(code("nope/nope", "{}"), Some(codes::METHOD_NOT_FOUND));
+        assert_eq!(code("_vendor/x", "{}"), Some(codes::METHOD_NOT_FOUND), "no session");
+        let mcp = r#"{"cwd":"/w","mcpServers":[{"type":"websocket","name":"x","url":"ws://x"}]}"#;
+        assert_eq!(
+            code("session/new", mcp),
+            Some(codes::INVALID_PARAMS),
+            "unknown MCP type"
+        );
+    }
+}

@@ -646,6 +646,34 @@ async fn agent_children_die_with_the_gateway(sandbox: &'static str) {
         "the agent and its child run: {before:?}"
     );
     gw.kill().await;
+    if sandbox == "none" {
+        // Unsandboxed, the agent itself has a parent-death signal; what it started has none,
+        // and is killed with its process group when the gateway next starts (the reaper).
+        let agent_gone = wait_until(WAIT, || common::processes_matching(&marker).is_empty()).await;
+        if agent_gone.is_none() {
+            kill_leftovers(&ours());
+        }
+        assert!(
+            agent_gone.is_some(),
+            "the agent outlived the SIGKILLed gateway (sandbox = none)"
+        );
+        let again = ServeProcess::start(&config, &db_url, SECRET).await;
+        let gone = wait_until(WAIT, || ours().is_empty()).await;
+        println!(
+            "sandbox = none: the agent died with the gateway; its child was killed at the next start: {}",
+            gone.map_or("NO".into(), ms)
+        );
+        if gone.is_none() {
+            kill_leftovers(&ours());
+        }
+        again.stop().await;
+        let _ = std::fs::remove_file(&agent);
+        assert!(
+            gone.is_some(),
+            "the agent's child survived the next start (sandbox = none)"
+        );
+        return;
+    }
     let gone = wait_until(WAIT, || ours().is_empty()).await;
     let left: Vec<String> = procfs::describe_processes(&marker)
         .into_iter()
@@ -675,6 +703,6 @@ async fn an_agents_own_children_die_with_a_sigkilled_gateway_bwrap() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_agents_own_children_die_with_a_sigkilled_gateway_none() {
+async fn an_unsandboxed_agent_dies_with_a_sigkilled_gateway_and_its_children_at_the_next_start() {
     agent_children_die_with_the_gateway("none").await;
 }

@@ -344,7 +344,11 @@ fn rss_kib() -> (u64, u64) {
 fn bench_config(dir: &std::path::Path) -> Result<Config> {
     let mut config = Config::load_with_env(&CliOverrides::default(), |_| None)?;
     config.listen = "127.0.0.1:0".parse()?;
-    config.database_url = format!("sqlite://{}/bench.db", dir.display());
+    // DATABASE_URL=postgres://… runs the same benchmark on Postgres.
+    config.database_url = std::env::var("DATABASE_URL")
+        .ok()
+        .filter(|u| u.starts_with("postgres"))
+        .unwrap_or_else(|| format!("sqlite://{}/bench.db", dir.display()));
     config.data_dir = dir.to_path_buf();
     config.jwt.secret = Some("bench-secret-0123456789-0123456789".to_string().into());
     let agent = config.agents.get_mut(DEFAULT_AGENT).context("default agent")?;

@@ -25,15 +25,15 @@
 
 pub mod app;
 pub mod auth;
-pub mod bridge;
+pub(crate) mod bridge;
 pub mod cli;
 pub mod config;
 pub mod demo_agent;
 pub mod gateway;
-pub mod http;
-pub mod outbox;
+pub(crate) mod http;
+pub(crate) mod outbox;
 pub mod pool;
-pub mod protocol;
+pub(crate) mod protocol;
 pub mod session;
 pub mod store;
 pub mod telemetry;

@@ -62,19 +62,6 @@ pub fn request(id: u64, method: &str, params: &str) -> String {
     out
 }
 
-/// A request whose id is raw JSON (answering an agent under its own id scheme, or forwarding).
-pub fn request_raw_id(id: &str, method: &str, params: &str) -> String {
-    let mut out = String::with_capacity(48 + method.len() + params.len());
-    out.push_str(r#"{"jsonrpc":"2.0","id":"#);
-    out.push_str(id);
-    out.push_str(r#","method":"#);
-    push_json_str(&mut out, method);
-    out.push_str(r#","params":"#);
-    out.push_str(params);
-    out.push('}');
-    out
-}
-
 /// A notification.
 pub fn notification(method: &str, params: &str) -> String {
     let mut out = String::with_capacity(40 + method.len() + params.len());
@@ -86,16 +73,9 @@ pub fn notification(method: &str, params: &str) -> String {
     out
 }
 
-/// The `session/update` the gateway sends a client: the gateway's session id, the agent's
-/// `update` object verbatim, and `_meta.gateway.seq`. An agent's own `_meta` is kept beside ours.
-pub fn session_update(session_id: &str, update: &str, seq: u64, agent_meta: Option<&RawValue>) -> String {
-    let mut id = String::with_capacity(session_id.len() + 2);
-    push_json_str(&mut id, session_id);
-    session_update_raw_id(&id, update, seq, agent_meta)
-}
-
-/// [`session_update`] with the session id already a JSON string literal (escaped once per
-/// session, not once per update).
+/// The `session/update` the gateway sends a client: the gateway's session id (already a JSON
+/// string literal, escaped once per session), the agent's `update` object verbatim, and
+/// `_meta.gateway.seq`. An agent's own `_meta` is kept beside ours.
 pub fn session_update_raw_id(session_id_json: &str, update: &str, seq: u64, agent_meta: Option<&RawValue>) -> String {
     let mut out = String::with_capacity(120 + update.len());
     out.push_str(r#"{"jsonrpc":"2.0","method":"session/update","params":{"sessionId":"#);
@@ -178,6 +158,12 @@ pub fn filtered_meta(meta: &RawValue, keep: &[String]) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn session_update(session_id: &str, update: &str, seq: u64, agent_meta: Option<&RawValue>) -> String {
+        let mut id = String::new();
+        push_json_str(&mut id, session_id);
+        session_update_raw_id(&id, update, seq, agent_meta)
+    }
     use serde_json::{Value, json};
 
     fn parse(s: &str) -> Value {

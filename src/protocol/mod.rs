@@ -25,10 +25,6 @@ pub mod codes {
     pub const INVALID_PARAMS: i64 = -32602;
     /// Internal error: the agent crashed, the database failed, and the like.
     pub const INTERNAL_ERROR: i64 = -32603;
-    /// ACP: the request was cancelled.
-    pub const REQUEST_CANCELLED: i64 = -32800;
-    /// ACP: authentication required.
-    pub const AUTH_REQUIRED: i64 = -32000;
     /// ACP: resource (session) not found. Unknown and foreign ids both get this.
     pub const RESOURCE_NOT_FOUND: i64 = -32002;
 }

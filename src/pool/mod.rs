@@ -6,9 +6,11 @@
 //! is dropped from the pool and the next request starts a fresh one. A failed spawn fails only
 //! the request that needed it.
 
+mod child;
 pub mod process;
 pub mod reaper;
 pub mod route;
+mod rpc;
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};

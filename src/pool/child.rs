@@ -1,0 +1,160 @@
+//! An agent's OS process: started in a process group of its own (an `npx`/`uvx` wrapper, or an
+//! MCP server the agent starts, would otherwise outlive it), reaped by one task that stops the
+//! whole group (TERM, then KILL) and kills whatever is left of it once the leader is gone, and its
+//! stderr logged with the last lines kept for the report of how it ended.
+
+use std::collections::VecDeque;
+use std::process::Stdio;
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::time::Duration;
+
+use futures_util::StreamExt;
+use nix::sys::signal::{Signal, killpg};
+use nix::unistd::Pid;
+use tokio::process::{Child, ChildStderr, ChildStdin, ChildStdout, Command};
+use tokio_util::codec::{FramedRead, LinesCodec, LinesCodecError};
+use tokio_util::sync::CancellationToken;
+
+use super::reaper::GroupRecord;
+
+/// stderr lines kept for error reports.
+const STDERR_TAIL: usize = 20;
+/// Longest stderr line logged.
+const STDERR_LINE_MAX: usize = 8 * 1024;
+
+/// Locks `m`, also after a panic elsewhere left it poisoned: what the pool keeps under its locks
+/// (maps, a name, a few lines) is whole after every statement, so a panic cannot leave it torn.
+pub(super) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// A child just started, with its pipes taken out, for the tasks that serve it.
+pub(super) struct Spawned {
+    /// OS process id (also its process group id).
+    pub pid: u32,
+    /// For [`wait`], the only one that reaps it.
+    pub child: Child,
+    /// Kills the group on every path that drops it; [`wait`] holds it.
+    pub guard: GroupGuard,
+    /// For the writer that drains the JSON-RPC peer's queue.
+    pub stdin: ChildStdin,
+    /// For the reader that routes the agent's lines.
+    pub stdout: ChildStdout,
+    /// For [`read_stderr`].
+    pub stderr: ChildStderr,
+}
+
+/// Starts `command` with piped stdio in a new process group, recorded in `groups` (so that a
+/// gateway killed outright still cleans it up at its next start).
+pub(super) fn spawn(mut command: Command, groups: &GroupRecord) -> std::io::Result<Spawned> {
+    command
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .process_group(0)
+        .kill_on_drop(true);
+    let mut child = command.spawn()?;
+    let pid = child
+        .id()
+        .ok_or_else(|| std::io::Error::other("agent exited at once"))?;
+    let guard = GroupGuard(pid as i32);
+    let (Some(stdin), Some(stdout), Some(stderr)) = (child.stdin.take(), child.stdout.take(), child.stderr.take())
+    else {
+        return Err(std::io::Error::other("agent pipes missing"));
+    };
+    groups.add(guard.0);
+    Ok(Spawned {
+        pid,
+        child,
+        guard,
+        stdin,
+        stdout,
+        stderr,
+    })
+}
+
+/// Kills a whole process group when dropped, whatever path dropped it.
+pub(super) struct GroupGuard(i32);
+
+impl Drop for GroupGuard {
+    fn drop(&mut self) {
+        let _ = killpg(Pid::from_raw(self.0), Signal::SIGKILL);
+    }
+}
+
+/// Reaps the child; stops its group when `stop` fires (TERM, then KILL after two seconds) and
+/// always kills whatever is left of the group once the leader is gone. Returns how it ended.
+pub(super) async fn wait(
+    mut child: Child,
+    guard: GroupGuard,
+    groups: &GroupRecord,
+    stop: &CancellationToken,
+) -> String {
+    let status = tokio::select! {
+        status = child.wait() => status,
+        () = stop.cancelled() => {
+            let _ = killpg(Pid::from_raw(guard.0), Signal::SIGTERM);
+            match tokio::time::timeout(Duration::from_secs(2), child.wait()).await {
+                Ok(status) => status,
+                Err(_) => {
+                    let _ = killpg(Pid::from_raw(guard.0), Signal::SIGKILL);
+                    child.wait().await
+                }
+            }
+        }
+    };
+    let pgid = guard.0;
+    drop(guard);
+    groups.remove(pgid);
+    match status {
+        Ok(s) => match (s.code(), std::os::unix::process::ExitStatusExt::signal(&s)) {
+            (Some(code), _) => format!("exit code {code}"),
+            (None, Some(sig)) => format!("killed by signal {sig}"),
+            _ => s.to_string(),
+        },
+        Err(e) => format!("wait failed: {e}"),
+    }
+}
+
+/// The last stderr lines of a child, logged when it ends (never sent to clients: they can hold
+/// other users' data or the host's secrets).
+pub(super) struct StderrTail(Mutex<VecDeque<String>>);
+
+impl Default for StderrTail {
+    fn default() -> Self {
+        Self(Mutex::new(VecDeque::with_capacity(STDERR_TAIL)))
+    }
+}
+
+impl StderrTail {
+    /// The lines kept, oldest first.
+    pub fn lines(&self) -> Vec<String> {
+        lock(&self.0).iter().cloned().collect()
+    }
+
+    fn push(&self, line: String) {
+        let mut tail = lock(&self.0);
+        if tail.len() == STDERR_TAIL {
+            tail.pop_front();
+        }
+        tail.push_back(line);
+    }
+}
+
+/// Logs each stderr line (cut at 8 KiB) under the agent's name and process id, and keeps the
+/// last ones in `tail`. Stops at EOF, or once nobody holds `tail` any more.
+pub(super) async fn read_stderr(stderr: ChildStderr, tail: Weak<StderrTail>, agent: Arc<str>, process: u64) {
+    let mut lines = FramedRead::new(stderr, LinesCodec::new_with_max_length(STDERR_LINE_MAX));
+    while let Some(line) = lines.next().await {
+        let Some(tail) = tail.upgrade() else {
+            return;
+        };
+        let line = match line {
+            Ok(line) => line,
+            Err(LinesCodecError::MaxLineLengthExceeded) => String::from("[stderr line over 8 KiB cut]"),
+            Err(LinesCodecError::Io(_)) => return,
+        };
+        tracing::info!(target: "agent_stderr", agent = %agent, process, "{line}");
+        tail.push(line);
+    }
+}

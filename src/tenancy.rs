@@ -238,7 +238,7 @@ impl Tenancy {
         let mut command = match (&self.bwrap, sandboxed) {
             (Some(bwrap), true) => {
                 let mut c = tokio::process::Command::new(bwrap);
-                c.args(self.bwrap_args(&home, &roots, &cwd));
+                c.args(self.bwrap_args(&home, &roots, &cwd, agent));
                 c.arg("--").arg(&agent.command).args(&agent.args);
                 c
             }
@@ -255,8 +255,10 @@ impl Tenancy {
 
     /// bubblewrap's arguments: the system read-only, the hidden directories empty, the user's
     /// home and roots read-write, a private `/tmp`, `/dev` and `/proc` of its own PID namespace,
-    /// no capabilities (the gateway may run as root), and death with the gateway.
-    fn bwrap_args(&self, home: &Path, roots: &[PathBuf], cwd: &Path) -> Vec<OsString> {
+    /// no capabilities (the gateway may run as root), and death with the gateway. The agent's
+    /// own program (and any file its arguments name) is bound back read-only when it lives in a
+    /// place the sandbox hides, such as `/tmp`.
+    fn bwrap_args(&self, home: &Path, roots: &[PathBuf], cwd: &Path, agent: &AgentConfig) -> Vec<OsString> {
         let mut args: Vec<OsString> = [
             "--die-with-parent",
             "--unshare-pid",
@@ -280,6 +282,12 @@ impl Tenancy {
         }
         for dir in std::iter::once(home).chain(roots.iter().map(PathBuf::as_path)) {
             args.extend(["--bind".into(), dir.as_os_str().to_owned(), dir.as_os_str().to_owned()]);
+        }
+        let hidden = |p: &Path| p.starts_with("/tmp") || self.hidden.iter().any(|h| p.starts_with(h));
+        for file in std::iter::once(&agent.command).chain(&agent.args).map(Path::new) {
+            if file.is_absolute() && file.exists() && hidden(file) {
+                args.extend(["--ro-bind".into(), file.as_os_str().to_owned(), file.as_os_str().to_owned()]);
+            }
         }
         args.extend(["--chdir".into(), cwd.as_os_str().to_owned()]);
         args

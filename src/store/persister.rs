@@ -112,6 +112,8 @@ impl Persister {
 
 async fn run(store: Arc<dyn Store>, mut rx: mpsc::Receiver<Item>, cancel: CancellationToken) {
     let mut items = Vec::with_capacity(1024);
+    // Message counts and titles not yet written (see below).
+    let mut pending_metadata: Vec<SessionWrite> = Vec::new();
     loop {
         // Once cancelled, write what is still queued and stop (handles may outlive the gateway).
         let received = tokio::select! {
@@ -147,42 +149,98 @@ async fn run(store: Arc<dyn Store>, mut rx: mpsc::Receiver<Item>, cancel: Cancel
             updates,
             stored_up_to,
         } = coalesce(items.drain(..));
-        let mut stored = true;
-        if !writes.is_empty() {
-            let started = std::time::Instant::now();
-            let mut backoff = Duration::from_millis(50);
-            loop {
-                match store.write_batch(&writes).await {
-                    Ok(()) => break,
-                    Err(e) if cancel.is_cancelled() => {
-                        // Nobody saw these: they are released only once stored.
-                        tracing::error!(error = %e, updates, "shutting down with the database unreachable: updates not stored");
-                        stored = false;
-                        break;
-                    }
-                    Err(e) => {
-                        metrics::counter!("acp_gateway_transcript_write_errors_total").increment(1);
-                        tracing::warn!(error = %e, retry_in_ms = backoff.as_millis() as u64, "transcript write failed; retrying");
-                        tokio::select! {
-                            () = tokio::time::sleep(backoff) => {}
-                            () = cancel.cancelled() => {}
-                        }
-                        backoff = (backoff * 2).min(Duration::from_secs(5));
-                    }
-                }
-            }
-            metrics::histogram!("acp_gateway_transcript_write_seconds").record(started.elapsed().as_secs_f64());
-            metrics::counter!("acp_gateway_transcript_updates_stored_total").increment(updates);
+        // Updates first, on their own: clients wait for them. Message counts and titles wait
+        // until the queue is idle (or someone waits for a flush): nobody waits for those.
+        let mut chunks: Vec<SessionWrite> = Vec::with_capacity(writes.len());
+        for (updates, metadata) in writes.into_iter().map(split) {
+            chunks.extend(updates);
+            pending_metadata.extend(metadata);
         }
+        let stored = chunks.is_empty() || write(&*store, &chunks, updates, &cancel).await;
         if stored {
             for (notify, seq) in stored_up_to {
                 notify.committed(seq);
             }
         }
+        if !pending_metadata.is_empty() && (rx.is_empty() || !acks.is_empty() || cancel.is_cancelled()) {
+            let metadata = merge_metadata(std::mem::take(&mut pending_metadata));
+            write(&*store, &metadata, 0, &cancel).await;
+        }
         for ack in acks {
             let _ = ack.send(());
         }
     }
+}
+
+/// Writes `writes` in one go, retrying with backoff until it succeeds or shutdown gives up on
+/// it; `false` when it was given up (nobody saw those updates: they are released only once
+/// stored).
+async fn write(store: &dyn Store, writes: &[SessionWrite], updates: u64, cancel: &CancellationToken) -> bool {
+    let started = std::time::Instant::now();
+    let mut backoff = Duration::from_millis(50);
+    loop {
+        match store.write_batch(writes).await {
+            Ok(()) => break,
+            Err(e) if cancel.is_cancelled() => {
+                tracing::error!(error = %e, updates, "shutting down with the database unreachable: not stored");
+                return false;
+            }
+            Err(e) => {
+                metrics::counter!("acp_gateway_transcript_write_errors_total").increment(1);
+                tracing::warn!(error = %e, retry_in_ms = backoff.as_millis() as u64, "transcript write failed; retrying");
+                tokio::select! {
+                    () = tokio::time::sleep(backoff) => {}
+                    () = cancel.cancelled() => {}
+                }
+                backoff = (backoff * 2).min(Duration::from_secs(5));
+            }
+        }
+    }
+    metrics::histogram!("acp_gateway_transcript_write_seconds").record(started.elapsed().as_secs_f64());
+    metrics::counter!("acp_gateway_transcript_updates_stored_total").increment(updates);
+    true
+}
+
+/// A session's write as its updates (if any) and its message count and titles (if any).
+fn split(w: SessionWrite) -> (Option<SessionWrite>, Option<SessionWrite>) {
+    let has_metadata = w.prompts != 0 || w.prompt_title.is_some() || w.agent_title.is_some();
+    let metadata = has_metadata.then(|| SessionWrite {
+        session_id: w.session_id.clone(),
+        chunk: None,
+        prompt_title: w.prompt_title.clone(),
+        agent_title: w.agent_title.clone(),
+        prompts: w.prompts,
+        updated_at: w.updated_at,
+    });
+    let updates = w.chunk.is_some().then_some(SessionWrite {
+        prompt_title: None,
+        agent_title: None,
+        prompts: 0,
+        ..w
+    });
+    (updates, metadata)
+}
+
+/// Metadata writes gathered over several batches, one per session.
+fn merge_metadata(writes: Vec<SessionWrite>) -> Vec<SessionWrite> {
+    let mut merged: Vec<SessionWrite> = Vec::new();
+    let mut index: HashMap<Arc<str>, usize> = HashMap::new();
+    for w in writes {
+        match index.get(&w.session_id) {
+            Some(&i) => {
+                let m = &mut merged[i];
+                m.prompts += w.prompts;
+                m.prompt_title = m.prompt_title.take().or(w.prompt_title);
+                m.agent_title = w.agent_title.or(m.agent_title.take());
+                m.updated_at = m.updated_at.max(w.updated_at);
+            }
+            None => {
+                index.insert(w.session_id.clone(), merged.len());
+                merged.push(w);
+            }
+        }
+    }
+    merged
 }
 
 fn item_bytes(item: &Item) -> usize {

@@ -87,6 +87,30 @@ where
     /// Writes one flush on `conn` (the caller's transaction): each session's chunk, unless the
     /// session is gone or the chunk's seq range is stored already (then it is logged and skipped),
     /// and the session's counters and title.
+    /// Stores one chunk of a session's updates (skipped, and logged, if that seq range is stored
+    /// already, or the session was deleted meanwhile).
+    async fn insert_chunk(
+        conn: &mut Self::Connection,
+        session_id: &str,
+        chunk: &EventChunk,
+        at: i64,
+    ) -> Result<(), sqlx::Error> {
+        let done = sqlx::query(
+            "INSERT INTO session_events (session_id, seq_from, seq_to, payload, created_at)
+             SELECT $1, $2, $3, $4, $5 WHERE EXISTS (SELECT 1 FROM sessions WHERE id = $1)
+             ON CONFLICT (session_id, seq_from) DO NOTHING",
+        )
+        .bind(session_id)
+        .bind(chunk.seq_from)
+        .bind(chunk.seq_to)
+        .bind(chunk.payload.as_str())
+        .bind(at)
+        .execute(&mut *conn)
+        .await?;
+        note_unstored(session_id, chunk, Self::rows_affected(&done));
+        Ok(())
+    }
+
     async fn write_batch(conn: &mut Self::Connection, writes: &[SessionWrite]) -> Result<(), sqlx::Error> {
         let update = format!(
             "UPDATE sessions SET
@@ -99,19 +123,7 @@ where
         );
         for w in writes {
             if let Some(chunk) = &w.chunk {
-                let done = sqlx::query(
-                    "INSERT INTO session_events (session_id, seq_from, seq_to, payload, created_at)
-                     SELECT $1, $2, $3, $4, $5 WHERE EXISTS (SELECT 1 FROM sessions WHERE id = $1)
-                     ON CONFLICT (session_id, seq_from) DO NOTHING",
-                )
-                .bind(&*w.session_id)
-                .bind(chunk.seq_from)
-                .bind(chunk.seq_to)
-                .bind(chunk.payload.as_str())
-                .bind(w.updated_at)
-                .execute(&mut *conn)
-                .await?;
-                note_unstored(&w.session_id, chunk, Self::rows_affected(&done));
+                Self::insert_chunk(&mut *conn, &w.session_id, chunk, w.updated_at).await?;
             }
             sqlx::query(&update)
                 .bind(&*w.session_id)

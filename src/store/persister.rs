@@ -21,6 +21,8 @@ use super::{EventChunk, SessionWrite, Store};
 
 /// Most items written in one transaction.
 const MAX_BATCH_ITEMS: usize = 8192;
+/// Metadata writes (message counts, titles) held back while updates keep coming, at most.
+const MAX_PENDING_METADATA: usize = 1024;
 /// Most payload bytes written in one transaction.
 const MAX_BATCH_BYTES: usize = 8 << 20;
 
@@ -162,7 +164,8 @@ async fn run(store: Arc<dyn Store>, mut rx: mpsc::Receiver<Item>, cancel: Cancel
                 notify.committed(seq);
             }
         }
-        if !pending_metadata.is_empty() && (rx.is_empty() || !acks.is_empty() || cancel.is_cancelled()) {
+        let due = rx.is_empty() || !acks.is_empty() || cancel.is_cancelled();
+        if !pending_metadata.is_empty() && (due || pending_metadata.len() >= MAX_PENDING_METADATA) {
             let metadata = merge_metadata(std::mem::take(&mut pending_metadata));
             write(&*store, &metadata, 0, &cancel).await;
         }

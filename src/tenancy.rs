@@ -286,7 +286,11 @@ impl Tenancy {
         let hidden = |p: &Path| p.starts_with("/tmp") || self.hidden.iter().any(|h| p.starts_with(h));
         for file in std::iter::once(&agent.command).chain(&agent.args).map(Path::new) {
             if file.is_absolute() && file.exists() && hidden(file) {
-                args.extend(["--ro-bind".into(), file.as_os_str().to_owned(), file.as_os_str().to_owned()]);
+                args.extend([
+                    "--ro-bind".into(),
+                    file.as_os_str().to_owned(),
+                    file.as_os_str().to_owned(),
+                ]);
             }
         }
         args.extend(["--chdir".into(), cwd.as_os_str().to_owned()]);

@@ -472,8 +472,13 @@ async fn run(
         gateway_bin(),
         agent_args().join(" ")
     );
+    let backend = if std::env::var("DATABASE_URL").is_ok_and(|u| u.starts_with("postgres")) {
+        "Postgres"
+    } else {
+        "SQLite"
+    };
     println!(
-        "latency: {rounds} rounds x {per_round} sequential [chunks=1] prompts each way (alternating in blocks of {block}), after {warmup} warm-up; throughput: {n_updates} updates, {tp_runs} run(s) each way; persistence: SQLite (on)"
+        "latency: {rounds} rounds x {per_round} sequential [chunks=1] prompts each way (alternating in blocks of {block}), after {warmup} warm-up; throughput: {n_updates} updates, {tp_runs} run(s) each way; persistence: {backend}, every update stored before a client sees it"
     );
 
     let mut direct = Rpc::new(AgentPipe::spawn()?);

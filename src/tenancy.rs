@@ -283,18 +283,33 @@ impl Tenancy {
         for dir in std::iter::once(home).chain(roots.iter().map(PathBuf::as_path)) {
             args.extend(["--bind".into(), dir.as_os_str().to_owned(), dir.as_os_str().to_owned()]);
         }
-        let hidden = |p: &Path| p.starts_with("/tmp") || self.hidden.iter().any(|h| p.starts_with(h));
-        for file in std::iter::once(&agent.command).chain(&agent.args).map(Path::new) {
-            if file.is_absolute() && file.exists() && hidden(file) {
-                args.extend([
-                    "--ro-bind".into(),
-                    file.as_os_str().to_owned(),
-                    file.as_os_str().to_owned(),
-                ]);
-            }
+        for file in self.named_files(agent) {
+            args.extend([
+                "--ro-bind".into(),
+                file.as_os_str().to_owned(),
+                file.as_os_str().to_owned(),
+            ]);
         }
         args.extend(["--chdir".into(), cwd.as_os_str().to_owned()]);
         args
+    }
+
+    /// The files the agent's command line names (its program, its arguments, and absolute paths
+    /// inside a `sh -c` script) that exist in places the sandbox hides (`/tmp`, the gateway's
+    /// data): the operator named them, so the agent gets them, read-only.
+    fn named_files(&self, agent: &AgentConfig) -> Vec<PathBuf> {
+        let hidden = |p: &Path| p.starts_with("/tmp") || self.hidden.iter().any(|h| p.starts_with(h));
+        let separators = |c: char| c.is_whitespace() || "'\";&|<>()=`".contains(c);
+        let mut files: Vec<PathBuf> = std::iter::once(&agent.command)
+            .chain(&agent.args)
+            .flat_map(|arg| arg.split(separators))
+            .filter(|token| token.starts_with('/'))
+            .map(PathBuf::from)
+            .filter(|p| hidden(p) && p.exists())
+            .collect();
+        files.sort();
+        files.dedup();
+        files
     }
 
     /// For a shared process: the directories holding every user's workspaces (it serves them
@@ -527,6 +542,34 @@ mod tests {
         assert!(check_mcp_servers(&servers(&stdio), &agent, none).is_ok());
         let typed = serde_json::json!([{"type":"stdio","name":"x","command":"/bin/bash","args":[],"env":[]}]);
         assert!(check_mcp_servers(&servers(&typed), &agent, none).is_err());
+    }
+
+    #[test]
+    fn files_an_agents_command_line_names_in_hidden_places_are_found() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let bin = dir.path().join("agent-bin");
+        std::fs::write(&bin, "").expect("write");
+        let tenancy = Tenancy {
+            data_dir: PathBuf::from("/nonexistent-data"),
+            homes: String::new(),
+            roots: Vec::new(),
+            bwrap: None,
+            hidden: Vec::new(),
+        };
+        let agent = AgentConfig {
+            command: "sh".into(),
+            args: vec![
+                "-c".into(),
+                format!("echo hi >&2; exec \"{}\" demo-agent", bin.display()),
+            ],
+            ..Default::default()
+        };
+        let expected = if bin.starts_with("/tmp") {
+            vec![bin.clone()]
+        } else {
+            Vec::new()
+        };
+        assert_eq!(tenancy.named_files(&agent), expected);
     }
 
     #[test]

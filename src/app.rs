@@ -19,6 +19,7 @@ use tokio_util::task::TaskTracker;
 use crate::auth::{Authenticator, LoginCodes};
 use crate::config::Config;
 use crate::pool::Pools;
+use crate::quota::Quotas;
 use crate::session::{SessionOptions, Sessions};
 use crate::store;
 use crate::store::cursor::CursorCodec;
@@ -73,6 +74,7 @@ impl Application {
         };
         let gateway = Arc::new(Gateway {
             connection_slots: Arc::new(Semaphore::new(config.limits.max_connections)),
+            quotas: Quotas::new(&config.limits),
             config,
             auth,
             login_codes: LoginCodes::default(),
@@ -119,7 +121,10 @@ impl Application {
                 let mut tick = tokio::time::interval(Duration::from_secs(30));
                 loop {
                     tokio::select! {
-                        _ = tick.tick() => gw.sessions.sweep(),
+                        _ = tick.tick() => {
+                            gw.sessions.sweep();
+                            gw.quotas.sweep();
+                        }
                         () = gw.shutdown.cancelled() => return,
                     }
                 }

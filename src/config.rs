@@ -179,6 +179,12 @@ pub struct Limits {
     pub max_line_bytes: usize,
     /// Most concurrent WebSocket connections.
     pub max_connections: usize,
+    /// Most concurrent WebSocket connections of one user (more: `429` before the upgrade).
+    pub max_connections_per_user: usize,
+    /// Requests one user may make per second, across their connections (more: `-32029`).
+    pub requests_per_second_per_user: u32,
+    /// How many requests a user may make at once above that rate.
+    pub request_burst_per_user: u32,
     /// Frames queued for one client; one more closes it with `1013` (it catches up with
     /// `session/load` + `afterSeq`; nothing is lost). Never waited on.
     pub client_queue: usize,
@@ -200,6 +206,9 @@ impl Default for Limits {
             max_frame_bytes: 4 << 20,
             max_line_bytes: 16 << 20,
             max_connections: 10_000,
+            max_connections_per_user: 32,
+            requests_per_second_per_user: 1000,
+            request_burst_per_user: 2000,
             client_queue: 4096,
             client_queue_bytes: 16 << 20,
             ping_interval_secs: 20,

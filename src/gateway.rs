@@ -11,6 +11,7 @@ use tokio_util::task::TaskTracker;
 use crate::auth::{Authenticator, LoginCodes};
 use crate::config::Config;
 use crate::pool::Pools;
+use crate::quota::Quotas;
 use crate::session::Sessions;
 use crate::tenancy::Tenancy;
 
@@ -37,6 +38,8 @@ pub struct Gateway {
     pub draining: AtomicBool,
     /// Caps concurrent WebSocket connections.
     pub connection_slots: Arc<Semaphore>,
+    /// Per-user caps.
+    pub quotas: Arc<Quotas>,
     /// Prefix of connection ids, unique per replica run.
     pub replica: String,
 }

@@ -14,6 +14,7 @@
 //! - [`http`]: the routes: health, metrics, `/acp` upgrade, REST API, login, static web UI.
 //! - [`auth`]: JWT verification and minting; where tokens come from.
 //! - [`bridge`]: one WebSocket connection: reading, writing, and what each method does.
+//! - [`quota`]: per-user caps (connections, request rate).
 //! - [`session`]: live sessions: sequence numbers, attached clients, agent requests.
 //! - [`pool`]: agent processes, pooled per agent; spawning, routing stdout, reaping.
 //! - [`store`]: the `Store` trait (SQLite and Postgres), the batching transcript writer, cursors.
@@ -34,6 +35,7 @@ pub(crate) mod http;
 pub(crate) mod outbox;
 pub mod pool;
 pub(crate) mod protocol;
+pub mod quota;
 pub mod session;
 pub mod store;
 pub mod telemetry;

@@ -210,6 +210,10 @@ impl Connection {
             answer(&self.client, id.get(), reply).await;
             return;
         }
+        if let Err(cap) = self.gw.quotas.request(&self.client.user) {
+            answer(&self.client, id.get(), Err(cap.rpc())).await;
+            return;
+        }
         let request = match request::parse(msg.method(), msg.params) {
             Ok(request) => request,
             Err(e) => {

@@ -58,6 +58,15 @@ async fn upgrade(
     let Ok(slot) = gw.connection_slots.clone().try_acquire_owned() else {
         return refuse(StatusCode::SERVICE_UNAVAILABLE, "too many connections");
     };
+    // Refused before the upgrade: a user at their cap holds no more sockets.
+    let user_slot = match gw.quotas.connect(&identity.user) {
+        Ok(user_slot) => user_slot,
+        Err(cap) => {
+            tracing::info!(user = %identity.user, cap = cap.cap, "per-user cap reached");
+            let body = json!({ "error": cap.message(), "cap": cap.cap, "limit": cap.limit });
+            return (StatusCode::TOO_MANY_REQUESTS, axum::Json(body)).into_response();
+        }
+    };
     let conn_id: Arc<str> = Arc::from(format!("{}-{}", gw.replica, uuid::Uuid::new_v4().simple()));
     let limits = &gw.config.limits;
     let tracked = gw.tracker.token();
@@ -71,6 +80,7 @@ async fn upgrade(
         .on_upgrade(move |socket| async move {
             crate::bridge::serve(socket, state, identity, id, pool).await;
             drop(slot);
+            drop(user_slot);
             drop(tracked);
         });
     if let Ok(v) = HeaderValue::from_str(&conn_id) {

@@ -1,0 +1,156 @@
+//! Per-user caps: what one user may hold of the gateway at once, so that one user at a cap never
+//! slows another. Each refusal names the cap and its limit.
+
+use std::collections::HashMap;
+use std::num::NonZeroU32;
+use std::sync::{Arc, Mutex};
+
+use governor::{DefaultKeyedRateLimiter, Quota, RateLimiter};
+
+use crate::config::Limits;
+use crate::protocol::RpcError;
+
+/// JSON-RPC code for a per-user cap (in the implementation-defined `-32000` range).
+pub const CAP_REACHED: i64 = -32029;
+
+/// A cap that was reached.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CapReached {
+    /// Which cap (`connections`, `requests_per_second`).
+    pub cap: &'static str,
+    /// Its limit.
+    pub limit: u64,
+}
+
+impl CapReached {
+    /// The message a client gets.
+    pub fn message(&self) -> String {
+        format!(
+            "per-user cap reached: {} (limit {}); try again later",
+            self.cap, self.limit
+        )
+    }
+
+    /// As a JSON-RPC error.
+    pub fn rpc(&self) -> RpcError {
+        RpcError::new(CAP_REACHED, self.message())
+            .with_data(serde_json::json!({ "cap": self.cap, "limit": self.limit }))
+    }
+}
+
+/// The per-user counters.
+#[derive(Debug)]
+pub struct Quotas {
+    /// Open WebSocket connections per user.
+    connections: Mutex<HashMap<Arc<str>, usize>>,
+    /// `limits.max_connections_per_user`.
+    max_connections: usize,
+    /// Requests per second per user (GCRA, with a burst).
+    requests: DefaultKeyedRateLimiter<Arc<str>>,
+    /// `limits.requests_per_second_per_user`, for messages.
+    rate: u32,
+}
+
+/// One of a user's connection slots; given back when dropped.
+#[derive(Debug)]
+pub struct ConnectionSlot {
+    quotas: Arc<Quotas>,
+    user: Arc<str>,
+}
+
+impl Drop for ConnectionSlot {
+    fn drop(&mut self) {
+        let mut counts = self.quotas.connections.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(n) = counts.get_mut(&self.user) {
+            *n -= 1;
+            if *n == 0 {
+                counts.remove(&self.user);
+            }
+        }
+    }
+}
+
+impl Quotas {
+    /// Counters for `limits`.
+    pub fn new(limits: &Limits) -> Arc<Self> {
+        let rate = NonZeroU32::new(limits.requests_per_second_per_user.max(1)).unwrap_or(NonZeroU32::MIN);
+        let burst = NonZeroU32::new(limits.request_burst_per_user.max(1)).unwrap_or(NonZeroU32::MIN);
+        Arc::new(Self {
+            connections: Mutex::new(HashMap::new()),
+            max_connections: limits.max_connections_per_user,
+            requests: RateLimiter::keyed(Quota::per_second(rate).allow_burst(burst)),
+            rate: rate.get(),
+        })
+    }
+
+    /// Takes one of `user`'s connection slots.
+    pub fn connect(self: &Arc<Self>, user: &str) -> Result<ConnectionSlot, CapReached> {
+        let user: Arc<str> = Arc::from(user);
+        let mut counts = self.connections.lock().unwrap_or_else(|e| e.into_inner());
+        let n = counts.entry(user.clone()).or_insert(0);
+        if *n >= self.max_connections {
+            return Err(CapReached {
+                cap: "connections",
+                limit: self.max_connections as u64,
+            });
+        }
+        *n += 1;
+        Ok(ConnectionSlot {
+            quotas: self.clone(),
+            user,
+        })
+    }
+
+    /// Counts one request of `user` against the rate.
+    pub fn request(&self, user: &Arc<str>) -> Result<(), CapReached> {
+        self.requests.check_key(user).map_err(|_| CapReached {
+            cap: "requests_per_second",
+            limit: u64::from(self.rate),
+        })
+    }
+
+    /// Forgets rate state of users who have been quiet (keeps memory flat).
+    pub fn sweep(&self) {
+        self.requests.retain_recent();
+        self.requests.shrink_to_fit();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn connection_slots_are_counted_per_user_and_given_back() {
+        let limits = Limits {
+            max_connections_per_user: 2,
+            ..Limits::default()
+        };
+        let q = Quotas::new(&limits);
+        let a1 = q.connect("alice").expect("first");
+        let _a2 = q.connect("alice").expect("second");
+        assert_eq!(q.connect("alice").err().map(|e| e.cap), Some("connections"));
+        let _b = q.connect("bob").expect("bob is not alice");
+        drop(a1);
+        assert!(q.connect("alice").is_ok(), "a slot comes back when its connection ends");
+    }
+
+    #[test]
+    fn requests_are_rate_limited_per_user() {
+        let limits = Limits {
+            requests_per_second_per_user: 1,
+            request_burst_per_user: 3,
+            ..Limits::default()
+        };
+        let q = Quotas::new(&limits);
+        let alice: Arc<str> = Arc::from("alice");
+        let bob: Arc<str> = Arc::from("bob");
+        for _ in 0..3 {
+            assert!(q.request(&alice).is_ok());
+        }
+        let err = q.request(&alice).expect_err("over the burst");
+        assert_eq!(err.rpc().code, CAP_REACHED);
+        assert!(err.message().contains("requests_per_second"), "{}", err.message());
+        assert!(q.request(&bob).is_ok(), "one user at a cap never slows another");
+    }
+}

@@ -1,0 +1,95 @@
+//! Per-user caps: one user at a cap is refused with an answer that names the cap, and another
+//! user is not slowed. Real gateway, real WebSocket clients.
+
+mod common;
+
+use common::{Client, Db, TestGateway};
+use serde_json::json;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_user_at_the_connection_cap_is_refused_before_the_upgrade_and_others_are_not() {
+    let gw = TestGateway::start(Db::Sqlite, |c| c.limits.max_connections_per_user = 2).await;
+    let first = gw.client("alice").await;
+    let _second = gw.client("alice").await;
+    let refused = Client::connect(&gw.ws_url(), &gw.token("alice"))
+        .await
+        .err()
+        .expect("a third connection of alice is refused");
+    assert!(refused.to_string().contains("429"), "{refused}");
+    let body = reqwest::Client::new()
+        .get(gw.http_url("/acp"))
+        .bearer_auth(gw.token("alice"))
+        .header("connection", "upgrade")
+        .header("upgrade", "websocket")
+        .header("sec-websocket-version", "13")
+        .header("sec-websocket-key", "dGhlIHNhbXBsZSBub25jZQ==")
+        .send()
+        .await
+        .expect("http");
+    assert_eq!(body.status(), 429);
+    let body: serde_json::Value = body.json().await.expect("json");
+    assert_eq!(
+        (body["cap"].clone(), body["limit"].clone()),
+        (json!("connections"), json!(2)),
+        "{body}"
+    );
+    let mut bob = gw.client("bob").await;
+    assert!(bob.request("session/list", json!({})).await.get("result").is_some());
+    // A slot comes back when a connection ends.
+    first.close().await;
+    let url = gw.ws_url();
+    let token = gw.token("alice");
+    let mut again = None;
+    let deadline = tokio::time::Instant::now() + common::WAIT;
+    while again.is_none() {
+        assert!(tokio::time::Instant::now() < deadline, "alice's slot never came back");
+        again = Client::connect(&url, &token).await.ok();
+        if again.is_none() {
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_user_over_the_request_rate_gets_an_error_naming_it_and_others_are_served() {
+    let gw = TestGateway::start(Db::Sqlite, |c| {
+        c.limits.requests_per_second_per_user = 1;
+        c.limits.request_burst_per_user = 5;
+    })
+    .await;
+    let mut alice = gw.client("alice").await;
+    let mut bob = gw.client("bob").await;
+    let ids: Vec<u64> = {
+        let mut ids = Vec::new();
+        for _ in 0..20 {
+            ids.push(alice.start("session/list", json!({})).await);
+        }
+        ids
+    };
+    let mut refused = 0;
+    for id in ids {
+        let r = alice.answer(id).await;
+        if r.get("error").is_some() {
+            assert_eq!(r["error"]["code"], -32029, "{r}");
+            assert_eq!(r["error"]["data"]["cap"], "requests_per_second", "{r}");
+            refused += 1;
+        }
+    }
+    assert!(
+        refused >= 14,
+        "at most the burst (5) and a second's worth pass: {refused} refused"
+    );
+    let r = bob.request("session/list", json!({})).await;
+    assert!(r.get("result").is_some(), "bob is not alice: {r}");
+    // The connection lives on, and the rate comes back (a token a second).
+    let deadline = tokio::time::Instant::now() + common::WAIT;
+    loop {
+        let r = alice.request("session/list", json!({})).await;
+        if r.get("result").is_some() {
+            break;
+        }
+        assert_eq!(r["error"]["code"], -32029, "{r}");
+        assert!(tokio::time::Instant::now() < deadline, "alice's rate never came back");
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+}

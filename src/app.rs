@@ -10,7 +10,6 @@ pub use crate::gateway::Gateway;
 use std::time::Duration;
 
 use anyhow::Context;
-use axum::serve::ListenerExt;
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
@@ -131,22 +130,21 @@ impl Application {
             })
         };
         let router = crate::http::router(gw.clone());
-        // TCP_NODELAY on every accepted socket: a prompt round trip must not wait on Nagle.
-        let listener = self.listener.tap_io(|tcp| {
-            let _ = tcp.set_nodelay(true);
-        });
-        let shutdown = gw.shutdown.clone();
         let signal_gw = gw.clone();
-        let serve = axum::serve(listener, router.into_make_service_with_connect_info::<SocketAddr>())
-            .with_graceful_shutdown(async move {
-                stop.await;
-                tracing::info!("shutting down: draining connections");
-                signal_gw.draining.store(true, Ordering::Release);
-                shutdown.cancel();
-            });
-        serve.await.context("HTTP server failed")?;
-        gw.shutdown.cancel();
+        let signal = tokio::spawn(async move {
+            tokio::select! {
+                () = stop => {
+                    tracing::info!("shutting down: draining connections");
+                    signal_gw.draining.store(true, Ordering::Release);
+                    signal_gw.shutdown.cancel();
+                }
+                () = signal_gw.shutdown.cancelled() => {}
+            }
+        });
         let grace = Duration::from_secs(gw.config.limits.shutdown_grace_secs);
+        crate::http::serve(self.listener, router, &gw.config.limits, gw.shutdown.clone(), grace).await;
+        let _ = signal.await;
+        gw.shutdown.cancel();
         // WebSocket tasks are ours to wait for (axum's graceful shutdown does not).
         gw.tracker.close();
         gw.pools.stop_all();

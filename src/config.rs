@@ -152,8 +152,16 @@ pub struct PoolConfig {
     pub idle_timeout_secs: u64,
     /// Whether sessions of different users may share one process.
     pub share_between_users: bool,
-    /// How long `initialize` and `session/new` on the agent may take.
+    /// How long any request the gateway itself sends the agent may take (`initialize`,
+    /// `session/new`, `authenticate`, session restores, `session/close`); past it the request
+    /// gets `-32603` "agent timed out".
     pub request_timeout_secs: u64,
+    /// How long an agent may write nothing on stdout while a forwarded `session/prompt` waits
+    /// for it (time it spends waiting for a client's answer, e.g. a permission, does not count).
+    /// Past it every request waiting on that process gets `-32603` "agent timed out" and the
+    /// process is stopped (its sessions are restored on a fresh one when next used). A prompt
+    /// may run as long as the agent keeps writing. `0`: never.
+    pub prompt_idle_timeout_secs: u64,
 }
 
 impl Default for PoolConfig {
@@ -165,6 +173,7 @@ impl Default for PoolConfig {
             idle_timeout_secs: 600,
             share_between_users: false,
             request_timeout_secs: 60,
+            prompt_idle_timeout_secs: 300,
         }
     }
 }
@@ -179,6 +188,14 @@ pub struct Limits {
     pub max_line_bytes: usize,
     /// Most concurrent WebSocket connections.
     pub max_connections: usize,
+    /// Most connections that have not finished an upgrade (plain HTTP requests, handshakes).
+    pub max_pending_connections: usize,
+    /// Most connections from one client address, WebSockets included.
+    pub max_connections_per_ip: usize,
+    /// Reverse proxies in front of the gateway: their connections are not capped per address.
+    pub trusted_proxies: Vec<std::net::IpAddr>,
+    /// How long a client may take to send a request's headers.
+    pub header_read_timeout_secs: u64,
     /// Most concurrent WebSocket connections of one user (more: `429` before the upgrade).
     pub max_connections_per_user: usize,
     /// Requests one user may make per second, across their connections (more: `-32029`).
@@ -206,6 +223,10 @@ impl Default for Limits {
             max_frame_bytes: 4 << 20,
             max_line_bytes: 16 << 20,
             max_connections: 10_000,
+            max_pending_connections: 1024,
+            max_connections_per_ip: 256,
+            trusted_proxies: Vec::new(),
+            header_read_timeout_secs: 10,
             max_connections_per_user: 32,
             requests_per_second_per_user: 1000,
             request_burst_per_user: 2000,

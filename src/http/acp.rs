@@ -34,6 +34,7 @@ fn refuse(status: StatusCode, message: &str) -> Response {
 
 async fn upgrade(
     State(gw): State<Arc<Gateway>>,
+    peer: Option<axum::Extension<super::server::Peer>>,
     headers: HeaderMap,
     uri: axum::http::Uri,
     Query(q): Query<AcpQuery>,
@@ -62,7 +63,8 @@ async fn upgrade(
     let user_slot = match gw.quotas.connect(&identity.user) {
         Ok(user_slot) => user_slot,
         Err(cap) => {
-            tracing::info!(user = %identity.user, cap = cap.cap, "per-user cap reached");
+            let peer = peer.as_ref().map(|p| p.addr.to_string()).unwrap_or_default();
+            tracing::info!(user = %identity.user, peer, cap = cap.cap, "per-user cap reached");
             let body = json!({ "error": cap.message(), "cap": cap.cap, "limit": cap.limit });
             return (StatusCode::TOO_MANY_REQUESTS, axum::Json(body)).into_response();
         }
@@ -81,6 +83,8 @@ async fn upgrade(
             crate::bridge::serve(socket, state, identity, id, pool).await;
             drop(slot);
             drop(user_slot);
+            // The client address's slot lives as long as its WebSocket.
+            drop(peer);
             drop(tracked);
         });
     if let Ok(v) = HeaderValue::from_str(&conn_id) {

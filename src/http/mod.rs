@@ -7,6 +7,9 @@ mod auth;
 mod error;
 mod health;
 mod rest;
+mod server;
+
+pub(crate) use server::serve;
 
 use std::sync::Arc;
 

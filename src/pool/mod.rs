@@ -355,6 +355,11 @@ impl AgentPool {
             Ok(r) => r,
             Err(e) => {
                 p.stop();
+                tracing::warn!(agent = %self.name, process = p.id, error = %e.message, "agent failed to initialize");
+                // A timeout is reported as the contract words it; anything else names the step.
+                if e.message == rpc::TIMED_OUT {
+                    return Err(e);
+                }
                 return Err(RpcError::internal(format!(
                     "agent {} failed to initialize: {}",
                     self.name, e.message
@@ -375,8 +380,10 @@ impl AgentPool {
             .retain(|p| !p.is_dead());
     }
 
-    /// Periodic upkeep: forget dead processes, stop idle ones, keep `min_idle` warm ones.
+    /// Periodic upkeep: time out processes that went silent with a prompt waiting, forget dead
+    /// processes, stop idle ones, keep `min_idle` warm ones.
     pub async fn maintain(&self) {
+        self.time_out_silent();
         self.sweep();
         let idle_timeout = Duration::from_secs(self.cfg.pool.idle_timeout_secs);
         // Warm, unassigned processes exist only for shared agents (see `prewarm` for the rest).
@@ -403,6 +410,27 @@ impl AgentPool {
                 tracing::warn!(agent = %self.name, error = %e, "cannot keep a warm process");
                 break;
             }
+        }
+    }
+
+    /// With `prompt_idle_timeout_secs`: every process that has written nothing for that long
+    /// while a forwarded prompt waits is given up on ([`AgentProcess::time_out`]).
+    fn time_out_silent(&self) {
+        let secs = self.cfg.pool.prompt_idle_timeout_secs;
+        if secs == 0 {
+            return;
+        }
+        let limit = Duration::from_secs(secs);
+        let silent: Vec<(Arc<AgentProcess>, Duration)> = self
+            .procs
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .filter(|p| !p.is_dead())
+            .filter_map(|p| p.prompt_silence().filter(|s| *s >= limit).map(|s| (p.clone(), s)))
+            .collect();
+        for (p, silent_for) in silent {
+            p.time_out(silent_for);
         }
     }
 

@@ -9,8 +9,8 @@
 //! at once with a JSON-RPC error and its sessions are unbound, to be restored on another process
 //! when next used.
 
-use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
@@ -51,6 +51,15 @@ pub struct AgentProcess {
     stop: CancellationToken,
     /// Milliseconds after `started` of the last line in or out.
     last_active_ms: AtomicU64,
+    /// Milliseconds after `started` the agent last had nothing to wait for from us: its last
+    /// stdout line, or the gateway's last answer to a request of its.
+    last_heard_ms: AtomicU64,
+    /// Whether the stdout reader is waiting to hand an update on (the transcript writer's queue
+    /// is full): the agent's output then waits in the pipe, and its silence is ours.
+    handing_on: AtomicBool,
+    /// Ids (raw JSON) of the agent's requests to its clients not answered yet: while it waits
+    /// for a person (a permission) it is not idle.
+    asks: Mutex<HashSet<Box<str>>>,
     /// Reference for `last_active_ms`.
     started: Instant,
     /// The last stderr lines, logged when the process ends. The stderr reader holds it weakly,
@@ -121,6 +130,9 @@ impl AgentProcess {
             dead: CancellationToken::new(),
             stop: CancellationToken::new(),
             last_active_ms: AtomicU64::new(0),
+            last_heard_ms: AtomicU64::new(0),
+            handing_on: AtomicBool::new(false),
+            asks: Mutex::new(HashSet::new()),
             started: Instant::now(),
             stderr_tail: Arc::default(),
         });
@@ -140,9 +152,10 @@ impl AgentProcess {
         Ok(process)
     }
 
-    /// Whether the process has ended or is being stopped.
+    /// Whether the process has ended or is being stopped (a stopped process takes no new work:
+    /// its sessions are restored elsewhere when next used).
     pub fn is_dead(&self) -> bool {
-        self.dead.is_cancelled()
+        self.dead.is_cancelled() || self.stop.is_cancelled()
     }
 
     /// Resolves when the process has ended.
@@ -198,8 +211,42 @@ impl AgentProcess {
     }
 
     fn touch(&self) {
-        self.last_active_ms
-            .store(self.started.elapsed().as_millis() as u64, Ordering::Relaxed);
+        self.last_active_ms.store(self.now_ms(), Ordering::Relaxed);
+    }
+
+    fn now_ms(&self) -> u64 {
+        self.started.elapsed().as_millis() as u64
+    }
+
+    /// The agent said something (or got the answer it was waiting for).
+    fn heard(&self) {
+        let now = self.now_ms();
+        self.last_active_ms.store(now, Ordering::Relaxed);
+        self.last_heard_ms.store(now, Ordering::Relaxed);
+    }
+
+    /// How long the agent has been silent while a forwarded `session/prompt` waits for it: since
+    /// its last stdout line or the oldest waiting prompt's sending, whichever is later. `None`
+    /// when no prompt waits, or the silence is not the agent's (it waits for a client's answer,
+    /// or the gateway is not reading its output).
+    pub fn prompt_silence(&self) -> Option<Duration> {
+        let oldest = self.rpc.oldest_prompt()?;
+        if self.handing_on.load(Ordering::Acquire) || !lock(&self.asks).is_empty() {
+            return None;
+        }
+        let heard = self.started + Duration::from_millis(self.last_heard_ms.load(Ordering::Relaxed));
+        Some(heard.max(oldest).elapsed())
+    }
+
+    /// Gives up on an agent that went silent with a prompt waiting: every request waiting on it
+    /// gets `-32603` "agent timed out" (a forwarded one through its session, after the session's
+    /// updates), and the process is stopped; its sessions are restored on a fresh process when
+    /// next used.
+    pub fn time_out(&self, silent_for: Duration) {
+        tracing::warn!(agent = %self.agent, process = self.id, pid = self.pid, silent_secs = silent_for.as_secs_f64(), "agent wrote nothing while a prompt waited; answering its requests with a timeout and recycling it");
+        self.rpc.set_gone_error(rpc::timed_out(&self.agent));
+        self.stop();
+        self.rpc.fail_all();
     }
 
     /// Routes the agent's updates and requests for `agent_session_id` to `session`. Refused
@@ -228,9 +275,25 @@ impl AgentProcess {
     }
 
     /// Writes one line (a complete JSON-RPC message) to the agent.
+    /// An answer to one of the agent's requests hands the turn back to the agent.
     pub async fn send_line(&self, line: String) -> Result<(), RpcError> {
         self.touch();
+        self.answered_ask(&line);
         self.rpc.send_line(line).await
+    }
+
+    /// If `line` answers a request the agent is waiting on, it waits no more: its silence from
+    /// now on counts again.
+    fn answered_ask(&self, line: &str) {
+        if lock(&self.asks).is_empty() {
+            return;
+        }
+        if let Ok((msg, Kind::Response)) = Incoming::parse(line)
+            && let Some(id) = msg.id
+            && lock(&self.asks).remove(id.get())
+        {
+            self.heard();
+        }
     }
 
     /// Sends a request and waits for its answer (at most `timeout`).
@@ -270,14 +333,14 @@ impl AgentProcess {
 
     /// Routes one stdout line.
     async fn on_line(self: &Arc<Self>, line: &str) {
-        self.touch();
+        self.heard();
         if looks_like_update(line)
             && let Ok(u) = serde_json::from_str::<UpdateLine<'_>>(line)
             && u.method == "session/update"
             && u.id.is_none()
         {
             match self.session(&u.params.session_id) {
-                Some(session) => session.publish(u.params.update, u.params.meta).await,
+                Some(session) => self.hand_on(&session, u.params.update, u.params.meta).await,
                 None => tracing::debug!(agent = %self.agent, "update for a session with no route; dropped"),
             }
             return;
@@ -300,10 +363,24 @@ impl AgentProcess {
                     return;
                 };
                 match self.session(&params.session_id) {
-                    Some(session) => session.publish(params.update, params.meta).await,
+                    Some(session) => self.hand_on(&session, params.update, params.meta).await,
                     None => {
                         tracing::debug!(agent = %self.agent, "update for a session with no route (restore replay, or closed); dropped")
                     }
+                }
+            }
+            Kind::Notification if msg.method() == "$/cancel_request" => {
+                // The agent no longer waits for that answer.
+                #[derive(Deserialize)]
+                struct Cancel<'a> {
+                    #[serde(rename = "requestId", borrow)]
+                    request_id: &'a RawValue,
+                }
+                if let Some(c) = msg
+                    .params
+                    .and_then(|p| serde_json::from_str::<Cancel<'_>>(p.get()).ok())
+                {
+                    lock(&self.asks).remove(c.request_id.get());
                 }
             }
             Kind::Notification => {
@@ -327,7 +404,16 @@ impl AgentProcess {
             .params
             .and_then(|p| protocol::with_session_id(p, session.session_id()));
         let params = params.unwrap_or_else(|| String::from("{}"));
+        lock(&self.asks).insert(Box::from(id.get()));
         session.agent_request(self, id.to_owned(), msg.method(), params);
+    }
+
+    /// Hands an update to its session; the agent is not silent while that waits.
+    async fn hand_on(&self, session: &Arc<dyn SessionRoute>, update: &RawValue, meta: Option<&RawValue>) {
+        self.handing_on.store(true, Ordering::Release);
+        session.publish(update, meta).await;
+        self.heard();
+        self.handing_on.store(false, Ordering::Release);
     }
 
     /// Called once stdout has closed: fails everything waiting and unbinds every session.

@@ -8,7 +8,7 @@
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use axum::extract::ws::Utf8Bytes;
 use serde::Deserialize;
@@ -42,6 +42,24 @@ pub enum Pending {
     Internal(oneshot::Sender<Result<Box<RawValue>, RpcError>>),
 }
 
+/// The message of every request the agent did not answer in time (the contract's wording); the
+/// detail (which request, how long) goes to the log.
+pub const TIMED_OUT: &str = "agent timed out";
+
+/// `-32603` "agent timed out", naming the agent in `data`.
+pub fn timed_out(agent: &str) -> RpcError {
+    RpcError::internal(TIMED_OUT).with_data(serde_json::json!({ "agent": agent }))
+}
+
+/// A request sent to the agent and not answered yet.
+struct Waiting {
+    /// Where its answer goes.
+    answer: Pending,
+    /// When it was sent, if it is a forwarded `session/prompt` (what `prompt_idle_timeout_secs`
+    /// watches).
+    prompt_sent: Option<Instant>,
+}
+
 /// One agent as a JSON-RPC peer.
 pub(super) struct Rpc {
     /// The configured agent name, for logs and for the error of a peer that is gone.
@@ -51,7 +69,7 @@ pub(super) struct Rpc {
     /// Next id for requests to the agent; the agent's id space is ours alone.
     next_id: AtomicU64,
     /// Requests sent to the agent and not yet answered.
-    pending: Mutex<HashMap<u64, Pending>>,
+    pending: Mutex<HashMap<u64, Waiting>>,
     /// What every request gets once the agent has ended: how it ended, and an error id that
     /// matches the log line holding its stderr tail. `None` until then.
     gone: Mutex<Option<RpcError>>,
@@ -85,29 +103,38 @@ impl Rpc {
     pub async fn request(&self, method: &str, params: &str, timeout: Duration) -> Result<Box<RawValue>, RpcError> {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = oneshot::channel();
-        lock(&self.pending).insert(id, Pending::Internal(tx));
-        if let Err(e) = self.send_line(protocol::request(id, method, params)).await {
-            lock(&self.pending).remove(&id);
-            return Err(e);
-        }
-        match tokio::time::timeout(timeout, rx).await {
-            Ok(Ok(answer)) => answer,
-            Ok(Err(_)) => Err(self.gone_error()),
+        lock(&self.pending).insert(
+            id,
+            Waiting {
+                answer: Pending::Internal(tx),
+                prompt_sent: None,
+            },
+        );
+        // The whole exchange is bounded, waiting for room in a full input queue included.
+        let exchange = async {
+            self.send_line(protocol::request(id, method, params)).await?;
+            rx.await.unwrap_or_else(|_| Err(self.gone_error()))
+        };
+        match tokio::time::timeout(timeout, exchange).await {
+            Ok(answer) => {
+                lock(&self.pending).remove(&id);
+                answer
+            }
             Err(_) => {
                 lock(&self.pending).remove(&id);
-                Err(RpcError::internal(format!(
-                    "agent did not answer {method} within {}s",
-                    timeout.as_secs()
-                )))
+                tracing::warn!(agent = %self.agent, method, timeout_secs = timeout.as_secs_f64(), "agent did not answer the gateway's request in time");
+                Err(timed_out(&self.agent))
             }
         }
     }
 
     /// Sends a request without waiting, its answer to go where `answer` says. Returns the id used
     /// with the agent (for `$/cancel_request`). An agent whose input queue is full is not waited on.
+    /// A `session/prompt` is remembered as one: [`Rpc::oldest_prompt`].
     pub fn forward(&self, method: &str, params: &str, answer: Pending) -> Result<u64, RpcError> {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-        lock(&self.pending).insert(id, answer);
+        let prompt_sent = (method == "session/prompt").then(Instant::now);
+        lock(&self.pending).insert(id, Waiting { answer, prompt_sent });
         let mut line = protocol::request(id, method, params);
         line.push('\n');
         if let Err(e) = self.stdin.try_send(Utf8Bytes::from(line)) {
@@ -132,13 +159,18 @@ impl Rpc {
         !lock(&self.pending).is_empty()
     }
 
+    /// When the longest-waiting forwarded `session/prompt` was sent (`None`: no prompt waits).
+    pub fn oldest_prompt(&self) -> Option<Instant> {
+        lock(&self.pending).values().filter_map(|w| w.prompt_sent).min()
+    }
+
     /// Hands an answer from the agent to whoever waits for it.
     pub fn on_response(&self, msg: &Incoming<'_>) {
         let Some(id) = msg.id.and_then(protocol::own_id) else {
             tracing::warn!(agent = %self.agent, "agent answered an id the gateway never used; ignored");
             return;
         };
-        let Some(pending) = lock(&self.pending).remove(&id) else {
+        let Some(Waiting { answer: pending, .. }) = lock(&self.pending).remove(&id) else {
             tracing::debug!(agent = %self.agent, id, "answer to a request nobody waits for (timed out or cancelled)");
             return;
         };
@@ -181,7 +213,7 @@ impl Rpc {
     /// Fails every request still waiting with [`Rpc::gone_error`].
     pub fn fail_all(&self) {
         let err = self.gone_error();
-        let pending: Vec<Pending> = lock(&self.pending).drain().map(|(_, p)| p).collect();
+        let pending: Vec<Pending> = lock(&self.pending).drain().map(|(_, w)| w.answer).collect();
         for p in pending {
             match p {
                 Pending::Forward {
@@ -342,7 +374,7 @@ mod tests {
             .request("slow", "{}", Duration::from_millis(10))
             .await
             .expect_err("no answer");
-        assert!(err.message.contains("did not answer slow"), "{}", err.message);
+        assert_eq!((err.code, &*err.message), (-32603, "agent timed out"));
         assert!(!rpc.is_waiting());
         // A late answer finds nobody waiting and is dropped.
         let (id, ..) = next_request(&mut agent).await;
@@ -378,6 +410,38 @@ mod tests {
         assert_eq!(frames[1]["id"], 7);
         assert_eq!(frames[1]["error"]["code"], -32602);
         assert!(!rpc.is_pending(first) && !rpc.is_pending(second));
+    }
+
+    #[tokio::test]
+    async fn only_forwarded_prompts_are_watched_for_silence() {
+        let (rpc, mut agent) = peer();
+        let route = Arc::new(Recorder::default());
+        rpc.forward("session/set_mode", "{}", forward_to(&route, "1"))
+            .expect("queued");
+        assert_eq!(rpc.oldest_prompt(), None, "not a prompt");
+        let before = Instant::now();
+        let prompt = rpc
+            .forward("session/prompt", "{}", forward_to(&route, "2"))
+            .expect("queued");
+        assert!(rpc.oldest_prompt().is_some_and(|t| t >= before));
+        let _ = (next_request(&mut agent).await, next_request(&mut agent).await);
+        answer(
+            &rpc,
+            &format!(r#"{{"jsonrpc":"2.0","id":{prompt},"result":{{"stopReason":"end_turn"}}}}"#),
+        );
+        assert_eq!(rpc.oldest_prompt(), None, "answered");
+
+        // A timed-out peer answers what waits with the contract's words.
+        rpc.forward("session/prompt", "{}", forward_to(&route, "3"))
+            .expect("queued");
+        rpc.set_gone_error(timed_out("test-agent"));
+        rpc.fail_all();
+        let last: serde_json::Value = serde_json::from_str(lock(&route.0).last().expect("answered")).expect("JSON");
+        assert_eq!(last["id"], 3);
+        assert_eq!(
+            (&last["error"]["code"], &last["error"]["message"]),
+            (&serde_json::json!(-32603), &serde_json::json!("agent timed out"))
+        );
     }
 
     #[tokio::test]

@@ -7,7 +7,6 @@
 //! - Deleting closes the session on its agent first, then removes it and its transcript.
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use serde_json::Value;
 
@@ -18,9 +17,6 @@ use crate::protocol::RpcError;
 use crate::store::cursor::CursorCodec;
 use crate::store::persister::Persister;
 use crate::store::{NewSession, SessionRecord, Store};
-
-/// How long an agent may take to close a session before the gateway stops waiting.
-const CLOSE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Sessions: stored, being written, and in memory.
 #[derive(Debug)]
@@ -119,13 +115,10 @@ impl Sessions {
     /// Ends `session`'s binding and, if the agent supports it, closes it there.
     pub async fn close_on_agent(&self, session: &LiveSession, pools: &Pools) {
         let Some(b) = session.take_binding() else { return };
-        let can_close = pools
-            .get(&session.agent)
-            .and_then(|p| p.cached_info())
-            .is_some_and(|i| i.can_close());
-        if can_close {
+        let Some(pool) = pools.get(&session.agent) else { return };
+        if pool.cached_info().is_some_and(|i| i.can_close()) {
             let params = serde_json::json!({ "sessionId": &*b.agent_session_id }).to_string();
-            if let Err(e) = b.process.request("session/close", &params, CLOSE_TIMEOUT).await {
+            if let Err(e) = b.process.request("session/close", &params, pool.request_timeout()).await {
                 tracing::warn!(session = %session.id, error = %e, "agent did not close the session cleanly");
             }
         }

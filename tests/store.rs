@@ -720,7 +720,10 @@ async fn persister_stores_everything_in_order(backend: Backend) {
                 .await;
         }
     }
-    persister.flush().await;
+    persister
+        .flush_within(std::time::Duration::from_secs(60))
+        .await
+        .expect("the writer flushes");
     for told in &told {
         let told = told.0.lock().expect("lock").clone();
         assert_eq!(

@@ -24,13 +24,15 @@ async fn healthz() -> Json<serde_json::Value> {
     Json(json!({ "status": "ok" }))
 }
 
-/// Ready when the database answers, the default agent can be started, and we are not draining.
+/// Ready when the database answers, the transcript writer's writes succeed (on SQLite a full disk
+/// still answers `SELECT 1`), the default agent can be started, and we are not draining.
 async fn readyz(State(gw): State<Arc<Gateway>>) -> impl IntoResponse {
     let database = match tokio::time::timeout(Duration::from_secs(3), gw.sessions.store().ping()).await {
         Ok(Ok(())) => Ok(()),
         Ok(Err(e)) => Err(e.to_string()),
         Err(_) => Err(String::from("timed out")),
     };
+    let writer = gw.sessions.writer_health();
     let agent = match gw.pools.get(DEFAULT_AGENT) {
         Some(pool) => match tokio::time::timeout(Duration::from_secs(30), pool.info()).await {
             Ok(Ok(_)) => Ok(()),
@@ -40,7 +42,7 @@ async fn readyz(State(gw): State<Arc<Gateway>>) -> impl IntoResponse {
         None => Err(String::from("no default agent configured")),
     };
     let draining = gw.is_draining();
-    let ready = database.is_ok() && agent.is_ok() && !draining;
+    let ready = database.is_ok() && writer.is_ok() && agent.is_ok() && !draining;
     let check = |r: &Result<(), String>| match r {
         Ok(()) => json!("ok"),
         Err(e) => json!(format!("error: {e}")),
@@ -54,7 +56,12 @@ async fn readyz(State(gw): State<Arc<Gateway>>) -> impl IntoResponse {
         .collect();
     let body = json!({
         "status": if ready { "ready" } else { "unavailable" },
-        "checks": { "database": check(&database), "defaultAgent": check(&agent), "draining": draining },
+        "checks": {
+            "database": check(&database),
+            "transcriptWriter": check(&writer),
+            "defaultAgent": check(&agent),
+            "draining": draining,
+        },
         "warnings": unsandboxed,
     });
     (

@@ -82,7 +82,7 @@ pub async fn list(sessions: &Sessions, user: &str, p: ListParams) -> Result<Valu
         id: &a.id,
     });
     // Titles and message counts of what was just prompted are in the rows we read.
-    sessions.persister.flush().await;
+    sessions.persister.flush().await?;
     let mut rows = sessions.store.list_sessions(user, &filter, position, limit + 1).await?;
     let more = rows.len() > limit as usize;
     rows.truncate(limit as usize);

@@ -5,8 +5,12 @@
 //! - A session leaves memory only with nothing unstored, so a session loaded from the store
 //!   carries the `last_seq` it left with, and numbers continue above every seq ever sent.
 //! - Deleting closes the session on its agent first, then removes it and its transcript.
+//! - A request that needs the database answers within [`REQUEST_DEADLINE`]: each store call is
+//!   bounded ([`crate::store::Bounded`]), and so is the whole of a method that waits for the
+//!   transcript writer first; a database that does not answer in time gets `-32603`.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use serde_json::Value;
 
@@ -16,7 +20,21 @@ use crate::pool::Pools;
 use crate::protocol::RpcError;
 use crate::store::cursor::CursorCodec;
 use crate::store::persister::Persister;
-use crate::store::{NewSession, SessionRecord, Store};
+use crate::store::{Bounded, NewSession, SessionRecord, Store, StoreError};
+
+/// Longest a request waits for the database as a whole (the contract says 5 s).
+pub const REQUEST_DEADLINE: Duration = Duration::from_millis(4500);
+/// Longest one store call on a request's path may take.
+const STORE_CALL_TIMEOUT: Duration = Duration::from_secs(4);
+
+/// Runs `f`, answering [`StoreError::Timeout`] (`-32603`) if it takes longer than
+/// [`REQUEST_DEADLINE`].
+async fn within<T>(f: impl std::future::Future<Output = Result<T, RpcError>>) -> Result<T, RpcError> {
+    match tokio::time::timeout(REQUEST_DEADLINE, f).await {
+        Ok(r) => r,
+        Err(_) => Err(StoreError::Timeout(REQUEST_DEADLINE).into()),
+    }
+}
 
 /// Sessions: stored, being written, and in memory.
 #[derive(Debug)]
@@ -34,10 +52,10 @@ pub struct Sessions {
 }
 
 impl Sessions {
-    /// The service over `store`, its writer and cursor key.
+    /// The service over `store` (each call bounded), its writer and cursor key.
     pub(crate) fn new(store: Arc<dyn Store>, options: SessionOptions, cursors: CursorCodec) -> Self {
         Self {
-            store,
+            store: Arc::new(Bounded::new(store, STORE_CALL_TIMEOUT)),
             persister: options.persister.clone(),
             registry: Registry::default(),
             cursors,
@@ -45,14 +63,21 @@ impl Sessions {
         }
     }
 
-    /// The store (for `/readyz`, tests and benchmarks).
+    /// The store, each call but transcript writes bounded in time (for `/readyz`, replays,
+    /// tests and benchmarks).
     pub fn store(&self) -> &Arc<dyn Store> {
         &self.store
     }
 
-    /// Waits until everything queued for the transcript is written.
+    /// How the transcript writer is doing (for `/readyz`): `Err` says what is wrong.
+    pub fn writer_health(&self) -> Result<(), String> {
+        self.persister.health()
+    }
+
+    /// Waits until everything queued for the transcript is written, however long that takes
+    /// (shutdown bounds it by its grace period; requests use the bounded flush).
     pub async fn flush(&self) {
-        self.persister.flush().await;
+        let _ = self.persister.flush_within(Duration::from_secs(u32::MAX.into())).await;
     }
 
     /// Sessions in memory (for metrics).
@@ -118,7 +143,11 @@ impl Sessions {
         let Some(pool) = pools.get(&session.agent) else { return };
         if pool.cached_info().is_some_and(|i| i.can_close()) {
             let params = serde_json::json!({ "sessionId": &*b.agent_session_id }).to_string();
-            if let Err(e) = b.process.request("session/close", &params, pool.request_timeout()).await {
+            if let Err(e) = b
+                .process
+                .request("session/close", &params, pool.request_timeout())
+                .await
+            {
                 tracing::warn!(session = %session.id, error = %e, "agent did not close the session cleanly");
             }
         }
@@ -132,8 +161,12 @@ impl Sessions {
             self.registry.remove(id);
         }
         // Nothing of it may still be on its way to the store once it is gone.
-        self.persister.flush().await;
-        if self.store.delete_session(user, id).await? {
+        let deleted = within(async {
+            self.persister.flush().await?;
+            Ok(self.store.delete_session(user, id).await?)
+        })
+        .await?;
+        if deleted {
             tracing::info!(user, session = id, "session deleted");
             Ok(())
         } else {
@@ -143,11 +176,11 @@ impl Sessions {
 
     /// `session/list` for `user`, `params` raw JSON.
     pub async fn list_raw(&self, user: &str, params: &str) -> Result<Value, RpcError> {
-        list::list_sessions(self, user, params).await
+        within(list::list_sessions(self, user, params)).await
     }
 
     /// `session/list` for `user` (`GET /api/sessions`).
     pub async fn list(&self, user: &str, params: ListParams) -> Result<Value, RpcError> {
-        list::list(self, user, params).await
+        within(list::list(self, user, params)).await
     }
 }

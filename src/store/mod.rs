@@ -18,6 +18,10 @@ use async_trait::async_trait;
 
 pub use sql::list_query;
 
+/// Longest wait for a pooled connection: a database that does not answer fails a request well
+/// within the contract's 5 s, and pools open new connections once it is back.
+pub const ACQUIRE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(3);
+
 /// A store failure. Callers log the detail and answer clients with a generic error.
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
@@ -30,6 +34,107 @@ pub enum StoreError {
     /// The URL names no supported database.
     #[error("unsupported DATABASE_URL {0:?}: expected sqlite://PATH or postgres://...")]
     UnsupportedUrl(String),
+    /// The database did not answer in time (unreachable, stopped, or the writer is stuck).
+    #[error("database did not answer within {0:?}")]
+    Timeout(std::time::Duration),
+}
+
+impl StoreError {
+    /// Whether trying the same thing again later may succeed: the database is unreachable, busy,
+    /// out of room, restarting, or refusing writes by its own rule for now. Everything else (a
+    /// constraint this data breaks, an encoding error) fails the same way every time.
+    pub fn is_transient(&self) -> bool {
+        match self {
+            StoreError::Timeout(_) => true,
+            StoreError::Db(e) => db_error_is_transient(e),
+            StoreError::Migrate(_) | StoreError::UnsupportedUrl(_) => false,
+        }
+    }
+}
+
+fn db_error_is_transient(e: &sqlx::Error) -> bool {
+    use sqlx::Error as E;
+    match e {
+        E::Io(_) | E::Tls(_) | E::Protocol(_) | E::PoolTimedOut | E::PoolClosed | E::WorkerCrashed => true,
+        E::Database(db) => {
+            let code = db.code().unwrap_or_default();
+            if let Ok(sqlite) = code.parse::<i32>() {
+                // SQLite (numeric extended result codes): BUSY, LOCKED, NOMEM, READONLY,
+                // INTERRUPT, IOERR, FULL, CANTOPEN, PROTOCOL; and a RAISE() in a trigger
+                // (SQLITE_CONSTRAINT_TRIGGER): a rule of the database's operator, not this row's.
+                matches!(sqlite & 0xff, 5..=10 | 13..=15) || sqlite == 1811
+            } else {
+                // Postgres SQLSTATE classes: 08 connection, 40 serialization/deadlock, 53
+                // insufficient resources (disk full), 55 lock not available, 57 operator
+                // intervention (shutdown, starting up), 58 system I/O; P0001 is RAISE in a function.
+                ["08", "40", "53", "55", "57", "58"].iter().any(|c| code.starts_with(c)) || code == "P0001"
+            }
+        }
+        _ => false,
+    }
+}
+
+/// A [`Store`] whose calls on a request's path answer within `limit`: a database that does not
+/// answer gets [`StoreError::Timeout`], so clients hear `-32603` instead of waiting. Transcript
+/// writes are not bounded here: a write given up on might still commit, and the writer retries.
+#[derive(Debug)]
+pub struct Bounded {
+    inner: Arc<dyn Store>,
+    limit: std::time::Duration,
+}
+
+impl Bounded {
+    /// `inner`, each read and session change bounded by `limit`.
+    pub fn new(inner: Arc<dyn Store>, limit: std::time::Duration) -> Self {
+        Self { inner, limit }
+    }
+
+    async fn within<T>(&self, f: impl std::future::Future<Output = Result<T, StoreError>>) -> Result<T, StoreError> {
+        tokio::time::timeout(self.limit, f)
+            .await
+            .unwrap_or(Err(StoreError::Timeout(self.limit)))
+    }
+}
+
+#[async_trait]
+impl Store for Bounded {
+    async fn ping(&self) -> Result<(), StoreError> {
+        self.within(self.inner.ping()).await
+    }
+    async fn create_session(&self, s: &NewSession<'_>) -> Result<(), StoreError> {
+        self.within(self.inner.create_session(s)).await
+    }
+    async fn get_session(&self, owner: &str, id: &str) -> Result<Option<SessionRecord>, StoreError> {
+        self.within(self.inner.get_session(owner, id)).await
+    }
+    async fn list_sessions(
+        &self,
+        owner: &str,
+        filter: &ListFilter,
+        after: Option<Position<'_>>,
+        limit: u32,
+    ) -> Result<Vec<SessionRecord>, StoreError> {
+        self.within(self.inner.list_sessions(owner, filter, after, limit)).await
+    }
+    async fn delete_session(&self, owner: &str, id: &str) -> Result<bool, StoreError> {
+        self.within(self.inner.delete_session(owner, id)).await
+    }
+    async fn write_batch(&self, writes: &[SessionWrite]) -> Result<(), StoreError> {
+        self.inner.write_batch(writes).await
+    }
+    async fn read_events(
+        &self,
+        owner: &str,
+        id: &str,
+        after_seq: i64,
+        max_chunks: u32,
+    ) -> Result<Vec<EventChunk>, StoreError> {
+        self.within(self.inner.read_events(owner, id, after_seq, max_chunks))
+            .await
+    }
+    async fn cursor_key(&self) -> Result<Vec<u8>, StoreError> {
+        self.within(self.inner.cursor_key()).await
+    }
 }
 
 /// What a client sees when the store fails: a generic internal error. The detail is logged here,
@@ -216,6 +321,15 @@ mod tests {
         assert_eq!(e.code, crate::protocol::codes::INTERNAL_ERROR);
         assert_eq!(e.message, "session store unavailable");
         assert_eq!(e.data, None);
+    }
+
+    #[test]
+    fn transient_and_permanent_errors() {
+        assert!(StoreError::Db(sqlx::Error::PoolTimedOut).is_transient());
+        assert!(StoreError::Db(sqlx::Error::Io(std::io::ErrorKind::ConnectionRefused.into())).is_transient());
+        assert!(StoreError::Timeout(std::time::Duration::from_secs(1)).is_transient());
+        assert!(!StoreError::Db(sqlx::Error::Encode("bad".into())).is_transient());
+        assert!(!StoreError::Db(sqlx::Error::ColumnNotFound("x".into())).is_transient());
     }
 
     #[test]

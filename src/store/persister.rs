@@ -9,15 +9,25 @@
 //! bounded, so a slow or unreachable database slows the agents' streams down instead of growing
 //! memory. Failed writes are retried with backoff until they succeed (a database restart loses
 //! nothing) or shutdown gives up on them (nobody saw those updates).
+//!
+//! A write that fails for good (an error that is not [transient](StoreError::is_transient), a few
+//! times in a row) does not wedge the writer: a batch of several sessions is split and each
+//! session written on its own, and only a session whose own write keeps failing is dropped, loudly
+//! (an error log naming it, `acp_gateway_transcript_writes_dropped_total`). Its updates, and every
+//! later one of that session, are never released to clients: nothing is shown that is not stored.
+//!
+//! The writer reports how it is doing ([`Persister::health`]) for `/readyz`: failing since when,
+//! and with what, or waiting on the database for too long.
 
-use std::collections::HashMap;
-use std::sync::Arc;
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
-use super::{EventChunk, SessionWrite, Store};
+use super::{EventChunk, SessionWrite, Store, StoreError, now_micros};
 
 /// Most items written in one transaction.
 const MAX_BATCH_ITEMS: usize = 8192;
@@ -25,6 +35,43 @@ const MAX_BATCH_ITEMS: usize = 8192;
 const MAX_PENDING_METADATA: usize = 1024;
 /// Most payload bytes written in one transaction.
 const MAX_BATCH_BYTES: usize = 8 << 20;
+/// How long [`Persister::flush`] waits: a request that needs the transcript written answers
+/// within the contract's 5 s even when the database does not.
+pub const FLUSH_TIMEOUT: Duration = Duration::from_secs(4);
+/// Attempts at a write failing with a permanent error before it is given up on.
+const PERMANENT_ATTEMPTS: u32 = 3;
+/// A write waiting on the database longer than this makes the writer unhealthy.
+const STALLED_AFTER: Duration = Duration::from_secs(5);
+/// Longest pause between attempts at a failing write.
+const MAX_BACKOFF: Duration = Duration::from_secs(2);
+
+/// How the writer is doing (for `/readyz`), updated by the writer at every attempt.
+#[derive(Debug, Default)]
+struct Health {
+    /// When the current run of failed attempts began (epoch µs); 0 while writes succeed.
+    failing_since: AtomicI64,
+    /// When the attempt under way began (epoch µs); 0 when none is.
+    writing_since: AtomicI64,
+    /// The last failed attempt's error.
+    last_error: Mutex<String>,
+    /// Session writes given up on for good since start.
+    dropped: AtomicU64,
+}
+
+impl Health {
+    fn succeeded(&self) {
+        self.failing_since.store(0, Ordering::Release);
+    }
+
+    fn failed(&self, e: &StoreError) {
+        if let Ok(mut last) = self.last_error.lock() {
+            *last = e.to_string();
+        }
+        let _ = self
+            .failing_since
+            .compare_exchange(0, now_micros(), Ordering::AcqRel, Ordering::Acquire);
+    }
+}
 
 /// Told how far a session's updates are stored, right after each commit that holds some.
 pub trait Committed: Send + Sync {
@@ -81,6 +128,8 @@ impl std::fmt::Debug for Item {
 pub struct Persister {
     /// The bounded queue.
     tx: mpsc::Sender<Item>,
+    /// How the writer is doing.
+    health: Arc<Health>,
 }
 
 impl Persister {
@@ -93,8 +142,32 @@ impl Persister {
         cancel: CancellationToken,
     ) -> (Self, tokio::task::JoinHandle<()>) {
         let (tx, rx) = mpsc::channel(capacity);
-        let task = tokio::spawn(run(store, rx, cancel));
-        (Self { tx }, task)
+        let health = Arc::new(Health::default());
+        let task = tokio::spawn(run(store, rx, cancel, health.clone()));
+        (Self { tx, health }, task)
+    }
+
+    /// `Ok` while the writer's writes succeed; otherwise what is wrong: its writes have failed
+    /// since some time (with the last error), or one has waited on the database too long.
+    pub fn health(&self) -> Result<(), String> {
+        let now = now_micros();
+        let failing_since = self.health.failing_since.load(Ordering::Acquire);
+        if failing_since != 0 {
+            let error = self.health.last_error.lock().map(|e| e.clone()).unwrap_or_default();
+            let secs = (now - failing_since).max(0) as f64 / 1e6;
+            return Err(format!("transcript writes failing for {secs:.1} s: {error}"));
+        }
+        let writing_since = self.health.writing_since.load(Ordering::Acquire);
+        if writing_since != 0 && now - writing_since > STALLED_AFTER.as_micros() as i64 {
+            let secs = (now - writing_since) as f64 / 1e6;
+            return Err(format!("a transcript write has waited {secs:.1} s for the database"));
+        }
+        Ok(())
+    }
+
+    /// Session writes given up on for good since start.
+    pub fn dropped_writes(&self) -> u64 {
+        self.health.dropped.load(Ordering::Relaxed)
     }
 
     /// Queues an item, waiting while the queue is full.
@@ -104,18 +177,37 @@ impl Persister {
         }
     }
 
-    /// Waits until everything queued so far is in the database.
-    pub async fn flush(&self) {
+    /// Waits until everything queued so far is in the database, at most [`FLUSH_TIMEOUT`]
+    /// (then [`StoreError::Timeout`]: the database is unreachable or the writer failing).
+    pub async fn flush(&self) -> Result<(), StoreError> {
+        self.flush_within(FLUSH_TIMEOUT).await
+    }
+
+    /// [`Self::flush`], waiting at most `limit`.
+    pub async fn flush_within(&self, limit: Duration) -> Result<(), StoreError> {
         let (ack, done) = oneshot::channel();
-        self.send(Item::Flush(ack)).await;
-        let _ = done.await;
+        let flushed = async {
+            self.send(Item::Flush(ack)).await;
+            let _ = done.await;
+        };
+        tokio::time::timeout(limit, flushed)
+            .await
+            .map_err(|_| StoreError::Timeout(limit))
     }
 }
 
-async fn run(store: Arc<dyn Store>, mut rx: mpsc::Receiver<Item>, cancel: CancellationToken) {
+async fn run(store: Arc<dyn Store>, mut rx: mpsc::Receiver<Item>, cancel: CancellationToken, health: Arc<Health>) {
     let mut items = Vec::with_capacity(1024);
     // Message counts and titles not yet written (see below).
     let mut pending_metadata: Vec<SessionWrite> = Vec::new();
+    // Sessions whose updates could not be stored for good: none of their updates is released
+    // any more (a later commit would release the lost ones with it).
+    let mut lost: HashSet<Arc<str>> = HashSet::new();
+    let w = Writer {
+        store: &*store,
+        cancel: &cancel,
+        health: &health,
+    };
     loop {
         // Once cancelled, write what is still queued and stop (handles may outlive the gateway).
         let received = tokio::select! {
@@ -155,19 +247,33 @@ async fn run(store: Arc<dyn Store>, mut rx: mpsc::Receiver<Item>, cancel: Cancel
         // until the queue is idle (or someone waits for a flush): nobody waits for those.
         let mut chunks: Vec<SessionWrite> = Vec::with_capacity(writes.len());
         for (updates, metadata) in writes.into_iter().map(split) {
-            chunks.extend(updates);
+            match updates {
+                Some(u) if lost.contains(&u.session_id) => {
+                    let n = u.chunk.as_ref().map_or(0, |c| c.seq_to - c.seq_from + 1);
+                    metrics::counter!("acp_gateway_transcript_updates_dropped_total").increment(n as u64);
+                    tracing::error!(session = %u.session_id, updates = n, "session's transcript cannot be stored; update dropped, never shown");
+                }
+                u => chunks.extend(u),
+            }
             pending_metadata.extend(metadata);
         }
-        let stored = chunks.is_empty() || write(&*store, &chunks, updates, &cancel).await;
-        if stored {
-            for (notify, seq) in stored_up_to {
-                notify.committed(seq);
+        let stored = if chunks.is_empty() {
+            Some(HashSet::new())
+        } else {
+            w.write(&chunks, updates).await
+        };
+        if let Some(dropped) = stored {
+            lost.extend(dropped);
+            for (session, notify, seq) in stored_up_to {
+                if !lost.contains(&session) {
+                    notify.committed(seq);
+                }
             }
         }
         let due = rx.is_empty() || !acks.is_empty() || cancel.is_cancelled();
         if !pending_metadata.is_empty() && (due || pending_metadata.len() >= MAX_PENDING_METADATA) {
             let metadata = merge_metadata(std::mem::take(&mut pending_metadata));
-            write(&*store, &metadata, 0, &cancel).await;
+            w.write(&metadata, 0).await;
         }
         for ack in acks {
             let _ = ack.send(());
@@ -175,33 +281,120 @@ async fn run(store: Arc<dyn Store>, mut rx: mpsc::Receiver<Item>, cancel: Cancel
     }
 }
 
-/// Writes `writes` in one go, retrying with backoff until it succeeds or shutdown gives up on
-/// it; `false` when it was given up (nobody saw those updates: they are released only once
-/// stored).
-async fn write(store: &dyn Store, writes: &[SessionWrite], updates: u64, cancel: &CancellationToken) -> bool {
-    let started = std::time::Instant::now();
-    let mut backoff = Duration::from_millis(50);
-    loop {
-        match store.write_batch(writes).await {
-            Ok(()) => break,
-            Err(e) if cancel.is_cancelled() => {
-                tracing::error!(error = %e, updates, "shutting down with the database unreachable: not stored");
-                return false;
-            }
-            Err(e) => {
-                metrics::counter!("acp_gateway_transcript_write_errors_total").increment(1);
-                tracing::warn!(error = %e, retry_in_ms = backoff.as_millis() as u64, "transcript write failed; retrying");
-                tokio::select! {
-                    () = tokio::time::sleep(backoff) => {}
-                    () = cancel.cancelled() => {}
+/// What an attempt at a write came to.
+enum Attempt {
+    Stored,
+    /// Shutdown gave up on it (the database was unreachable).
+    GaveUp,
+    /// It failed with a permanent error [`PERMANENT_ATTEMPTS`] times.
+    Failed(StoreError),
+}
+
+/// The writer's store, shutdown signal and health.
+struct Writer<'a> {
+    store: &'a dyn Store,
+    cancel: &'a CancellationToken,
+    health: &'a Health,
+}
+
+impl Writer<'_> {
+    /// Writes `writes`, retrying until it succeeds or shutdown gives up on it (`None`: nobody saw
+    /// those updates, they are released only once stored). A batch failing for good is written
+    /// session by session; the sessions whose own writes still fail for good are returned
+    /// (dropped, logged): everything else is stored.
+    async fn write(&self, writes: &[SessionWrite], updates: u64) -> Option<HashSet<Arc<str>>> {
+        let started = std::time::Instant::now();
+        let mut dropped = HashSet::new();
+        match self.attempt(writes, updates).await {
+            Attempt::Stored => {}
+            Attempt::GaveUp => return None,
+            Attempt::Failed(e) => {
+                let mut sessions: Vec<&Arc<str>> = Vec::new();
+                for w in writes {
+                    if !sessions.contains(&&w.session_id) {
+                        sessions.push(&w.session_id);
+                    }
                 }
-                backoff = (backoff * 2).min(Duration::from_secs(5));
+                if sessions.len() > 1 {
+                    tracing::warn!(error = %e, sessions = sessions.len(), "transcript batch failed for good; writing each session on its own");
+                }
+                for session in sessions {
+                    let own: Vec<SessionWrite>;
+                    let (own, error) = if writes.iter().all(|w| w.session_id == *session) {
+                        (writes, Some(&e))
+                    } else {
+                        own = writes.iter().filter(|w| w.session_id == *session).cloned().collect();
+                        (&own[..], None)
+                    };
+                    let n = own
+                        .iter()
+                        .filter_map(|w| w.chunk.as_ref())
+                        .map(|c| (c.seq_to - c.seq_from + 1) as u64)
+                        .sum::<u64>();
+                    let failed = match error {
+                        Some(e) => e.to_string(),
+                        None => match self.attempt(own, n).await {
+                            Attempt::Stored => continue,
+                            Attempt::GaveUp => return None,
+                            Attempt::Failed(e) => e.to_string(),
+                        },
+                    };
+                    self.health.dropped.fetch_add(1, Ordering::Relaxed);
+                    metrics::counter!("acp_gateway_transcript_writes_dropped_total").increment(1);
+                    metrics::counter!("acp_gateway_transcript_updates_dropped_total").increment(n);
+                    tracing::error!(
+                        session = %session,
+                        error = %failed,
+                        updates = n,
+                        "transcript write failed for good: dropped; this session's updates are never shown"
+                    );
+                    dropped.insert(session.clone());
+                }
+                // The writer moves on: it is not failing for what was dropped.
+                self.health.succeeded();
             }
         }
+        metrics::histogram!("acp_gateway_transcript_write_seconds").record(started.elapsed().as_secs_f64());
+        Some(dropped)
     }
-    metrics::histogram!("acp_gateway_transcript_write_seconds").record(started.elapsed().as_secs_f64());
-    metrics::counter!("acp_gateway_transcript_updates_stored_total").increment(updates);
-    true
+
+    /// Writes `writes` in one go, retrying transient errors with backoff until it succeeds or
+    /// shutdown gives up on it, and permanent ones a few times.
+    async fn attempt(&self, writes: &[SessionWrite], updates: u64) -> Attempt {
+        let mut backoff = Duration::from_millis(50);
+        let mut permanent = 0;
+        loop {
+            self.health.writing_since.store(now_micros(), Ordering::Release);
+            let result = self.store.write_batch(writes).await;
+            self.health.writing_since.store(0, Ordering::Release);
+            let e = match result {
+                Ok(()) => {
+                    self.health.succeeded();
+                    metrics::counter!("acp_gateway_transcript_updates_stored_total").increment(updates);
+                    return Attempt::Stored;
+                }
+                Err(e) => e,
+            };
+            self.health.failed(&e);
+            metrics::counter!("acp_gateway_transcript_write_errors_total").increment(1);
+            if self.cancel.is_cancelled() {
+                tracing::error!(error = %e, updates, "shutting down with the database unreachable: not stored");
+                return Attempt::GaveUp;
+            }
+            if !e.is_transient() {
+                permanent += 1;
+                if permanent >= PERMANENT_ATTEMPTS {
+                    return Attempt::Failed(e);
+                }
+            }
+            tracing::warn!(error = %e, transient = e.is_transient(), retry_in_ms = backoff.as_millis() as u64, "transcript write failed; retrying");
+            tokio::select! {
+                () = tokio::time::sleep(backoff) => {}
+                () = self.cancel.cancelled() => {}
+            }
+            backoff = (backoff * 2).min(MAX_BACKOFF);
+        }
+    }
 }
 
 /// A session's write as its updates (if any) and its message count and titles (if any).
@@ -262,7 +455,7 @@ struct Batch {
     /// Updates in it.
     updates: u64,
     /// Each session's highest seq in it, and whom to tell once it is committed.
-    stored_up_to: Vec<(Arc<dyn Committed>, u64)>,
+    stored_up_to: Vec<(Arc<str>, Arc<dyn Committed>, u64)>,
 }
 
 /// Groups a batch into one write per session (one chunk per run of consecutive updates).
@@ -271,7 +464,7 @@ fn coalesce(items: impl Iterator<Item = Item>) -> Batch {
     let mut current: HashMap<Arc<str>, usize> = HashMap::new();
     let mut acks = Vec::new();
     let mut updates = 0;
-    let mut stored_up_to: Vec<(Arc<dyn Committed>, u64)> = Vec::new();
+    let mut stored_up_to: Vec<(Arc<str>, Arc<dyn Committed>, u64)> = Vec::new();
     let mut notify_slot: HashMap<Arc<str>, usize> = HashMap::new();
     fn slot(writes: &mut Vec<SessionWrite>, current: &mut HashMap<Arc<str>, usize>, session: &Arc<str>) -> usize {
         *current.entry(session.clone()).or_insert_with(|| {
@@ -293,10 +486,10 @@ fn coalesce(items: impl Iterator<Item = Item>) -> Batch {
             } => {
                 updates += 1;
                 match notify_slot.get(&session) {
-                    Some(&i) => stored_up_to[i].1 = stored_up_to[i].1.max(seq),
+                    Some(&i) => stored_up_to[i].2 = stored_up_to[i].2.max(seq),
                     None => {
                         notify_slot.insert(session.clone(), stored_up_to.len());
-                        stored_up_to.push((notify, seq));
+                        stored_up_to.push((session.clone(), notify, seq));
                     }
                 }
                 let mut i = slot(&mut writes, &mut current, &session);
@@ -393,7 +586,7 @@ mod tests {
         assert_eq!(n, 4);
         assert!(acks.is_empty());
         assert_eq!(
-            stored_up_to.iter().map(|(_, seq)| *seq).collect::<Vec<_>>(),
+            stored_up_to.iter().map(|(_, _, seq)| *seq).collect::<Vec<_>>(),
             vec![3, 5],
             "each session is told its highest stored seq"
         );
@@ -412,6 +605,162 @@ mod tests {
             (1, Some("t"), 3)
         );
         assert_eq!(writes[1].chunk.as_ref().map(|c| (c.seq_from, c.seq_to)), Some((5, 5)));
+    }
+
+    /// Succeeds, except: every write holding session `bad` fails permanently, and while `down`
+    /// is set every write fails transiently.
+    #[derive(Debug)]
+    struct Flaky {
+        down: std::sync::atomic::AtomicBool,
+        /// A write holding session `first` waits for a permit here, after telling `entered`.
+        gate: tokio::sync::Semaphore,
+        entered: tokio::sync::Notify,
+        stored: Mutex<Vec<(String, i64)>>,
+    }
+
+    impl Default for Flaky {
+        fn default() -> Self {
+            Self {
+                down: Default::default(),
+                gate: tokio::sync::Semaphore::new(0),
+                entered: Default::default(),
+                stored: Default::default(),
+            }
+        }
+    }
+
+    #[async_trait::async_trait]
+    impl Store for Flaky {
+        async fn ping(&self) -> Result<(), StoreError> {
+            Ok(())
+        }
+        async fn create_session(&self, _: &crate::store::NewSession<'_>) -> Result<(), StoreError> {
+            unimplemented!()
+        }
+        async fn get_session(&self, _: &str, _: &str) -> Result<Option<crate::store::SessionRecord>, StoreError> {
+            unimplemented!()
+        }
+        async fn list_sessions(
+            &self,
+            _: &str,
+            _: &crate::store::ListFilter,
+            _: Option<crate::store::Position<'_>>,
+            _: u32,
+        ) -> Result<Vec<crate::store::SessionRecord>, StoreError> {
+            unimplemented!()
+        }
+        async fn delete_session(&self, _: &str, _: &str) -> Result<bool, StoreError> {
+            unimplemented!()
+        }
+        async fn write_batch(&self, writes: &[SessionWrite]) -> Result<(), StoreError> {
+            if writes.iter().any(|w| &*w.session_id == "first") {
+                self.entered.notify_one();
+                let _ = self.gate.acquire().await.expect("gate").forget();
+            }
+            if self.down.load(Ordering::SeqCst) {
+                return Err(StoreError::Db(sqlx::Error::PoolTimedOut));
+            }
+            if writes.iter().any(|w| &*w.session_id == "bad") {
+                return Err(StoreError::Db(sqlx::Error::Encode("cannot encode".into())));
+            }
+            let mut stored = self.stored.lock().expect("lock");
+            for w in writes {
+                if let Some(c) = &w.chunk {
+                    stored.push((w.session_id.to_string(), c.seq_to));
+                }
+            }
+            Ok(())
+        }
+        async fn read_events(&self, _: &str, _: &str, _: i64, _: u32) -> Result<Vec<EventChunk>, StoreError> {
+            unimplemented!()
+        }
+        async fn cursor_key(&self) -> Result<Vec<u8>, StoreError> {
+            unimplemented!()
+        }
+    }
+
+    #[derive(Default)]
+    struct Told(Mutex<u64>);
+    impl Committed for Told {
+        fn committed(&self, seq: u64) {
+            *self.0.lock().expect("lock") = seq;
+        }
+    }
+
+    fn told_upd(s: &str, told: &Arc<Told>, seq: u64) -> Item {
+        Item::Update {
+            session: Arc::from(s),
+            notify: told.clone(),
+            seq,
+            update: "{}".into(),
+            at: 0,
+        }
+    }
+
+    #[tokio::test]
+    async fn a_session_failing_for_good_is_dropped_and_the_others_go_on() {
+        let store = Arc::new(Flaky::default());
+        let (p, _task) = Persister::spawn(store.clone(), 64, CancellationToken::new());
+        let (first, good, bad) = (
+            Arc::new(Told::default()),
+            Arc::new(Told::default()),
+            Arc::new(Told::default()),
+        );
+        // The writer is held on a first write until both are queued, so they share a batch.
+        p.send(told_upd("first", &first, 1)).await;
+        store.entered.notified().await;
+        p.send(told_upd("good", &good, 1)).await;
+        p.send(told_upd("bad", &bad, 1)).await;
+        store.gate.add_permits(1);
+        p.flush_within(Duration::from_secs(20)).await.expect("flushed");
+        assert_eq!(
+            *good.0.lock().expect("lock"),
+            1,
+            "the healthy session is stored and released"
+        );
+        assert_eq!(*bad.0.lock().expect("lock"), 0, "the failing one is never released");
+        assert_eq!(p.dropped_writes(), 1);
+        assert_eq!(p.health(), Ok(()), "the writer is not stuck on it");
+        // Later updates of the dropped session are never released either; others still are.
+        p.send(told_upd("bad", &bad, 2)).await;
+        p.send(told_upd("good", &good, 2)).await;
+        p.flush_within(Duration::from_secs(20)).await.expect("flushed");
+        assert_eq!(*bad.0.lock().expect("lock"), 0);
+        assert_eq!(*good.0.lock().expect("lock"), 2);
+        assert_eq!(
+            *store.stored.lock().expect("lock"),
+            vec![
+                ("first".to_string(), 1),
+                ("good".to_string(), 1),
+                ("good".to_string(), 2)
+            ]
+        );
+    }
+
+    #[tokio::test]
+    async fn an_unreachable_database_makes_the_writer_unhealthy_until_it_is_back() {
+        let store = Arc::new(Flaky::default());
+        let (p, _task) = Persister::spawn(store.clone(), 64, CancellationToken::new());
+        let s = Arc::new(Told::default());
+        store.down.store(true, Ordering::SeqCst);
+        p.send(told_upd("s", &s, 1)).await;
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+        while p.health().is_ok() {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "the writer reports its failures"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let err = p.flush().await.expect_err("a flush does not wait forever");
+        assert!(matches!(err, StoreError::Timeout(_)), "{err}");
+        assert_eq!(*s.0.lock().expect("lock"), 0, "nothing released unstored");
+        store.down.store(false, Ordering::SeqCst);
+        p.flush_within(Duration::from_secs(20))
+            .await
+            .expect("flushed once it is back");
+        assert_eq!(*s.0.lock().expect("lock"), 1);
+        assert_eq!(p.health(), Ok(()));
     }
 
     #[test]

@@ -16,6 +16,9 @@ use sqlx::{Postgres, Transaction};
 use super::sql::Sql;
 use super::{EventChunk, ListFilter, NewSession, Position, SessionRecord, SessionWrite, Store, StoreError};
 
+/// Longest wait for a pooled connection (see [`super::ACQUIRE_TIMEOUT`]).
+const ACQUIRE_TIMEOUT: Duration = super::ACQUIRE_TIMEOUT;
+
 /// A Postgres-backed [`Store`].
 #[derive(Debug, Clone)]
 pub struct PgStore {
@@ -29,7 +32,9 @@ impl PgStore {
     pub async fn connect(url: &str) -> Result<Self, StoreError> {
         let pool = PgPoolOptions::new()
             .max_connections(16)
-            .acquire_timeout(Duration::from_secs(10))
+            // A database that does not answer fails a request in time (the contract's 5 s)
+            // instead of queueing it; connections are opened again once it is back.
+            .acquire_timeout(ACQUIRE_TIMEOUT)
             .connect(url)
             .await?;
         sqlx::migrate!("./migrations/postgres").run(&pool).await?;

@@ -34,6 +34,7 @@ impl SqliteStore {
             .busy_timeout(Duration::from_secs(10));
         let pool = SqlitePoolOptions::new()
             .max_connections(8)
+            .acquire_timeout(super::ACQUIRE_TIMEOUT)
             // A file on this host has no network to fail: pinging a connection before every use
             // would add a round trip to the writer thread to every commit.
             .test_before_acquire(false)

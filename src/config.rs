@@ -198,6 +198,9 @@ pub struct Limits {
     pub header_read_timeout_secs: u64,
     /// Most concurrent WebSocket connections of one user (more: `429` before the upgrade).
     pub max_connections_per_user: usize,
+    /// Sessions of one user on live agent processes at once (more: `-32029`; close one, or let
+    /// idle processes be reaped).
+    pub max_live_sessions_per_user: usize,
     /// Requests one user may make per second, across their connections (more: `-32029`).
     pub requests_per_second_per_user: u32,
     /// How many requests a user may make at once above that rate.
@@ -228,6 +231,7 @@ impl Default for Limits {
             trusted_proxies: Vec::new(),
             header_read_timeout_secs: 10,
             max_connections_per_user: 32,
+            max_live_sessions_per_user: 64,
             requests_per_second_per_user: 1000,
             request_burst_per_user: 2000,
             client_queue: 4096,

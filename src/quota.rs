@@ -16,7 +16,7 @@ pub const CAP_REACHED: i64 = -32029;
 /// A cap that was reached.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CapReached {
-    /// Which cap (`connections`, `requests_per_second`).
+    /// Which cap (`connections`, `requests_per_second`, `live_sessions`).
     pub cap: &'static str,
     /// Its limit.
     pub limit: u64,
@@ -49,6 +49,8 @@ pub struct Quotas {
     requests: DefaultKeyedRateLimiter<Arc<str>>,
     /// `limits.requests_per_second_per_user`, for messages.
     rate: u32,
+    /// `limits.max_live_sessions_per_user`.
+    max_live_sessions: usize,
 }
 
 /// One of a user's connection slots; given back when dropped.
@@ -80,6 +82,7 @@ impl Quotas {
             max_connections: limits.max_connections_per_user,
             requests: RateLimiter::keyed(Quota::per_second(rate).allow_burst(burst)),
             rate: rate.get(),
+            max_live_sessions: limits.max_live_sessions_per_user,
         })
     }
 
@@ -107,6 +110,17 @@ impl Quotas {
             cap: "requests_per_second",
             limit: u64::from(self.rate),
         })
+    }
+
+    /// Checks that `user` may put one more session on an agent process (`live` are on one now).
+    pub fn live_session(&self, live: usize) -> Result<(), CapReached> {
+        if live >= self.max_live_sessions {
+            return Err(CapReached {
+                cap: "live_sessions",
+                limit: self.max_live_sessions as u64,
+            });
+        }
+        Ok(())
     }
 
     /// Forgets rate state of users who have been quiet (keeps memory flat).

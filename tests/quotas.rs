@@ -93,3 +93,26 @@ async fn a_user_over_the_request_rate_gets_an_error_naming_it_and_others_are_ser
         tokio::time::sleep(std::time::Duration::from_millis(100)).await;
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_user_at_the_live_session_cap_is_told_which_cap_and_others_are_not() {
+    let gw = TestGateway::start(Db::Sqlite, |c| c.limits.max_live_sessions_per_user = 2).await;
+    let mut alice = gw.client("alice").await;
+    let a1 = alice.new_session().await;
+    alice.new_session().await;
+    let r = alice
+        .request("session/new", json!({"cwd": alice.root, "mcpServers": []}))
+        .await;
+    assert_eq!(r["error"]["code"], -32029, "{r}");
+    assert_eq!(
+        (r["error"]["data"]["cap"].clone(), r["error"]["data"]["limit"].clone()),
+        (json!("live_sessions"), json!(2)),
+        "{r}"
+    );
+    let mut bob = gw.client("bob").await;
+    bob.new_session().await;
+    // Closing one makes room.
+    let r = alice.request("session/close", json!({"sessionId": a1})).await;
+    assert!(r.get("result").is_some(), "{r}");
+    alice.new_session().await;
+}

@@ -49,6 +49,9 @@ struct Tracked {
     sessions: Mutex<HashSet<Arc<str>>>,
 }
 
+/// Most `additionalDirectories` a session may have (they are stored and listed).
+const MAX_ADDITIONAL_DIRECTORIES: usize = 32;
+
 /// Forwarded-request entries kept before answered ones are pruned.
 const FORWARDED_PRUNE_AT: usize = 64;
 
@@ -384,8 +387,14 @@ impl Ctx {
             .iter()
             .map(|d| utf8(d))
             .collect::<Result<_, _>>()?;
+        if asked_dirs.len() > MAX_ADDITIONAL_DIRECTORIES {
+            return Err(RpcError::invalid_params(format!(
+                "at most {MAX_ADDITIONAL_DIRECTORIES} additionalDirectories"
+            )));
+        }
         let (cwd, dirs) = self.workspace_dirs(Some(&utf8(&new.cwd)?), &asked_dirs)?;
         let cwd = cwd.unwrap_or_default();
+        self.room_for_a_live_session()?;
         let info = self.pool.info_for(&self.client.user).await?;
         let cfg = self.pool.config();
         crate::tenancy::check_mcp_servers(&new.mcp_servers, cfg, info.mcp_transports())
@@ -501,6 +510,12 @@ impl Ctx {
         Ok(Reply::Result(result.get().to_string()))
     }
 
+    /// Whether the caller may put one more session on an agent process.
+    fn room_for_a_live_session(&self) -> Result<(), RpcError> {
+        let live = self.gw.sessions.live_count(&self.client.user);
+        self.gw.quotas.live_session(live).map_err(|cap| cap.rpc())
+    }
+
     /// Attaches this connection to `session` (and remembers it, to detach when it ends).
     async fn attach(&self, session: &Arc<LiveSession>, replay: bool, after: u64) -> Result<(), RpcError> {
         self.tracked.attached(&session.id);
@@ -533,6 +548,9 @@ impl Ctx {
             return Err(RpcError::method_not_found(method));
         }
         self.attach(&session, false, 0).await?;
+        if !session.is_bound_now() {
+            self.room_for_a_live_session()?;
+        }
         let binding = session.ensure_bound(&self.gw.pools).await?;
         let rewritten = protocol::rewrite_params(params, Some(&binding.agent_session_id), Some(&cfg.forward_meta))
             .ok_or_else(|| RpcError::invalid_params("params must be an object"))?;

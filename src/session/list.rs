@@ -12,6 +12,8 @@ use crate::store::{ListFilter, Position, SessionRecord, iso8601, now_micros, par
 pub const DEFAULT_LIMIT: u32 = 50;
 /// Largest page.
 pub const MAX_LIMIT: u32 = 1000;
+/// Longest `search` string (a search scans the caller's sessions).
+pub const MAX_SEARCH_CHARS: usize = 256;
 
 /// The parameters of `session/list`: ACP v1 (`cwd`, `cursor`) and the seed RFD's filters.
 #[derive(Debug, Default, Deserialize)]
@@ -67,6 +69,15 @@ pub async fn list(sessions: &Sessions, user: &str, p: ListParams) -> Result<Valu
         updated_after: time("updatedAfter", p.updated_after.as_deref())?,
         search: p.search.filter(|s| !s.is_empty()),
     };
+    if filter
+        .search
+        .as_ref()
+        .is_some_and(|s| s.chars().count() > MAX_SEARCH_CHARS)
+    {
+        return Err(RpcError::invalid_params(format!(
+            "search is limited to {MAX_SEARCH_CHARS} characters"
+        )));
+    }
     let now = now_micros();
     let after = match p.cursor.as_deref().filter(|c| !c.is_empty()) {
         Some(c) => Some(

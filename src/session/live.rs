@@ -544,6 +544,10 @@ impl LiveSession {
         if let Err(e) = process.request(method, &params, pool.request_timeout()).await {
             process.release();
             tracing::warn!(session = %self.id, method, error = %e, "agent could not restore session");
+            // A timeout keeps the contract's wording; anything else says what failed.
+            if e.message == "agent timed out" {
+                return Err(e);
+            }
             return Err(RpcError::internal(format!(
                 "agent could not restore this session: {}",
                 e.message
@@ -637,7 +641,8 @@ fn make_title(text: &str) -> String {
 fn info_update_title(update: &str) -> Option<String> {
     let v: serde_json::Value = serde_json::from_str(update).ok()?;
     (v.get("sessionUpdate")?.as_str()? == "session_info_update").then_some(())?;
-    v.get("title")?.as_str().map(str::to_string)
+    // Stored and listed: an agent's title is held to the same length as one made from a prompt.
+    v.get("title")?.as_str().map(make_title)
 }
 
 #[cfg(test)]

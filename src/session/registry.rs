@@ -42,6 +42,16 @@ impl Registry {
             .retain(|_, s| !s.is_dormant());
     }
 
+    /// Sessions of `user` on a live agent process right now.
+    pub fn live_of(&self, user: &str) -> usize {
+        self.map
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .values()
+            .filter(|s| &*s.owner == user && s.is_bound_now())
+            .count()
+    }
+
     /// Sessions in memory.
     pub fn len(&self) -> usize {
         self.map.lock().unwrap_or_else(|e| e.into_inner()).len()

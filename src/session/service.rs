@@ -90,6 +90,11 @@ impl Sessions {
         self.registry.sweep();
     }
 
+    /// How many of `user`'s sessions are on a live agent process.
+    pub fn live_count(&self, user: &str) -> usize {
+        self.registry.live_of(user)
+    }
+
     /// `user`'s session `id` if it is in memory.
     pub fn live(&self, user: &str, id: &str) -> Option<Arc<LiveSession>> {
         self.registry.get(id).filter(|s| &*s.owner == user)

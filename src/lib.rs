@@ -30,6 +30,7 @@ pub(crate) mod bridge;
 pub mod cli;
 pub mod config;
 pub mod demo_agent;
+pub(crate) mod files;
 pub mod gateway;
 pub(crate) mod http;
 pub(crate) mod outbox;

@@ -14,15 +14,37 @@ use std::collections::BTreeMap;
 use std::ffi::OsString;
 use std::fmt::Write as _;
 use std::io;
-use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+
 use std::path::{Component, Path, PathBuf};
 
 use agent_client_protocol_schema::v1::McpServer;
 
 use crate::config::{AgentConfig, Config, SandboxMode};
+use crate::files::private_dir;
 
 /// The home of processes that serve several users (`share_between_users`).
 pub const SHARED_HOME: &str = "_shared";
+
+/// The sandbox every agent process gets (before its own binds): the system read-only, a private
+/// `/tmp`, `/dev` and `/proc` of its own PID and IPC namespaces, no capabilities (the gateway may
+/// run as root, and bubblewrap keeps a root caller's capabilities unless told), and death with
+/// the gateway.
+const SANDBOX: [&str; 14] = [
+    "--die-with-parent",
+    "--unshare-pid",
+    "--unshare-ipc",
+    "--cap-drop",
+    "ALL",
+    "--ro-bind",
+    "/",
+    "/",
+    "--dev",
+    "/dev",
+    "--proc",
+    "/proc",
+    "--tmpfs",
+    "/tmp",
+];
 
 /// Variables an agent inherits from the gateway's environment, when set.
 const INHERITED_ENV: [&str; 5] = ["PATH", "LANG", "LC_ALL", "TERM", "TZ"];
@@ -70,7 +92,7 @@ impl Tenancy {
     /// Resolves the data directory (created `0700`) and the templates, and probes bubblewrap.
     /// Fails when an agent requires `sandbox = "bwrap"` and bubblewrap does not work here.
     pub fn new(config: &Config) -> io::Result<Self> {
-        create_private_dir(&config.data_dir)?;
+        private_dir(&config.data_dir)?;
         let data_dir = config.data_dir.canonicalize()?;
         let data = data_dir.to_string_lossy();
         let homes = config.user_homes.replace("{data_dir}", &data);
@@ -136,7 +158,7 @@ impl Tenancy {
             Some(user) => fill(&self.homes, &checked_user(user)?),
             None => fill(&self.homes, SHARED_HOME),
         };
-        create_private_dir(&dir)?;
+        private_dir(&dir)?;
         Ok(dir)
     }
 
@@ -148,7 +170,7 @@ impl Tenancy {
         for template in &self.roots {
             let dir = fill(template, &user);
             if template.contains("{user}") {
-                create_private_dir(&dir)?;
+                private_dir(&dir)?;
             }
             match dir.canonicalize() {
                 Ok(dir) => out.push(dir),
@@ -208,7 +230,7 @@ impl Tenancy {
             PathBuf::from("/tmp")
         } else {
             let tmp = home.join(".tmp");
-            create_private_dir(&tmp)?;
+            private_dir(&tmp)?;
             tmp
         };
         let cwd = agent
@@ -259,24 +281,7 @@ impl Tenancy {
     /// own program (and any file its arguments name) is bound back read-only when it lives in a
     /// place the sandbox hides, such as `/tmp`.
     fn bwrap_args(&self, home: &Path, roots: &[PathBuf], cwd: &Path, agent: &AgentConfig) -> Vec<OsString> {
-        let mut args: Vec<OsString> = [
-            "--die-with-parent",
-            "--unshare-pid",
-            "--unshare-ipc",
-            "--cap-drop",
-            "ALL",
-            "--ro-bind",
-            "/",
-            "/",
-            "--dev",
-            "/dev",
-            "--proc",
-            "/proc",
-            "--tmpfs",
-            "/tmp",
-        ]
-        .map(OsString::from)
-        .to_vec();
+        let mut args: Vec<OsString> = SANDBOX.iter().map(OsString::from).collect();
         for dir in &self.hidden {
             args.extend(["--tmpfs".into(), dir.clone().into_os_string()]);
         }
@@ -318,7 +323,7 @@ impl Tenancy {
         let mut out = Vec::new();
         for template in &self.roots {
             let dir = user_base(template).unwrap_or_else(|| PathBuf::from(template));
-            create_private_dir(&dir)?;
+            private_dir(&dir)?;
             out.push(dir.canonicalize()?);
         }
         Ok(out)
@@ -430,17 +435,6 @@ fn user_base(template: &str) -> Option<PathBuf> {
     None
 }
 
-/// Creates `dir` (and its parents) with mode `0700` for what it creates; tightens an existing
-/// directory that others can read.
-pub fn create_private_dir(dir: &Path) -> io::Result<()> {
-    std::fs::DirBuilder::new().recursive(true).mode(0o700).create(dir)?;
-    let meta = std::fs::metadata(dir)?;
-    if meta.permissions().mode() & 0o077 != 0 {
-        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))?;
-    }
-    Ok(())
-}
-
 /// `path` with `.` and `..` folded and the longest existing prefix resolved through symlinks.
 fn resolve_existing(path: &Path) -> io::Result<PathBuf> {
     // Walk component by component, resolving symlinks as they are met, so that `link/..`
@@ -484,23 +478,8 @@ fn probe_bwrap() -> Option<PathBuf> {
         .map(|d| d.join("bwrap"))
         .find(|p| p.is_file())?;
     let ok = std::process::Command::new(&bwrap)
-        .args([
-            "--die-with-parent",
-            "--unshare-pid",
-            "--cap-drop",
-            "ALL",
-            "--ro-bind",
-            "/",
-            "/",
-            "--dev",
-            "/dev",
-            "--proc",
-            "/proc",
-            "--tmpfs",
-            "/tmp",
-            "--",
-            "true",
-        ])
+        .args(SANDBOX)
+        .args(["--", "true"])
         .env_clear()
         .env("PATH", &path)
         .stdin(std::process::Stdio::null())

@@ -270,14 +270,14 @@ fn generated_secret(data_dir: &Path) -> Result<SecretString, KeyError> {
     };
     match std::fs::read_to_string(&path) {
         Ok(s) if !s.trim().is_empty() => {
-            make_private(&path).map_err(io)?;
+            crate::files::private_file(&path).map_err(io)?;
             return Ok(SecretString::from(s.trim().to_string()));
         }
         Ok(_) => {}
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
         Err(e) => return Err(io(e)),
     }
-    create_private_dir(data_dir).map_err(io)?;
+    crate::files::private_dir(data_dir).map_err(io)?;
     let bytes: [u8; 32] = rand::random();
     let secret = base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(bytes);
     use std::io::Write;
@@ -290,33 +290,6 @@ fn generated_secret(data_dir: &Path) -> Result<SecretString, KeyError> {
         .map_err(io)?;
     file.write_all(secret.as_bytes()).map_err(io)?;
     Ok(SecretString::from(secret))
-}
-
-/// Creates `dir` and any missing parents with mode 0700 (directories that exist are left as they
-/// are: the data directory may well be an operator's own).
-fn create_private_dir(dir: &Path) -> std::io::Result<()> {
-    use std::os::unix::fs::DirBuilderExt;
-    std::fs::DirBuilder::new().recursive(true).mode(0o700).create(dir)
-}
-
-/// Makes an existing file that the group or others can access mode 0600, with a warning; a
-/// missing file is fine.
-fn make_private(path: &Path) -> std::io::Result<()> {
-    use std::os::unix::fs::PermissionsExt;
-    let mode = match std::fs::metadata(path) {
-        Ok(m) => m.permissions().mode(),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
-        Err(e) => return Err(e),
-    };
-    if mode & 0o077 != 0 {
-        tracing::warn!(
-            file = %path.display(),
-            mode = format!("{:o}", mode & 0o777),
-            "file was readable by other users; changing its mode to 0600"
-        );
-        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
-    }
-    Ok(())
 }
 
 #[cfg(test)]

@@ -49,9 +49,9 @@ impl SqliteStore {
 /// file itself 0600 before SQLite opens it (SQLite gives its `-wal` and `-shm` the same mode), and
 /// existing files that other users can read are made 0600 with a warning.
 fn private_files(db: &Path) -> std::io::Result<()> {
-    use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+    use std::os::unix::fs::OpenOptionsExt;
     if let Some(dir) = db.parent().filter(|d| !d.as_os_str().is_empty()) {
-        std::fs::DirBuilder::new().recursive(true).mode(0o700).create(dir)?;
+        crate::files::private_dir(dir)?;
     }
     match std::fs::OpenOptions::new()
         .write(true)
@@ -66,26 +66,7 @@ fn private_files(db: &Path) -> std::io::Result<()> {
     for suffix in ["", "-wal", "-shm"] {
         let mut name = db.as_os_str().to_owned();
         name.push(suffix);
-        make_private(Path::new(&name))?;
-    }
-    Ok(())
-}
-
-/// Changes a group- or world-accessible file to 0600, with a warning; a missing file is fine.
-fn make_private(path: &Path) -> std::io::Result<()> {
-    use std::os::unix::fs::PermissionsExt;
-    let mode = match std::fs::metadata(path) {
-        Ok(m) => m.permissions().mode(),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
-        Err(e) => return Err(e),
-    };
-    if mode & 0o077 != 0 {
-        tracing::warn!(
-            file = %path.display(),
-            mode = format!("{:o}", mode & 0o777),
-            "database file was readable by other users; changing its mode to 0600"
-        );
-        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
+        crate::files::private_file(Path::new(&name))?;
     }
     Ok(())
 }

@@ -4,8 +4,8 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::path::Path;
+use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
 use common::{Client, Db, TestGateway, WAIT, seq};
@@ -118,85 +118,35 @@ fn prompt_params(session: &str, text: &str) -> Value {
 /// postmaster and every backend: connections hang, as with a network partition) and thawed.
 struct OwnPostgres {
     child: Child,
-    dir: PathBuf,
+    cluster: common::pg::Cluster,
     port: u16,
-    /// The OS user it runs as, when we are root.
-    run_as: Option<(u32, u32)>,
 }
 
 impl OwnPostgres {
     async fn start() -> Self {
-        let dir = tempfile::Builder::new()
-            .prefix("dbfaults-pg-")
-            .tempdir()
-            .expect("temp dir")
-            .keep();
-        let run_as = (effective_uid() == Some(0)).then(|| os_user("postgres"));
-        if let Some((uid, gid)) = run_as {
-            std::os::unix::fs::chown(&dir, Some(uid), Some(gid)).expect("chown");
-        }
-        let bin = postgres_bin_dir();
-        let as_pg = |program: PathBuf| {
-            let mut c = Command::new(program);
-            c.current_dir(&dir).env_remove("PGDATA").env_remove("PGPORT");
-            if let Some((uid, gid)) = run_as {
-                std::os::unix::process::CommandExt::uid(&mut c, uid);
-                std::os::unix::process::CommandExt::gid(&mut c, gid);
-                c.env("HOME", &dir).env("USER", "postgres");
-            }
-            c
-        };
-        let out = as_pg(bin.join("initdb"))
-            .args([
-                "-U",
-                "postgres",
-                "-A",
-                "trust",
-                "-E",
-                "UTF8",
-                "--no-locale",
-                "--no-sync",
-                "-D",
-            ])
-            .arg(dir.join("data"))
-            .output()
-            .expect("initdb runs");
-        assert!(out.status.success(), "initdb: {}", String::from_utf8_lossy(&out.stderr));
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .expect("free port")
-            .local_addr()
-            .expect("addr")
-            .port();
-        let child = Self::spawn(&dir, port, run_as);
-        let pg = Self {
-            child,
-            dir,
-            port,
-            run_as,
-        };
+        let cluster = common::pg::Cluster::init("dbfaults-pg-");
+        let port = common::pg::free_port();
+        let child = Self::spawn(&cluster, port);
+        let pg = Self { child, cluster, port };
         let mut admin = pg.wait_up().await;
         admin.execute("CREATE DATABASE gw").await.expect("create database");
         let _ = admin.close().await;
         pg
     }
 
-    fn spawn(dir: &Path, port: u16, run_as: Option<(u32, u32)>) -> Child {
-        let mut cmd = Command::new(postgres_bin_dir().join("postgres"));
-        cmd.current_dir(dir).env_remove("PGDATA").env_remove("PGPORT");
-        if let Some((uid, gid)) = run_as {
-            std::os::unix::process::CommandExt::uid(&mut cmd, uid);
-            std::os::unix::process::CommandExt::gid(&mut cmd, gid);
-            cmd.env("HOME", dir).env("USER", "postgres");
-        }
-        cmd.arg("-D")
-            .arg(dir.join("data"))
+    fn spawn(cluster: &common::pg::Cluster, port: u16) -> Child {
+        cluster
+            .command("postgres")
+            .arg("-D")
+            .arg(cluster.data())
             .args(["-p", &port.to_string(), "-k"])
-            .arg(dir)
+            .arg(&cluster.dir)
             .args(["-c", "listen_addresses=127.0.0.1", "-c", "fsync=off"])
             .stdin(Stdio::null())
             .stdout(Stdio::null())
-            .stderr(Stdio::null());
-        cmd.spawn().expect("postgres starts")
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("postgres starts")
     }
 
     /// Waits until it accepts connections (a process coming up: no event to wait on).
@@ -221,7 +171,7 @@ impl OwnPostgres {
 
     /// Starts it again on the same port and data.
     async fn start_again(&mut self) {
-        self.child = Self::spawn(&self.dir, self.port, self.run_as);
+        self.child = Self::spawn(&self.cluster, self.port);
         let _ = self.wait_up().await.close().await;
     }
 
@@ -276,50 +226,8 @@ impl Drop for OwnPostgres {
         }
         self.signal(Signal::SIGKILL);
         let _ = self.child.wait();
-        let _ = std::fs::remove_dir_all(&self.dir);
+        let _ = std::fs::remove_dir_all(&self.cluster.dir);
     }
-}
-
-fn postgres_bin_dir() -> PathBuf {
-    let on_path = std::env::var_os("PATH")
-        .map(|p| std::env::split_paths(&p).collect::<Vec<_>>())
-        .unwrap_or_default()
-        .into_iter()
-        .find(|d| d.join("initdb").is_file() && d.join("postgres").is_file());
-    on_path
-        .or_else(|| {
-            let mut found: Vec<PathBuf> = std::fs::read_dir("/usr/lib/postgresql")
-                .into_iter()
-                .flatten()
-                .flatten()
-                .map(|e| e.path().join("bin"))
-                .filter(|b| b.join("initdb").is_file())
-                .collect();
-            found.sort();
-            found.pop()
-        })
-        .expect("PostgreSQL (initdb, postgres) is installed")
-}
-
-fn effective_uid() -> Option<u32> {
-    let status = std::fs::read_to_string("/proc/self/status").ok()?;
-    status
-        .lines()
-        .find(|l| l.starts_with("Uid:"))?
-        .split_whitespace()
-        .nth(2)?
-        .parse()
-        .ok()
-}
-
-fn os_user(name: &str) -> (u32, u32) {
-    std::fs::read_to_string("/etc/passwd")
-        .unwrap_or_default()
-        .lines()
-        .map(|l| l.split(':').collect::<Vec<_>>())
-        .find(|f| f.len() > 3 && f[0] == name)
-        .and_then(|f| Some((f[2].parse().ok()?, f[3].parse().ok()?)))
-        .expect("a postgres OS user (Postgres refuses to run as root)")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

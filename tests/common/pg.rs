@@ -218,64 +218,101 @@ fn log_of(dir: &Path) -> String {
     std::fs::read_to_string(dir.join("postgres.log")).unwrap_or_else(|e| format!("(no log: {e})"))
 }
 
-/// `initdb`s a cluster in a new temp dir and spawns `postgres` on a free port, plus its watchdog.
-fn spawn_server() -> (std::process::Child, std::process::Child, u16, PathBuf) {
-    let bin = postgres_bin_dir();
-    let run_as = if effective_uid() == Some(0) {
-        Some(os_user("postgres"))
-    } else {
-        None
-    };
-    let dir = tempfile::Builder::new()
-        .prefix("pgtest-")
-        .tempdir()
-        .expect("temp dir for postgres")
-        .keep();
-    if let Some((uid, gid)) = run_as {
-        std::os::unix::fs::chown(&dir, Some(uid), Some(gid)).expect("chown postgres temp dir");
+/// A new, `initdb`ed cluster in a temp dir, owned by the OS user Postgres runs as (`postgres`
+/// when we are root: it refuses to run as root).
+pub struct Cluster {
+    /// The cluster's directory (`data/` inside it; also its socket directory).
+    pub dir: PathBuf,
+    /// Where `initdb` and `postgres` are.
+    bin: PathBuf,
+    /// `(uid, gid)` the server runs as, when we are root.
+    run_as: Option<(u32, u32)>,
+}
+
+impl Cluster {
+    /// `initdb`s a cluster in a new temp dir whose name starts with `prefix`.
+    pub fn init(prefix: &str) -> Self {
+        let run_as = (effective_uid() == Some(0)).then(|| os_user("postgres"));
+        let dir = tempfile::Builder::new()
+            .prefix(prefix)
+            .tempdir()
+            .expect("temp dir for postgres")
+            .keep();
+        if let Some((uid, gid)) = run_as {
+            std::os::unix::fs::chown(&dir, Some(uid), Some(gid)).expect("chown postgres temp dir");
+        }
+        let cluster = Self {
+            dir,
+            bin: postgres_bin_dir(),
+            run_as,
+        };
+        let out = cluster
+            .command("initdb")
+            .args([
+                "-U",
+                "postgres",
+                "-A",
+                "trust",
+                "-E",
+                "UTF8",
+                "--no-locale",
+                "--no-sync",
+                "-D",
+            ])
+            .arg(cluster.data())
+            .output()
+            .expect("run initdb");
+        assert!(
+            out.status.success(),
+            "initdb failed ({}):\n{}{}",
+            out.status,
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        cluster
     }
-    let data = dir.join("data");
-    let as_pg = |program: PathBuf| {
-        let mut c = Command::new(program);
-        c.current_dir(&dir)
+
+    /// The data directory.
+    pub fn data(&self) -> PathBuf {
+        self.dir.join("data")
+    }
+
+    /// `program` (`initdb`, `postgres`) of this installation, run as the cluster's owner, in its
+    /// directory, with no `PG*` variables of ours.
+    pub fn command(&self, program: &str) -> Command {
+        let mut c = Command::new(self.bin.join(program));
+        c.current_dir(&self.dir)
             .env_remove("PGDATA")
             .env_remove("PGPORT")
             .env_remove("PGHOST");
-        if let Some((uid, gid)) = run_as {
+        if let Some((uid, gid)) = self.run_as {
             std::os::unix::process::CommandExt::uid(&mut c, uid);
             std::os::unix::process::CommandExt::gid(&mut c, gid);
-            c.env("HOME", &dir).env("USER", "postgres").env("LOGNAME", "postgres");
+            c.env("HOME", &self.dir)
+                .env("USER", "postgres")
+                .env("LOGNAME", "postgres");
         }
         c
-    };
-    let out = as_pg(bin.join("initdb"))
-        .args([
-            "-U",
-            "postgres",
-            "-A",
-            "trust",
-            "-E",
-            "UTF8",
-            "--no-locale",
-            "--no-sync",
-            "-D",
-        ])
-        .arg(&data)
-        .output()
-        .expect("run initdb");
-    assert!(
-        out.status.success(),
-        "initdb failed ({}):\n{}{}",
-        out.status,
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    }
+
+    /// Gives `path` to the cluster's owner (for files we create for the server).
+    pub fn chown(&self, path: &Path) {
+        if let Some((uid, gid)) = self.run_as {
+            let _ = std::os::unix::fs::chown(path, Some(uid), Some(gid));
+        }
+    }
+}
+
+/// `initdb`s a cluster in a new temp dir and spawns `postgres` on a free port, plus its watchdog.
+fn spawn_server() -> (std::process::Child, std::process::Child, u16, PathBuf) {
+    let cluster = Cluster::init("pgtest-");
+    let dir = cluster.dir.clone();
+    let data = cluster.data();
     let port = free_port();
     let log = std::fs::File::create(dir.join("postgres.log")).expect("postgres log file");
-    if let Some((uid, gid)) = run_as {
-        let _ = std::os::unix::fs::chown(dir.join("postgres.log"), Some(uid), Some(gid));
-    }
-    let child = as_pg(bin.join("postgres"))
+    cluster.chown(&dir.join("postgres.log"));
+    let child = cluster
+        .command("postgres")
         .arg("-D")
         .arg(&data)
         .arg("-p")
@@ -378,7 +415,7 @@ fn os_user(name: &str) -> (u32, u32) {
 }
 
 /// A port nobody listens on right now.
-fn free_port() -> u16 {
+pub fn free_port() -> u16 {
     let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind a free port");
     l.local_addr().expect("local addr").port()
 }

@@ -56,9 +56,15 @@ impl Application {
             .with_context(|| format!("opening database {}", redact(&config.database_url)))?;
         let cursors = CursorCodec::new(store.cursor_key().await.context("loading the cursor key")?);
         let persister_cancel = CancellationToken::new();
-        let (persister, persister_task) = Persister::spawn(store.clone(), PERSIST_QUEUE, persister_cancel.clone());
+        let (persister, persister_task) = Persister::spawn(
+            store.clone(),
+            PERSIST_QUEUE,
+            config.limits.transcript_queue_bytes,
+            persister_cancel.clone(),
+        );
         let tracker = TaskTracker::new();
-        let pools = Arc::new(Pools::new(&config, tenancy.clone(), tracker.clone()));
+        let quotas = Quotas::new(&config.limits);
+        let pools = Arc::new(Pools::new(&config, tenancy.clone(), quotas.clone(), tracker.clone()));
         let listener = TcpListener::bind(config.listen)
             .await
             .with_context(|| format!("binding {}", config.listen))?;
@@ -73,7 +79,7 @@ impl Application {
         };
         let gateway = Arc::new(Gateway {
             connection_slots: Arc::new(Semaphore::new(config.limits.max_connections)),
-            quotas: Quotas::new(&config.limits),
+            quotas,
             config,
             auth,
             login_codes: LoginCodes::default(),

@@ -201,6 +201,12 @@ pub struct Limits {
     /// Sessions of one user on live agent processes at once (more: `-32029`; close one, or let
     /// idle processes be reaped).
     pub max_live_sessions_per_user: usize,
+    /// Agent processes of one user running at once, across agents (more: `-32029`; agents shared
+    /// between users are not counted).
+    pub max_agent_processes_per_user: usize,
+    /// Transcript bytes one user may have stored; past it their prompts and new sessions get
+    /// `-32029` until they delete sessions (0: no cap). A prompt under way is stored whole.
+    pub max_stored_bytes_per_user: u64,
     /// Requests one user may make per second, across their connections (more: `-32029`).
     pub requests_per_second_per_user: u32,
     /// How many requests a user may make at once above that rate.
@@ -214,6 +220,12 @@ pub struct Limits {
     pub ping_interval_secs: u64,
     /// Requests one connection may have being handled at once.
     pub max_inflight_per_connection: usize,
+    /// Bytes queued for one agent process's input (as well as 1,024 lines); a forwarded request
+    /// that finds it full gets `-32603` at once.
+    pub agent_queue_bytes: usize,
+    /// Bytes of updates queued for the transcript writer, across sessions; streaming waits for
+    /// room (updates are stored before anyone sees them).
+    pub transcript_queue_bytes: usize,
     /// How long an agent's permission request waits for a client to attach.
     pub permission_wait_secs: u64,
     /// How long shutdown waits for connections and the transcript writer.
@@ -232,12 +244,16 @@ impl Default for Limits {
             header_read_timeout_secs: 10,
             max_connections_per_user: 32,
             max_live_sessions_per_user: 64,
+            max_agent_processes_per_user: 8,
+            max_stored_bytes_per_user: 1 << 30,
             requests_per_second_per_user: 1000,
             request_burst_per_user: 2000,
             client_queue: 4096,
             client_queue_bytes: 16 << 20,
             ping_interval_secs: 20,
             max_inflight_per_connection: 256,
+            agent_queue_bytes: 16 << 20,
+            transcript_queue_bytes: 64 << 20,
             permission_wait_secs: 300,
             shutdown_grace_secs: 10,
         }

@@ -27,6 +27,7 @@
 pub mod app;
 pub mod auth;
 pub(crate) mod bridge;
+pub(crate) mod budget;
 pub mod cli;
 pub mod config;
 pub mod demo_agent;

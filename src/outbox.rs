@@ -15,8 +15,10 @@
 use std::sync::{Arc, OnceLock};
 
 use axum::extract::ws::Utf8Bytes;
-use tokio::sync::{Semaphore, mpsc};
+use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
+
+use crate::budget::ByteBudget;
 
 /// Close code for a client whose queue overflowed (RFC 6455 1013, "try again later").
 pub const CLOSE_TOO_SLOW: u16 = 1013;
@@ -41,9 +43,7 @@ struct Inner {
     /// Frames, bounded by count.
     tx: mpsc::Sender<Utf8Bytes>,
     /// Bytes that may still be queued; a queued frame holds its length until written.
-    room: Arc<Semaphore>,
-    /// The byte budget (a frame larger than it takes the whole budget).
-    max_bytes: usize,
+    room: ByteBudget,
     /// Fired when the connection is closing.
     closed: CancellationToken,
     /// The first close reason given.
@@ -54,38 +54,22 @@ struct Inner {
 #[derive(Debug)]
 pub struct OutboxReceiver {
     rx: mpsc::Receiver<Utf8Bytes>,
-    room: Arc<Semaphore>,
-    max_bytes: usize,
+    room: ByteBudget,
     closed: CancellationToken,
 }
 
 /// A new outbox holding at most `max_frames` frames and `max_bytes` bytes.
 pub fn outbox(max_frames: usize, max_bytes: usize) -> (Outbox, OutboxReceiver) {
     let (tx, rx) = mpsc::channel(max_frames.max(1));
-    let max_bytes = max_bytes.clamp(1, Semaphore::MAX_PERMITS);
-    let room = Arc::new(Semaphore::new(max_bytes));
+    let room = ByteBudget::new(max_bytes);
     let closed = CancellationToken::new();
     let inner = Inner {
         tx,
         room: room.clone(),
-        max_bytes,
         closed: closed.clone(),
         reason: OnceLock::new(),
     };
-    (
-        Outbox { inner: Arc::new(inner) },
-        OutboxReceiver {
-            rx,
-            room,
-            max_bytes,
-            closed,
-        },
-    )
-}
-
-/// Bytes a frame holds in the budget.
-fn cost(frame: &Utf8Bytes, max_bytes: usize) -> u32 {
-    u32::try_from(frame.len().clamp(1, max_bytes)).unwrap_or(u32::MAX)
+    (Outbox { inner: Arc::new(inner) }, OutboxReceiver { rx, room, closed })
 }
 
 impl Outbox {
@@ -95,39 +79,40 @@ impl Outbox {
         if self.is_closed() {
             return false;
         }
-        let Ok(permit) = self.inner.room.try_acquire_many(cost(&frame, self.inner.max_bytes)) else {
+        let len = frame.len();
+        if !self.inner.room.try_take(len) {
             self.overflow();
             return false;
-        };
+        }
         match self.inner.tx.try_send(frame) {
-            Ok(()) => {
-                permit.forget();
-                true
-            }
-            Err(mpsc::error::TrySendError::Full(_)) => {
-                self.overflow();
+            Ok(()) => true,
+            Err(e) => {
+                self.inner.room.give_back([len]);
+                if matches!(e, mpsc::error::TrySendError::Full(_)) {
+                    self.overflow();
+                }
                 false
             }
-            Err(mpsc::error::TrySendError::Closed(_)) => false,
         }
     }
 
     /// Queues `frame`, waiting for room; `false` when the client is closing.
     pub async fn send(&self, frame: Utf8Bytes) -> bool {
-        let n = cost(&frame, self.inner.max_bytes);
-        let permit = tokio::select! {
-            permit = self.inner.room.acquire_many(n) => permit,
+        // A place in the queue, then bytes in the budget: either wait may be cancelled (the
+        // client closing, or the caller giving up) without losing any of either.
+        let slot = tokio::select! {
+            slot = self.inner.tx.reserve() => match slot {
+                Ok(slot) => slot,
+                Err(_) => return false,
+            },
             () = self.inner.closed.cancelled() => return false,
         };
-        let Ok(permit) = permit else { return false };
-        let sent = tokio::select! {
-            sent = self.inner.tx.send(frame) => sent.is_ok(),
-            () = self.inner.closed.cancelled() => false,
+        tokio::select! {
+            () = self.inner.room.take(frame.len()) => {}
+            () = self.inner.closed.cancelled() => return false,
         };
-        if sent {
-            permit.forget();
-        }
-        sent
+        slot.send(frame);
+        true
     }
 
     fn overflow(&self) {
@@ -182,8 +167,7 @@ impl OutboxReceiver {
 
     /// Gives the bytes of written frames back to the budget.
     pub fn written(&self, frames: &[Utf8Bytes]) {
-        let n: usize = frames.iter().map(|f| cost(f, self.max_bytes) as usize).sum();
-        self.room.add_permits(n);
+        self.room.give_back(frames.iter().map(|f| f.len()));
     }
 }
 

@@ -16,7 +16,8 @@ pub const CAP_REACHED: i64 = -32029;
 /// A cap that was reached.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CapReached {
-    /// Which cap (`connections`, `requests_per_second`, `live_sessions`).
+    /// Which cap (`connections`, `agent_processes`, `requests_per_second`, `live_sessions`,
+    /// `stored_bytes`).
     pub cap: &'static str,
     /// Its limit.
     pub limit: u64,
@@ -42,9 +43,9 @@ impl CapReached {
 #[derive(Debug)]
 pub struct Quotas {
     /// Open WebSocket connections per user.
-    connections: Mutex<HashMap<Arc<str>, usize>>,
-    /// `limits.max_connections_per_user`.
-    max_connections: usize,
+    connections: Arc<Counted>,
+    /// Live agent processes per user (processes of agents shared between users are nobody's).
+    agent_processes: Arc<Counted>,
     /// Requests per second per user (GCRA, with a burst).
     requests: DefaultKeyedRateLimiter<Arc<str>>,
     /// `limits.requests_per_second_per_user`, for messages.
@@ -53,20 +54,64 @@ pub struct Quotas {
     max_live_sessions: usize,
 }
 
-/// One of a user's connection slots; given back when dropped.
+/// Something each user may hold a limited number of at once.
 #[derive(Debug)]
-pub struct ConnectionSlot {
-    quotas: Arc<Quotas>,
+struct Counted {
+    /// The cap's name, as clients see it.
+    cap: &'static str,
+    /// How many each user may hold.
+    max: usize,
+    /// How many each user holds (users holding none are not in the map).
+    held: Mutex<HashMap<Arc<str>, usize>>,
+}
+
+impl Counted {
+    fn new(cap: &'static str, max: usize) -> Arc<Self> {
+        Arc::new(Self {
+            cap,
+            max,
+            held: Mutex::new(HashMap::new()),
+        })
+    }
+
+    fn take(self: &Arc<Self>, user: &Arc<str>) -> Result<Slot, CapReached> {
+        let mut held = self.held.lock().unwrap_or_else(|e| e.into_inner());
+        let n = held.entry(user.clone()).or_insert(0);
+        if *n >= self.max {
+            return Err(CapReached {
+                cap: self.cap,
+                limit: self.max as u64,
+            });
+        }
+        *n += 1;
+        Ok(Slot {
+            of: self.clone(),
+            user: user.clone(),
+        })
+    }
+}
+
+/// One of a user's slots (a connection, an agent process); given back when dropped.
+#[derive(Debug)]
+pub struct Slot {
+    of: Arc<Counted>,
     user: Arc<str>,
 }
 
-impl Drop for ConnectionSlot {
+impl Slot {
+    /// Whose slot it is.
+    pub fn user(&self) -> &Arc<str> {
+        &self.user
+    }
+}
+
+impl Drop for Slot {
     fn drop(&mut self) {
-        let mut counts = self.quotas.connections.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(n) = counts.get_mut(&self.user) {
+        let mut held = self.of.held.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(n) = held.get_mut(&self.user) {
             *n -= 1;
             if *n == 0 {
-                counts.remove(&self.user);
+                held.remove(&self.user);
             }
         }
     }
@@ -78,8 +123,8 @@ impl Quotas {
         let rate = NonZeroU32::new(limits.requests_per_second_per_user.max(1)).unwrap_or(NonZeroU32::MIN);
         let burst = NonZeroU32::new(limits.request_burst_per_user.max(1)).unwrap_or(NonZeroU32::MIN);
         Arc::new(Self {
-            connections: Mutex::new(HashMap::new()),
-            max_connections: limits.max_connections_per_user,
+            connections: Counted::new("connections", limits.max_connections_per_user),
+            agent_processes: Counted::new("agent_processes", limits.max_agent_processes_per_user),
             requests: RateLimiter::keyed(Quota::per_second(rate).allow_burst(burst)),
             rate: rate.get(),
             max_live_sessions: limits.max_live_sessions_per_user,
@@ -87,21 +132,13 @@ impl Quotas {
     }
 
     /// Takes one of `user`'s connection slots.
-    pub fn connect(self: &Arc<Self>, user: &str) -> Result<ConnectionSlot, CapReached> {
-        let user: Arc<str> = Arc::from(user);
-        let mut counts = self.connections.lock().unwrap_or_else(|e| e.into_inner());
-        let n = counts.entry(user.clone()).or_insert(0);
-        if *n >= self.max_connections {
-            return Err(CapReached {
-                cap: "connections",
-                limit: self.max_connections as u64,
-            });
-        }
-        *n += 1;
-        Ok(ConnectionSlot {
-            quotas: self.clone(),
-            user,
-        })
+    pub fn connect(&self, user: &str) -> Result<Slot, CapReached> {
+        self.connections.take(&Arc::from(user))
+    }
+
+    /// Takes one of `user`'s agent process slots, held while the process runs.
+    pub fn agent_process(&self, user: &Arc<str>) -> Result<Slot, CapReached> {
+        self.agent_processes.take(user)
     }
 
     /// Counts one request of `user` against the rate.
@@ -147,6 +184,25 @@ mod tests {
         let _b = q.connect("bob").expect("bob is not alice");
         drop(a1);
         assert!(q.connect("alice").is_ok(), "a slot comes back when its connection ends");
+    }
+
+    #[test]
+    fn agent_processes_are_counted_per_user_apart_from_connections() {
+        let limits = Limits {
+            max_agent_processes_per_user: 1,
+            max_connections_per_user: 1,
+            ..Limits::default()
+        };
+        let q = Quotas::new(&limits);
+        let alice: Arc<str> = Arc::from("alice");
+        let _c = q.connect("alice").expect("a connection");
+        let p = q.agent_process(&alice).expect("a process");
+        assert_eq!(p.user(), &alice);
+        let err = q.agent_process(&alice).expect_err("one is the cap");
+        assert_eq!((err.cap, err.limit), ("agent_processes", 1));
+        assert!(q.agent_process(&Arc::from("bob")).is_ok());
+        drop(p);
+        assert!(q.agent_process(&alice).is_ok());
     }
 
     #[test]

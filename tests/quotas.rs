@@ -116,3 +116,35 @@ async fn a_user_at_the_live_session_cap_is_told_which_cap_and_others_are_not() {
     assert!(r.get("result").is_some(), "{r}");
     alice.new_session().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_user_at_the_agent_process_cap_is_told_which_cap_and_others_are_not() {
+    let gw = TestGateway::start(Db::Sqlite, |c| {
+        c.limits.max_agent_processes_per_user = 2;
+        // One session per process: each session needs a process of its own.
+        let agent = c.agents.get_mut(acp_gateway::config::DEFAULT_AGENT).expect("agent");
+        agent.pool.max_sessions_per_process = 1;
+        agent.pool.min_idle = 0;
+    })
+    .await;
+    let mut alice = gw.client("alice").await;
+    let a1 = alice.new_session().await;
+    alice.new_session().await;
+    let r = alice
+        .request("session/new", json!({"cwd": alice.root, "mcpServers": []}))
+        .await;
+    assert_eq!(r["error"]["code"], -32029, "{r}");
+    assert_eq!(
+        (r["error"]["data"]["cap"].clone(), r["error"]["data"]["limit"].clone()),
+        (json!("agent_processes"), json!(2)),
+        "{r}"
+    );
+    // Bob is not held back by her cap.
+    let mut bob = gw.client("bob").await;
+    bob.new_session().await;
+    bob.new_session().await;
+    // Closing a session frees its process for her next one.
+    let r = alice.request("session/close", json!({"sessionId": a1})).await;
+    assert!(r.get("result").is_some(), "{r}");
+    alice.new_session().await;
+}

@@ -695,7 +695,7 @@ async fn persister_stores_everything_in_order(backend: Backend) {
         create(&*db.store, id, "alice", "/w", "{}", BASE).await;
     }
     let cancel = CancellationToken::new();
-    let (persister, task) = Persister::spawn(db.store.clone(), 256, cancel.clone());
+    let (persister, task) = Persister::spawn(db.store.clone(), 256, 1 << 20, cancel.clone());
     let told: Vec<Arc<Told>> = sessions.iter().map(|_| Arc::new(Told::default())).collect();
     for seq in 1..=PER_SESSION {
         for (k, id) in sessions.iter().enumerate() {

@@ -21,11 +21,12 @@ use serde::Deserialize;
 use serde_json::value::RawValue;
 use tokio_util::task::TaskTracker;
 
-pub use process::{AgentProcess, Pending};
+pub use process::{AgentProcess, Pending, PipeLimits};
 pub use route::SessionRoute;
 
 use crate::config::{AgentConfig, Config};
 use crate::protocol::RpcError;
+use crate::quota::Quotas;
 use crate::tenancy::{McpTransports, Tenancy};
 
 /// What an agent said about itself in `initialize`.
@@ -108,14 +109,19 @@ pub struct AgentPool {
     pub name: Arc<str>,
     /// How to start it and pool it.
     cfg: AgentConfig,
-    /// stdout line cap.
-    max_line_bytes: usize,
     /// Live (or just-died, until the next sweep) processes.
     procs: Mutex<Vec<Arc<AgentProcess>>>,
     /// Serializes spawning so that a burst of requests does not start a burst of processes.
     spawn_gate: tokio::sync::Mutex<()>,
     /// The agent's `initialize` answer, from the first process that gave one.
     info: Mutex<Option<Arc<AgentInfo>>>,
+    /// What every agent's pool shares.
+    common: Common,
+}
+
+/// What the pools of every agent share.
+#[derive(Debug, Clone)]
+struct Common {
     /// Source of process ids (shared across pools for readable logs).
     ids: Arc<AtomicU64>,
     /// Each user's home, workspaces and sandbox.
@@ -124,29 +130,21 @@ pub struct AgentPool {
     groups: Arc<reaper::GroupRecord>,
     /// Tracks every process task, so shutdown can wait for them.
     tracker: TaskTracker,
+    /// Each user's agent process slots.
+    quotas: Arc<Quotas>,
+    /// Bounds on every process's pipes.
+    pipes: PipeLimits,
 }
 
 impl AgentPool {
-    fn new(
-        name: &str,
-        cfg: AgentConfig,
-        max_line_bytes: usize,
-        ids: Arc<AtomicU64>,
-        tenancy: Arc<Tenancy>,
-        groups: Arc<reaper::GroupRecord>,
-        tracker: TaskTracker,
-    ) -> Self {
+    fn new(name: &str, cfg: AgentConfig, common: Common) -> Self {
         Self {
             name: Arc::from(name),
             cfg,
-            max_line_bytes,
             procs: Mutex::new(Vec::new()),
             spawn_gate: tokio::sync::Mutex::new(()),
             info: Mutex::new(None),
-            ids,
-            tenancy,
-            groups,
-            tracker,
+            common,
         }
     }
 
@@ -212,7 +210,7 @@ impl AgentPool {
         }
         let pool = self.clone();
         let user = user.clone();
-        self.tracker.spawn(async move {
+        self.common.tracker.spawn(async move {
             let _gate = pool.spawn_gate.lock().await;
             if pool.has_process_of(&user) {
                 return;
@@ -321,7 +319,7 @@ impl AgentPool {
                 self.name, self.cfg.pool.max_processes
             )));
         }
-        let id = self.ids.fetch_add(1, Ordering::Relaxed);
+        let id = self.common.ids.fetch_add(1, Ordering::Relaxed);
         // A shared agent's processes carry no user's environment; the first user to need one
         // claims it (for routing and accounting) without changing what it can reach.
         let user = user.filter(|_| !self.is_shared());
@@ -329,18 +327,23 @@ impl AgentPool {
             tracing::error!(agent = %self.name, command = %self.cfg.command, error = %e, "cannot start agent");
             RpcError::internal(format!("cannot start agent {}", self.name))
         };
+        let slot = match user {
+            Some(user) => Some(self.common.quotas.agent_process(user).map_err(|cap| cap.rpc())?),
+            None => None,
+        };
         let launch = self
+            .common
             .tenancy
             .launch(&self.cfg, user.map(|u| &**u))
             .map_err(cannot_start)?;
         let p = AgentProcess::spawn(
             id,
             self.name.clone(),
-            user.cloned(),
+            slot,
             launch,
-            self.max_line_bytes,
-            &self.groups,
-            &self.tracker,
+            self.common.pipes,
+            &self.common.groups,
+            &self.common.tracker,
         )
         .map_err(cannot_start)?;
         let client_caps = self.cfg.client_capabilities.clone().unwrap_or_else(
@@ -472,23 +475,26 @@ pub struct Pools {
 
 impl Pools {
     /// Pools for every agent in `config`.
-    pub fn new(config: &Config, tenancy: Arc<Tenancy>, tracker: TaskTracker) -> Self {
-        let ids = Arc::new(AtomicU64::new(1));
-        let groups = Arc::new(reaper::GroupRecord::open(&tenancy.data_dir().join("agent-groups")));
+    pub fn new(config: &Config, tenancy: Arc<Tenancy>, quotas: Arc<Quotas>, tracker: TaskTracker) -> Self {
+        let common = Common {
+            ids: Arc::new(AtomicU64::new(1)),
+            groups: Arc::new(reaper::GroupRecord::open(&tenancy.data_dir().join("agent-groups"))),
+            tenancy,
+            tracker,
+            quotas,
+            pipes: PipeLimits {
+                max_line_bytes: config.limits.max_line_bytes,
+                input_queue_bytes: config.limits.agent_queue_bytes,
+            },
+        };
         let pools = config
             .agents
             .iter()
             .map(|(name, cfg)| {
-                let pool = AgentPool::new(
-                    name,
-                    cfg.clone(),
-                    config.limits.max_line_bytes,
-                    ids.clone(),
-                    tenancy.clone(),
-                    groups.clone(),
-                    tracker.clone(),
-                );
-                (name.clone(), Arc::new(pool))
+                (
+                    name.clone(),
+                    Arc::new(AgentPool::new(name, cfg.clone(), common.clone())),
+                )
             })
             .collect();
         Self { pools }

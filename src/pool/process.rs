@@ -27,7 +27,17 @@ use super::route::SessionRoute;
 pub use super::rpc::Pending;
 use super::rpc::{self, Rpc};
 use crate::protocol::{self, Incoming, Kind, RpcError, codes};
+use crate::quota::Slot;
 use crate::tenancy::Launch;
+
+/// What bounds a process's pipes.
+#[derive(Debug, Clone, Copy)]
+pub struct PipeLimits {
+    /// Longest line read from its stdout.
+    pub max_line_bytes: usize,
+    /// Bytes queued for its stdin.
+    pub input_queue_bytes: usize,
+}
 
 /// One running agent process.
 pub struct AgentProcess {
@@ -106,24 +116,25 @@ struct UpdateParams<'a> {
 }
 
 impl AgentProcess {
-    /// Starts the agent (as `launch` says: environment, home, sandbox) for `owner` (`None`: a
-    /// process that may serve several users) and its four tasks. Does not initialize it.
+    /// Starts the agent (as `launch` says: environment, home, sandbox) for the user whose process
+    /// slot `owner` is (`None`: a process that may serve several users) and its four tasks; the
+    /// slot is given back once the process has ended. Does not initialize it.
     pub fn spawn(
         id: u64,
         agent: Arc<str>,
-        owner: Option<Arc<str>>,
+        owner: Option<Slot>,
         launch: Launch,
-        max_line_bytes: usize,
+        pipes: PipeLimits,
         groups: &Arc<GroupRecord>,
         tracker: &TaskTracker,
     ) -> std::io::Result<Arc<Self>> {
         let spawned = child::spawn(launch.command, groups)?;
-        let (rpc, stdin_rx) = Rpc::new(agent.clone());
+        let (rpc, input) = Rpc::new(agent.clone(), pipes.input_queue_bytes);
         let process = Arc::new(Self {
             id,
             agent,
             pid: spawned.pid,
-            owner: Mutex::new(owner),
+            owner: Mutex::new(owner.as_ref().map(|slot| slot.user().clone())),
             rpc,
             sessions: Mutex::new(HashMap::new()),
             reserved: AtomicUsize::new(0),
@@ -136,17 +147,23 @@ impl AgentProcess {
             started: Instant::now(),
             stderr_tail: Arc::default(),
         });
-        tracker.spawn(rpc::write_lines(spawned.stdin, stdin_rx, process.stop.clone()));
+        tracker.spawn(rpc::write_lines(spawned.stdin, input, process.stop.clone()));
         // 64 KiB reads: a streaming agent's lines arrive in few syscalls.
         let stdout = FramedRead::with_capacity(
             spawned.stdout,
-            LinesCodec::new_with_max_length(max_line_bytes),
+            LinesCodec::new_with_max_length(pipes.max_line_bytes),
             64 << 10,
         );
         tracker.spawn(read_stdout(Arc::downgrade(&process), stdout, process.stop.clone()));
         let tail = Arc::downgrade(&process.stderr_tail);
         tracker.spawn(child::read_stderr(spawned.stderr, tail, process.agent.clone(), id));
-        tracker.spawn(reap(process.clone(), spawned.child, spawned.guard, groups.clone()));
+        tracker.spawn(reap(
+            process.clone(),
+            spawned.child,
+            spawned.guard,
+            groups.clone(),
+            owner,
+        ));
         metrics::gauge!("acp_gateway_agent_processes", "agent" => process.agent.to_string()).increment(1.0);
         tracing::info!(agent = %process.agent, process = id, pid = process.pid, sandboxed = launch.sandboxed, "agent process started");
         Ok(process)
@@ -469,12 +486,13 @@ async fn read_stdout(
 }
 
 /// The waiter: reaps the child (stopping its group when asked), then records how it ended and
-/// marks the process dead. Holds the process until then.
+/// marks the process dead. Holds the process, and its user's process slot, until then.
 async fn reap(
     process: Arc<AgentProcess>,
     child: tokio::process::Child,
     guard: child::GroupGuard,
     groups: Arc<GroupRecord>,
+    _slot: Option<Slot>,
 ) {
     let how = child::wait(child, guard, &groups, &process.stop).await;
     process.record_exit(&how);

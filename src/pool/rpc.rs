@@ -19,6 +19,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::child::lock;
 use super::route::SessionRoute;
+use crate::budget::ByteBudget;
 use crate::outbox::Outbox;
 use crate::protocol::{self, Incoming, RpcError};
 
@@ -64,8 +65,10 @@ struct Waiting {
 pub(super) struct Rpc {
     /// The configured agent name, for logs and for the error of a peer that is gone.
     agent: Arc<str>,
-    /// Lines for the agent's input (bounded).
+    /// Lines for the agent's input (bounded in lines).
     stdin: mpsc::Sender<Utf8Bytes>,
+    /// ... and in bytes.
+    room: ByteBudget,
     /// Next id for requests to the agent; the agent's id space is ours alone.
     next_id: AtomicU64,
     /// Requests sent to the agent and not yet answered.
@@ -76,27 +79,31 @@ pub(super) struct Rpc {
 }
 
 impl Rpc {
-    /// A peer for `agent`, and the queue of its input lines (each ending in `\n`) for
-    /// [`write_lines`] to drain.
-    pub fn new(agent: Arc<str>) -> (Self, mpsc::Receiver<Utf8Bytes>) {
+    /// A peer for `agent` whose input queue holds at most `queue_bytes`, and that queue (lines
+    /// ending in `\n`) for [`write_lines`] to drain.
+    pub fn new(agent: Arc<str>, queue_bytes: usize) -> (Self, Input) {
         let (stdin, rx) = mpsc::channel(STDIN_QUEUE);
+        let room = ByteBudget::new(queue_bytes);
         let rpc = Self {
             agent,
             stdin,
+            room: room.clone(),
             next_id: AtomicU64::new(0),
             pending: Mutex::new(HashMap::new()),
             gone: Mutex::new(None),
         };
-        (rpc, rx)
+        (rpc, Input { rx, room })
     }
 
     /// Queues one line (a complete JSON-RPC message) for the agent, waiting for room.
     pub async fn send_line(&self, mut line: String) -> Result<(), RpcError> {
         line.push('\n');
-        self.stdin
-            .send(Utf8Bytes::from(line))
-            .await
-            .map_err(|_| self.gone_error())
+        // Room in the queue first, then in the budget: both waits may be cancelled (a timeout)
+        // without losing any of either.
+        let slot = self.stdin.reserve().await.map_err(|_| self.gone_error())?;
+        self.room.take(line.len()).await;
+        slot.send(Utf8Bytes::from(line));
+        Ok(())
     }
 
     /// Sends a request and waits for its answer (at most `timeout`).
@@ -137,12 +144,17 @@ impl Rpc {
         lock(&self.pending).insert(id, Waiting { answer, prompt_sent });
         let mut line = protocol::request(id, method, params);
         line.push('\n');
+        let len = line.len();
+        let full = || RpcError::internal("the agent is not reading its input; try again later");
+        if !self.room.try_take(len) {
+            lock(&self.pending).remove(&id);
+            return Err(full());
+        }
         if let Err(e) = self.stdin.try_send(Utf8Bytes::from(line)) {
+            self.room.give_back([len]);
             lock(&self.pending).remove(&id);
             return Err(match e {
-                mpsc::error::TrySendError::Full(_) => {
-                    RpcError::internal("the agent is not reading its input; try again later")
-                }
+                mpsc::error::TrySendError::Full(_) => full(),
                 mpsc::error::TrySendError::Closed(_) => self.gone_error(),
             });
         }
@@ -248,13 +260,16 @@ fn agent_error(error: Option<&RawValue>) -> RpcError {
     }
 }
 
+/// The queue of an agent's input lines, as [`write_lines`] drains it.
+pub(super) struct Input {
+    rx: mpsc::Receiver<Utf8Bytes>,
+    room: ByteBudget,
+}
+
 /// Drains the queue of [`Rpc::new`] into the agent's input until the queue closes, a write
 /// fails, or `stop` fires.
-pub(super) async fn write_lines<W: AsyncWrite + Unpin>(
-    input: W,
-    mut rx: mpsc::Receiver<Utf8Bytes>,
-    stop: CancellationToken,
-) {
+pub(super) async fn write_lines<W: AsyncWrite + Unpin>(input: W, queue: Input, stop: CancellationToken) {
+    let Input { mut rx, room } = queue;
     let mut out = BufWriter::with_capacity(64 * 1024, input);
     loop {
         let line = tokio::select! {
@@ -262,7 +277,9 @@ pub(super) async fn write_lines<W: AsyncWrite + Unpin>(
             () = stop.cancelled() => None,
         };
         let Some(line) = line else { break };
-        if out.write_all(line.as_bytes()).await.is_err() {
+        let written = out.write_all(line.as_bytes()).await;
+        room.give_back([line.len()]);
+        if written.is_err() {
             break;
         }
         // Flush when nothing else is waiting: one syscall per burst, no added latency.
@@ -281,7 +298,7 @@ mod tests {
 
     /// A peer whose writer feeds an in-memory pipe; the test plays the agent at its other end.
     fn peer() -> (Arc<Rpc>, Lines<BufReader<DuplexStream>>) {
-        let (rpc, rx) = Rpc::new(Arc::from("test-agent"));
+        let (rpc, rx) = Rpc::new(Arc::from("test-agent"), 1 << 20);
         let (ours, theirs) = tokio::io::duplex(4096);
         tokio::spawn(write_lines(ours, rx, CancellationToken::new()));
         (Arc::new(rpc), BufReader::new(theirs).lines())
@@ -451,7 +468,7 @@ mod tests {
     #[tokio::test]
     async fn a_full_input_queue_refuses_at_once_and_an_ended_peer_fails_everything() {
         // Nobody drains the queue: the agent is not reading.
-        let (rpc, rx) = Rpc::new(Arc::from("test-agent"));
+        let (rpc, rx) = Rpc::new(Arc::from("test-agent"), 1 << 20);
         let route = Arc::new(Recorder::default());
         for _ in 0..STDIN_QUEUE {
             rpc.forward("m", "{}", forward_to(&route, "1")).expect("room");
@@ -470,5 +487,27 @@ mod tests {
         drop(rx);
         let err = rpc.request("m", "{}", Duration::from_secs(30)).await.expect_err("gone");
         assert!(err.message.contains("exit code 3"), "{}", err.message);
+    }
+
+    #[tokio::test]
+    async fn the_input_queue_is_bounded_in_bytes_and_written_lines_give_room_back() {
+        let (rpc, input) = Rpc::new(Arc::from("test-agent"), 1000);
+        let route = Arc::new(Recorder::default());
+        let big = format!(r#"{{"text":"{}"}}"#, "x".repeat(600));
+        rpc.forward("m", &big, forward_to(&route, "1")).expect("room");
+        let err = rpc
+            .forward("m", &big, forward_to(&route, "2"))
+            .expect_err("two 660-byte lines are over 1,000 bytes");
+        assert!(err.message.contains("not reading its input"), "{}", err.message);
+        assert!(!rpc.is_pending(1), "a refused request is not waited for");
+        rpc.forward("m", "{}", forward_to(&route, "3"))
+            .expect("a small one still fits");
+        // Once the agent reads, the bytes come back.
+        let (ours, theirs) = tokio::io::duplex(4096);
+        tokio::spawn(write_lines(ours, input, CancellationToken::new()));
+        let mut agent = BufReader::new(theirs).lines();
+        next_request(&mut agent).await;
+        next_request(&mut agent).await;
+        rpc.forward("m", &big, forward_to(&route, "4")).expect("room again");
     }
 }

@@ -28,6 +28,7 @@ use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
 use super::{EventChunk, SessionWrite, Store, StoreError, now_micros};
+use crate::budget::ByteBudget;
 
 /// Most items written in one transaction.
 const MAX_BATCH_ITEMS: usize = 8192;
@@ -126,8 +127,10 @@ impl std::fmt::Debug for Item {
 /// Handle to the writer task. Cheap to clone.
 #[derive(Debug, Clone)]
 pub struct Persister {
-    /// The bounded queue.
+    /// The queue, bounded in items...
     tx: mpsc::Sender<Item>,
+    /// ... and in bytes, held from [`Persister::send`] until the writer is done with an item.
+    room: ByteBudget,
     /// How the writer is doing.
     health: Arc<Health>,
 }
@@ -136,15 +139,18 @@ impl Persister {
     /// Starts the writer on `store`. It runs until every handle is dropped, or until `cancel`
     /// fires: then it writes what is queued (giving up on it if the database is unreachable) and
     /// stops.
+    /// The queue holds at most `capacity` items and `bytes` bytes.
     pub fn spawn(
         store: Arc<dyn Store>,
         capacity: usize,
+        bytes: usize,
         cancel: CancellationToken,
     ) -> (Self, tokio::task::JoinHandle<()>) {
         let (tx, rx) = mpsc::channel(capacity);
+        let room = ByteBudget::new(bytes);
         let health = Arc::new(Health::default());
-        let task = tokio::spawn(run(store, rx, cancel, health.clone()));
-        (Self { tx, health }, task)
+        let task = tokio::spawn(run(store, rx, room.clone(), cancel, health.clone()));
+        (Self { tx, room, health }, task)
     }
 
     /// `Ok` while the writer's writes succeed; otherwise what is wrong: its writes have failed
@@ -170,11 +176,15 @@ impl Persister {
         self.health.dropped.load(Ordering::Relaxed)
     }
 
-    /// Queues an item, waiting while the queue is full.
+    /// Queues an item, waiting while the queue is full (in items or bytes).
     pub async fn send(&self, item: Item) {
-        if self.tx.send(item).await.is_err() {
+        // A place in the queue, then bytes: either wait may be cancelled without losing any.
+        let Ok(slot) = self.tx.reserve().await else {
             tracing::error!("transcript writer has stopped; an update was not stored");
-        }
+            return;
+        };
+        self.room.take(item_bytes(&item)).await;
+        slot.send(item);
     }
 
     /// Waits until everything queued so far is in the database, at most [`FLUSH_TIMEOUT`]
@@ -196,7 +206,13 @@ impl Persister {
     }
 }
 
-async fn run(store: Arc<dyn Store>, mut rx: mpsc::Receiver<Item>, cancel: CancellationToken, health: Arc<Health>) {
+async fn run(
+    store: Arc<dyn Store>,
+    mut rx: mpsc::Receiver<Item>,
+    room: ByteBudget,
+    cancel: CancellationToken,
+    health: Arc<Health>,
+) {
     let mut items = Vec::with_capacity(1024);
     // Message counts and titles not yet written (see below).
     let mut pending_metadata: Vec<SessionWrite> = Vec::new();
@@ -237,6 +253,8 @@ async fn run(store: Arc<dyn Store>, mut rx: mpsc::Receiver<Item>, cancel: Cancel
                 Err(_) => break,
             }
         }
+        // The batch's bytes are held until it is written (or given up on).
+        let held: Vec<usize> = items.iter().map(item_bytes).collect();
         let Batch {
             writes,
             acks,
@@ -275,6 +293,7 @@ async fn run(store: Arc<dyn Store>, mut rx: mpsc::Receiver<Item>, cancel: Cancel
             let metadata = merge_metadata(std::mem::take(&mut pending_metadata));
             w.write(&metadata, 0).await;
         }
+        room.give_back(held);
         for ack in acks {
             let _ = ack.send(());
         }
@@ -700,7 +719,7 @@ mod tests {
     #[tokio::test]
     async fn a_session_failing_for_good_is_dropped_and_the_others_go_on() {
         let store = Arc::new(Flaky::default());
-        let (p, _task) = Persister::spawn(store.clone(), 64, CancellationToken::new());
+        let (p, _task) = Persister::spawn(store.clone(), 64, 1 << 20, CancellationToken::new());
         let (first, good, bad) = (
             Arc::new(Told::default()),
             Arc::new(Told::default()),
@@ -740,7 +759,7 @@ mod tests {
     #[tokio::test]
     async fn an_unreachable_database_makes_the_writer_unhealthy_until_it_is_back() {
         let store = Arc::new(Flaky::default());
-        let (p, _task) = Persister::spawn(store.clone(), 64, CancellationToken::new());
+        let (p, _task) = Persister::spawn(store.clone(), 64, 1 << 20, CancellationToken::new());
         let s = Arc::new(Told::default());
         store.down.store(true, Ordering::SeqCst);
         p.send(told_upd("s", &s, 1)).await;
@@ -761,6 +780,45 @@ mod tests {
             .expect("flushed once it is back");
         assert_eq!(*s.0.lock().expect("lock"), 1);
         assert_eq!(p.health(), Ok(()));
+    }
+
+    #[tokio::test]
+    async fn the_queue_is_bounded_in_bytes_while_the_database_holds_a_write() {
+        let store = Arc::new(Flaky::default());
+        // Room for 64 items, but only 1,000 bytes.
+        let (p, _task) = Persister::spawn(store.clone(), 64, 1000, CancellationToken::new());
+        let first = Arc::new(Told::default());
+        p.send(told_upd("first", &first, 1)).await;
+        store.entered.notified().await;
+        let big = |seq| Item::Update {
+            session: Arc::from("big"),
+            notify: first.clone(),
+            seq,
+            update: "x".repeat(400).into(),
+            at: 0,
+        };
+        // The write of `first` holds its bytes; two 401-byte updates fit beside it, a third
+        // waits for the write to end.
+        p.send(big(1)).await;
+        p.send(big(2)).await;
+        let third = tokio::spawn({
+            let p = p.clone();
+            let item = big(3);
+            async move { p.send(item).await }
+        });
+        assert!(
+            tokio::time::timeout(Duration::from_millis(200), p.send(big(4)))
+                .await
+                .is_err(),
+            "a full byte budget makes senders wait"
+        );
+        assert!(!third.is_finished());
+        store.gate.add_permits(1);
+        tokio::time::timeout(Duration::from_secs(20), third)
+            .await
+            .expect("room once the write is done")
+            .expect("join");
+        p.flush_within(Duration::from_secs(20)).await.expect("flushed");
     }
 
     #[test]

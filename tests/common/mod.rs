@@ -258,6 +258,12 @@ impl Client {
         self.ws.send(Message::binary(data)).await.expect("send");
     }
 
+    /// Sends any WebSocket message as it is (a raw frame, say, to send what a well-behaved
+    /// client never would).
+    pub async fn send_message(&mut self, msg: Message) {
+        self.ws.send(msg).await.expect("send");
+    }
+
     /// Sends a message.
     pub async fn send(&mut self, msg: Value) {
         self.send_text(&msg.to_string()).await;

@@ -86,3 +86,46 @@ async fn connections_that_have_not_upgraded_are_capped_but_websockets_are_not() 
     assert!(r.get("result").is_some(), "{r}");
     drop((idle1, idle2));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn behind_a_trusted_proxy_each_forwarded_address_is_capped_on_its_own() {
+    use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+    let gw = TestGateway::start(Db::Sqlite, |c| {
+        c.limits.max_connections_per_ip = 2;
+        c.limits.trusted_proxies = vec!["127.0.0.1".parse().expect("ip")];
+    })
+    .await;
+    let through_proxy = |forwarded_for: &'static str, user: &str| {
+        let mut req = gw.ws_url().into_client_request().expect("request");
+        let h = req.headers_mut();
+        h.insert(
+            "authorization",
+            format!("Bearer {}", gw.token(user)).parse().expect("header"),
+        );
+        h.insert("x-forwarded-for", forwarded_for.parse().expect("header"));
+        Client::connect_request(req)
+    };
+    // The proxy itself (127.0.0.1) is not capped: its clients are, by the address it forwards.
+    let a1 = through_proxy("203.0.113.7", "alice").await.expect("first");
+    let _a2 = through_proxy("198.51.100.1, 203.0.113.7", "bob").await.expect("second");
+    let refused = through_proxy("203.0.113.7", "carol")
+        .await
+        .err()
+        .expect("a third is refused");
+    assert!(refused.to_string().contains("429"), "{refused}");
+    // A different client address of the same proxy still gets in, as does a spoofed left part.
+    let _b = through_proxy("203.0.113.8", "carol").await.expect("another address");
+    let _c = through_proxy("203.0.113.7, 203.0.113.9", "carol")
+        .await
+        .expect("its own slot");
+    // A slot comes back when its WebSocket ends.
+    a1.close().await;
+    let deadline = Instant::now() + common::WAIT;
+    while through_proxy("203.0.113.7", "dave").await.is_err() {
+        assert!(
+            Instant::now() < deadline,
+            "the forwarded address's slot never came back"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}

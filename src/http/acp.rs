@@ -56,6 +56,16 @@ async fn upgrade(
     if gw.is_draining() {
         return refuse(StatusCode::SERVICE_UNAVAILABLE, "gateway is shutting down");
     }
+    // Behind a trusted proxy, the proxy's client is capped per address like a direct one.
+    let forwarded_slot = match peer.as_ref().map(|p| p.forwarded_slot(&headers)) {
+        Some(Err(too_many)) => {
+            metrics::counter!("acp_gateway_connections_refused_total", "reason" => "per_ip").increment(1);
+            tracing::info!(client = %too_many.0, "too many connections from one forwarded address");
+            return refuse(StatusCode::TOO_MANY_REQUESTS, "too many connections from your address");
+        }
+        Some(Ok(slot)) => slot,
+        None => None,
+    };
     let Ok(slot) = gw.connection_slots.clone().try_acquire_owned() else {
         return refuse(StatusCode::SERVICE_UNAVAILABLE, "too many connections");
     };
@@ -85,6 +95,7 @@ async fn upgrade(
             drop(user_slot);
             // The client address's slot lives as long as its WebSocket.
             drop(peer);
+            drop(forwarded_slot);
             drop(tracked);
         });
     if let Ok(v) = HeaderValue::from_str(&conn_id) {

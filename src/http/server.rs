@@ -2,8 +2,10 @@
 //! layer needs before any route runs (axum's own `serve` has no timers):
 //! - a header-read timeout, so half-sent requests cannot hold sockets;
 //! - a cap on connections that have not finished an upgrade (plain HTTP, handshakes);
-//! - a cap on connections per client address (upgraded WebSockets included), except from
-//!   trusted proxies, whose own clients are not told apart at this layer.
+//! - a cap on connections per client address (upgraded WebSockets included). A trusted proxy's
+//!   connections are not capped as its own: each WebSocket through it counts against the address
+//!   the proxy says its client has (`X-Forwarded-For`, else `Forwarded: for=`), see
+//!   [`Peer::forwarded_slot`].
 
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
@@ -11,6 +13,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use axum::Router;
+use axum::http::HeaderMap;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto::Builder;
 use hyper_util::server::graceful::GracefulShutdown;
@@ -51,6 +54,82 @@ pub struct Peer {
     pub addr: SocketAddr,
     /// Its per-address slot (`None` for a trusted proxy): held, never read.
     pub _slot: Option<Arc<PeerSlot>>,
+    /// Set when the connection comes from a trusted proxy.
+    proxy: Option<Arc<Proxied>>,
+}
+
+/// How the clients of trusted proxies are counted.
+#[derive(Debug)]
+struct Proxied {
+    counts: PeerCounts,
+    max: usize,
+    trusted: Vec<IpAddr>,
+}
+
+/// A client address the proxy in front has reached its cap.
+#[derive(Debug)]
+pub struct TooManyFromAddress(pub IpAddr);
+
+impl Peer {
+    /// For a request that came through a trusted proxy, a slot of the address of the proxy's
+    /// client, to hold as long as what the request opens (a WebSocket). `Ok(None)` when the
+    /// request came straight from its client (already counted when it connected) or the proxy
+    /// named no client.
+    pub fn forwarded_slot(&self, headers: &HeaderMap) -> Result<Option<PeerSlot>, TooManyFromAddress> {
+        let Some(proxy) = &self.proxy else { return Ok(None) };
+        let Some(ip) = forwarded_client(headers, &proxy.trusted) else {
+            return Ok(None);
+        };
+        take_slot(&proxy.counts, ip, proxy.max)
+            .map(Some)
+            .ok_or(TooManyFromAddress(ip))
+    }
+}
+
+/// The client a chain of trusted proxies forwarded: the rightmost address of `X-Forwarded-For`
+/// (else of the `for=` parameters of `Forwarded`) that is not itself a trusted proxy. Addresses
+/// left of it were written by the client and prove nothing.
+fn forwarded_client(headers: &HeaderMap, trusted: &[IpAddr]) -> Option<IpAddr> {
+    let values = |name: &str| -> Vec<String> {
+        headers
+            .get_all(name)
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .flat_map(|v| v.split(','))
+            .map(|v| v.trim().to_string())
+            .collect()
+    };
+    let mut chain: Vec<String> = values("x-forwarded-for");
+    if chain.is_empty() {
+        chain = values("forwarded")
+            .iter()
+            .filter_map(|element| {
+                element.split(';').find_map(|pair| {
+                    let (k, v) = pair.trim().split_once('=')?;
+                    k.trim().eq_ignore_ascii_case("for").then(|| v.trim().to_string())
+                })
+            })
+            .collect();
+    }
+    chain
+        .iter()
+        .rev()
+        .map(|v| parse_node(v))
+        .find(|ip| ip.is_none_or(|ip| !trusted.contains(&ip)))
+        .flatten()
+}
+
+/// An address as a proxy writes it: `192.0.2.1`, `192.0.2.1:4711`, `"[2001:db8::1]:4711"`,
+/// `2001:db8::1`. `None` for anything else (`unknown`, obfuscated names).
+fn parse_node(v: &str) -> Option<IpAddr> {
+    let v = v.trim().trim_matches('"');
+    if let Ok(ip) = v.parse() {
+        return Some(ip);
+    }
+    if let Ok(addr) = v.parse::<SocketAddr>() {
+        return Some(addr.ip());
+    }
+    v.strip_prefix('[')?.split(']').next()?.parse().ok()
 }
 
 fn take_slot(counts: &PeerCounts, ip: IpAddr, max: usize) -> Option<PeerSlot> {
@@ -75,6 +154,11 @@ fn refused(reason: &'static str) {
 pub async fn serve(listener: TcpListener, router: Router, limits: &Limits, stop: CancellationToken, grace: Duration) {
     let pending = Arc::new(Semaphore::new(limits.max_pending_connections.max(1)));
     let per_ip: PeerCounts = Arc::default();
+    let proxied = Arc::new(Proxied {
+        counts: per_ip.clone(),
+        max: limits.max_connections_per_ip,
+        trusted: limits.trusted_proxies.clone(),
+    });
     let graceful = GracefulShutdown::new();
     let mut builder = Builder::new(TokioExecutor::new());
     builder
@@ -100,18 +184,23 @@ pub async fn serve(listener: TcpListener, router: Router, limits: &Limits, stop:
             refused("pending");
             continue;
         };
-        let slot = if limits.trusted_proxies.contains(&addr.ip()) {
-            None
+        let (slot, proxy) = if limits.trusted_proxies.contains(&addr.ip()) {
+            (None, Some(proxied.clone()))
         } else {
             match take_slot(&per_ip, addr.ip(), limits.max_connections_per_ip) {
-                Some(slot) => Some(Arc::new(slot)),
+                Some(slot) => (Some(Arc::new(slot)), None),
                 None => {
                     refused("per_ip");
                     continue;
                 }
             }
         };
-        let service = TowerToHyperService::new(router.clone().layer(axum::Extension(Peer { addr, _slot: slot })));
+        let peer = Peer {
+            addr,
+            _slot: slot,
+            proxy,
+        };
+        let service = TowerToHyperService::new(router.clone().layer(axum::Extension(peer)));
         let connection = builder
             .serve_connection_with_upgrades(TokioIo::new(stream), service)
             .into_owned();
@@ -126,5 +215,40 @@ pub async fn serve(listener: TcpListener, router: Router, limits: &Limits, stop:
     drop(listener);
     if tokio::time::timeout(grace, graceful.shutdown()).await.is_err() {
         tracing::warn!("some HTTP connections did not finish within the grace period");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use axum::http::HeaderValue;
+
+    fn headers(pairs: &[(&'static str, &'static str)]) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        for (k, v) in pairs {
+            h.append(*k, HeaderValue::from_static(v));
+        }
+        h
+    }
+
+    #[test]
+    fn the_client_is_the_rightmost_untrusted_forwarded_address() {
+        let proxy: IpAddr = "10.0.0.1".parse().expect("ip");
+        let inner: IpAddr = "10.0.0.2".parse().expect("ip");
+        let ip = |s: &str| s.parse::<IpAddr>().ok();
+        let xff = |v| forwarded_client(&headers(&[("x-forwarded-for", v)]), &[proxy, inner]);
+        assert_eq!(xff("203.0.113.7"), ip("203.0.113.7"));
+        // What the client wrote itself (left) proves nothing; the proxies' own hops are skipped.
+        assert_eq!(xff("1.2.3.4, 203.0.113.7, 10.0.0.2"), ip("203.0.113.7"));
+        assert_eq!(xff("203.0.113.7:5555"), ip("203.0.113.7"));
+        assert_eq!(xff("[2001:db8::1]:4711"), ip("2001:db8::1"));
+        assert_eq!(xff("1.2.3.4, unknown"), None, "an unparsable hop is not skipped over");
+        let fwd = |v| forwarded_client(&headers(&[("forwarded", v)]), &[proxy]);
+        assert_eq!(
+            fwd(r#"for=192.0.2.60;proto=http, for="[2001:db8:cafe::17]:4711""#),
+            ip("2001:db8:cafe::17")
+        );
+        assert_eq!(fwd("for=198.51.100.17;by=10.0.0.1, for=10.0.0.1"), ip("198.51.100.17"));
+        assert_eq!(forwarded_client(&HeaderMap::new(), &[proxy]), None);
     }
 }

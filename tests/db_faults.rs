@@ -372,3 +372,47 @@ async fn postgres_restarted_under_a_running_gateway() {
     assert_all_stored(&seen, &replay);
     gw.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_whose_writes_fail_for_good_answers_its_prompt_with_an_error() {
+    let gw = TestGateway::start(Db::Sqlite, |_| {}).await;
+    let mut c = gw.client("alice").await;
+    let s = c.new_session().await;
+    let other_session = c.new_session().await;
+    readyz_until(&gw, 200).await;
+    // Every insert of this session's transcript now fails with an error no retry mends (a
+    // unique constraint the trigger's own insert breaks), and only this session's.
+    let mut other = SqliteConnection::connect(&gw.db_url).await.expect("second connection");
+    other
+        .execute("CREATE TABLE once (x UNIQUE); INSERT INTO once VALUES (1)")
+        .await
+        .expect("table");
+    other
+        .execute(
+            format!(
+                "CREATE TRIGGER broken BEFORE INSERT ON session_events WHEN NEW.session_id = '{s}' \
+                 BEGIN INSERT INTO once VALUES (1); END"
+            )
+            .as_str(),
+        )
+        .await
+        .expect("create trigger");
+    let _ = other.close().await;
+    let r = c.prompt(&s, "doomed").await;
+    assert_eq!(r["error"]["code"], -32603, "the prompt is answered, with an error: {r}");
+    let message = r["error"]["message"].as_str().unwrap_or_default();
+    assert!(message.contains("can no longer be stored"), "{r}");
+    assert!(c.take_updates(&s).is_empty(), "nothing unstored was shown");
+    // The session refuses further prompts the same way; the writer is healthy, and the user's
+    // other session works.
+    let r = c.prompt(&s, "again").await;
+    assert_eq!(r["error"]["code"], -32603, "{r}");
+    readyz_until(&gw, 200).await;
+    let r = c.prompt(&other_session, "still here").await;
+    assert!(r.get("result").is_some(), "{r}");
+    let seen = c.take_updates(&other_session);
+    let replay = replay_all(&gw, "alice", &other_session).await;
+    assert_eq!(replay.len(), seen.len());
+    assert_all_stored(&seen, &replay);
+    gw.stop().await;
+}

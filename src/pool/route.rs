@@ -23,9 +23,10 @@ pub trait SessionRoute: Send + Sync {
     /// `terminal/*`); the answer goes back to `process` under `id`. Never waits.
     fn agent_request(self: Arc<Self>, process: &Arc<AgentProcess>, id: Box<RawValue>, method: &str, params: String);
 
-    /// The answer to a client's request forwarded to the agent, for `to`: delivered after every
-    /// update of the session the agent sent before it. Never waits.
-    fn respond(&self, to: &Outbox, frame: Utf8Bytes);
+    /// The answer (`frame`) to a client's request (`client_id`) forwarded to the agent, for `to`:
+    /// delivered after every update of the session the agent sent before it (or, if those can
+    /// never be stored, replaced by an error under `client_id`). Never waits.
+    fn respond(&self, to: &Outbox, client_id: &RawValue, frame: Utf8Bytes);
 
     /// The process with this id no longer serves the session (it died or was stopped).
     fn unbound(&self, process_id: u64);

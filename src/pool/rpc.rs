@@ -198,7 +198,7 @@ impl Rpc {
                         &RpcError::internal("agent sent an empty response"),
                     ),
                 };
-                route.respond(&to, Utf8Bytes::from(frame));
+                route.respond(&to, &client_id, Utf8Bytes::from(frame));
             }
             Pending::Internal(tx) => {
                 let answer = match (msg.result, msg.error) {
@@ -231,7 +231,8 @@ impl Rpc {
                 Pending::Forward {
                     route, to, client_id, ..
                 } => {
-                    route.respond(&to, Utf8Bytes::from(protocol::error(Some(client_id.get()), &err)));
+                    let frame = protocol::error(Some(client_id.get()), &err);
+                    route.respond(&to, &client_id, Utf8Bytes::from(frame));
                 }
                 Pending::Internal(tx) => {
                     let _ = tx.send(Err(err.clone()));
@@ -334,7 +335,7 @@ mod tests {
         }
         async fn publish(&self, _: &RawValue, _: Option<&RawValue>) {}
         fn agent_request(self: Arc<Self>, _: &Arc<AgentProcess>, _: Box<RawValue>, _: &str, _: String) {}
-        fn respond(&self, _: &Outbox, frame: Utf8Bytes) {
+        fn respond(&self, _: &Outbox, _: &RawValue, frame: Utf8Bytes) {
             lock(&self.0).push(frame.to_string());
         }
         fn unbound(&self, _: u64) {}

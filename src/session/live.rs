@@ -62,10 +62,13 @@ struct Caught {
     bytes: usize,
 }
 
+/// The error of a request whose session's transcript can no longer be stored.
+pub const LOST: &str = "this session's transcript can no longer be stored (the database refuses its writes), so nothing more of it can be shown; start a new session";
+
 /// What waits for the updates numbered before it to be released.
 enum Deferred {
-    /// An agent's answer to a client's request.
-    Respond(Outbox, Utf8Bytes),
+    /// An agent's answer (the frame) to a client's request (the id).
+    Respond(Outbox, Box<RawValue>, Utf8Bytes),
     /// An agent's request to the session's clients.
     Ask(Arc<AgentRequest>),
 }
@@ -82,6 +85,8 @@ struct Fanout {
     deferred: VecDeque<(u64, Deferred)>,
     /// Agent requests waiting for a client to attach.
     waiting: Vec<Arc<AgentRequest>>,
+    /// The transcript writer gave up on this session: nothing more is released.
+    lost: bool,
 }
 
 impl Fanout {
@@ -317,6 +322,9 @@ impl LiveSession {
             .find_map(|b| b.get("text").and_then(serde_json::Value::as_str))
             .map(make_title);
         let _numbering = self.numbering.lock().await;
+        if self.is_lost() {
+            return Err(Self::lost_error());
+        }
         let base = self.assigned.load(Ordering::Acquire);
         self.assigned.store(base + blocks.len() as u64, Ordering::Release);
         let sent = match forward() {
@@ -466,7 +474,10 @@ impl LiveSession {
     fn after_released(&self, what: Deferred) {
         let assigned = self.assigned.load(Ordering::Acquire);
         let mut f = self.fanout();
-        if f.caught_up(assigned) {
+        if f.lost {
+            drop(f);
+            self.fail(what);
+        } else if f.caught_up(assigned) {
             drop(f);
             self.run(what);
         } else {
@@ -476,11 +487,21 @@ impl LiveSession {
 
     fn run(&self, what: Deferred) {
         match what {
-            Deferred::Respond(to, frame) => {
+            Deferred::Respond(to, _, frame) => {
                 to.push(frame);
             }
             Deferred::Ask(request) => self.dispatch_agent_request(request),
         }
+    }
+
+    /// Whether the transcript writer has given up on this session.
+    pub fn is_lost(&self) -> bool {
+        self.fanout().lost
+    }
+
+    /// What a client gets instead of an answer whose updates can never be stored.
+    fn lost_error() -> RpcError {
+        RpcError::internal(LOST)
     }
 
     /// The process serving this session, restoring the session onto one if it has none: the
@@ -569,7 +590,38 @@ impl LiveSession {
     }
 }
 
+impl LiveSession {
+    /// What is filed behind updates that will never be released: an answer becomes an error
+    /// under its request's id; an agent's request is given up on (the agent hears `cancelled`).
+    fn fail(&self, what: Deferred) {
+        match what {
+            Deferred::Respond(to, id, _) => {
+                to.push(Utf8Bytes::from(protocol::error(Some(id.get()), &Self::lost_error())));
+            }
+            Deferred::Ask(request) => {
+                tokio::spawn(async move { request.give_up().await });
+            }
+        }
+    }
+}
+
 impl Committed for LiveSession {
+    fn lost(&self) {
+        let failed: Vec<Deferred> = {
+            let mut f = self.fanout();
+            if f.lost {
+                return;
+            }
+            f.lost = true;
+            f.unreleased.clear();
+            f.deferred.drain(..).map(|(_, what)| what).collect()
+        };
+        tracing::error!(session = %self.id, "the session's transcript cannot be stored; what waits on it is failed");
+        for what in failed {
+            self.fail(what);
+        }
+    }
+
     fn committed(&self, seq: u64) {
         let mut due = Vec::new();
         {
@@ -609,8 +661,8 @@ impl SessionRoute for LiveSession {
         self.after_released(Deferred::Ask(request));
     }
 
-    fn respond(&self, to: &Outbox, frame: Utf8Bytes) {
-        self.after_released(Deferred::Respond(to.clone(), frame));
+    fn respond(&self, to: &Outbox, client_id: &RawValue, frame: Utf8Bytes) {
+        self.after_released(Deferred::Respond(to.clone(), client_id.to_owned(), frame));
     }
 
     fn unbound(&self, process_id: u64) {

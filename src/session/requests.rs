@@ -167,7 +167,7 @@ impl AgentRequest {
 
     /// No client answered in time: a permission request is answered `cancelled`, anything else
     /// with an error; the clients asked are told.
-    async fn give_up(&self) {
+    pub(crate) async fn give_up(&self) {
         if !self.settle() {
             return;
         }

@@ -78,6 +78,10 @@ impl Health {
 pub trait Committed: Send + Sync {
     /// Every update of the session up to `seq` is committed.
     fn committed(&self, seq: u64);
+
+    /// The session's updates cannot be stored (a write failed for good): none of them will be
+    /// committed any more. Nothing by default.
+    fn lost(&self) {}
 }
 
 /// Something to persist.
@@ -283,7 +287,9 @@ async fn run(
         if let Some(dropped) = stored {
             lost.extend(dropped);
             for (session, notify, seq) in stored_up_to {
-                if !lost.contains(&session) {
+                if lost.contains(&session) {
+                    notify.lost();
+                } else {
                     notify.committed(seq);
                 }
             }
@@ -699,10 +705,13 @@ mod tests {
     }
 
     #[derive(Default)]
-    struct Told(Mutex<u64>);
+    struct Told(Mutex<u64>, std::sync::atomic::AtomicBool);
     impl Committed for Told {
         fn committed(&self, seq: u64) {
             *self.0.lock().expect("lock") = seq;
+        }
+        fn lost(&self) {
+            self.1.store(true, Ordering::SeqCst);
         }
     }
 
@@ -738,6 +747,8 @@ mod tests {
             "the healthy session is stored and released"
         );
         assert_eq!(*bad.0.lock().expect("lock"), 0, "the failing one is never released");
+        assert!(bad.1.load(Ordering::SeqCst), "it is told it is lost");
+        assert!(!good.1.load(Ordering::SeqCst));
         assert_eq!(p.dropped_writes(), 1);
         assert_eq!(p.health(), Ok(()), "the writer is not stuck on it");
         // Later updates of the dropped session are never released either; others still are.

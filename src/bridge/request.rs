@@ -224,3 +224,120 @@ mod tests {
         );
     }
 }
+
+/// Properties of request parsing: any method with any params is parsed or refused with the
+/// precise error, never a panic, and what is forwarded is the client's bytes.
+#[cfg(test)]
+mod props {
+    use super::*;
+    use proptest::prelude::*;
+    use serde_json::{Value, json};
+
+    /// Methods the gateway serves whose params must be an object.
+    const OBJECT_PARAMS: [&str; 11] = [
+        "authenticate",
+        "session/new",
+        "session/load",
+        "session/resume",
+        "session/close",
+        "session/delete",
+        "session/prompt",
+        "session/set_mode",
+        "session/set_config_option",
+        "session/set_model",
+        "_vendor/ext",
+    ];
+
+    fn json_value() -> impl Strategy<Value = Value> {
+        crate::protocol::props::json_value_keyed("[a-z]{0,3}|sessionId|prompt|cwd|_meta")
+    }
+
+    /// Params: anything, session-shaped objects with members of any type, and arrays that line up
+    /// with the fields the gateway reads.
+    fn params() -> impl Strategy<Value = Option<Value>> {
+        let sid = prop_oneof![any::<String>().prop_map(Value::String), json_value()];
+        let session_object = (
+            sid.clone(),
+            prop::option::of(json_value()),
+            prop::option::of(json_value()),
+            prop::option::of(prop_oneof![any::<u64>().prop_map(Value::from), json_value()]),
+        )
+            .prop_map(|(sid, prompt, cwd, after)| {
+                let mut p = json!({ "sessionId": sid });
+                if let Some(prompt) = prompt {
+                    p["prompt"] = prompt;
+                }
+                if let Some(cwd) = cwd {
+                    p["cwd"] = cwd;
+                }
+                if let Some(after) = after {
+                    p["_meta"] = json!({"gateway": {"afterSeq": after}});
+                }
+                p
+            });
+        let positional = (sid, prop::option::of(json_value()))
+            .prop_map(|(sid, second)| Value::Array(std::iter::once(sid).chain(second).collect()));
+        prop::option::of(prop_oneof![json_value(), session_object, positional])
+    }
+
+    fn method() -> impl Strategy<Value = String> {
+        prop_oneof![
+            prop::sample::select(OBJECT_PARAMS.to_vec()).prop_map(String::from),
+            Just(String::from("initialize")),
+            Just(String::from("session/list")),
+            any::<String>(),
+            "_[a-z/]{0,8}|session/[a-z_]{0,12}",
+        ]
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 1024, failure_persistence: None, ..ProptestConfig::default() })]
+
+        #[test]
+        fn any_request_is_parsed_or_refused_precisely(method in method(), params in params()) {
+            let raw = params.as_ref().map(|p| RawValue::from_string(p.to_string()).expect("JSON"));
+            let is_object = params.as_ref().is_some_and(Value::is_object);
+            match parse(&method, raw.as_deref()) {
+                Err(e) => {
+                    prop_assert!(
+                        e.code == codes::METHOD_NOT_FOUND || e.code == codes::INVALID_PARAMS,
+                        "{} {:?}: {}", method, params, e
+                    );
+                    if e.code == codes::METHOD_NOT_FOUND {
+                        prop_assert!(!OBJECT_PARAMS.contains(&method.as_str()) || method.starts_with('_'));
+                    }
+                }
+                Ok(request) => {
+                    let needs_object = OBJECT_PARAMS.contains(&method.as_str())
+                        || method.starts_with('_')
+                        || method.starts_with("session/") && method != "session/list";
+                    if needs_object {
+                        prop_assert!(is_object, "{} accepted params that are not an object: {:?}", method, params);
+                    }
+                    match request {
+                        ClientRequest::Forward { session_id, params: forwarded, prompt, .. } => {
+                            let p = params.clone().unwrap_or_default();
+                            prop_assert_eq!(forwarded.get(), raw.as_deref().map_or("{}", RawValue::get), "the client's bytes");
+                            prop_assert_eq!(Some(session_id.as_str()), p["sessionId"].as_str());
+                            prop_assert_eq!(
+                                prompt.map(|p| serde_json::from_str::<Value>(p.get()).expect("JSON")),
+                                p.get("prompt").filter(|v| !v.is_null()).cloned()
+                            );
+                        }
+                        ClientRequest::Load { session_id, after_seq, replay, .. } => {
+                            let p = params.clone().unwrap_or_default();
+                            prop_assert_eq!(Some(session_id.as_str()), p["sessionId"].as_str());
+                            prop_assert_eq!(after_seq, p["_meta"]["gateway"]["afterSeq"].as_u64().unwrap_or(0));
+                            prop_assert_eq!(replay, method == "session/load");
+                        }
+                        ClientRequest::Close { session_id, delete } => {
+                            prop_assert_eq!(Some(session_id.as_str()), params.as_ref().and_then(|p| p["sessionId"].as_str()));
+                            prop_assert_eq!(delete, method == "session/delete");
+                        }
+                        _ => {}
+                    }
+                }
+            }
+        }
+    }
+}

@@ -240,3 +240,114 @@ mod tests {
         assert_eq!(parse(&error(None, &e))["id"], Value::Null);
     }
 }
+
+/// Properties of the frame builders: whatever they are handed (a client's message, an agent's
+/// update or `_meta`), what they build is JSON that says exactly that.
+#[cfg(test)]
+mod props {
+    use super::*;
+    use proptest::prelude::*;
+    use serde_json::{Map, Value, json};
+
+    fn config() -> ProptestConfig {
+        ProptestConfig {
+            cases: 512,
+            failure_persistence: None,
+            ..ProptestConfig::default()
+        }
+    }
+
+    fn json_value() -> impl Strategy<Value = Value> {
+        super::super::props::json_value_keyed(".{0,6}|sessionId|_meta|gateway|traceparent")
+    }
+
+    fn object() -> impl Strategy<Value = Map<String, Value>> {
+        prop::collection::btree_map("[a-z]{0,4}|sessionId|_meta|gateway|traceparent", json_value(), 0..5)
+            .prop_map(|m| m.into_iter().collect())
+    }
+
+    fn parse(s: &str) -> Result<Value, TestCaseError> {
+        serde_json::from_str(s).map_err(|e| TestCaseError::fail(format!("{e}: {s}")))
+    }
+
+    fn raw(v: &Value) -> Box<RawValue> {
+        RawValue::from_string(v.to_string())
+            .unwrap_or_else(|_| RawValue::from_string("null".into()).unwrap_or_default())
+    }
+
+    proptest! {
+        #![proptest_config(config())]
+
+        #[test]
+        fn strings_and_errors_are_escaped(s in any::<String>(), code in any::<i64>(), data in prop::option::of(json_value())) {
+            let mut out = String::new();
+            push_json_str(&mut out, &s);
+            prop_assert_eq!(parse(&out)?, json!(s));
+            let mut err = RpcError::new(code, s.clone());
+            if let Some(d) = &data {
+                err = err.with_data(d.clone());
+            }
+            let frame = parse(&error(Some(r#""i""#), &err))?;
+            prop_assert_eq!(&frame["error"]["message"], &json!(s));
+            prop_assert_eq!(&frame["error"]["code"], &json!(code));
+            prop_assert_eq!(frame["error"].get("data"), data.as_ref());
+            prop_assert_eq!(parse(&notification(&s, "{}"))?["method"].clone(), json!(s));
+            prop_assert_eq!(parse(&request(7, &s, "[]"))?["method"].clone(), json!(s));
+        }
+
+        /// An agent's update is spliced verbatim, its `_meta` kept beside the gateway's seq
+        /// (which wins over an agent's own `gateway` key).
+        #[test]
+        fn session_updates_carry_the_agents_payload_and_the_seq(
+            sid in any::<String>(),
+            update in json_value(),
+            meta in prop::option::of(json_value()),
+            seq in any::<u64>(),
+        ) {
+            let mut id = String::new();
+            push_json_str(&mut id, &sid);
+            let update_raw = raw(&update);
+            let meta_raw = meta.as_ref().map(raw);
+            let frame = session_update_raw_id(&id, update_raw.get(), seq, meta_raw.as_deref());
+            prop_assert!(frame.contains(update_raw.get()), "verbatim");
+            let v = parse(&frame)?;
+            prop_assert_eq!(&v["params"]["sessionId"], &json!(sid));
+            prop_assert_eq!(&v["params"]["update"], &update);
+            prop_assert_eq!(&v["params"]["_meta"]["gateway"], &json!({"seq": seq}));
+            if let Some(Value::Object(m)) = &meta {
+                for (k, val) in m.iter().filter(|(k, _)| *k != "gateway") {
+                    prop_assert_eq!(v["params"]["_meta"].get(k), Some(val));
+                }
+            }
+        }
+
+        /// Rewriting a client's params sets the session id, keeps every other member as it was,
+        /// and keeps of `_meta` only the allowed keys.
+        #[test]
+        fn rewritten_params_keep_every_member_but_the_session_and_meta(
+            params in object(),
+            sid in prop::option::of(any::<String>()),
+            keep in prop::option::of(prop::collection::vec("[a-z]{0,4}|traceparent", 0..3)),
+        ) {
+            let input = raw(&Value::Object(params.clone()));
+            let out = parse(&rewrite_params(&input, sid.as_deref(), keep.as_deref()).ok_or_else(|| TestCaseError::fail("an object"))?)?;
+            let out = out.as_object().cloned().unwrap_or_default();
+            match &sid {
+                Some(sid) => prop_assert_eq!(out.get("sessionId"), Some(&json!(sid))),
+                None => prop_assert_eq!(out.get("sessionId"), params.get("sessionId")),
+            }
+            for (k, v) in params.iter().filter(|(k, _)| *k != "sessionId" && *k != "_meta") {
+                prop_assert_eq!(out.get(k), Some(v));
+            }
+            let expected_meta = match (&keep, params.get("_meta")) {
+                (None, m) => m.cloned(),
+                (Some(keep), Some(Value::Object(m))) => {
+                    let kept: Map<String, Value> = m.iter().filter(|(k, _)| keep.contains(k)).map(|(k, v)| (k.clone(), v.clone())).collect();
+                    (!kept.is_empty()).then_some(Value::Object(kept))
+                }
+                (Some(_), _) => None,
+            };
+            prop_assert_eq!(out.get("_meta"), expected_meta.as_ref());
+        }
+    }
+}

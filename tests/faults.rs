@@ -205,10 +205,6 @@ async fn unanswered(c: &mut Client, frame: Message, n: usize) -> Result<(), Stri
     }
 }
 
-async fn initialized(gw: &TestGateway, user: &str) -> Client {
-    gw.client(user).await
-}
-
 // ---------------------------------------------------------------------------------------------
 // Hostile frames from a client
 // ---------------------------------------------------------------------------------------------
@@ -219,7 +215,7 @@ async fn initialized(gw: &TestGateway, user: &str) -> Client {
 async fn ids_of_every_json_type_are_echoed_raw_or_refused_with_a_null_id() {
     watch_panics();
     let gw = TestGateway::start(Db::Sqlite, |_| {}).await;
-    let mut c = initialized(&gw, "alice").await;
+    let mut c = gw.client("alice").await;
     let long = format!("\"{}\"", "x".repeat(10 * 1024));
     let valid = [
         r#""abc""#,
@@ -297,7 +293,7 @@ async fn ids_of_every_json_type_are_echoed_raw_or_refused_with_a_null_id() {
 async fn duplicate_in_flight_ids_each_get_their_answer() {
     watch_panics();
     let gw = TestGateway::start(Db::Sqlite, |_| {}).await;
-    let mut c = initialized(&gw, "alice").await;
+    let mut c = gw.client("alice").await;
     let s1 = c.new_session().await;
     let s2 = c.new_session().await;
     let n = 100;
@@ -350,7 +346,7 @@ async fn duplicate_in_flight_ids_each_get_their_answer() {
 async fn responses_to_nothing_notifications_and_binary_frames_are_never_answered() {
     watch_panics();
     let gw = TestGateway::start(Db::Sqlite, |_| {}).await;
-    let mut c = initialized(&gw, "alice").await;
+    let mut c = gw.client("alice").await;
     let s = c.new_session().await;
     let frames = [
         r#"{"jsonrpc":"2.0","id":424242,"result":{}}"#.to_string(),
@@ -415,7 +411,7 @@ async fn responses_to_nothing_notifications_and_binary_frames_are_never_answered
 async fn batches_are_refused_whole() {
     watch_panics();
     let gw = TestGateway::start(Db::Sqlite, |_| {}).await;
-    let mut c = initialized(&gw, "alice").await;
+    let mut c = gw.client("alice").await;
     let batches = [
         "[]",
         " [ ] ",
@@ -453,7 +449,7 @@ async fn batches_are_refused_whole() {
 async fn malformed_messages_get_precise_errors_and_the_connection_lives() {
     watch_panics();
     let gw = TestGateway::start(Db::Sqlite, |_| {}).await;
-    let mut c = initialized(&gw, "alice").await;
+    let mut c = gw.client("alice").await;
     let cases: &[(&str, i64, &str)] = &[
         ("{not json", -32700, "null"),
         ("", -32700, "null"),
@@ -587,9 +583,9 @@ async fn malformed_messages_get_precise_errors_and_the_connection_lives() {
 async fn invalid_utf8_in_a_text_frame_closes_with_1007() {
     watch_panics();
     let gw = TestGateway::start(Db::Sqlite, |_| {}).await;
-    let mut other = initialized(&gw, "alice").await;
+    let mut other = gw.client("alice").await;
     let s = other.new_session().await;
-    let mut c = initialized(&gw, "alice").await;
+    let mut c = gw.client("alice").await;
     let bad = b"{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"x\xff\xfe\"}".to_vec();
     c.send_message(Message::Frame(Frame::message(bad, OpCode::Data(Data::Text), true)))
         .await;
@@ -612,7 +608,7 @@ async fn a_frame_at_the_size_cap_is_served_and_one_byte_more_closes_with_1009() 
         let tail = r#""}}"#;
         format!("{head}{}{tail}", "p".repeat(len - head.len() - tail.len()))
     };
-    let mut c = initialized(&gw, "alice").await;
+    let mut c = gw.client("alice").await;
     for (len, id) in [(max - 1, "under"), (max, "at")] {
         let f = frame_of(len, id);
         assert_eq!(f.len(), len);
@@ -625,7 +621,7 @@ async fn a_frame_at_the_size_cap_is_served_and_one_byte_more_closes_with_1009() 
         );
     }
     let s = c.new_session().await;
-    let mut over = initialized(&gw, "alice").await;
+    let mut over = gw.client("alice").await;
     over.send_text(&frame_of(max + 1, "over")).await;
     assert_eq!(close_code(&mut over).await, Some(1009));
     // The same user's other connection, and a new one, carry on.
@@ -642,7 +638,7 @@ async fn a_frame_at_the_size_cap_is_served_and_one_byte_more_closes_with_1009() 
 async fn a_flood_of_requests_is_rate_limited_and_other_users_are_unaffected() {
     watch_panics();
     let gw = TestGateway::start(Db::Sqlite, |_| {}).await;
-    let mut bob = initialized(&gw, "bob").await;
+    let mut bob = gw.client("bob").await;
     let sb = bob.new_session().await;
 
     let mut req = gw.ws_url().into_client_request().expect("request");
@@ -713,7 +709,7 @@ async fn a_flood_of_requests_is_rate_limited_and_other_users_are_unaffected() {
     if let Some(code) = closed {
         assert_eq!(code, Some(1013), "a flooder is closed with 1013 if at all");
         let _ = flood.await;
-        let mut again = initialized(&gw, "flooder").await;
+        let mut again = gw.client("flooder").await;
         assert!(again.request("session/list", json!({})).await.get("result").is_some());
         let live = bob.take_updates(&sb);
         assert_replay_holds(&gw, "bob", &sb, &live).await;
@@ -772,9 +768,9 @@ async fn a_flood_within_the_rate_meets_the_in_flight_cap() {
         c.limits.max_inflight_per_connection = 16;
     })
     .await;
-    let mut bob = initialized(&gw, "bob").await;
+    let mut bob = gw.client("bob").await;
     let sb = bob.new_session().await;
-    let mut c = initialized(&gw, "flooder").await;
+    let mut c = gw.client("flooder").await;
     let n = 2000;
     for i in 0..n {
         c.send_text(&format!(
@@ -792,6 +788,10 @@ async fn a_flood_within_the_rate_meets_the_in_flight_cap() {
         assert!(seen.insert(id, v).is_none(), "answered twice");
     }
     let refused: Vec<&Value> = seen.values().filter(|v| v.get("error").is_some()).collect();
+    assert!(
+        !refused.is_empty(),
+        "2000 requests at once are over a cap of 16 in flight"
+    );
     for v in &refused {
         assert!(
             v["error"]["message"].as_str().is_some_and(|m| m.contains("in flight")),
@@ -953,7 +953,7 @@ fn any_frame(k: usize) -> impl Strategy<Value = Generated> {
 async fn random_frames_get_exactly_the_answer_json_rpc_calls_for() {
     watch_panics();
     let gw = TestGateway::start(Db::Sqlite, |_| {}).await;
-    let mut c = initialized(&gw, "alice").await;
+    let mut c = gw.client("alice").await;
     let mut runner = TestRunner::deterministic();
     let mut wrong = Vec::new();
     let frames = 300;

@@ -793,6 +793,8 @@ async fn a_flood_within_the_rate_meets_the_in_flight_cap() {
         "2000 requests at once are over a cap of 16 in flight"
     );
     for v in &refused {
+        assert_eq!(v["error"]["code"], -32029, "{v}");
+        assert_eq!(v["error"]["data"]["cap"], "requests_in_flight", "{v}");
         assert!(
             v["error"]["message"].as_str().is_some_and(|m| m.contains("in flight")),
             "{v}"

@@ -18,6 +18,7 @@ use agent_client_protocol_schema::v1::NewSessionRequest;
 
 use crate::pool::{AgentPool, AgentProcess, Pending, SessionRoute};
 use crate::protocol::{self, Incoming, Kind, RpcError, codes};
+use crate::quota::CAP_REACHED;
 use crate::session::{Client, LiveSession};
 
 /// Per-connection dispatch state.
@@ -226,7 +227,12 @@ impl Connection {
         };
         // Every request holds a slot while it is handled, a forwarded one until the agent answers.
         let Ok(slot) = self.inflight.clone().try_acquire_owned() else {
-            let err = RpcError::internal("too many requests in flight on this connection");
+            let limit = self.gw.config.limits.max_inflight_per_connection;
+            let err = RpcError::new(
+                CAP_REACHED,
+                "too many requests in flight on this connection; try again later",
+            )
+            .with_data(json!({ "cap": "requests_in_flight", "limit": limit }));
             answer(&self.client, id.get(), Err(err)).await;
             return;
         };

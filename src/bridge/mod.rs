@@ -27,6 +27,8 @@ use crate::session::Client;
 const CLOSE_TOKEN_EXPIRED: u16 = 1008;
 /// Close code for a frame over the size cap (1009, message too big).
 const CLOSE_TOO_BIG: u16 = 1009;
+/// Close code for a text frame that is not UTF-8 (1007, invalid frame payload data).
+const CLOSE_INVALID_DATA: u16 = 1007;
 /// Close code on shutdown (1001, going away).
 const CLOSE_GOING_AWAY: u16 = 1001;
 /// How long a closing connection's writer tries to deliver its close frame (a peer that does not
@@ -72,10 +74,16 @@ pub async fn serve(socket: WebSocket, gw: Arc<Gateway>, identity: Identity, conn
                 break;
             }
             Ok(Some(Err(e))) => {
-                // The one read error worth answering: a frame over the cap (1009, message too big).
-                if e.to_string().contains("too long") {
+                // Read errors worth answering (RFC 6455 7.4.1): a frame over the cap (1009,
+                // message too big) and a text frame that is not UTF-8 (1007, invalid data).
+                // axum hides tungstenite's error type: its messages are what is left to tell.
+                let e = e.to_string();
+                if e.contains("too long") {
                     tracing::info!(connection = %conn_id, "frame over max_frame_bytes; closing");
                     outbox.close(CLOSE_TOO_BIG, "message too big");
+                } else if e.contains("UTF-8") {
+                    tracing::info!(connection = %conn_id, "text frame is not UTF-8; closing");
+                    outbox.close(CLOSE_INVALID_DATA, "text frame is not UTF-8");
                 }
                 break;
             }

@@ -107,6 +107,10 @@ struct LoadGatewayMeta {
 
 fn typed<'a, T: Deserialize<'a>>(params: Option<&'a RawValue>, method: &str) -> Result<T, RpcError> {
     let text = params.map_or("null", RawValue::get);
+    // ACP's params are objects; serde would also read an array as the fields in order.
+    if !text.starts_with('{') {
+        return Err(RpcError::invalid_params(format!("{method} params must be an object")));
+    }
     serde_json::from_str(text).map_err(|e| RpcError::invalid_params(format!("invalid {method} params: {e}")))
 }
 

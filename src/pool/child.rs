@@ -8,11 +8,12 @@ use std::process::Stdio;
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Duration;
 
+use bytes::BytesMut;
 use futures_util::StreamExt;
 use nix::sys::signal::{Signal, killpg};
 use nix::unistd::Pid;
 use tokio::process::{Child, ChildStderr, ChildStdin, ChildStdout, Command};
-use tokio_util::codec::{FramedRead, LinesCodec, LinesCodecError};
+use tokio_util::codec::{Decoder, FramedRead, LinesCodec, LinesCodecError};
 use tokio_util::sync::CancellationToken;
 
 use super::reaper::GroupRecord;
@@ -141,20 +142,94 @@ impl StderrTail {
     }
 }
 
+/// One line of an agent's output as [`AgentLines`] reads it.
+#[derive(Debug, PartialEq, Eq)]
+pub(super) enum Line {
+    /// A whole line, without its `\n` (or `\r\n`).
+    Text(String),
+    /// A line longer than the cap: skipped.
+    TooLong,
+    /// A line that is not UTF-8: skipped.
+    NotUtf8,
+}
+
+/// Newline-delimited lines with a length cap, where a line over the cap or not UTF-8 is an item
+/// of its own rather than an error: tokio-util's `FramedRead` ends the stream after a decoder
+/// error, which would take one bad line for the end of the agent's output.
+#[derive(Debug)]
+pub(super) struct AgentLines(LinesCodec);
+
+impl AgentLines {
+    /// Lines of at most `max` bytes.
+    pub fn new(max: usize) -> Self {
+        Self(LinesCodec::new_with_max_length(max))
+    }
+
+    fn item(decoded: Result<Option<String>, LinesCodecError>) -> Result<Option<Line>, std::io::Error> {
+        match decoded {
+            Ok(line) => Ok(line.map(Line::Text)),
+            // `LinesCodec` discards the rest of the long line by itself and goes on.
+            Err(LinesCodecError::MaxLineLengthExceeded) => Ok(Some(Line::TooLong)),
+            // The decoder does no I/O: its one `Io` error is a line that is not UTF-8, already
+            // taken out of the buffer.
+            Err(LinesCodecError::Io(_)) => Ok(Some(Line::NotUtf8)),
+        }
+    }
+}
+
+impl Decoder for AgentLines {
+    type Item = Line;
+    type Error = std::io::Error;
+
+    fn decode(&mut self, buf: &mut BytesMut) -> Result<Option<Line>, std::io::Error> {
+        Self::item(self.0.decode(buf))
+    }
+
+    fn decode_eof(&mut self, buf: &mut BytesMut) -> Result<Option<Line>, std::io::Error> {
+        Self::item(self.0.decode_eof(buf))
+    }
+}
+
 /// Logs each stderr line (cut at 8 KiB) under the agent's name and process id, and keeps the
-/// last ones in `tail`. Stops at EOF, or once nobody holds `tail` any more.
+/// last ones in `tail`. Stops at EOF, or once nobody holds `tail` any more; reads on past lines
+/// it cannot log, so the agent never blocks on a full stderr pipe.
 pub(super) async fn read_stderr(stderr: ChildStderr, tail: Weak<StderrTail>, agent: Arc<str>, process: u64) {
-    let mut lines = FramedRead::new(stderr, LinesCodec::new_with_max_length(STDERR_LINE_MAX));
+    let mut lines = FramedRead::new(stderr, AgentLines::new(STDERR_LINE_MAX));
     while let Some(line) = lines.next().await {
         let Some(tail) = tail.upgrade() else {
             return;
         };
         let line = match line {
-            Ok(line) => line,
-            Err(LinesCodecError::MaxLineLengthExceeded) => String::from("[stderr line over 8 KiB cut]"),
-            Err(LinesCodecError::Io(_)) => return,
+            Ok(Line::Text(line)) => line,
+            Ok(Line::TooLong) => String::from("[stderr line over 8 KiB cut]"),
+            Ok(Line::NotUtf8) => String::from("[stderr line not UTF-8]"),
+            Err(_) => return,
         };
         tracing::info!(target: "agent_stderr", agent = %agent, process, "{line}");
         tail.push(line);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_long_or_broken_line_is_skipped_and_reading_goes_on() {
+        let input: &[u8] = b"first\nxxxxxxxxxxxxxxxxxxxx\nsecond\n\xff\xfe\nthird";
+        let lines: Vec<Line> = FramedRead::new(input, AgentLines::new(8))
+            .map(|l| l.expect("no error"))
+            .collect()
+            .await;
+        assert_eq!(
+            lines,
+            vec![
+                Line::Text("first".into()),
+                Line::TooLong,
+                Line::Text("second".into()),
+                Line::NotUtf8,
+                Line::Text("third".into()),
+            ]
+        );
     }
 }

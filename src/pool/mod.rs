@@ -363,10 +363,11 @@ impl AgentPool {
                 if e.message == rpc::TIMED_OUT {
                     return Err(e);
                 }
-                return Err(RpcError::internal(format!(
-                    "agent {} failed to initialize: {}",
-                    self.name, e.message
-                )));
+                // Its data (the agent, the error id of the log line with its stderr) stays.
+                return Err(RpcError {
+                    message: format!("agent {} failed to initialize: {}", self.name, e.message).into(),
+                    ..e
+                });
             }
         };
         let info = AgentInfo::parse(result)?;

@@ -17,11 +17,11 @@ use std::time::{Duration, Instant};
 use futures_util::StreamExt;
 use serde::Deserialize;
 use serde_json::value::RawValue;
-use tokio_util::codec::{FramedRead, LinesCodec, LinesCodecError};
+use tokio_util::codec::FramedRead;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use super::child::{self, StderrTail, lock};
+use super::child::{self, AgentLines, Line, StderrTail, lock};
 use super::reaper::GroupRecord;
 use super::route::SessionRoute;
 pub use super::rpc::Pending;
@@ -149,11 +149,7 @@ impl AgentProcess {
         });
         tracker.spawn(rpc::write_lines(spawned.stdin, input, process.stop.clone()));
         // 64 KiB reads: a streaming agent's lines arrive in few syscalls.
-        let stdout = FramedRead::with_capacity(
-            spawned.stdout,
-            LinesCodec::new_with_max_length(pipes.max_line_bytes),
-            64 << 10,
-        );
+        let stdout = FramedRead::with_capacity(spawned.stdout, AgentLines::new(pipes.max_line_bytes), 64 << 10);
         tracker.spawn(read_stdout(Arc::downgrade(&process), stdout, process.stop.clone()));
         let tail = Arc::downgrade(&process.stderr_tail);
         tracker.spawn(child::read_stderr(spawned.stderr, tail, process.agent.clone(), id));
@@ -448,7 +444,7 @@ impl AgentProcess {
 
 async fn read_stdout(
     process: Weak<AgentProcess>,
-    mut lines: FramedRead<tokio::process::ChildStdout, LinesCodec>,
+    mut lines: FramedRead<tokio::process::ChildStdout, AgentLines>,
     stop: CancellationToken,
 ) {
     // Read to EOF even after the process is gone: its last lines (a final update, the error it
@@ -468,11 +464,14 @@ async fn read_stdout(
             return;
         };
         match next {
-            Some(Ok(line)) => process.on_line(&line).await,
-            Some(Err(LinesCodecError::MaxLineLengthExceeded)) => {
+            Some(Ok(Line::Text(line))) => process.on_line(&line).await,
+            Some(Ok(Line::TooLong)) => {
                 tracing::warn!(agent = %process.agent, process = process.id, "agent wrote a line over the cap; skipped");
             }
-            Some(Err(LinesCodecError::Io(e))) => {
+            Some(Ok(Line::NotUtf8)) => {
+                tracing::warn!(agent = %process.agent, process = process.id, "agent wrote a line that is not UTF-8; skipped");
+            }
+            Some(Err(e)) => {
                 tracing::warn!(agent = %process.agent, error = %e, "reading agent stdout failed");
                 process.on_exit().await;
                 return;

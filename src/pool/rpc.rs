@@ -217,9 +217,11 @@ impl Rpc {
         })
     }
 
-    /// Says how the agent ended: what [`Rpc::gone_error`] returns from now on.
+    /// Says how the agent ended: what [`Rpc::gone_error`] returns from now on. The first reason
+    /// given wins: a process stopped for its silence ("agent timed out") is then reaped, and
+    /// its exit status must not replace why it was stopped.
     pub fn set_gone_error(&self, err: RpcError) {
-        *lock(&self.gone) = Some(err);
+        lock(&self.gone).get_or_insert(err);
     }
 
     /// Fails every request still waiting with [`Rpc::gone_error`].

@@ -76,8 +76,9 @@ impl RpcError {
 /// One JSON-RPC message as it arrived, borrowing from the frame or line it came in.
 #[derive(Debug, Deserialize)]
 pub struct Incoming<'a> {
-    /// The request id, if any (a `null` id reads as `None`).
-    #[serde(borrow, default)]
+    /// The request id, if any, raw (a `null` id is `Some("null")`: JSON-RPC allows it, and it is
+    /// answered as given).
+    #[serde(borrow, default, deserialize_with = "present")]
     pub id: Option<&'a RawValue>,
     /// The method, for requests and notifications.
     #[serde(borrow, default)]
@@ -128,13 +129,21 @@ impl<'a> Incoming<'a> {
         }
         let msg: Incoming<'a> = match serde_json::from_str(text) {
             Ok(m) => m,
-            Err(e) if e.is_data() => {
+            // serde stops at the first member of the wrong type: only text that is JSON all
+            // the way through is an invalid request rather than a parse error.
+            Err(e) if e.is_data() && serde_json::from_str::<serde::de::IgnoredAny>(text).is_ok() => {
                 // Valid JSON of the wrong shape (a string, a number, `method: 3`...).
-                let id = serde_json::from_str::<IdOnly>(text).ok().and_then(|i| i.id);
+                let id = serde_json::from_str::<IdOnly>(text)
+                    .ok()
+                    .and_then(|i| i.id)
+                    .filter(|id| is_valid_id(id));
                 return Err(ParseFailure::Invalid(id, "not a JSON-RPC 2.0 message"));
             }
             Err(e) => return Err(ParseFailure::NotJson(e.to_string())),
         };
+        if msg.id.is_some_and(|id| !is_valid_id(id)) {
+            return Err(ParseFailure::Invalid(None, "id must be a string, a number or null"));
+        }
         let kind = match (&msg.method, msg.id.is_some()) {
             (Some(_), true) => Kind::Request,
             (Some(_), false) => Kind::Notification,
@@ -158,6 +167,11 @@ impl<'a> Incoming<'a> {
 /// A member that is present, even as `null`, reads as `Some` (serde's `Option` would say `None`).
 fn present<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<&'de RawValue>, D::Error> {
     <&RawValue>::deserialize(d).map(Some)
+}
+
+/// Whether a raw id is one JSON-RPC allows: a string, a number, or `null`.
+fn is_valid_id(id: &RawValue) -> bool {
+    matches!(id.get().as_bytes().first(), Some(b'"' | b'-' | b'0'..=b'9' | b'n'))
 }
 
 #[derive(Deserialize)]

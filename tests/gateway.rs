@@ -520,3 +520,29 @@ async fn the_official_python_sdk_client_talks_to_the_gateway() {
         .expect("runs");
     assert_eq!(out.status.code(), Some(3), "handshake refused with 401");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_closes_first_gets_the_close_frame_back() {
+    use tokio_tungstenite::tungstenite::Message;
+    use tokio_tungstenite::tungstenite::protocol::CloseFrame;
+    use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
+    let gw = TestGateway::start(Db::Sqlite, |_| {}).await;
+    let mut c = gw.client("alice").await;
+    c.send_message(Message::Close(Some(CloseFrame {
+        code: CloseCode::Normal,
+        reason: "bye".into(),
+    })))
+    .await;
+    // The closing handshake completes (RFC 6455 5.5.1): the client sees the server's close frame,
+    // not a dropped socket.
+    loop {
+        match c.recv_frame().await {
+            Some(Message::Close(frame)) => {
+                assert_eq!(frame.map(|f| f.code), Some(CloseCode::Normal));
+                break;
+            }
+            Some(Message::Ping(_) | Message::Pong(_)) => {}
+            other => panic!("expected the server's close frame, got {other:?}"),
+        }
+    }
+}

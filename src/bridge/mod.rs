@@ -43,7 +43,8 @@ pub async fn serve(socket: WebSocket, gw: Arc<Gateway>, identity: Identity, conn
     let (sink, mut stream) = socket.split();
     let ping_every = Duration::from_secs(limits.ping_interval_secs.max(1));
     let writer = tokio::spawn(write_frames(sink, rx, outbox.clone(), ping_every));
-    metrics::gauge!("acp_gateway_connections").increment(1.0);
+    metrics::gauge!(crate::metrics::CONNECTIONS).increment(1.0);
+    metrics::counter!(crate::metrics::CONNECTIONS_OPENED).increment(1);
     tracing::info!(connection = %conn_id, user = %identity.user, agent = %pool.name, "client connected");
 
     let mut conn = methods::Connection::new(gw.clone(), client.clone(), pool);
@@ -97,7 +98,7 @@ pub async fn serve(socket: WebSocket, gw: Arc<Gateway>, identity: Identity, conn
     conn.finish();
     drop(stream);
     let _ = writer.await;
-    metrics::gauge!("acp_gateway_connections").decrement(1.0);
+    metrics::gauge!(crate::metrics::CONNECTIONS).decrement(1.0);
     tracing::info!(connection = %conn_id, user = %identity.user, "client disconnected");
 }
 
@@ -111,7 +112,8 @@ async fn write_frames(
     ping_every: Duration,
 ) {
     let mut ping = tokio::time::interval_at(tokio::time::Instant::now() + ping_every, ping_every);
-    let mut batch = Vec::with_capacity(512);
+    // Grows to what the busiest burst needed; an idle connection holds none.
+    let mut batch = Vec::new();
     let sent = async {
         loop {
             tokio::select! {
@@ -150,7 +152,14 @@ async fn write_frames(
             code: reason.code,
             reason: Utf8Bytes::from_static(reason.reason),
         };
-        let _ = tokio::time::timeout(CLOSE_FRAME_WAIT, sink.send(Message::Close(Some(frame)))).await;
+        let _ = tokio::time::timeout(CLOSE_FRAME_WAIT, async {
+            // When the client closed first, the library has queued the reply to its close frame
+            // and refuses a second one: closing the sink flushes that reply.
+            if sink.send(Message::Close(Some(frame))).await.is_err() {
+                let _ = sink.close().await;
+            }
+        })
+        .await;
     }
 }
 

@@ -45,4 +45,6 @@ if [ -f tests/ui/package.json ]; then
   cargo build --quiet
   (cd tests/ui && node --test)
 fi
+echo "== container and Kubernetes test"
+bash scripts/container-test.sh
 echo "== all tests passed"

@@ -161,8 +161,8 @@ old_image=$(pm image inspect --format '{{.Id}}' "$image" 2>/dev/null || true)
 echo "== podman build (runtime stage, binary from the host)"
 t=$(date +%s.%N)
 as_root timeout 900 env CONTAINERS_CONF="$cache/containers.conf" CONTAINERS_STORAGE_CONF="$cache/storage.conf" \
-  podman build --format docker --layers -t "$image" \
-  --build-arg BINARY_FROM=prebuilt --build-arg DEBIAN_IMAGE="$base" \
+  podman build --format docker --layers -t "$image" --target runtime-prebuilt \
+  --build-arg DEBIAN_IMAGE="$base" \
   --build-context prebuilt="$work/prebuilt" . > "$work/build.log" 2>&1 || { tail -30 "$work/build.log"; die "podman build"; }
 build_secs=$(since "$t")
 new_image=$(pm image inspect --format '{{.Id}}' "$image")

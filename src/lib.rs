@@ -15,14 +15,17 @@
 //! - [`auth`]: JWT verification and minting; where tokens come from.
 //! - [`bridge`]: one WebSocket connection: reading, writing, and what each method does.
 //! - [`quota`]: per-user caps (connections, request rate).
+//! - [`replica`]: replicas sharing sessions through Postgres: leases, the LISTEN/NOTIFY bus.
 //! - [`session`]: live sessions: sequence numbers, attached clients, agent requests.
 //! - [`pool`]: agent processes, pooled per agent; spawning, routing stdout, reaping.
 //! - [`store`]: the `Store` trait (SQLite and Postgres), the batching transcript writer, cursors.
 //! - [`outbox`]: one client's bounded outgoing queue (never waited on by fan-out).
 //! - [`protocol`]: JSON-RPC parsing (once, borrowed) and frame building (no re-serialization).
 //! - [`demo_agent`]: the built-in offline ACP agent.
-//! - [`telemetry`]: logs and Prometheus metrics.
+//! - [`telemetry`]: logs and the Prometheus recorder.
+//! - [`metrics`]: every Prometheus series: names, help, labels known at start, buckets.
 //! - [`tenancy`]: what a user's agent process can reach: environment, home, workspaces, sandbox.
+//! - [`traces`]: OpenTelemetry spans per client and agent request (OTLP/HTTP), W3C context to agents.
 
 pub mod app;
 pub mod auth;
@@ -33,12 +36,15 @@ pub mod config;
 pub mod demo_agent;
 pub(crate) mod files;
 pub mod gateway;
+pub mod metrics;
 pub(crate) mod http;
 pub(crate) mod outbox;
 pub mod pool;
 pub(crate) mod protocol;
 pub mod quota;
+pub mod replica;
 pub mod session;
 pub mod store;
 pub mod telemetry;
 pub mod tenancy;
+pub mod traces;

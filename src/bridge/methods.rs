@@ -10,6 +10,7 @@ use serde::Deserialize;
 use serde_json::value::RawValue;
 use serde_json::{Value, json};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tracing::Instrument;
 
 use super::parse_or_answer;
 use super::request::{self, ClientRequest};
@@ -84,14 +85,14 @@ impl Tracked {
 }
 
 /// What a handler produced.
-enum Reply {
+pub(super) enum Reply {
     /// Answer with this result (raw JSON).
     Result(String),
     /// The agent will answer (forwarded).
     Forwarded,
 }
 
-type Handled = Result<Reply, RpcError>;
+pub(super) type Handled = Result<Reply, RpcError>;
 
 impl Connection {
     /// Dispatch state for a new connection.
@@ -112,6 +113,9 @@ impl Connection {
         let Some((msg, kind)) = parse_or_answer(&self.client, text).await else {
             return;
         };
+        if kind != Kind::Response {
+            crate::metrics::message_in(crate::metrics::Peer::Client, msg.method());
+        }
         match kind {
             Kind::Response => self.on_response(&msg).await,
             Kind::Notification => self.on_notification(&msg).await,
@@ -163,6 +167,12 @@ impl Connection {
                 let Some(session) = self.gw.sessions.live(&self.client.user, &sid) else {
                     return;
                 };
+                if !session.is_bound_now()
+                    && let Some(params) = msg.params
+                {
+                    super::remote::cancel(&self.gw, &session, params).await;
+                    return;
+                }
                 let keep = self
                     .gw
                     .pools
@@ -171,6 +181,7 @@ impl Connection {
                 if let (Some(b), Some(params), Some(keep)) = (session.binding(), msg.params, keep)
                     && let Some(params) = protocol::rewrite_params(params, Some(&b.agent_session_id), Some(keep))
                 {
+                    crate::metrics::message_out(crate::metrics::Peer::Agent, "session/cancel", 1);
                     let _ = b
                         .process
                         .send_line(protocol::notification("session/cancel", &params))
@@ -187,6 +198,7 @@ impl Connection {
                     return;
                 };
                 if let Some((process, agent_id)) = self.tracked.forwarded(p.request_id.get()) {
+                    crate::metrics::message_out(crate::metrics::Peer::Agent, "$/cancel_request", 1);
                     let _ = process
                         .send_line(protocol::notification(
                             "$/cancel_request",
@@ -201,7 +213,21 @@ impl Connection {
         }
     }
 
+    /// A request, in a span of its own when traces are on.
     async fn on_request(&mut self, msg: &Incoming<'_>) {
+        if crate::traces::enabled() {
+            let span = crate::traces::client_request(
+                msg.method(),
+                &self.client.id,
+                &self.client.user,
+                msg.params.map(RawValue::get),
+            );
+            return self.handle_request(msg).instrument(span).await;
+        }
+        self.handle_request(msg).await
+    }
+
+    async fn handle_request(&mut self, msg: &Incoming<'_>) {
         let Some(id) = msg.id else { return };
         if !self.initialized {
             let reply = if msg.method() == "initialize" {
@@ -228,6 +254,7 @@ impl Connection {
         // Every request holds a slot while it is handled, a forwarded one until the agent answers.
         let Ok(slot) = self.inflight.clone().try_acquire_owned() else {
             let limit = self.gw.config.limits.max_inflight_per_connection;
+            crate::metrics::cap_hit("requests_in_flight");
             let err = RpcError::new(
                 CAP_REACHED,
                 "too many requests in flight on this connection; try again later",
@@ -252,10 +279,18 @@ impl Connection {
         // Everything else runs beside the read loop, so a slow agent or database never stops the
         // connection from reading.
         let id = id.to_owned();
-        self.gw.tracker.spawn(async move {
-            let reply = ctx.handle(request, &id, slot).await;
-            answer(&ctx.client, id.get(), reply).await;
-        });
+        let span = if crate::traces::enabled() {
+            tracing::Span::current()
+        } else {
+            tracing::Span::none()
+        };
+        self.gw.tracker.spawn(
+            async move {
+                let reply = ctx.handle(request, &id, slot).await;
+                answer(&ctx.client, id.get(), reply).await;
+            }
+            .instrument(span),
+        );
     }
 
     /// Whether `session` is this user's and on a live agent process now.
@@ -318,11 +353,23 @@ async fn answer(client: &Client, id: &str, reply: Handled) {
 }
 
 /// What a handler needs.
-struct Ctx {
+pub(super) struct Ctx {
     gw: Arc<Gateway>,
     client: Arc<Client>,
     pool: Arc<AgentPool>,
     tracked: Arc<Tracked>,
+}
+
+impl Ctx {
+    /// A handler context for `client` (a stand-in for another replica's client: never attached).
+    pub(super) fn stand_in(gw: Arc<Gateway>, client: Arc<Client>, pool: Arc<AgentPool>) -> Self {
+        Self {
+            gw,
+            client,
+            pool,
+            tracked: Arc::default(),
+        }
+    }
 }
 
 impl Ctx {
@@ -459,6 +506,11 @@ impl Ctx {
                 return Err(e);
             }
         };
+        if let Err(e) = self.gw.sessions.lease_new(&session).await {
+            process.release();
+            self.gw.sessions.discard(&self.client.user, &id).await;
+            return Err(e);
+        }
         if let Err(e) = session.bind(process.clone(), Arc::from(agent_sid.as_str())) {
             process.release();
             self.gw.sessions.discard(&self.client.user, &id).await;
@@ -466,7 +518,7 @@ impl Ctx {
             return Err(e);
         }
         self.attach(&session, false, 0).await?;
-        metrics::counter!("acp_gateway_sessions_created_total", "agent" => self.pool.name.to_string()).increment(1);
+        metrics::counter!(crate::metrics::SESSIONS_CREATED, "agent" => self.pool.name.to_string()).increment(1);
         tracing::info!(connection = %self.client.id, user = %self.client.user, session = %id, "session created");
         let result = protocol::with_session_id(&result, &id)
             .ok_or_else(|| RpcError::internal("agent's session/new result is not an object"))?;
@@ -555,6 +607,33 @@ impl Ctx {
         }
         self.attach(&session, false, 0).await?;
         if !session.is_bound_now() {
+            // Served by another replica: the request goes there through Postgres.
+            if let Some(holder) = self.gw.sessions.serving_elsewhere(&session).await? {
+                super::remote::forward(&self.gw, &self.client, &session, &holder, method, id, params).await?;
+                return Ok(Reply::Forwarded);
+            }
+        }
+        self.forward_here(&session, method, id, params, prompt, self.client.outbox.clone(), Some(slot))
+            .await
+    }
+
+    /// Forwards a request for `session` to this replica's agent process (restoring the session
+    /// onto one if needed); the answer goes to `to`.
+    pub(super) async fn forward_here(
+        &self,
+        session: &Arc<LiveSession>,
+        method: &str,
+        id: &RawValue,
+        params: &RawValue,
+        prompt: Option<&RawValue>,
+        to: crate::outbox::Outbox,
+        slot: Option<OwnedSemaphorePermit>,
+    ) -> Handled {
+        let pool = self
+            .pool_of(session)
+            .ok_or_else(|| RpcError::internal(format!("agent {} is no longer configured", session.agent)))?;
+        let cfg = pool.config();
+        if !session.is_bound_now() {
             self.room_for_a_live_session()?;
         }
         let binding = session.ensure_bound(&self.gw.pools).await?;
@@ -563,13 +642,13 @@ impl Ctx {
         let route: Arc<dyn SessionRoute> = session.clone();
         let answer = Pending::Forward {
             route,
-            to: self.client.outbox.clone(),
+            to,
             client_id: id.to_owned(),
-            _slot: Some(slot),
+            _slot: slot,
         };
         let send = || binding.process.forward(method, &rewritten, answer);
         let agent_id = if let Some(prompt) = prompt {
-            metrics::counter!("acp_gateway_prompts_total").increment(1);
+            metrics::counter!(crate::metrics::PROMPTS).increment(1);
             session.forward_prompt(Some(prompt), send).await?
         } else {
             send()?

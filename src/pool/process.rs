@@ -20,6 +20,7 @@ use serde_json::value::RawValue;
 use tokio_util::codec::FramedRead;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
+use tracing::Instrument;
 
 use super::child::{self, AgentLines, Line, StderrTail, lock};
 use super::reaper::GroupRecord;
@@ -59,6 +60,9 @@ pub struct AgentProcess {
     dead: CancellationToken,
     /// Asks the waiter to stop the process.
     stop: CancellationToken,
+    /// Set when the gateway asked it to stop ([`AgentProcess::stop`]): an exit without it is a
+    /// crash (`acp_gateway_agent_crashes_total`).
+    stop_requested: AtomicBool,
     /// Milliseconds after `started` of the last line in or out.
     last_active_ms: AtomicU64,
     /// Milliseconds after `started` the agent last had nothing to wait for from us: its last
@@ -140,6 +144,7 @@ impl AgentProcess {
             reserved: AtomicUsize::new(0),
             dead: CancellationToken::new(),
             stop: CancellationToken::new(),
+            stop_requested: AtomicBool::new(false),
             last_active_ms: AtomicU64::new(0),
             last_heard_ms: AtomicU64::new(0),
             handing_on: AtomicBool::new(false),
@@ -160,7 +165,6 @@ impl AgentProcess {
             groups.clone(),
             owner,
         ));
-        metrics::gauge!("acp_gateway_agent_processes", "agent" => process.agent.to_string()).increment(1.0);
         tracing::info!(agent = %process.agent, process = id, pid = process.pid, sandboxed = launch.sandboxed, "agent process started");
         Ok(process)
     }
@@ -178,6 +182,7 @@ impl AgentProcess {
 
     /// Asks the process (its whole group) to stop.
     pub fn stop(&self) {
+        self.stop_requested.store(true, Ordering::Release);
         self.stop.cancel();
     }
 
@@ -215,6 +220,16 @@ impl AgentProcess {
     /// Session slots taken.
     pub fn reserved(&self) -> usize {
         self.reserved.load(Ordering::Acquire)
+    }
+
+    /// Sessions bound to it now.
+    pub fn session_count(&self) -> usize {
+        lock(&self.sessions).len()
+    }
+
+    /// Whether a request to it waits for its answer.
+    pub fn is_waiting(&self) -> bool {
+        self.rpc.is_waiting()
     }
 
     /// Whether nothing has happened on it for `timeout` and nothing is in flight.
@@ -310,16 +325,33 @@ impl AgentProcess {
     }
 
     /// Sends a request and waits for its answer (at most `timeout`).
+    /// With traces on, the request has a span of its own and the agent gets its `traceparent`.
     pub async fn request(&self, method: &str, params: &str, timeout: Duration) -> Result<Box<RawValue>, RpcError> {
         self.touch();
+        if crate::traces::enabled() {
+            let span = crate::traces::agent_request(method, &self.agent, self.id, self.pid, None, params);
+            let params = crate::traces::with_context(&span, params);
+            return self.rpc.request(method, &params, timeout).instrument(span).await;
+        }
         self.rpc.request(method, params, timeout).await
     }
 
     /// Forwards a client's request without waiting: the answer goes back to the client through
     /// its session (after the session's earlier updates). Returns the id used with the agent
     /// (for `$/cancel_request`). An agent whose input queue is full is not waited on.
+    /// With traces on, the request has a span of its own, open until the agent answers, and the
+    /// agent gets its `traceparent`.
     pub fn forward(&self, method: &str, params: &str, answer: Pending) -> Result<u64, RpcError> {
         self.touch();
+        if crate::traces::enabled() {
+            let session = match &answer {
+                Pending::Forward { route, .. } => Some(route.session_id()),
+                Pending::Internal(_) => None,
+            };
+            let span = crate::traces::agent_request(method, &self.agent, self.id, self.pid, session, params);
+            let params = crate::traces::with_context(&span, params);
+            return span.in_scope(|| self.rpc.forward(method, &params, answer));
+        }
         self.rpc.forward(method, params, answer)
     }
 
@@ -352,6 +384,7 @@ impl AgentProcess {
             && u.method == "session/update"
             && u.id.is_none()
         {
+            crate::metrics::message_in(crate::metrics::Peer::Agent, "session/update");
             match self.session(&u.params.session_id) {
                 Some(session) => self.hand_on(&session, u.params.update, u.params.meta).await,
                 None => tracing::debug!(agent = %self.agent, "update for a session with no route; dropped"),
@@ -365,6 +398,9 @@ impl AgentProcess {
                 return;
             }
         };
+        if kind != Kind::Response {
+            crate::metrics::message_in(crate::metrics::Peer::Agent, msg.method());
+        }
         match kind {
             Kind::Response => self.rpc.on_response(&msg),
             Kind::Notification if msg.method() == "session/update" => {
@@ -495,7 +531,9 @@ async fn reap(
 ) {
     let how = child::wait(child, guard, &groups, &process.stop).await;
     process.record_exit(&how);
-    metrics::gauge!("acp_gateway_agent_processes", "agent" => process.agent.to_string()).decrement(1.0);
+    if !process.stop_requested.load(Ordering::Acquire) {
+        metrics::counter!(crate::metrics::AGENT_CRASHES, "agent" => process.agent.to_string()).increment(1);
+    }
     process.stop.cancel();
     process.dead.cancel();
 }

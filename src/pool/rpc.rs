@@ -20,6 +20,7 @@ use tokio_util::sync::CancellationToken;
 use super::child::lock;
 use super::route::SessionRoute;
 use crate::budget::ByteBudget;
+use crate::metrics::{AgentTimings, Peer};
 use crate::outbox::Outbox;
 use crate::protocol::{self, Incoming, RpcError};
 
@@ -59,6 +60,8 @@ struct Waiting {
     /// When it was sent, if it is a forwarded `session/prompt` (what `prompt_idle_timeout_secs`
     /// watches).
     prompt_sent: Option<Instant>,
+    /// A forwarded request's span (traces on): it ends when the answer comes, or never does.
+    _span: tracing::Span,
 }
 
 /// One agent as a JSON-RPC peer.
@@ -76,6 +79,8 @@ pub(super) struct Rpc {
     /// What every request gets once the agent has ended: how it ended, and an error id that
     /// matches the log line holding its stderr tail. `None` until then.
     gone: Mutex<Option<RpcError>>,
+    /// The agent's prompt and request latency histograms.
+    timings: AgentTimings,
 }
 
 impl Rpc {
@@ -85,6 +90,7 @@ impl Rpc {
         let (stdin, rx) = mpsc::channel(STDIN_QUEUE);
         let room = ByteBudget::new(queue_bytes);
         let rpc = Self {
+            timings: AgentTimings::new(&agent),
             agent,
             stdin,
             room: room.clone(),
@@ -115,8 +121,11 @@ impl Rpc {
             Waiting {
                 answer: Pending::Internal(tx),
                 prompt_sent: None,
+                _span: tracing::Span::none(),
             },
         );
+        crate::metrics::message_out(Peer::Agent, method, 1);
+        let sent = Instant::now();
         // The whole exchange is bounded, waiting for room in a full input queue included.
         let exchange = async {
             self.send_line(protocol::request(id, method, params)).await?;
@@ -125,6 +134,7 @@ impl Rpc {
         match tokio::time::timeout(timeout, exchange).await {
             Ok(answer) => {
                 lock(&self.pending).remove(&id);
+                self.timings.request_answered(method, sent);
                 answer
             }
             Err(_) => {
@@ -140,8 +150,22 @@ impl Rpc {
     /// A `session/prompt` is remembered as one: [`Rpc::oldest_prompt`].
     pub fn forward(&self, method: &str, params: &str, answer: Pending) -> Result<u64, RpcError> {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        crate::metrics::message_out(Peer::Agent, method, 1);
         let prompt_sent = (method == "session/prompt").then(Instant::now);
-        lock(&self.pending).insert(id, Waiting { answer, prompt_sent });
+        // The caller entered the request's span (`AgentProcess::forward`).
+        let _span = if crate::traces::enabled() {
+            tracing::Span::current()
+        } else {
+            tracing::Span::none()
+        };
+        lock(&self.pending).insert(
+            id,
+            Waiting {
+                answer,
+                prompt_sent,
+                _span,
+            },
+        );
         let mut line = protocol::request(id, method, params);
         line.push('\n');
         let len = line.len();
@@ -182,10 +206,18 @@ impl Rpc {
             tracing::warn!(agent = %self.agent, "agent answered an id the gateway never used; ignored");
             return;
         };
-        let Some(Waiting { answer: pending, .. }) = lock(&self.pending).remove(&id) else {
+        let Some(Waiting {
+            answer: pending,
+            prompt_sent,
+            ..
+        }) = lock(&self.pending).remove(&id)
+        else {
             tracing::debug!(agent = %self.agent, id, "answer to a request nobody waits for (timed out or cancelled)");
             return;
         };
+        if let Some(sent) = prompt_sent {
+            self.timings.prompt_answered(sent);
+        }
         match pending {
             Pending::Forward {
                 route, to, client_id, ..

@@ -155,9 +155,47 @@ pub fn filtered_meta(meta: &RawValue, keep: &[String]) -> Option<String> {
     Some(out)
 }
 
+/// `params` (a JSON object) with string members of its root `_meta` set (`Some`) or removed
+/// (`None`), `_meta` created if need be; every other member is copied as raw JSON. `None` when
+/// `params` or its `_meta` is not an object. (The trace context the gateway hands agents.)
+pub fn with_meta_strings(params: &str, entries: &[(&str, Option<&str>)]) -> Option<String> {
+    let mut members: BTreeMap<std::borrow::Cow<'_, str>, &RawValue> = serde_json::from_str(params).ok()?;
+    let mut meta: serde_json::Map<String, serde_json::Value> = match members.get("_meta") {
+        Some(meta) => serde_json::from_str(meta.get()).ok()?,
+        None => serde_json::Map::new(),
+    };
+    for (key, value) in entries {
+        match value {
+            Some(value) => meta.insert((*key).to_string(), serde_json::Value::from(*value)),
+            None => meta.remove(*key),
+        };
+    }
+    let meta = serde_json::value::to_raw_value(&meta).ok()?;
+    members.insert("_meta".into(), &meta);
+    serde_json::to_string(&members).ok()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn meta_strings_are_set_or_removed_and_the_rest_is_kept() {
+        let tp = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
+        let out = with_meta_strings(
+            r#"{"sessionId":"s","prompt":[{"type":"text","text":"x"}],"_meta":{"traceparent":"old","tracestate":"a=b","k":1}}"#,
+            &[("traceparent", Some(tp)), ("tracestate", None)],
+        )
+        .expect("object");
+        assert_eq!(
+            parse(&out),
+            json!({"sessionId":"s","prompt":[{"type":"text","text":"x"}],"_meta":{"traceparent":tp,"k":1}})
+        );
+        let out = with_meta_strings("{}", &[("traceparent", Some(tp))]).expect("object");
+        assert_eq!(parse(&out), json!({"_meta":{"traceparent":tp}}));
+        assert!(with_meta_strings("[1]", &[("traceparent", Some(tp))]).is_none());
+        assert!(with_meta_strings(r#"{"_meta":3}"#, &[("traceparent", Some(tp))]).is_none());
+    }
 
     fn session_update(session_id: &str, update: &str, seq: u64, agent_meta: Option<&RawValue>) -> String {
         let mut id = String::new();

@@ -37,10 +37,16 @@ impl ServeProcess {
     /// Runs `acp-gateway serve --listen 127.0.0.1:0 --config config` on `db_url` with the HS256
     /// `secret`, and waits for it to print its address. Its stderr goes to ours with `TEST_LOG`.
     pub async fn start(config: &Path, db_url: &str, secret: &str) -> Self {
+        Self::start_with_env(config, db_url, secret, &[]).await
+    }
+
+    /// [`ServeProcess::start`] with `env` set for the gateway too.
+    pub async fn start_with_env(config: &Path, db_url: &str, secret: &str, env: &[(&str, &str)]) -> Self {
         let mut cmd = tokio::process::Command::new(gateway_bin());
         for var in GATEWAY_ENV {
             cmd.env_remove(var);
         }
+        cmd.envs(env.iter().copied());
         cmd.args(["serve", "--listen", "127.0.0.1:0", "--config"])
             .arg(config)
             .env("ACP_GATEWAY_JWT_SECRET", secret)
@@ -111,6 +117,23 @@ impl ServeProcess {
     pub async fn kill(mut self) {
         self.child.start_kill().expect("SIGKILL the gateway");
         self.child.wait().await.expect("reaped");
+    }
+
+    /// Sends SIGTERM (graceful shutdown) and returns at once.
+    pub fn terminate(&self) {
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(self.pid() as i32),
+            nix::sys::signal::Signal::SIGTERM,
+        )
+        .expect("SIGTERM");
+    }
+
+    /// Waits for the process to exit (at most `within`) and returns how it ended.
+    pub async fn wait_exit(&mut self, within: std::time::Duration) -> std::process::ExitStatus {
+        tokio::time::timeout(within, self.child.wait())
+            .await
+            .expect("the gateway exits in time")
+            .expect("reaped")
     }
 
     /// SIGTERM (graceful shutdown) and wait for the exit.

@@ -43,6 +43,10 @@ pub struct Application {
 impl Application {
     /// Connects the store (migrating it), sets up keys and pools, and binds the listener.
     pub async fn build(config: Config) -> anyhow::Result<Self> {
+        // Before anything takes a metric handle (one taken earlier would never record), and so
+        // that every series, per configured agent too, is on `/metrics` from the start.
+        crate::telemetry::init_metrics();
+        crate::metrics::describe_and_zero(config.agents.keys().map(String::as_str));
         // Agents run as our OS user: without this, any of them could read our environment (the
         // JWT secret, DATABASE_URL) from /proc/<gateway>/environ, or ptrace us.
         if let Err(e) = nix::sys::prctl::set_dumpable(false) {

@@ -117,7 +117,7 @@ impl Outbox {
 
     fn overflow(&self) {
         if self.close(CLOSE_TOO_SLOW, "client too slow; reconnect and resume with afterSeq") {
-            metrics::counter!("acp_gateway_slow_clients_dropped_total").increment(1);
+            metrics::counter!(crate::metrics::SLOW_CLIENTS_DROPPED).increment(1);
             tracing::warn!("a client's queue is full; closed with 1013");
         }
     }

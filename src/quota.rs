@@ -24,6 +24,13 @@ pub struct CapReached {
 }
 
 impl CapReached {
+    /// A refusal at `cap` (one of [`crate::metrics::CAPS`]), counted in
+    /// `acp_gateway_cap_hits_total`.
+    pub fn new(cap: &'static str, limit: u64) -> Self {
+        crate::metrics::cap_hit(cap);
+        Self { cap, limit }
+    }
+
     /// The message a client gets.
     pub fn message(&self) -> String {
         format!(
@@ -78,10 +85,7 @@ impl Counted {
         let mut held = self.held.lock().unwrap_or_else(|e| e.into_inner());
         let n = held.entry(user.clone()).or_insert(0);
         if *n >= self.max {
-            return Err(CapReached {
-                cap: self.cap,
-                limit: self.max as u64,
-            });
+            return Err(CapReached::new(self.cap, self.max as u64));
         }
         *n += 1;
         Ok(Slot {
@@ -143,19 +147,15 @@ impl Quotas {
 
     /// Counts one request of `user` against the rate.
     pub fn request(&self, user: &Arc<str>) -> Result<(), CapReached> {
-        self.requests.check_key(user).map_err(|_| CapReached {
-            cap: "requests_per_second",
-            limit: u64::from(self.rate),
-        })
+        self.requests
+            .check_key(user)
+            .map_err(|_| CapReached::new("requests_per_second", u64::from(self.rate)))
     }
 
     /// Checks that `user` may put one more session on an agent process (`live` are on one now).
     pub fn live_session(&self, live: usize) -> Result<(), CapReached> {
         if live >= self.max_live_sessions {
-            return Err(CapReached {
-                cap: "live_sessions",
-                limit: self.max_live_sessions as u64,
-            });
+            return Err(CapReached::new("live_sessions", self.max_live_sessions as u64));
         }
         Ok(())
     }

@@ -51,6 +51,30 @@ pub enum AuthError {
     EmptySubject,
 }
 
+impl AuthError {
+    /// Why, as a metric label (`acp_gateway_auth_failures_total{reason}`).
+    pub fn reason(&self) -> &'static str {
+        use jsonwebtoken::errors::ErrorKind;
+        match self {
+            Self::EmptySubject => "invalid",
+            Self::Invalid(e) => match e.kind() {
+                ErrorKind::ExpiredSignature => "expired",
+                ErrorKind::ImmatureSignature => "not_yet_valid",
+                ErrorKind::InvalidAudience => "wrong_audience",
+                ErrorKind::InvalidIssuer => "wrong_issuer",
+                ErrorKind::MissingRequiredClaim(_) => "missing_claim",
+                ErrorKind::InvalidSignature | ErrorKind::InvalidAlgorithm => "bad_signature",
+                ErrorKind::InvalidToken
+                | ErrorKind::InvalidClaimFormat(_)
+                | ErrorKind::Base64(_)
+                | ErrorKind::Json(_)
+                | ErrorKind::Utf8(_) => "malformed",
+                _ => "invalid",
+            },
+        }
+    }
+}
+
 /// A key could not be set up from the configuration.
 #[derive(Debug, thiserror::Error)]
 pub enum KeyError {

@@ -161,12 +161,17 @@ pub fn same_origin(headers: &HeaderMap, no_origin: NoOrigin) -> bool {
 
 /// Verifies the request's token; every failure is the same `401`.
 pub fn authenticate(gw: &Gateway, headers: &HeaderMap, query: Option<&str>) -> Result<Identity, Unauthorized> {
-    let (token, source) = find_token(headers, query).ok_or(Unauthorized)?;
+    let Some((token, source)) = find_token(headers, query) else {
+        crate::metrics::auth_failure("missing");
+        return Err(Unauthorized);
+    };
     if source == Source::Cookie && !same_origin(headers, NoOrigin::AllowNavigation) {
+        crate::metrics::auth_failure("cross_origin");
         tracing::warn!("cookie-authenticated request from another origin refused");
         return Err(Unauthorized);
     }
     gw.auth.verify(&token).map_err(|e| {
+        crate::metrics::auth_failure(e.reason());
         tracing::info!(error = %e, source = ?source, "token refused");
         Unauthorized
     })

@@ -74,11 +74,20 @@ async fn readyz(State(gw): State<Arc<Gateway>>) -> impl IntoResponse {
     )
 }
 
+/// Gauges that are a count of what the gateway holds are taken at each scrape, from the pools and
+/// sessions themselves (nothing to keep in step on their paths).
 async fn metrics(State(gw): State<Arc<Gateway>>) -> impl IntoResponse {
-    metrics::gauge!("acp_gateway_sessions_in_memory").set(gw.sessions.in_memory() as f64);
+    use crate::metrics::{AGENT_PROCESSES, SESSIONS_IN_MEMORY, SESSIONS_LIVE};
+    metrics::gauge!(SESSIONS_IN_MEMORY).set(gw.sessions.in_memory() as f64);
+    let mut live = 0;
     for (name, pool) in gw.pools.iter() {
-        metrics::gauge!("acp_gateway_pool_processes", "agent" => name.clone()).set(pool.process_count() as f64);
+        let states = pool.process_states();
+        live += states.sessions;
+        for (state, n) in [("starting", states.starting), ("idle", states.idle), ("busy", states.busy)] {
+            metrics::gauge!(AGENT_PROCESSES, "agent" => name.clone(), "state" => state).set(n as f64);
+        }
     }
+    metrics::gauge!(SESSIONS_LIVE).set(live as f64);
     (
         [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
         crate::telemetry::render_metrics(),

@@ -87,6 +87,7 @@ struct CodeQuery {
 /// Refused when a page on another site sent the browser here (login CSRF).
 async fn login_with_code(State(gw): State<Arc<Gateway>>, headers: HeaderMap, Query(q): Query<CodeQuery>) -> Response {
     if headers.get("sec-fetch-site").is_some_and(|v| v == "cross-site") {
+        crate::metrics::auth_failure("cross_origin");
         tracing::warn!("login link followed from another site refused");
         return refusal(
             &headers,
@@ -95,6 +96,7 @@ async fn login_with_code(State(gw): State<Arc<Gateway>>, headers: HeaderMap, Que
         );
     }
     let Some(user) = q.code.as_deref().and_then(|code| gw.login_codes.redeem(code)) else {
+        crate::metrics::auth_failure("bad_login_code");
         return refusal(
             &headers,
             StatusCode::UNAUTHORIZED,
@@ -128,6 +130,7 @@ async fn login_with_token(
     form: Result<Form<LoginForm>, FormRejection>,
 ) -> Response {
     if !same_origin(&headers, NoOrigin::SameOriginOnly) {
+        crate::metrics::auth_failure("cross_origin");
         tracing::warn!("sign-in from another origin refused");
         return refusal(&headers, StatusCode::FORBIDDEN, "Sign in from this gateway's own page.");
     }
@@ -137,6 +140,7 @@ async fn login_with_token(
     match gw.auth.verify(form.token.trim()) {
         Ok(who) => signed_in(&headers, form.token.trim(), who.expires_at.saturating_sub(now_secs())),
         Err(e) => {
+            crate::metrics::auth_failure(e.reason());
             tracing::info!(error = %e, "sign-in token refused");
             refusal(
                 &headers,

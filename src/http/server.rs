@@ -146,7 +146,7 @@ fn take_slot(counts: &PeerCounts, ip: IpAddr, max: usize) -> Option<PeerSlot> {
 }
 
 fn refused(reason: &'static str) {
-    metrics::counter!("acp_gateway_connections_refused_total", "reason" => reason).increment(1);
+    crate::metrics::connection_refused(reason);
 }
 
 /// Serves `router` on `listener` until `stop` fires, then lets open HTTP connections finish for

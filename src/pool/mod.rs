@@ -13,7 +13,7 @@ pub mod route;
 mod rpc;
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -115,8 +115,39 @@ pub struct AgentPool {
     spawn_gate: tokio::sync::Mutex<()>,
     /// The agent's `initialize` answer, from the first process that gave one.
     info: Mutex<Option<Arc<AgentInfo>>>,
+    /// Processes started and not yet initialized (not in `procs` until they are).
+    starting: AtomicUsize,
     /// What every agent's pool shares.
     common: Common,
+}
+
+/// How many of a pool's processes are in each state, and the sessions they carry (for metrics).
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct ProcessStates {
+    /// Started, `initialize` not answered yet.
+    pub starting: usize,
+    /// Carrying no session and waiting for no answer.
+    pub idle: usize,
+    /// Carrying a session or waiting for an answer.
+    pub busy: usize,
+    /// Sessions bound to its live processes.
+    pub sessions: usize,
+}
+
+/// Counts a process as starting while it lives.
+struct Starting<'a>(&'a AtomicUsize);
+
+impl<'a> Starting<'a> {
+    fn new(n: &'a AtomicUsize) -> Self {
+        n.fetch_add(1, Ordering::Relaxed);
+        Self(n)
+    }
+}
+
+impl Drop for Starting<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
 }
 
 /// What the pools of every agent share.
@@ -144,6 +175,7 @@ impl AgentPool {
             procs: Mutex::new(Vec::new()),
             spawn_gate: tokio::sync::Mutex::new(()),
             info: Mutex::new(None),
+            starting: AtomicUsize::new(0),
             common,
         }
     }
@@ -323,7 +355,9 @@ impl AgentPool {
         // A shared agent's processes carry no user's environment; the first user to need one
         // claims it (for routing and accounting) without changing what it can reach.
         let user = user.filter(|_| !self.is_shared());
+        let failed = || metrics::counter!(crate::metrics::AGENT_SPAWN_FAILURES, "agent" => self.name.to_string());
         let cannot_start = |e: std::io::Error| {
+            failed().increment(1);
             tracing::error!(agent = %self.name, command = %self.cfg.command, error = %e, "cannot start agent");
             RpcError::internal(format!("cannot start agent {}", self.name))
         };
@@ -331,6 +365,7 @@ impl AgentPool {
             Some(user) => Some(self.common.quotas.agent_process(user).map_err(|cap| cap.rpc())?),
             None => None,
         };
+        let _starting = Starting::new(&self.starting);
         let launch = self
             .common
             .tenancy
@@ -346,6 +381,7 @@ impl AgentPool {
             &self.common.tracker,
         )
         .map_err(cannot_start)?;
+        metrics::counter!(crate::metrics::AGENT_SPAWNS, "agent" => self.name.to_string()).increment(1);
         let client_caps = self.cfg.client_capabilities.clone().unwrap_or_else(
             || serde_json::json!({ "fs": { "readTextFile": false, "writeTextFile": false }, "terminal": false }),
         );
@@ -358,6 +394,7 @@ impl AgentPool {
             Ok(r) => r,
             Err(e) => {
                 p.stop();
+                failed().increment(1);
                 tracing::warn!(agent = %self.name, process = p.id, error = %e.message, "agent failed to initialize");
                 // A timeout is reported as the contract words it; anything else names the step.
                 if e.message == rpc::TIMED_OUT {
@@ -370,7 +407,14 @@ impl AgentPool {
                 });
             }
         };
-        let info = AgentInfo::parse(result)?;
+        let info = match AgentInfo::parse(result) {
+            Ok(info) => info,
+            Err(e) => {
+                p.stop();
+                failed().increment(1);
+                return Err(e);
+            }
+        };
         *self.info.lock().unwrap_or_else(|e| e.into_inner()) = Some(Arc::new(info));
         self.procs.lock().unwrap_or_else(|e| e.into_inner()).push(p.clone());
         Ok(p)
@@ -446,6 +490,27 @@ impl AgentPool {
             .iter()
             .filter(|p| !p.is_dead())
             .count()
+    }
+
+    /// How many processes are in each state (for metrics, at each scrape).
+    pub fn process_states(&self) -> ProcessStates {
+        let mut states = ProcessStates {
+            starting: self.starting.load(Ordering::Relaxed),
+            ..ProcessStates::default()
+        };
+        for p in self.procs.lock().unwrap_or_else(|e| e.into_inner()).iter() {
+            if p.is_dead() {
+                continue;
+            }
+            let sessions = p.session_count();
+            states.sessions += sessions;
+            if sessions > 0 || p.is_waiting() {
+                states.busy += 1;
+            } else {
+                states.idle += 1;
+            }
+        }
+        states
     }
 
     /// OS process ids of the live processes (for operators' tooling and tests).

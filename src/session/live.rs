@@ -96,9 +96,13 @@ impl Fanout {
             _ if seq <= sub.sent_up_to => true,
             Some(caught) => {
                 if caught.bytes + frame.len() > catch_up_bytes {
-                    sub.client
+                    if sub
+                        .client
                         .outbox
-                        .close(CLOSE_TOO_SLOW, "replay too slow; reconnect and resume with afterSeq");
+                        .close(CLOSE_TOO_SLOW, "replay too slow; reconnect and resume with afterSeq")
+                    {
+                        metrics::counter!(crate::metrics::SLOW_CLIENTS_DROPPED).increment(1);
+                    }
                     return false;
                 }
                 caught.bytes += frame.len();
@@ -107,7 +111,11 @@ impl Fanout {
             }
             None => {
                 sub.sent_up_to = seq;
-                sub.client.outbox.push(frame.clone())
+                let pushed = sub.client.outbox.push(frame.clone());
+                if pushed {
+                    crate::metrics::message_out(crate::metrics::Peer::Client, "session/update", 1);
+                }
+                pushed
             }
         });
     }
@@ -136,6 +144,8 @@ pub struct LiveSession {
     id_json: Box<str>,
     /// `acp_gateway_updates_total`, looked up once.
     updates_total: metrics::Counter,
+    /// Time from a prompt to the agent's first update (`acp_gateway_prompt_first_update_seconds`).
+    first_update: crate::metrics::FirstUpdate,
     /// The transcript writer.
     persister: Persister,
     /// How long an agent's request may wait for an answer.
@@ -190,7 +200,8 @@ impl LiveSession {
         let last_seq = u64::try_from(r.last_seq).unwrap_or(0);
         Arc::new_cyclic(|me| Self {
             id_json: id_json.into(),
-            updates_total: metrics::counter!("acp_gateway_updates_total"),
+            updates_total: metrics::counter!(crate::metrics::UPDATES),
+            first_update: crate::metrics::FirstUpdate::new(&r.agent),
             id: Arc::from(r.id.as_str()),
             owner: Arc::from(r.owner.as_str()),
             agent: Arc::from(r.agent.as_str()),
@@ -334,6 +345,7 @@ impl LiveSession {
                 return Err(e);
             }
         };
+        self.first_update.prompt_sent();
         self.persister
             .send(Item::Prompt {
                 session: self.id.clone(),
@@ -376,8 +388,12 @@ impl LiveSession {
         if replay {
             // Everything released before the subscription is stored, so the store has it;
             // everything released after is caught for the client meanwhile.
+            let started = std::time::Instant::now();
             let cursor = match self.replay(client, store, after_seq).await {
-                Ok(cursor) => cursor,
+                Ok(cursor) => {
+                    metrics::histogram!(crate::metrics::REPLAY_SECONDS).record(crate::metrics::seconds_since(started));
+                    cursor
+                }
                 Err(e) => {
                     self.detach(client);
                     return Err(e);
@@ -397,6 +413,7 @@ impl LiveSession {
                     if !client.outbox.push(frame) {
                         break;
                     }
+                    crate::metrics::message_out(crate::metrics::Peer::Client, "session/update", 1);
                 }
             }
         }
@@ -417,6 +434,7 @@ impl LiveSession {
     /// Streams stored updates after `cursor` to `client`, page by page, waiting for room in its
     /// outbox; returns the last seq sent.
     async fn replay(&self, client: &Client, store: &dyn Store, mut cursor: u64) -> Result<u64, RpcError> {
+        let from = cursor;
         loop {
             let chunks = store
                 .read_events(&self.owner, &self.id, cursor as i64, REPLAY_PAGE_CHUNKS)
@@ -426,6 +444,8 @@ impl LiveSession {
                     RpcError::internal("cannot read the session transcript")
                 })?;
             if chunks.is_empty() {
+                // Seqs are consecutive: what was sent is what lies between.
+                crate::metrics::message_out(crate::metrics::Peer::Client, "session/update", cursor - from);
                 return Ok(cursor);
             }
             for chunk in chunks {
@@ -562,7 +582,11 @@ impl LiveSession {
             self.additional_dirs,
             serde_json::to_string(&servers).unwrap_or_else(|_| String::from("[]")),
         );
-        if let Err(e) = process.request(method, &params, pool.request_timeout()).await {
+        let restored = process.request(method, &params, pool.request_timeout()).await;
+        let outcome = if restored.is_ok() { "ok" } else { "error" };
+        metrics::counter!(crate::metrics::SESSION_RESTORES, "agent" => self.agent.to_string(), "method" => method, "outcome" => outcome)
+            .increment(1);
+        if let Err(e) = restored {
             process.release();
             tracing::warn!(session = %self.id, method, error = %e, "agent could not restore session");
             // A timeout keeps the contract's wording; anything else says what failed.
@@ -653,6 +677,7 @@ impl SessionRoute for LiveSession {
     }
 
     async fn publish(&self, update: &RawValue, meta: Option<&RawValue>) {
+        self.first_update.update();
         self.publish_raw(update.get(), meta).await;
     }
 

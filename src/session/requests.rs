@@ -98,6 +98,7 @@ impl AgentRequest {
             client
                 .outbox
                 .push(Utf8Bytes::from(protocol::request(out_id, &self.method, &self.params)));
+            crate::metrics::message_out(crate::metrics::Peer::Client, &self.method, 1);
         }
     }
 
@@ -147,6 +148,7 @@ impl AgentRequest {
             client
                 .outbox
                 .push(Utf8Bytes::from(protocol::notification("$/cancel_request", &params)));
+            crate::metrics::message_out(crate::metrics::Peer::Client, "$/cancel_request", 1);
         }
     }
 

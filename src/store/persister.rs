@@ -223,6 +223,9 @@ async fn run(
     // Sessions whose updates could not be stored for good: none of their updates is released
     // any more (a later commit would release the lost ones with it).
     let mut lost: HashSet<Arc<str>> = HashSet::new();
+    // Looked up once: recorded per batch and per session in it.
+    let batch_updates = metrics::histogram!(crate::metrics::TRANSCRIPT_BATCH_UPDATES);
+    let commit_lag = metrics::histogram!(crate::metrics::TRANSCRIPT_COMMIT_LAG_SECONDS);
     let w = Writer {
         store: &*store,
         cancel: &cancel,
@@ -264,6 +267,7 @@ async fn run(
             acks,
             updates,
             stored_up_to,
+            oldest,
         } = coalesce(items.drain(..));
         // Updates first, on their own: clients wait for them. Message counts and titles wait
         // until the queue is idle (or someone waits for a flush): nobody waits for those.
@@ -272,7 +276,7 @@ async fn run(
             match updates {
                 Some(u) if lost.contains(&u.session_id) => {
                     let n = u.chunk.as_ref().map_or(0, |c| c.seq_to - c.seq_from + 1);
-                    metrics::counter!("acp_gateway_transcript_updates_dropped_total").increment(n as u64);
+                    metrics::counter!(crate::metrics::TRANSCRIPT_UPDATES_DROPPED).increment(n as u64);
                     tracing::error!(session = %u.session_id, updates = n, "session's transcript cannot be stored; update dropped, never shown");
                 }
                 u => chunks.extend(u),
@@ -282,14 +286,17 @@ async fn run(
         let stored = if chunks.is_empty() {
             Some(HashSet::new())
         } else {
+            batch_updates.record(updates as f64);
             w.write(&chunks, updates).await
         };
         if let Some(dropped) = stored {
             lost.extend(dropped);
-            for (session, notify, seq) in stored_up_to {
+            let now = now_micros();
+            for ((session, notify, seq), received) in stored_up_to.into_iter().zip(oldest) {
                 if lost.contains(&session) {
                     notify.lost();
                 } else {
+                    commit_lag.record((now - received).max(0) as f64 / 1e6);
                     notify.committed(seq);
                 }
             }
@@ -365,8 +372,8 @@ impl Writer<'_> {
                         },
                     };
                     self.health.dropped.fetch_add(1, Ordering::Relaxed);
-                    metrics::counter!("acp_gateway_transcript_writes_dropped_total").increment(1);
-                    metrics::counter!("acp_gateway_transcript_updates_dropped_total").increment(n);
+                    metrics::counter!(crate::metrics::TRANSCRIPT_WRITES_DROPPED).increment(1);
+                    metrics::counter!(crate::metrics::TRANSCRIPT_UPDATES_DROPPED).increment(n);
                     tracing::error!(
                         session = %session,
                         error = %failed,
@@ -379,7 +386,7 @@ impl Writer<'_> {
                 self.health.succeeded();
             }
         }
-        metrics::histogram!("acp_gateway_transcript_write_seconds").record(started.elapsed().as_secs_f64());
+        metrics::histogram!(crate::metrics::TRANSCRIPT_COMMIT_SECONDS).record(started.elapsed().as_secs_f64());
         Some(dropped)
     }
 
@@ -395,13 +402,13 @@ impl Writer<'_> {
             let e = match result {
                 Ok(()) => {
                     self.health.succeeded();
-                    metrics::counter!("acp_gateway_transcript_updates_stored_total").increment(updates);
+                    metrics::counter!(crate::metrics::TRANSCRIPT_UPDATES_STORED).increment(updates);
                     return Attempt::Stored;
                 }
                 Err(e) => e,
             };
             self.health.failed(&e);
-            metrics::counter!("acp_gateway_transcript_write_errors_total").increment(1);
+            metrics::counter!(crate::metrics::TRANSCRIPT_WRITE_ERRORS).increment(1);
             if self.cancel.is_cancelled() {
                 tracing::error!(error = %e, updates, "shutting down with the database unreachable: not stored");
                 return Attempt::GaveUp;
@@ -481,6 +488,9 @@ struct Batch {
     updates: u64,
     /// Each session's highest seq in it, and whom to tell once it is committed.
     stored_up_to: Vec<(Arc<str>, Arc<dyn Committed>, u64)>,
+    /// When each session's oldest update in it was received (epoch µs), in `stored_up_to`'s
+    /// order: its commit lag.
+    oldest: Vec<i64>,
 }
 
 /// Groups a batch into one write per session (one chunk per run of consecutive updates).
@@ -490,6 +500,7 @@ fn coalesce(items: impl Iterator<Item = Item>) -> Batch {
     let mut acks = Vec::new();
     let mut updates = 0;
     let mut stored_up_to: Vec<(Arc<str>, Arc<dyn Committed>, u64)> = Vec::new();
+    let mut oldest: Vec<i64> = Vec::new();
     let mut notify_slot: HashMap<Arc<str>, usize> = HashMap::new();
     fn slot(writes: &mut Vec<SessionWrite>, current: &mut HashMap<Arc<str>, usize>, session: &Arc<str>) -> usize {
         *current.entry(session.clone()).or_insert_with(|| {
@@ -515,6 +526,7 @@ fn coalesce(items: impl Iterator<Item = Item>) -> Batch {
                     None => {
                         notify_slot.insert(session.clone(), stored_up_to.len());
                         stored_up_to.push((session.clone(), notify, seq));
+                        oldest.push(at);
                     }
                 }
                 let mut i = slot(&mut writes, &mut current, &session);
@@ -566,6 +578,7 @@ fn coalesce(items: impl Iterator<Item = Item>) -> Batch {
         acks,
         updates,
         stored_up_to,
+        oldest,
     }
 }
 
@@ -607,8 +620,10 @@ mod tests {
             acks,
             updates: n,
             stored_up_to,
+            oldest,
         } = coalesce(items.into_iter());
         assert_eq!(n, 4);
+        assert_eq!(oldest, vec![1, 5], "each session's oldest update, for its commit lag");
         assert!(acks.is_empty());
         assert_eq!(
             stored_up_to.iter().map(|(_, _, seq)| *seq).collect::<Vec<_>>(),

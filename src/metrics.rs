@@ -1,0 +1,572 @@
+//! Every Prometheus series the gateway exports, in one place: names, help text, the label values
+//! known at start, histogram buckets, and the handles that paths run per message keep.
+//!
+//! [`describe_and_zero`] runs at start-up once the recorder is installed (`telemetry`), so every
+//! series is on `/metrics` from the first scrape, at zero: a dashboard or alert never has to tell
+//! "no data" from "none happened". Label sets known at start are registered too: reasons, caps
+//! and methods from the fixed lists below, agents from the configuration.
+//!
+//! Paths that run per update or per message never build a key: the unlabelled-by-agent counters
+//! live in tables resolved once ([`describe_and_zero`]); agent-labelled handles are resolved once
+//! per agent process ([`AgentTimings`]) or per session in memory ([`FirstUpdate`]).
+//!
+//! A leaf: it imports nothing of the crate.
+
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Instant;
+
+use metrics::{Counter, Histogram, Unit};
+
+// ---- Names ----
+
+/// Open WebSocket connections (gauge).
+pub const CONNECTIONS: &str = "acp_gateway_connections";
+/// WebSocket connections accepted (counter).
+pub const CONNECTIONS_OPENED: &str = "acp_gateway_connections_opened_total";
+/// Connections refused, by `reason` (counter).
+pub const CONNECTIONS_REFUSED: &str = "acp_gateway_connections_refused_total";
+/// Authentication failures, by `reason` (counter).
+pub const AUTH_FAILURES: &str = "acp_gateway_auth_failures_total";
+/// Per-user cap hits, by `cap` (counter).
+pub const CAP_HITS: &str = "acp_gateway_cap_hits_total";
+/// Clients closed because they did not read (counter).
+pub const SLOW_CLIENTS_DROPPED: &str = "acp_gateway_slow_clients_dropped_total";
+/// Sessions on a live agent process (gauge, set at scrape).
+pub const SESSIONS_LIVE: &str = "acp_gateway_sessions_live";
+/// Sessions in the gateway's memory (gauge, set at scrape).
+pub const SESSIONS_IN_MEMORY: &str = "acp_gateway_sessions_in_memory";
+/// Sessions created, by `agent` (counter).
+pub const SESSIONS_CREATED: &str = "acp_gateway_sessions_created_total";
+/// Sessions restored onto an agent process, by `agent`, `method`, `outcome` (counter).
+pub const SESSION_RESTORES: &str = "acp_gateway_session_restores_total";
+/// Agent processes, by `agent` and `state` (gauge, set at scrape).
+pub const AGENT_PROCESSES: &str = "acp_gateway_agent_processes";
+/// Agent processes started, by `agent` (counter).
+pub const AGENT_SPAWNS: &str = "acp_gateway_agent_spawns_total";
+/// Agent processes that could not be started or initialized, by `agent` (counter).
+pub const AGENT_SPAWN_FAILURES: &str = "acp_gateway_agent_spawn_failures_total";
+/// Agent processes that ended without the gateway asking, by `agent` (counter).
+pub const AGENT_CRASHES: &str = "acp_gateway_agent_crashes_total";
+/// Messages received, by `peer` and `method` (counter).
+pub const MESSAGES_IN: &str = "acp_gateway_messages_in_total";
+/// Messages sent, by `peer` and `method` (counter).
+pub const MESSAGES_OUT: &str = "acp_gateway_messages_out_total";
+/// Updates published by agents (counter).
+pub const UPDATES: &str = "acp_gateway_updates_total";
+/// Prompts forwarded to agents (counter).
+pub const PROMPTS: &str = "acp_gateway_prompts_total";
+/// Prompt sent to the agent → its answer, by `agent` (histogram, seconds).
+pub const PROMPT_SECONDS: &str = "acp_gateway_prompt_seconds";
+/// Prompt sent to the agent → its first update, by `agent` (histogram, seconds).
+pub const PROMPT_FIRST_UPDATE_SECONDS: &str = "acp_gateway_prompt_first_update_seconds";
+/// The gateway's own requests to agents, by `agent` and `method` (histogram, seconds).
+pub const AGENT_REQUEST_SECONDS: &str = "acp_gateway_agent_request_seconds";
+/// Updates per transcript commit (histogram).
+pub const TRANSCRIPT_BATCH_UPDATES: &str = "acp_gateway_transcript_batch_updates";
+/// One transcript commit, retries included (histogram, seconds).
+pub const TRANSCRIPT_COMMIT_SECONDS: &str = "acp_gateway_transcript_commit_seconds";
+/// Oldest update of a session in a commit received → committed (histogram, seconds).
+pub const TRANSCRIPT_COMMIT_LAG_SECONDS: &str = "acp_gateway_transcript_commit_lag_seconds";
+/// Updates stored (counter).
+pub const TRANSCRIPT_UPDATES_STORED: &str = "acp_gateway_transcript_updates_stored_total";
+/// Failed transcript write attempts (counter).
+pub const TRANSCRIPT_WRITE_ERRORS: &str = "acp_gateway_transcript_write_errors_total";
+/// Session writes given up on for good (counter).
+pub const TRANSCRIPT_WRITES_DROPPED: &str = "acp_gateway_transcript_writes_dropped_total";
+/// Updates never stored, so never shown (counter).
+pub const TRANSCRIPT_UPDATES_DROPPED: &str = "acp_gateway_transcript_updates_dropped_total";
+/// A `session/load` replay of the stored transcript (histogram, seconds).
+pub const REPLAY_SECONDS: &str = "acp_gateway_replay_seconds";
+
+// ---- Label values known at start ----
+
+/// `reason` of [`CONNECTIONS_REFUSED`].
+pub const REFUSAL_REASONS: &[&str] = &[
+    "per_ip",
+    "pending",
+    "max_connections",
+    "per_user",
+    "draining",
+    "unauthenticated",
+    "unknown_agent",
+];
+
+/// `reason` of [`AUTH_FAILURES`].
+pub const AUTH_FAILURE_REASONS: &[&str] = &[
+    "missing",
+    "malformed",
+    "bad_signature",
+    "expired",
+    "not_yet_valid",
+    "wrong_audience",
+    "wrong_issuer",
+    "missing_claim",
+    "invalid",
+    "cross_origin",
+    "bad_login_code",
+];
+
+/// `cap` of [`CAP_HITS`].
+pub const CAPS: &[&str] = &[
+    "connections",
+    "agent_processes",
+    "live_sessions",
+    "requests_per_second",
+    "stored_bytes",
+    "requests_in_flight",
+];
+
+/// `state` of [`AGENT_PROCESSES`]: started and not yet initialized; carrying no session and
+/// waiting for no answer; carrying a session or waiting for an answer.
+pub const PROCESS_STATES: &[&str] = &["starting", "idle", "busy"];
+
+/// `method` of [`SESSION_RESTORES`].
+pub const RESTORE_METHODS: &[&str] = &["session/resume", "session/load"];
+
+/// `outcome` of [`SESSION_RESTORES`].
+pub const OUTCOMES: &[&str] = &["ok", "error"];
+
+/// What a client sends the gateway (`peer="client"` of [`MESSAGES_IN`]); the rest is `other`.
+pub const FROM_CLIENT: &[&str] = &[
+    "initialize",
+    "authenticate",
+    "session/new",
+    "session/load",
+    "session/resume",
+    "session/list",
+    "session/close",
+    "session/delete",
+    "session/prompt",
+    "session/set_mode",
+    "session/set_config_option",
+    "session/set_model",
+    "session/cancel",
+    "$/cancel_request",
+    OTHER,
+];
+
+/// What an agent sends the gateway besides answers (`peer="agent"` of [`MESSAGES_IN`]), and
+/// what the gateway passes on to clients (`peer="client"` of [`MESSAGES_OUT`]). `session/update`
+/// first: it is the hot one.
+pub const FROM_AGENT: &[&str] = &[
+    "session/update",
+    "session/request_permission",
+    "fs/read_text_file",
+    "fs/write_text_file",
+    "terminal/create",
+    "terminal/output",
+    "terminal/release",
+    "terminal/wait_for_exit",
+    "terminal/kill",
+    "$/cancel_request",
+    OTHER,
+];
+
+/// What the gateway sends agents besides answers (`peer="agent"` of [`MESSAGES_OUT`]).
+pub const TO_AGENT: &[&str] = &[
+    "initialize",
+    "authenticate",
+    "session/new",
+    "session/load",
+    "session/resume",
+    "session/close",
+    "session/prompt",
+    "session/set_mode",
+    "session/set_config_option",
+    "session/set_model",
+    "session/cancel",
+    "$/cancel_request",
+    OTHER,
+];
+
+/// `method` of [`AGENT_REQUEST_SECONDS`]: the requests the gateway itself waits on.
+pub const AGENT_REQUESTS: &[&str] = &[
+    "initialize",
+    "authenticate",
+    "session/new",
+    "session/load",
+    "session/resume",
+    "session/close",
+    OTHER,
+];
+
+/// The method label of anything not in a list.
+pub const OTHER: &str = "other";
+
+/// The entry of `list` equal to `method`, else the last (`other`); as an index.
+fn index_of(list: &[&str], method: &str) -> usize {
+    list.iter().position(|m| *m == method).unwrap_or(list.len() - 1)
+}
+
+// ---- Buckets ----
+
+/// Prompts and agent requests: milliseconds to the 10-minute prompts of coding agents.
+const LATENCY_BUCKETS: &[f64] = &[
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0,
+];
+/// Database commits and commit lag: sub-millisecond (SQLite WAL) to the writer's retries.
+const COMMIT_BUCKETS: &[f64] = &[
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+];
+/// Updates per commit, up to the writer's batch cap (8,192 items).
+const BATCH_BUCKETS: &[f64] = &[1.0, 2.0, 5.0, 10.0, 25.0, 50.0, 100.0, 250.0, 500.0, 1000.0, 2500.0, 8192.0];
+/// Replays: an empty transcript to a very long one at the client's pace.
+const REPLAY_BUCKETS: &[f64] = &[0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0];
+
+/// Every histogram and its buckets (without buckets the exporter would make it a summary).
+pub const BUCKETS: &[(&str, &[f64])] = &[
+    (PROMPT_SECONDS, LATENCY_BUCKETS),
+    (PROMPT_FIRST_UPDATE_SECONDS, LATENCY_BUCKETS),
+    (AGENT_REQUEST_SECONDS, LATENCY_BUCKETS),
+    (TRANSCRIPT_BATCH_UPDATES, BATCH_BUCKETS),
+    (TRANSCRIPT_COMMIT_SECONDS, COMMIT_BUCKETS),
+    (TRANSCRIPT_COMMIT_LAG_SECONDS, COMMIT_BUCKETS),
+    (REPLAY_SECONDS, REPLAY_BUCKETS),
+];
+
+// ---- Start-up ----
+
+/// Counters resolved once, indexed like their method lists.
+struct Tables {
+    from_client: Vec<Counter>,
+    from_agent: Vec<Counter>,
+    to_agent: Vec<Counter>,
+    to_client: Vec<Counter>,
+}
+
+/// Filled by the first [`describe_and_zero`], after the recorder is installed. Before that (unit
+/// tests, which install none) the helpers look handles up each time, which is then a no-op.
+static TABLES: OnceLock<Tables> = OnceLock::new();
+
+fn resolve(name: &'static str, peer: &'static str, list: &[&'static str]) -> Vec<Counter> {
+    list.iter()
+        .map(|m| metrics::counter!(name, "peer" => peer, "method" => *m))
+        .collect()
+}
+
+/// Describes every series and registers it at zero, with every label set known at start (for
+/// `agents`, the configured agent names). Idempotent: never resets a value.
+pub fn describe_and_zero<'a>(agents: impl IntoIterator<Item = &'a str>) {
+    describe();
+    TABLES.get_or_init(|| Tables {
+        from_client: resolve(MESSAGES_IN, "client", FROM_CLIENT),
+        from_agent: resolve(MESSAGES_IN, "agent", FROM_AGENT),
+        to_agent: resolve(MESSAGES_OUT, "agent", TO_AGENT),
+        to_client: resolve(MESSAGES_OUT, "client", FROM_AGENT),
+    });
+    for name in [
+        CONNECTIONS_OPENED,
+        SLOW_CLIENTS_DROPPED,
+        UPDATES,
+        PROMPTS,
+        TRANSCRIPT_UPDATES_STORED,
+        TRANSCRIPT_WRITE_ERRORS,
+        TRANSCRIPT_WRITES_DROPPED,
+        TRANSCRIPT_UPDATES_DROPPED,
+    ] {
+        metrics::counter!(name).increment(0);
+    }
+    for name in [CONNECTIONS, SESSIONS_LIVE, SESSIONS_IN_MEMORY] {
+        metrics::gauge!(name).increment(0.0);
+    }
+    for name in [TRANSCRIPT_BATCH_UPDATES, TRANSCRIPT_COMMIT_SECONDS, TRANSCRIPT_COMMIT_LAG_SECONDS, REPLAY_SECONDS] {
+        let _ = metrics::histogram!(name);
+    }
+    for reason in REFUSAL_REASONS {
+        metrics::counter!(CONNECTIONS_REFUSED, "reason" => *reason).increment(0);
+    }
+    for reason in AUTH_FAILURE_REASONS {
+        metrics::counter!(AUTH_FAILURES, "reason" => *reason).increment(0);
+    }
+    for cap in CAPS {
+        metrics::counter!(CAP_HITS, "cap" => *cap).increment(0);
+    }
+    for agent in agents {
+        let agent = agent.to_string();
+        for name in [SESSIONS_CREATED, AGENT_SPAWNS, AGENT_SPAWN_FAILURES, AGENT_CRASHES] {
+            metrics::counter!(name, "agent" => agent.clone()).increment(0);
+        }
+        for method in RESTORE_METHODS {
+            for outcome in OUTCOMES {
+                metrics::counter!(SESSION_RESTORES, "agent" => agent.clone(), "method" => *method, "outcome" => *outcome)
+                    .increment(0);
+            }
+        }
+        for state in PROCESS_STATES {
+            metrics::gauge!(AGENT_PROCESSES, "agent" => agent.clone(), "state" => *state).increment(0.0);
+        }
+        let _ = metrics::histogram!(PROMPT_SECONDS, "agent" => agent.clone());
+        let _ = metrics::histogram!(PROMPT_FIRST_UPDATE_SECONDS, "agent" => agent.clone());
+        for method in AGENT_REQUESTS {
+            let _ = metrics::histogram!(AGENT_REQUEST_SECONDS, "agent" => agent.clone(), "method" => *method);
+        }
+    }
+}
+
+fn describe() {
+    use metrics::{describe_counter, describe_gauge, describe_histogram};
+    describe_gauge!(CONNECTIONS, "Open WebSocket connections on /acp.");
+    describe_counter!(CONNECTIONS_OPENED, "WebSocket connections accepted on /acp.");
+    describe_counter!(
+        CONNECTIONS_REFUSED,
+        "Connections refused, by reason: per_ip, pending (at accept), max_connections, per_user, draining, unauthenticated, unknown_agent (before the upgrade)."
+    );
+    describe_counter!(
+        AUTH_FAILURES,
+        "Requests whose token (or login code) was refused, by reason."
+    );
+    describe_counter!(
+        CAP_HITS,
+        "Refusals at a per-user cap, by cap (connections, agent_processes, live_sessions, requests_per_second, stored_bytes, requests_in_flight)."
+    );
+    describe_counter!(
+        SLOW_CLIENTS_DROPPED,
+        "Clients closed with 1013 because their queue was full (they resume with afterSeq)."
+    );
+    describe_gauge!(SESSIONS_LIVE, "Sessions on a live agent process.");
+    describe_gauge!(SESSIONS_IN_MEMORY, "Sessions held in the gateway's memory.");
+    describe_counter!(SESSIONS_CREATED, "Sessions created (session/new), by agent.");
+    describe_counter!(
+        SESSION_RESTORES,
+        "Sessions restored onto an agent process (the agent's session/resume or session/load), by agent, method and outcome."
+    );
+    describe_gauge!(
+        AGENT_PROCESSES,
+        "Agent processes by agent and state: starting (not yet initialized), idle (no session, no request waiting), busy."
+    );
+    describe_counter!(AGENT_SPAWNS, "Agent processes started, by agent.");
+    describe_counter!(
+        AGENT_SPAWN_FAILURES,
+        "Agent processes that could not be started or did not initialize, by agent."
+    );
+    describe_counter!(
+        AGENT_CRASHES,
+        "Agent processes that ended (or closed stdout) without the gateway stopping them, by agent."
+    );
+    describe_counter!(
+        MESSAGES_IN,
+        "JSON-RPC requests and notifications received, by peer (client, agent) and method (a fixed list, else other)."
+    );
+    describe_counter!(
+        MESSAGES_OUT,
+        "JSON-RPC requests and notifications sent, by peer (agent: the gateway's and forwarded requests; client: updates and agent requests) and method."
+    );
+    describe_counter!(UPDATES, "session/update notifications published by agents.");
+    describe_counter!(PROMPTS, "Prompts forwarded to agents.");
+    describe_histogram!(
+        PROMPT_SECONDS,
+        Unit::Seconds,
+        "A prompt from sending it to the agent to the agent's answer, by agent."
+    );
+    describe_histogram!(
+        PROMPT_FIRST_UPDATE_SECONDS,
+        Unit::Seconds,
+        "A prompt from sending it to the agent to the agent's first update of that session, by agent."
+    );
+    describe_histogram!(
+        AGENT_REQUEST_SECONDS,
+        Unit::Seconds,
+        "The gateway's own requests to agents (initialize, session/new, restores, ...) until answered, by agent and method."
+    );
+    describe_histogram!(
+        TRANSCRIPT_BATCH_UPDATES,
+        Unit::Count,
+        "Updates written per transcript commit."
+    );
+    describe_histogram!(
+        TRANSCRIPT_COMMIT_SECONDS,
+        Unit::Seconds,
+        "One transcript write (a transaction), retries included."
+    );
+    describe_histogram!(
+        TRANSCRIPT_COMMIT_LAG_SECONDS,
+        Unit::Seconds,
+        "Per session and commit: from receiving its oldest update in that commit to the commit (what clients wait)."
+    );
+    describe_counter!(TRANSCRIPT_UPDATES_STORED, "Updates committed to the transcript.");
+    describe_counter!(TRANSCRIPT_WRITE_ERRORS, "Failed transcript write attempts (retried).");
+    describe_counter!(
+        TRANSCRIPT_WRITES_DROPPED,
+        "Session transcript writes given up on for good (the session is lost)."
+    );
+    describe_counter!(
+        TRANSCRIPT_UPDATES_DROPPED,
+        "Updates never stored, hence never shown to clients."
+    );
+    describe_histogram!(
+        REPLAY_SECONDS,
+        Unit::Seconds,
+        "A session/load replay of the stored transcript, at the client's pace."
+    );
+}
+
+// ---- Counting ----
+
+/// Who is on the other end of a message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Peer {
+    /// A WebSocket client.
+    Client,
+    /// An agent process.
+    Agent,
+}
+
+/// Counts a request or notification received from `peer`.
+pub fn message_in(peer: Peer, method: &str) {
+    let list = match peer {
+        Peer::Client => FROM_CLIENT,
+        Peer::Agent => FROM_AGENT,
+    };
+    let i = index_of(list, method);
+    match TABLES.get() {
+        Some(t) => match peer {
+            Peer::Client => t.from_client[i].increment(1),
+            Peer::Agent => t.from_agent[i].increment(1),
+        },
+        None => {
+            let peer = if peer == Peer::Client { "client" } else { "agent" };
+            metrics::counter!(MESSAGES_IN, "peer" => peer, "method" => list[i]).increment(1);
+        }
+    }
+}
+
+/// Counts `n` requests or notifications sent to `peer`.
+pub fn message_out(peer: Peer, method: &str, n: u64) {
+    let list = match peer {
+        Peer::Client => FROM_AGENT,
+        Peer::Agent => TO_AGENT,
+    };
+    let i = index_of(list, method);
+    match TABLES.get() {
+        Some(t) => match peer {
+            Peer::Client => t.to_client[i].increment(n),
+            Peer::Agent => t.to_agent[i].increment(n),
+        },
+        None => {
+            let peer = if peer == Peer::Client { "client" } else { "agent" };
+            metrics::counter!(MESSAGES_OUT, "peer" => peer, "method" => list[i]).increment(n);
+        }
+    }
+}
+
+/// Counts a refused connection; `reason` is one of [`REFUSAL_REASONS`].
+pub fn connection_refused(reason: &'static str) {
+    metrics::counter!(CONNECTIONS_REFUSED, "reason" => reason).increment(1);
+}
+
+/// Counts a refused token or login code; `reason` is one of [`AUTH_FAILURE_REASONS`].
+pub fn auth_failure(reason: &'static str) {
+    metrics::counter!(AUTH_FAILURES, "reason" => reason).increment(1);
+}
+
+/// Counts a refusal at a per-user cap; `cap` is one of [`CAPS`].
+pub fn cap_hit(cap: &'static str) {
+    metrics::counter!(CAP_HITS, "cap" => cap).increment(1);
+}
+
+/// Seconds since `start`, for histograms.
+pub fn seconds_since(start: Instant) -> f64 {
+    start.elapsed().as_secs_f64()
+}
+
+/// One agent's latency histograms, resolved once per agent process.
+#[derive(Debug, Clone)]
+pub struct AgentTimings {
+    /// [`PROMPT_SECONDS`].
+    prompt: Histogram,
+    /// [`AGENT_REQUEST_SECONDS`], indexed like [`AGENT_REQUESTS`].
+    requests: Vec<Histogram>,
+}
+
+impl AgentTimings {
+    /// The handles of `agent`.
+    pub fn new(agent: &str) -> Self {
+        let agent = agent.to_string();
+        Self {
+            prompt: metrics::histogram!(PROMPT_SECONDS, "agent" => agent.clone()),
+            requests: AGENT_REQUESTS
+                .iter()
+                .map(|m| metrics::histogram!(AGENT_REQUEST_SECONDS, "agent" => agent.clone(), "method" => *m))
+                .collect(),
+        }
+    }
+
+    /// A forwarded prompt was answered, `sent` when it went to the agent.
+    pub fn prompt_answered(&self, sent: Instant) {
+        self.prompt.record(seconds_since(sent));
+    }
+
+    /// The gateway's own `method` request was answered, `sent` when it went.
+    pub fn request_answered(&self, method: &str, sent: Instant) {
+        self.requests[index_of(AGENT_REQUESTS, method)].record(seconds_since(sent));
+    }
+}
+
+/// Microseconds since the first call in this process, plus one (0 means "no mark").
+fn mark_now() -> u64 {
+    static START: OnceLock<Instant> = OnceLock::new();
+    START.get_or_init(Instant::now).elapsed().as_micros() as u64 + 1
+}
+
+/// A session's time to first update: marked when a prompt goes to the agent, recorded at the
+/// next update the agent publishes for the session. One atomic load per update when no prompt
+/// waits for its first update.
+#[derive(Debug)]
+pub struct FirstUpdate {
+    /// [`mark_now`] of the prompt waiting for its first update; 0 when none waits.
+    sent: AtomicU64,
+    /// [`PROMPT_FIRST_UPDATE_SECONDS`] of the session's agent.
+    histogram: Histogram,
+}
+
+impl FirstUpdate {
+    /// For a session of `agent`.
+    pub fn new(agent: &str) -> Self {
+        Self {
+            sent: AtomicU64::new(0),
+            histogram: metrics::histogram!(PROMPT_FIRST_UPDATE_SECONDS, "agent" => agent.to_string()),
+        }
+    }
+
+    /// A prompt went to the agent.
+    pub fn prompt_sent(&self) {
+        self.sent.store(mark_now(), Ordering::Relaxed);
+    }
+
+    /// The agent published an update for the session.
+    pub fn update(&self) {
+        if self.sent.load(Ordering::Relaxed) == 0 {
+            return;
+        }
+        let sent = self.sent.swap(0, Ordering::Relaxed);
+        if sent != 0 {
+            self.histogram
+                .record(mark_now().saturating_sub(sent) as f64 / 1e6);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unknown_methods_are_other() {
+        assert_eq!(FROM_CLIENT[index_of(FROM_CLIENT, "session/prompt")], "session/prompt");
+        assert_eq!(FROM_CLIENT[index_of(FROM_CLIENT, "_vendor/x")], OTHER);
+        assert_eq!(FROM_AGENT[index_of(FROM_AGENT, "session/update")], "session/update");
+        assert_eq!(TO_AGENT[index_of(TO_AGENT, "nope")], OTHER);
+        for list in [FROM_CLIENT, FROM_AGENT, TO_AGENT, AGENT_REQUESTS] {
+            assert_eq!(list.last(), Some(&OTHER), "every method list ends in other");
+        }
+    }
+
+    #[test]
+    fn every_histogram_has_ascending_buckets() {
+        for (name, buckets) in BUCKETS {
+            assert!(!buckets.is_empty(), "{name}");
+            assert!(buckets.windows(2).all(|w| w[0] < w[1]), "{name}");
+        }
+    }
+}

@@ -1,10 +1,10 @@
 //! Start-up and shutdown: builds every part from a [`Config`], binds the listener, serves until a
-//! signal, then drains (stops accepting, closes connections, flushes the transcript, stops the
-//! agents) within the grace period.
+//! signal, then drains ([`drain`]) and stops: connections closed with 1001, the agents' process
+//! groups stopped (TERM, then KILL), the transcript flushed.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::AtomicBool;
 
 pub use crate::gateway::Gateway;
 use std::time::Duration;
@@ -59,12 +59,29 @@ impl Application {
             .await
             .with_context(|| format!("opening database {}", redact(&config.database_url)))?;
         let cursors = CursorCodec::new(store.cursor_key().await.context("loading the cursor key")?);
+        let replica = config
+            .replica_id
+            .clone()
+            .unwrap_or_else(|| uuid::Uuid::new_v4().simple().to_string()[..8].to_string());
+        // Several replicas may share a Postgres database: sessions are leased, and updates
+        // committed by one reach clients of the others (SQLite is one process's).
+        let shared = if config.database_url.starts_with("postgres") {
+            let ttl = Duration::from_secs(config.limits.lease_ttl_secs.max(1));
+            Some(
+                crate::replica::Replica::connect(&config.database_url, &replica, ttl)
+                    .await
+                    .context("connecting the replica bus")?,
+            )
+        } else {
+            None
+        };
         let persister_cancel = CancellationToken::new();
-        let (persister, persister_task) = Persister::spawn(
+        let (persister, persister_task) = Persister::spawn_leased(
             store.clone(),
             PERSIST_QUEUE,
             config.limits.transcript_queue_bytes,
             persister_cancel.clone(),
+            shared.as_ref().map(|r| r.id.clone()),
         );
         let tracker = TaskTracker::new();
         let quotas = Quotas::new(&config.limits);
@@ -72,14 +89,11 @@ impl Application {
         let listener = TcpListener::bind(config.listen)
             .await
             .with_context(|| format!("binding {}", config.listen))?;
-        let replica = config
-            .replica_id
-            .clone()
-            .unwrap_or_else(|| uuid::Uuid::new_v4().simple().to_string()[..8].to_string());
         let options = SessionOptions {
             persister,
             permission_wait: Duration::from_secs(config.limits.permission_wait_secs),
             catch_up_bytes: config.limits.client_queue_bytes,
+            replica: shared,
         };
         let gateway = Arc::new(Gateway {
             connection_slots: Arc::new(Semaphore::new(config.limits.max_connections)),
@@ -93,6 +107,7 @@ impl Application {
             shutdown: CancellationToken::new(),
             tracker,
             draining: AtomicBool::new(false),
+            drain: CancellationToken::new(),
             replica,
         });
         Ok(Self {
@@ -124,6 +139,16 @@ impl Application {
                 .clone()
                 .run_maintenance(Duration::from_secs(1), gw.shutdown.clone()),
         );
+        // The bus and lease renewals outlive the connections: they stop after the last flush.
+        let replica_stop = CancellationToken::new();
+        let replica_tasks = gw.sessions.replica().cloned().map(|replica| {
+            let handler: Arc<dyn crate::replica::Handler> = crate::bridge::remote::BusHandler::new(&gw);
+            (
+                replica.clone(),
+                tokio::spawn(replica.clone().run_bus(handler.clone(), replica_stop.clone())),
+                tokio::spawn(replica.run_renewals(handler, replica_stop.clone())),
+            )
+        });
         let sweeper = {
             let gw = gw.clone();
             tokio::spawn(async move {
@@ -141,38 +166,87 @@ impl Application {
         };
         let router = crate::http::router(gw.clone());
         let signal_gw = gw.clone();
+        let grace = Duration::from_secs(gw.config.limits.shutdown_grace_secs);
+        // Drains on the signal, then says when the rest of shutdown must be done.
         let signal = tokio::spawn(async move {
             tokio::select! {
                 () = stop => {
                     tracing::info!("shutting down: draining connections");
-                    signal_gw.draining.store(true, Ordering::Release);
+                    let deadline = drain(&signal_gw).await;
                     signal_gw.shutdown.cancel();
+                    deadline
                 }
-                () = signal_gw.shutdown.cancelled() => {}
+                () = signal_gw.shutdown.cancelled() => tokio::time::Instant::now() + grace,
             }
         });
-        let grace = Duration::from_secs(gw.config.limits.shutdown_grace_secs);
+        // The listener stays open while draining: `/readyz` answers 503, upgrades are refused.
         crate::http::serve(self.listener, router, &gw.config.limits, gw.shutdown.clone(), grace).await;
-        let _ = signal.await;
+        let deadline = signal.await.unwrap_or_else(|_| tokio::time::Instant::now() + grace);
         gw.shutdown.cancel();
         // WebSocket tasks are ours to wait for (axum's graceful shutdown does not).
         gw.tracker.close();
         gw.pools.stop_all();
-        if tokio::time::timeout(grace, gw.tracker.wait()).await.is_err() {
+        if tokio::time::timeout_at(deadline, gw.tracker.wait()).await.is_err() {
             tracing::warn!("some connections or agent processes did not finish within the grace period");
         }
         let _ = maintenance.await;
         let _ = sweeper.await;
         // Everything acknowledged is written before we exit.
-        if tokio::time::timeout(grace, gw.sessions.flush()).await.is_err() {
+        if tokio::time::timeout_at(deadline, gw.sessions.flush()).await.is_err() {
             tracing::error!("the transcript writer could not flush within the grace period");
         }
         self.persister_cancel.cancel();
+        if let Some((replica, bus, renewals)) = replica_tasks {
+            replica_stop.cancel();
+            let _ = bus.await;
+            let _ = renewals.await;
+            // Other replicas may take this one's sessions at once.
+            if let Err(e) = replica.release_all().await {
+                tracing::warn!(error = %e, "cannot give up session leases; they expire by themselves");
+            }
+        }
         drop(gw);
         let _ = tokio::time::timeout(grace, self.persister_task).await;
         tracing::info!("stopped");
         Ok(())
     }
+}
+
+/// Drains the gateway before it stops. At once: `/readyz` answers 503, upgrades and new requests
+/// are refused, and every connection with nothing in flight is closed (1001, after what was
+/// queued for it). A connection with requests in flight (a prompt streaming) closes the same way
+/// once they are answered, for up to `drain_grace_secs`; then every prompt still running is
+/// cancelled (`session/cancel` to its agent) and the agents' `cancelled` answers have up to half
+/// of `shutdown_grace_secs` to reach their clients. Returns the deadline for the rest of
+/// shutdown: the end of `shutdown_grace_secs` from then.
+async fn drain(gw: &Gateway) -> tokio::time::Instant {
+    gw.start_draining();
+    let limits = &gw.config.limits;
+    let grace = Duration::from_secs(limits.shutdown_grace_secs);
+    // Every connection holds one of these slots until its socket is closed.
+    let every = u32::try_from(limits.max_connections).unwrap_or(u32::MAX);
+    let all_closed = || async {
+        let _ = gw.connection_slots.acquire_many(every).await;
+    };
+    let drain_grace = Duration::from_secs(limits.drain_grace_secs);
+    if tokio::time::timeout(drain_grace, all_closed()).await.is_ok() {
+        tracing::info!("drained: every connection has closed");
+        return tokio::time::Instant::now() + grace;
+    }
+    let deadline = tokio::time::Instant::now() + grace;
+    let cancelled = async {
+        let prompts = gw.pools.cancel_prompts().await;
+        tracing::info!(
+            prompts,
+            drain_grace_secs = limits.drain_grace_secs,
+            "drain grace over: prompts still running are cancelled"
+        );
+        all_closed().await;
+    };
+    if tokio::time::timeout(grace / 2, cancelled).await.is_err() {
+        tracing::warn!("connections still busy after their prompts were cancelled are closed now");
+    }
+    deadline
 }
 
 /// A database URL with its password hidden, for messages.

@@ -228,8 +228,17 @@ pub struct Limits {
     pub transcript_queue_bytes: usize,
     /// How long an agent's permission request waits for a client to attach.
     pub permission_wait_secs: u64,
-    /// How long shutdown waits for connections and the transcript writer.
+    /// After SIGTERM/SIGINT, how long prompts in flight may run on before they are cancelled
+    /// (`/readyz` is 503 and new connections are refused meanwhile; idle connections close at
+    /// once).
+    pub drain_grace_secs: u64,
+    /// After the drain grace: how long shutdown waits for cancelled prompts' answers (half of
+    /// it), then for connections, agent processes and the transcript writer (all of it).
     pub shutdown_grace_secs: u64,
+    /// Replicas on one Postgres: how long a session's lease lasts without renewal (renewed every
+    /// third of it). A replica that stops answering but keeps its database connection is taken
+    /// over after this; one whose connections end (killed) at once.
+    pub lease_ttl_secs: u64,
 }
 
 impl Default for Limits {
@@ -255,7 +264,9 @@ impl Default for Limits {
             agent_queue_bytes: 16 << 20,
             transcript_queue_bytes: 64 << 20,
             permission_wait_secs: 300,
+            drain_grace_secs: 10,
             shutdown_grace_secs: 10,
+            lease_ttl_secs: 10,
         }
     }
 }

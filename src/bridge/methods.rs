@@ -123,6 +123,21 @@ impl Connection {
         }
     }
 
+    /// Resolves once the gateway is draining and nothing this connection asked is in flight any
+    /// more: every request answered, forwarded ones by the agent, and those answers queued for
+    /// the client (an answer follows its session's updates, which are then stored).
+    pub fn drained(&self) -> impl std::future::Future<Output = ()> + Send + 'static {
+        let gw = self.gw.clone();
+        let inflight = self.inflight.clone();
+        let every = u32::try_from(gw.config.limits.max_inflight_per_connection).unwrap_or(u32::MAX);
+        async move {
+            gw.drain.cancelled().await;
+            // Every request holds one of these slots until it is answered.
+            let _idle = inflight.acquire_many(every).await;
+            gw.sessions.flush().await;
+        }
+    }
+
     /// Cleans up after the connection: detaches its sessions, hands its unanswered agent requests
     /// to other clients (or keeps them waiting).
     pub fn finish(&mut self) {
@@ -229,6 +244,14 @@ impl Connection {
 
     async fn handle_request(&mut self, msg: &Incoming<'_>) {
         let Some(id) = msg.id else { return };
+        // A draining connection only waits for what it has in flight (its answers to the
+        // agent's requests are responses, and `session/cancel` a notification: both still pass).
+        if self.gw.is_draining() {
+            let err = RpcError::internal("the gateway is shutting down; reconnect and resume with session/load")
+                .with_data(json!({ "reason": "shutting_down" }));
+            answer(&self.client, id.get(), Err(err)).await;
+            return;
+        }
         if !self.initialized {
             let reply = if msg.method() == "initialize" {
                 let r = self.initialize().await;
@@ -613,12 +636,24 @@ impl Ctx {
                 return Ok(Reply::Forwarded);
             }
         }
-        self.forward_here(&session, method, id, params, prompt, self.client.outbox.clone(), Some(slot))
-            .await
+        self.forward_here(
+            &session,
+            method,
+            id,
+            params,
+            prompt,
+            self.client.outbox.clone(),
+            Some(slot),
+        )
+        .await
     }
 
     /// Forwards a request for `session` to this replica's agent process (restoring the session
     /// onto one if needed); the answer goes to `to`.
+    #[allow(
+        clippy::too_many_arguments,
+        reason = "a forwarded request's parts, taken apart once by the parser; a struct would only rename them"
+    )]
     pub(super) async fn forward_here(
         &self,
         session: &Arc<LiveSession>,

@@ -8,6 +8,7 @@
 //! connection lives; transport errors, a keepalive timeout, an expired token or shutdown end it.
 
 mod methods;
+pub mod remote;
 mod request;
 
 use std::sync::Arc;
@@ -54,6 +55,10 @@ pub async fn serve(socket: WebSocket, gw: Arc<Gateway>, identity: Identity, conn
         .unwrap_or_else(|| now + Duration::from_secs(10 * 365 * 24 * 3600));
     let expiry = tokio::time::sleep_until(expires);
     tokio::pin!(expiry);
+    // While the gateway drains: resolves once nothing this client asked is in flight.
+    let drained = conn.drained();
+    tokio::pin!(drained);
+    let mut draining = false;
     loop {
         let frame = tokio::select! {
             frame = tokio::time::timeout(ping_every * 2, stream.next()) => frame,
@@ -61,6 +66,10 @@ pub async fn serve(socket: WebSocket, gw: Arc<Gateway>, identity: Identity, conn
             () = &mut expiry => {
                 tracing::info!(connection = %conn_id, user = %identity.user, "token expired; closing connection");
                 outbox.close(CLOSE_TOKEN_EXPIRED, "token expired");
+                break;
+            }
+            () = &mut drained => {
+                draining = true;
                 break;
             }
             () = gw.shutdown.cancelled() => {
@@ -94,6 +103,21 @@ pub async fn serve(socket: WebSocket, gw: Arc<Gateway>, identity: Identity, conn
             Ok(Some(Ok(_))) => {}
         }
     }
+    if draining {
+        // The client gets what was queued for it (its prompt's answer), then 1001; one that
+        // does not read is cut when shutdown comes.
+        tracing::info!(connection = %conn_id, user = %identity.user, "gateway draining; closing the connection (1001)");
+        let written = async {
+            outbox.close_when_written(CLOSE_GOING_AWAY, "gateway shutting down").await;
+            outbox.closed().await;
+        };
+        tokio::select! {
+            () = written => {}
+            () = gw.shutdown.cancelled() => {
+                outbox.close(CLOSE_GOING_AWAY, "gateway shutting down");
+            }
+        }
+    }
     outbox.close(1000, "");
     conn.finish();
     drop(stream);
@@ -122,6 +146,12 @@ async fn write_frames(
                         return;
                     }
                     for text in &batch {
+                        if text.is_empty() {
+                            // `Outbox::close_when_written`'s mark: what came before it is out.
+                            let _ = sink.flush().await;
+                            outbox.close_at_mark();
+                            return;
+                        }
                         if sink.feed(Message::Text(text.clone())).await.is_err() {
                             return;
                         }

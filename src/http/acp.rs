@@ -21,6 +21,8 @@ const READ_BUFFER_BYTES: usize = 8 * 1024;
 
 /// Response header naming the connection (transport RFD).
 pub const CONNECTION_ID_HEADER: &str = "acp-connection-id";
+/// Cookie naming the replica a client was upgraded on (for load balancers' affinity).
+pub const AFFINITY_COOKIE: &str = "acp_replica";
 
 pub(super) fn router() -> Router<Arc<Gateway>> {
     Router::new().route("/acp", get(upgrade))
@@ -113,6 +115,14 @@ async fn upgrade(
         });
     if let Ok(v) = HeaderValue::from_str(&conn_id) {
         response.headers_mut().insert(CONNECTION_ID_HEADER, v);
+    }
+    // Affinity, for a load balancer that keeps a client where its sessions live (the transport
+    // RFD asks clients to keep cookies). Nothing depends on it: any replica serves any session.
+    if let Ok(v) = HeaderValue::from_str(&format!(
+        "{AFFINITY_COOKIE}={}; Path=/acp; HttpOnly; SameSite=Lax",
+        gw.replica
+    )) {
+        response.headers_mut().append(axum::http::header::SET_COOKIE, v);
     }
     response
 }

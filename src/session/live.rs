@@ -166,6 +166,12 @@ pub struct LiveSession {
     agent_session_id: Mutex<Option<Arc<str>>>,
     /// One restore at a time; held across the agent's answer, so nothing else takes it.
     restoring: tokio::sync::Mutex<()>,
+    /// One read of updates another replica committed at a time (see [`LiveSession::catch_up`]).
+    catching_up: tokio::sync::Mutex<()>,
+    /// Highest seq another replica said it committed.
+    committed_elsewhere: AtomicU64,
+    /// Whether a catch-up task is under way or due (notices that arrive meanwhile join it).
+    catch_up_due: std::sync::atomic::AtomicBool,
 }
 
 impl std::fmt::Debug for LiveSession {
@@ -186,6 +192,8 @@ pub struct SessionOptions {
     pub permission_wait: Duration,
     /// How many bytes of live updates a replaying client may fall behind by.
     pub catch_up_bytes: usize,
+    /// This replica's leases and bus, when several share a Postgres database.
+    pub replica: Option<Arc<crate::replica::Replica>>,
 }
 
 impl LiveSession {
@@ -221,6 +229,9 @@ impl LiveSession {
             binding: Mutex::new(None),
             agent_session_id: Mutex::new(r.agent_session_id.as_deref().map(Arc::from)),
             restoring: tokio::sync::Mutex::new(()),
+            catching_up: tokio::sync::Mutex::new(()),
+            committed_elsewhere: AtomicU64::new(last_seq),
+            catch_up_due: std::sync::atomic::AtomicBool::new(false),
         })
     }
 
@@ -614,6 +625,137 @@ impl LiveSession {
     }
 }
 
+/// Sessions another replica serves: what this replica's clients of them get from the store.
+impl LiveSession {
+    /// Highest seq handed to clients.
+    pub fn released(&self) -> u64 {
+        self.fanout().released
+    }
+
+    /// Another replica committed updates up to `seq`: whether a catch-up should start now (one
+    /// is not already under way; it will see `seq` too).
+    pub fn committed_elsewhere(&self, seq: u64) -> bool {
+        self.committed_elsewhere.fetch_max(seq, Ordering::AcqRel);
+        if self.fanout().released >= seq {
+            return false;
+        }
+        !self.catch_up_due.swap(true, Ordering::AcqRel)
+    }
+
+    /// Reads what another replica committed after what was released here, and hands it to the
+    /// clients in order (each subscriber's `sent_up_to` keeps it exactly once), then what waits
+    /// on it. Does nothing while this replica itself has updates of the session on their way
+    /// to the store (it serves the session: its own commits release them).
+    pub async fn catch_up(&self, store: &dyn Store) {
+        loop {
+            self.catch_up_due.store(false, Ordering::Release);
+            {
+                let _one = self.catching_up.lock().await;
+                loop {
+                    let from = {
+                        let f = self.fanout();
+                        if !f.unreleased.is_empty() || f.lost {
+                            return;
+                        }
+                        f.released
+                    };
+                    let chunks = match store
+                        .read_events(&self.owner, &self.id, from as i64, REPLAY_PAGE_CHUNKS)
+                        .await
+                    {
+                        Ok(chunks) => chunks,
+                        Err(e) => {
+                            tracing::warn!(session = %self.id, error = %e, "cannot read updates committed by another replica");
+                            return;
+                        }
+                    };
+                    if chunks.is_empty() {
+                        break;
+                    }
+                    let mut due = Vec::new();
+                    {
+                        let mut f = self.fanout();
+                        if !f.unreleased.is_empty() {
+                            return;
+                        }
+                        for chunk in &chunks {
+                            for (seq, update) in (chunk.seq_from as u64..).zip(chunk.payload.split('\n')) {
+                                if seq <= f.released {
+                                    continue;
+                                }
+                                let frame =
+                                    Utf8Bytes::from(protocol::session_update_raw_id(&self.id_json, update, seq, None));
+                                f.released = seq;
+                                f.deliver(seq, &frame, self.catch_up_bytes);
+                            }
+                        }
+                        self.assigned.fetch_max(f.released, Ordering::AcqRel);
+                        while f.deferred.front().is_some_and(|(after, _)| *after <= f.released) {
+                            if let Some((_, what)) = f.deferred.pop_front() {
+                                due.push(what);
+                            }
+                        }
+                    }
+                    for what in due {
+                        self.run(what);
+                    }
+                }
+            }
+            let want = self.committed_elsewhere.load(Ordering::Acquire);
+            if self.fanout().released >= want || self.catch_up_due.swap(true, Ordering::AcqRel) {
+                return;
+            }
+        }
+    }
+
+    /// The answer to a client's request that another replica served: `frame` for `to`, once the
+    /// updates up to `after_seq` have been handed to clients here.
+    pub fn respond_after(&self, after_seq: u64, to: &Outbox, client_id: &RawValue, frame: Utf8Bytes) {
+        let mut f = self.fanout();
+        if f.released >= after_seq {
+            drop(f);
+            to.push(frame);
+        } else {
+            let at = f.deferred.partition_point(|(s, _)| *s <= after_seq);
+            let what = Deferred::Respond(to.clone(), client_id.to_owned(), frame);
+            f.deferred.insert(at, (after_seq, what));
+        }
+    }
+
+    /// This replica has just taken the session's lease: numbering continues above whatever the
+    /// previous holder committed (read from the store and handed to clients first).
+    pub async fn take_over(&self, store: &dyn Store) {
+        self.catch_up(store).await;
+        let released = self.fanout().released;
+        self.assigned.fetch_max(released, Ordering::AcqRel);
+    }
+
+    /// This replica no longer serves the session (another one holds its lease): it leaves its
+    /// agent process, its unstored updates are dropped (never shown), and what waited on them
+    /// is answered with an error. Its clients stay, fed from the store like any other replica's.
+    pub fn leave(&self) {
+        let failed: Vec<Deferred> = {
+            let mut f = self.fanout();
+            f.unreleased.clear();
+            self.assigned.store(f.released, Ordering::Release);
+            f.deferred.drain(..).map(|(_, what)| what).collect()
+        };
+        self.take_binding();
+        tracing::warn!(session = %self.id, "session now served by another replica; left its agent process here");
+        for what in failed {
+            match what {
+                Deferred::Respond(to, id, _) => {
+                    let e = RpcError::internal("this session moved to another gateway replica; send the request again");
+                    to.push(Utf8Bytes::from(protocol::error(Some(id.get()), &e)));
+                }
+                Deferred::Ask(request) => {
+                    tokio::spawn(async move { request.give_up().await });
+                }
+            }
+        }
+    }
+}
+
 impl LiveSession {
     /// What is filed behind updates that will never be released: an answer becomes an error
     /// under its request's id; an agent's request is given up on (the agent hears `cancelled`).
@@ -644,6 +786,10 @@ impl Committed for LiveSession {
         for what in failed {
             self.fail(what);
         }
+    }
+
+    fn fenced(&self) {
+        self.leave();
     }
 
     fn committed(&self, seq: u64) {

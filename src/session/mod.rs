@@ -7,6 +7,7 @@
 //! - [`registry`]: the sessions in memory.
 //! - [`service`]: the one door to session rows and transcripts.
 //! - [`list`]: `session/list` from the store.
+//! - [`shared`]: sessions shared with other replicas (leases, updates committed elsewhere).
 
 pub mod client;
 pub mod list;
@@ -14,6 +15,7 @@ pub mod live;
 pub mod registry;
 pub mod requests;
 pub mod service;
+pub mod shared;
 
 pub use client::Client;
 pub use live::{Binding, LiveSession, SessionOptions};

@@ -52,6 +52,16 @@ impl Registry {
             .count()
     }
 
+    /// Every session in memory.
+    pub fn all(&self) -> Vec<Arc<LiveSession>> {
+        self.map
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .values()
+            .cloned()
+            .collect()
+    }
+
     /// Sessions in memory.
     pub fn len(&self) -> usize {
         self.map.lock().unwrap_or_else(|e| e.into_inner()).len()

@@ -44,11 +44,11 @@ pub struct Sessions {
     /// The transcript writer (updates are visible once it has committed them).
     pub(super) persister: Persister,
     /// Sessions in memory.
-    registry: Registry,
+    pub(super) registry: Registry,
     /// Signs `session/list` cursors.
     pub(super) cursors: CursorCodec,
     /// How sessions are set up in memory.
-    options: SessionOptions,
+    pub(super) options: SessionOptions,
 }
 
 impl Sessions {

@@ -16,7 +16,7 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 
-pub use sql::list_query;
+pub use sql::{SEARCH_PROBE, SearchIndex, list_query};
 
 /// Longest wait for a pooled connection: a database that does not answer fails a request well
 /// within the contract's 5 s, and pools open new connections once it is back.
@@ -122,6 +122,9 @@ impl Store for Bounded {
     async fn write_batch(&self, writes: &[SessionWrite]) -> Result<(), StoreError> {
         self.inner.write_batch(writes).await
     }
+    async fn write_batch_leased(&self, writes: &[SessionWrite], holder: &str) -> Result<Vec<Arc<str>>, StoreError> {
+        self.inner.write_batch_leased(writes, holder).await
+    }
     async fn read_events(
         &self,
         owner: &str,
@@ -134,6 +137,9 @@ impl Store for Bounded {
     }
     async fn cursor_key(&self) -> Result<Vec<u8>, StoreError> {
         self.within(self.inner.cursor_key()).await
+    }
+    async fn stored_bytes(&self, owner: &str) -> Result<u64, StoreError> {
+        self.within(self.inner.stored_bytes(owner)).await
     }
 }
 
@@ -276,6 +282,25 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     ) -> Result<Vec<EventChunk>, StoreError>;
     /// The key that signs `session/list` cursors, shared by every replica on this database.
     async fn cursor_key(&self) -> Result<Vec<u8>, StoreError>;
+    /// [`Store::write_batch`] for replicas sharing the database: stores transcript chunks only of
+    /// sessions whose lease `holder` holds (a fence: a replica that lost a session cannot write
+    /// over its new holder's numbers), tells the other replicas in the same transaction what was
+    /// committed (`NOTIFY acp_session_committed`), and returns the sessions whose chunks were
+    /// refused. A store without leases (SQLite: one process) stores everything.
+    async fn write_batch_leased(&self, writes: &[SessionWrite], holder: &str) -> Result<Vec<Arc<str>>, StoreError> {
+        let _ = holder;
+        self.write_batch(writes).await.map(|()| Vec::new())
+    }
+    /// Bytes of `owner`'s stored transcripts: the payloads of every chunk stored for their
+    /// sessions (a deleted session no longer counts). Each session keeps its own total as chunks
+    /// are stored, so this sums the owner's sessions, not their events.
+    ///
+    /// The default, none, is for stores that keep no transcripts (test doubles); the SQLite and
+    /// Postgres stores count.
+    async fn stored_bytes(&self, owner: &str) -> Result<u64, StoreError> {
+        let _ = owner;
+        Ok(0)
+    }
 }
 
 /// Opens the store named by `url`, creating a SQLite file (and its directory) when needed, and

@@ -82,6 +82,10 @@ pub trait Committed: Send + Sync {
     /// The session's updates cannot be stored (a write failed for good): none of them will be
     /// committed any more. Nothing by default.
     fn lost(&self) {}
+
+    /// Updates of the session were refused: this replica no longer holds its lease (another
+    /// one serves it now). Those updates are not stored. Nothing by default.
+    fn fenced(&self) {}
 }
 
 /// Something to persist.
@@ -150,10 +154,23 @@ impl Persister {
         bytes: usize,
         cancel: CancellationToken,
     ) -> (Self, tokio::task::JoinHandle<()>) {
+        Self::spawn_leased(store, capacity, bytes, cancel, None)
+    }
+
+    /// [`Self::spawn`] for a replica sharing the database: with `holder`, a session's updates are
+    /// stored only while that replica holds its lease ([`Store::write_batch_leased`]), and a
+    /// session whose updates were refused is told so ([`Committed::fenced`]).
+    pub fn spawn_leased(
+        store: Arc<dyn Store>,
+        capacity: usize,
+        bytes: usize,
+        cancel: CancellationToken,
+        holder: Option<Arc<str>>,
+    ) -> (Self, tokio::task::JoinHandle<()>) {
         let (tx, rx) = mpsc::channel(capacity);
         let room = ByteBudget::new(bytes);
         let health = Arc::new(Health::default());
-        let task = tokio::spawn(run(store, rx, room.clone(), cancel, health.clone()));
+        let task = tokio::spawn(run(store, rx, room.clone(), cancel, health.clone(), holder));
         (Self { tx, room, health }, task)
     }
 
@@ -216,6 +233,7 @@ async fn run(
     room: ByteBudget,
     cancel: CancellationToken,
     health: Arc<Health>,
+    holder: Option<Arc<str>>,
 ) {
     let mut items = Vec::with_capacity(1024);
     // Message counts and titles not yet written (see below).
@@ -230,6 +248,8 @@ async fn run(
         store: &*store,
         cancel: &cancel,
         health: &health,
+        holder: holder.as_deref(),
+        refused: Mutex::new(HashSet::new()),
     };
     loop {
         // Once cancelled, write what is still queued and stop (handles may outlive the gateway).
@@ -291,10 +311,13 @@ async fn run(
         };
         if let Some(dropped) = stored {
             lost.extend(dropped);
+            let refused = std::mem::take(&mut *w.refused.lock().unwrap_or_else(|e| e.into_inner()));
             let now = now_micros();
             for ((session, notify, seq), received) in stored_up_to.into_iter().zip(oldest) {
                 if lost.contains(&session) {
                     notify.lost();
+                } else if refused.contains(&session) {
+                    notify.fenced();
                 } else {
                     commit_lag.record((now - received).max(0) as f64 / 1e6);
                     notify.committed(seq);
@@ -327,6 +350,11 @@ struct Writer<'a> {
     store: &'a dyn Store,
     cancel: &'a CancellationToken,
     health: &'a Health,
+    /// This replica, when sessions are leased ([`Persister::spawn_leased`]).
+    holder: Option<&'a str>,
+    /// Sessions whose chunks the store refused (their lease is another replica's), since the
+    /// last batch's commit notices.
+    refused: Mutex<HashSet<Arc<str>>>,
 }
 
 impl Writer<'_> {
@@ -397,7 +425,15 @@ impl Writer<'_> {
         let mut permanent = 0;
         loop {
             self.health.writing_since.store(now_micros(), Ordering::Release);
-            let result = self.store.write_batch(writes).await;
+            let result = match self.holder {
+                None => self.store.write_batch(writes).await,
+                Some(holder) => self.store.write_batch_leased(writes, holder).await.map(|refused| {
+                    if !refused.is_empty() {
+                        tracing::warn!(sessions = ?refused, "updates refused: another replica holds these sessions now");
+                    }
+                    self.refused.lock().unwrap_or_else(|e| e.into_inner()).extend(refused);
+                }),
+            };
             self.health.writing_since.store(0, Ordering::Release);
             let e = match result {
                 Ok(()) => {

@@ -7,14 +7,17 @@
 //! never carries one user's identity into the next transaction. The statements themselves are in
 //! [`super::sql`]; this file only picks the transaction each one runs in.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
 use sqlx::postgres::{PgPool, PgPoolOptions};
 use sqlx::{Postgres, Transaction};
 
-use super::sql::Sql;
-use super::{EventChunk, ListFilter, NewSession, Position, SessionRecord, SessionWrite, Store, StoreError};
+use super::sql::{SearchPlan, Sql};
+use super::{
+    EventChunk, ListFilter, NewSession, Position, SearchIndex, SessionRecord, SessionWrite, Store, StoreError,
+};
 
 /// Longest wait for a pooled connection (see [`super::ACQUIRE_TIMEOUT`]).
 const ACQUIRE_TIMEOUT: Duration = super::ACQUIRE_TIMEOUT;
@@ -25,6 +28,10 @@ pub struct PgStore {
     /// Each method borrows one connection for one transaction, whose row-level security setting
     /// ends with it.
     pool: PgPool,
+    /// Whether `session/list` searches can start from the pg_trgm indexes on `session_search`:
+    /// they exist (pg_trgm could be created), and this role owns the table, so its row-level
+    /// security, which keeps `ILIKE` from any index, does not apply to it.
+    search_index: bool,
 }
 
 impl PgStore {
@@ -48,7 +55,21 @@ impl PgStore {
                  apply to it; run the gateway as an ordinary role (the owner of its tables)"
             );
         }
-        Ok(Self { pool })
+        let search_index: bool = sqlx::query_scalar(
+            "SELECT to_regclass('session_search_title_trgm') IS NOT NULL
+                AND to_regclass('session_search_meta_trgm') IS NOT NULL
+                AND EXISTS (SELECT 1 FROM pg_class WHERE oid = to_regclass('session_search')
+                            AND pg_has_role(current_user, relowner, 'USAGE'))",
+        )
+        .fetch_one(&pool)
+        .await?;
+        if !search_index {
+            tracing::warn!(
+                "session/list searches scan each user's sessions: the pg_trgm indexes on session_search are \
+                 missing (see migration 20261123000001_session_search.sql to add them) or this role does not own it"
+            );
+        }
+        Ok(Self { pool, search_index })
     }
 
     /// A transaction in which row-level security shows only `owner`'s rows.
@@ -69,6 +90,24 @@ impl PgStore {
             .await?;
         Ok(tx)
     }
+}
+
+/// Makes this transaction's list query walk the user's sessions in list order and stop at a full
+/// page, for a search that is common or that no index can take (then most likely common too: it
+/// has no three letters or digits in a row). Left alone, the planner reads and sorts all of them:
+/// it puts the share of rows that row-level security's condition and an `ILIKE` let through at a
+/// few, when a common search matches a good part of them (measured: 250 ms for a user with 100,000
+/// sessions, against 1-8 ms in list order). Without a sort step the ordered index scan is the only
+/// plan left; without parallel workers none is started to read one page. The price: a search that
+/// is common among all users but rare among this one's sessions reads them all in list order,
+/// about twice as slow as the planner's way.
+async fn walk_in_list_order(tx: &mut Transaction<'static, Postgres>) -> Result<(), sqlx::Error> {
+    sqlx::query(
+        "SELECT set_config('enable_sort', 'off', true), set_config('max_parallel_workers_per_gather', '0', true)",
+    )
+    .execute(&mut **tx)
+    .await?;
+    Ok(())
 }
 
 #[async_trait]
@@ -100,8 +139,32 @@ impl Store for PgStore {
         limit: u32,
     ) -> Result<Vec<SessionRecord>, StoreError> {
         let mut tx = self.as_user(owner).await?;
-        let mut q = super::list_query::<Postgres>("", owner, filter, after, limit, Postgres::LIKE);
-        let records = q.build_query_as().fetch_all(&mut *tx).await?;
+        let index = match filter.search.as_deref() {
+            None => SearchIndex::Scan,
+            Some(s) => {
+                let available = if self.search_index {
+                    Postgres::SEARCH_INDEX
+                } else {
+                    SearchIndex::Scan
+                };
+                match Postgres::search_plan(&mut *tx, owner, s, available).await? {
+                    SearchPlan::Index => Postgres::SEARCH_INDEX,
+                    SearchPlan::Scan => SearchIndex::Scan,
+                    SearchPlan::Walk => {
+                        walk_in_list_order(&mut tx).await?;
+                        SearchIndex::Scan
+                    }
+                }
+            }
+        };
+        let mut q = super::list_query::<Postgres>("", owner, filter, after, limit, Postgres::LIKE, index);
+        // A search is planned for its own string, never from a plan cached for another: how
+        // many rows match decides the plan.
+        let records = q
+            .build_query_as()
+            .persistent(filter.search.is_none())
+            .fetch_all(&mut *tx)
+            .await?;
         tx.commit().await?;
         Ok(records)
     }
@@ -122,6 +185,61 @@ impl Store for PgStore {
         Ok(())
     }
 
+    async fn write_batch_leased(&self, writes: &[SessionWrite], holder: &str) -> Result<Vec<Arc<str>>, StoreError> {
+        let mut tx = self.as_system().await?;
+        // One statement: which of these sessions' leases `holder` holds (their rows locked until
+        // commit, so a takeover waits for this write and then sees all of it), and a NOTIFY for
+        // each, delivered by Postgres only if and when this transaction commits.
+        let (ids, seqs): (Vec<&str>, Vec<i64>) = writes
+            .iter()
+            .filter_map(|w| w.chunk.as_ref().map(|c| (&*w.session_id, c.seq_to)))
+            .unzip();
+        let held: Vec<String> = if ids.is_empty() {
+            Vec::new()
+        } else {
+            sqlx::query_scalar(
+                "SELECT l.session_id, pg_notify('acp_session_committed', l.session_id || ':' || w.seq_to)
+                 FROM session_leases l
+                 JOIN unnest($1::text[], $2::bigint[]) AS w(session_id, seq_to) ON w.session_id = l.session_id
+                 WHERE l.replica = $3
+                 FOR SHARE OF l",
+            )
+            .bind(&ids)
+            .bind(&seqs)
+            .bind(holder)
+            .fetch_all(&mut *tx)
+            .await?
+        };
+        let is_refused = |w: &SessionWrite| w.chunk.is_some() && !held.iter().any(|h| **h == *w.session_id);
+        let mut refused: Vec<Arc<str>> = Vec::new();
+        for w in writes.iter().filter(|w| is_refused(w)) {
+            if !refused.contains(&w.session_id) {
+                refused.push(w.session_id.clone());
+            }
+        }
+        if refused.is_empty() {
+            Postgres::write_batch(&mut tx, writes).await?;
+        } else {
+            // Their message counts and titles still count; their updates are not stored.
+            let kept: Vec<SessionWrite> = writes
+                .iter()
+                .map(|w| {
+                    if is_refused(w) {
+                        SessionWrite {
+                            chunk: None,
+                            ..w.clone()
+                        }
+                    } else {
+                        w.clone()
+                    }
+                })
+                .collect();
+            Postgres::write_batch(&mut tx, &kept).await?;
+        }
+        tx.commit().await?;
+        Ok(refused)
+    }
+
     async fn read_events(
         &self,
         owner: &str,
@@ -140,5 +258,12 @@ impl Store for PgStore {
         let key = Postgres::cursor_key(&mut tx).await?;
         tx.commit().await?;
         Ok(key)
+    }
+
+    async fn stored_bytes(&self, owner: &str) -> Result<u64, StoreError> {
+        let mut tx = self.as_user(owner).await?;
+        let bytes = Postgres::stored_bytes(&mut *tx, owner).await?;
+        tx.commit().await?;
+        Ok(u64::try_from(bytes).unwrap_or(0))
     }
 }

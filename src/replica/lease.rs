@@ -1,0 +1,165 @@
+//! Session leases in `session_leases`: who serves a session live, until when.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use tokio_util::sync::CancellationToken;
+
+use super::{Handler, LOCK_CLASS, Replica};
+use crate::store::StoreError;
+
+/// Who holds a session's lease after [`Replica::acquire`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Holder {
+    /// This replica (taken now, or held already).
+    Me,
+    /// Another replica, alive and within its lease.
+    Other(String),
+}
+
+impl Replica {
+    /// Takes `session`'s lease if it is free, expired, this replica's, or its holder is gone from
+    /// the database (no connection holds its advisory lock: the process died).
+    pub async fn acquire(&self, session: &str) -> Result<Holder, StoreError> {
+        let taken: Option<String> = sqlx::query_scalar(
+            "INSERT INTO session_leases AS l (session_id, replica, expires_at)
+             VALUES ($1, $2, now() + make_interval(secs => $3))
+             ON CONFLICT (session_id) DO UPDATE SET replica = EXCLUDED.replica, expires_at = EXCLUDED.expires_at
+             WHERE l.replica = EXCLUDED.replica OR l.expires_at < now()
+                OR NOT EXISTS (SELECT 1 FROM pg_locks k WHERE k.locktype = 'advisory' AND k.granted
+                               AND k.classid = $4::oid AND k.objid = hashtext(l.replica)::oid AND k.objsubid = 2)
+             RETURNING replica",
+        )
+        .bind(session)
+        .bind(&*self.id)
+        .bind(self.ttl.as_secs_f64())
+        .bind(LOCK_CLASS)
+        .fetch_optional(&self.pool)
+        .await?;
+        if taken.is_some() {
+            self.held
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .entry(Arc::from(session))
+                .or_insert_with(Instant::now);
+            return Ok(Holder::Me);
+        }
+        let holder: Option<String> = sqlx::query_scalar("SELECT replica FROM session_leases WHERE session_id = $1")
+            .bind(session)
+            .fetch_optional(&self.pool)
+            .await?;
+        Ok(match holder {
+            Some(h) if *h != *self.id => Holder::Other(h),
+            // Released meanwhile (or ours): try again.
+            _ => Box::pin(self.acquire(session)).await?,
+        })
+    }
+
+    /// Who serves `session` now, if anyone (a replica within its lease).
+    pub async fn holder(&self, session: &str) -> Result<Option<String>, StoreError> {
+        Ok(sqlx::query_scalar(
+            "SELECT replica FROM session_leases WHERE session_id = $1 AND (expires_at > now() OR replica = $2)",
+        )
+        .bind(session)
+        .bind(&*self.id)
+        .fetch_optional(&self.pool)
+        .await?)
+    }
+
+    /// Whether `replica` is connected to the database (holds its advisory lock).
+    pub async fn is_alive(&self, replica: &str) -> Result<bool, StoreError> {
+        Ok(sqlx::query_scalar(
+            "SELECT EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND granted
+                            AND classid = $1::oid AND objid = hashtext($2)::oid AND objsubid = 2)",
+        )
+        .bind(LOCK_CLASS)
+        .bind(replica)
+        .fetch_one(&self.pool)
+        .await?)
+    }
+
+    /// Whether this process holds `session`'s lease (as far as it knows).
+    pub fn holds(&self, session: &str) -> bool {
+        self.held
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .contains_key(session)
+    }
+
+    /// Gives up `session`'s lease.
+    pub async fn release(&self, session: &str) -> Result<(), StoreError> {
+        self.held.lock().unwrap_or_else(|e| e.into_inner()).remove(session);
+        sqlx::query("DELETE FROM session_leases WHERE session_id = $1 AND replica = $2")
+            .bind(session)
+            .bind(&*self.id)
+            .execute(&self.pool)
+            .await?;
+        Ok(())
+    }
+
+    /// Gives up every lease (shutdown: the others may take them at once).
+    pub async fn release_all(&self) -> Result<(), StoreError> {
+        self.held.lock().unwrap_or_else(|e| e.into_inner()).clear();
+        sqlx::query("DELETE FROM session_leases WHERE replica = $1")
+            .bind(&*self.id)
+            .execute(&self.pool)
+            .await?;
+        Ok(())
+    }
+
+    /// Renews the leases of sessions still served, in one statement, and gives up the others
+    /// (taken more than a lease time ago and no longer on an agent process). A lease another
+    /// replica has taken is reported lost.
+    async fn renew(&self, handler: &dyn Handler) -> Result<(), StoreError> {
+        let (keep, drop): (Vec<Arc<str>>, Vec<Arc<str>>) = {
+            let held = self.held.lock().unwrap_or_else(|e| e.into_inner());
+            held.iter()
+                .map(|(s, since)| (s.clone(), since.elapsed() < self.ttl || handler.serving(s)))
+                .fold((Vec::new(), Vec::new()), |(mut k, mut d), (s, serving)| {
+                    if serving {
+                        k.push(s)
+                    } else {
+                        d.push(s)
+                    }
+                    (k, d)
+                })
+        };
+        for s in &drop {
+            self.release(s).await?;
+        }
+        if keep.is_empty() {
+            return Ok(());
+        }
+        let ids: Vec<&str> = keep.iter().map(|s| &**s).collect();
+        let renewed: Vec<String> = sqlx::query_scalar(
+            "UPDATE session_leases SET expires_at = now() + make_interval(secs => $3)
+             WHERE replica = $1 AND session_id = ANY($2) RETURNING session_id",
+        )
+        .bind(&*self.id)
+        .bind(&ids)
+        .bind(self.ttl.as_secs_f64())
+        .fetch_all(&self.pool)
+        .await?;
+        for s in keep.iter().filter(|s| !renewed.iter().any(|r| **r == ***s)) {
+            tracing::warn!(session = %s, "another replica took this session's lease; it is no longer served here");
+            self.held.lock().unwrap_or_else(|e| e.into_inner()).remove(&**s);
+            handler.lease_lost(s);
+        }
+        Ok(())
+    }
+
+    /// Renews leases every third of the lease time until `stop`; then gives them all up.
+    pub async fn run_renewals(self: Arc<Self>, handler: Arc<dyn Handler>, stop: CancellationToken) {
+        let mut tick = tokio::time::interval(self.ttl / 3);
+        loop {
+            tokio::select! {
+                _ = tick.tick() => {
+                    if let Err(e) = self.renew(&*handler).await {
+                        tracing::warn!(error = %e, "cannot renew session leases");
+                    }
+                }
+                () = stop.cancelled() => break,
+            }
+        }
+    }
+}

@@ -1,0 +1,194 @@
+//! Replicas that share sessions through Postgres: Postgres is the shared state and the bus,
+//! nothing else is (no cluster protocol of our own).
+//!
+//! - [`lease`]: a session is served live (on an agent process) by the replica holding its lease
+//!   (`session_leases`): taken when it creates or restores the session, renewed in one statement
+//!   every third of the lease time, given up when the session leaves its agent and at shutdown.
+//!   Another replica takes it once it expired, or at once when its holder is gone from the
+//!   database: each replica holds an advisory lock on its listening connection, and a killed
+//!   process's connections (and lock) end with it. The transcript writer stores a session's
+//!   updates only while its lease is held ([`crate::store::Store::write_batch_leased`]).
+//! - [`bus`]: every replica LISTENs. The writer NOTIFYs `acp_session_committed` (`session:seq`)
+//!   in the transaction that stores the updates, so the notice arrives exactly when they are
+//!   committed; a replica with clients on a session it does not serve reads them from
+//!   `session_events`. Messages between replicas (a client's prompt or cancel for a session
+//!   another replica serves, and the answers) are rows of `replica_messages`, announced by
+//!   NOTIFY `acp_replica` (`target:id`).
+//!
+//! This module knows the database and nothing above it: what a notice or message means is the
+//! [`Handler`]'s business (the session and bridge layers implement it).
+
+pub mod bus;
+pub mod lease;
+
+use std::collections::HashMap;
+use std::str::FromStr;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
+use tokio::sync::oneshot;
+
+use crate::store::StoreError;
+
+/// First key of every replica's advisory lock (the second is `hashtext(replica id)`): "acpg".
+const LOCK_CLASS: i32 = 0x6163_7067;
+/// Channel of commit notices.
+pub const COMMITTED_CHANNEL: &str = "acp_session_committed";
+/// Channel of messages between replicas.
+pub const MESSAGE_CHANNEL: &str = "acp_replica";
+
+/// What a replica is told by the bus.
+pub trait Handler: Send + Sync + 'static {
+    /// Updates of `session` up to `seq` are committed (by whichever replica serves it).
+    fn committed(&self, session: &str, seq: u64);
+    /// The listening connection was re-established: notices may have been missed meanwhile.
+    fn resync(&self);
+    /// Another replica sent this replica a message.
+    fn message(&self, message: Message);
+    /// Whether this replica still serves `session` on an agent process (else its lease goes).
+    fn serving(&self, session: &str) -> bool;
+    /// Another replica took `session`'s lease: this one must stop serving it live.
+    fn lease_lost(&self, session: &str);
+}
+
+/// A message between replicas (a `replica_messages` row's body).
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "camelCase")]
+pub enum Message {
+    /// A client of `from` sent `method` for `session`, which the target serves.
+    #[serde(rename_all = "camelCase")]
+    Request {
+        /// The replica to answer.
+        from: String,
+        /// Matches the answer to the waiting request on `from`.
+        reply: u64,
+        /// Gateway session id.
+        session: String,
+        /// The session's owner (the target checks it again).
+        user: String,
+        /// The ACP method.
+        method: String,
+        /// Its params, raw JSON (a string: serde cannot buffer raw values in tagged enums).
+        params: String,
+        /// The client's id for the request, raw JSON (the answer frame carries it).
+        client_id: String,
+    },
+    /// A client of another replica sent a notification (`session/cancel`) for `session`.
+    #[serde(rename_all = "camelCase")]
+    Notify {
+        /// Gateway session id.
+        session: String,
+        /// The session's owner.
+        user: String,
+        /// The ACP method.
+        method: String,
+        /// Its params, raw JSON.
+        params: String,
+    },
+    /// The answer to a [`Message::Request`].
+    #[serde(rename_all = "camelCase")]
+    Answer {
+        /// The request's `reply`.
+        reply: u64,
+        /// The whole JSON-RPC response for the client, under its own id.
+        frame: String,
+        /// Show it only after every update up to this seq (it followed them on the serving
+        /// replica).
+        after_seq: u64,
+    },
+}
+
+/// An answer a remote request waits for.
+#[derive(Debug)]
+pub struct Answer {
+    /// The JSON-RPC response for the client.
+    pub frame: String,
+    /// Deliver it after the updates up to this seq.
+    pub after_seq: u64,
+}
+
+/// This replica's handle on the shared database: its identity, leases and messages.
+#[derive(Debug)]
+pub struct Replica {
+    /// This process's name in `session_leases` and `replica_messages` (the configured
+    /// `replica_id`, else random): unique among running replicas.
+    pub id: Arc<str>,
+    /// System connections (leases, messages, listening); row-level security's system setting is
+    /// on for each of them.
+    pool: PgPool,
+    /// How long a lease lasts without renewal.
+    pub ttl: Duration,
+    /// Sessions whose lease this process holds, with when it took each.
+    held: Mutex<HashMap<Arc<str>, Instant>>,
+    /// Requests sent to other replicas, waiting for their answers.
+    waiting: Mutex<HashMap<u64, oneshot::Sender<Answer>>>,
+    /// Next `reply` number.
+    next_reply: std::sync::atomic::AtomicU64,
+}
+
+impl Replica {
+    /// Connects to `url` as replica `id` with leases of `ttl`.
+    pub async fn connect(url: &str, id: &str, ttl: Duration) -> Result<Arc<Self>, StoreError> {
+        let options = PgConnectOptions::from_str(url)?.application_name(&format!("acp-gateway {id}"));
+        let pool = PgPoolOptions::new()
+            .max_connections(6)
+            .min_connections(1)
+            .acquire_timeout(crate::store::ACQUIRE_TIMEOUT)
+            .after_connect(|conn, _| {
+                Box::pin(async move {
+                    sqlx::query("SET acp_gateway.system = 'on'").execute(conn).await?;
+                    Ok(())
+                })
+            })
+            .connect_with(options)
+            .await?;
+        Ok(Arc::new(Self {
+            id: Arc::from(id),
+            pool,
+            ttl,
+            held: Mutex::new(HashMap::new()),
+            waiting: Mutex::new(HashMap::new()),
+            next_reply: std::sync::atomic::AtomicU64::new(1),
+        }))
+    }
+
+    /// Sends `message` to replica `target`.
+    pub async fn send(&self, target: &str, message: &Message) -> Result<(), StoreError> {
+        let body = serde_json::to_string(message).unwrap_or_default();
+        let mut tx = self.pool.begin().await?;
+        let id: i64 = sqlx::query_scalar("INSERT INTO replica_messages (target, body) VALUES ($1, $2) RETURNING id")
+            .bind(target)
+            .bind(body)
+            .fetch_one(&mut *tx)
+            .await?;
+        sqlx::query("SELECT pg_notify($1, $2)")
+            .bind(MESSAGE_CHANNEL)
+            .bind(format!("{target}:{id}"))
+            .execute(&mut *tx)
+            .await?;
+        tx.commit().await?;
+        Ok(())
+    }
+
+    /// A number for a request that waits for an answer, and where the answer will arrive.
+    pub fn expect_answer(&self) -> (u64, oneshot::Receiver<Answer>) {
+        let reply = self.next_reply.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let (tx, rx) = oneshot::channel();
+        self.waiting.lock().unwrap_or_else(|e| e.into_inner()).insert(reply, tx);
+        (reply, rx)
+    }
+
+    /// Forgets a request given up on.
+    pub fn forget_answer(&self, reply: u64) {
+        self.waiting.lock().unwrap_or_else(|e| e.into_inner()).remove(&reply);
+    }
+
+    /// Hands an arrived answer to whoever waits for it.
+    fn answered(&self, reply: u64, answer: Answer) {
+        if let Some(tx) = self.waiting.lock().unwrap_or_else(|e| e.into_inner()).remove(&reply) {
+            let _ = tx.send(answer);
+        }
+    }
+}

@@ -1,0 +1,242 @@
+//! Several `acp-gateway serve` processes on one Postgres (README "Several replicas"): a session
+//! is served by one replica at a time (its lease), clients of the others get every update from
+//! the database, their prompts go to the serving replica through Postgres, and when that replica
+//! is SIGKILLed another one takes the session over with the transcript whole.
+
+mod common;
+
+use std::collections::HashSet;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use common::serve_process::ServeProcess;
+use common::{Client, SECRET, WAIT, seq};
+use serde_json::{Value, json};
+
+/// Lease time in these tests (production default: 10 s).
+const LEASE_SECS: u64 = 5;
+
+/// One shared workspace root and database for every replica; each its own data directory.
+struct Cluster {
+    _tmp: tempfile::TempDir,
+    dir: std::path::PathBuf,
+    db_url: String,
+}
+
+impl Cluster {
+    async fn new() -> Self {
+        let tmp = tempfile::tempdir().expect("tmp");
+        let dir = tmp.path().canonicalize().expect("canon");
+        std::fs::create_dir_all(dir.join("work")).expect("workspace");
+        Self {
+            _tmp: tmp,
+            dir,
+            db_url: common::pg::fresh_database().await,
+        }
+    }
+
+    /// Starts replica `name`.
+    async fn replica(&self, name: &str) -> ServeProcess {
+        let data = self.dir.join(name);
+        let config = self.dir.join(format!("{name}.toml"));
+        std::fs::write(
+            &config,
+            format!(
+                "data_dir = {:?}\nreplica_id = {name:?}\nworkspace_roots = [{:?}]\n\
+                 [limits]\nclient_queue = 1000000\nclient_queue_bytes = 1000000000\nlease_ttl_secs = {LEASE_SECS}\n\
+                 [agents.default]\ncommand = {:?}\nargs = [\"demo-agent\", \"--delay-us\", \"0\"]\nsandbox = \"none\"\n",
+                data.display().to_string(),
+                self.dir.join("work").display().to_string(),
+                common::gateway_bin(),
+            ),
+        )
+        .expect("config");
+        ServeProcess::start(Path::new(&config), &self.db_url, SECRET).await
+    }
+}
+
+/// Loads `session` on `c` (replaying everything) and returns the replayed seqs.
+async fn load(c: &mut Client, session: &str) -> Vec<Value> {
+    let root = c.root.clone();
+    let r = c
+        .request(
+            "session/load",
+            json!({"sessionId": session, "cwd": root, "mcpServers": []}),
+        )
+        .await;
+    assert!(r.get("result").is_some(), "session/load: {r}");
+    c.take_updates(session)
+}
+
+/// Fails unless `seqs` is exactly `from..=to`: nothing lost, duplicated or out of order.
+fn assert_exact(who: &str, seqs: &[u64], from: u64, to: u64) {
+    let want: Vec<u64> = (from..=to).collect();
+    if seqs != want {
+        let dups = seqs.len() - seqs.iter().collect::<HashSet<_>>().len();
+        let missing = want.iter().filter(|s| !seqs.contains(s)).count();
+        let disorder = seqs.windows(2).filter(|w| w[0] >= w[1]).count();
+        panic!(
+            "{who}: expected seqs {from}..={to}, got {} ({missing} missing, {dups} duplicated, {disorder} out of order); first {:?}",
+            seqs.len(),
+            &seqs[..seqs.len().min(10)]
+        );
+    }
+}
+
+fn seqs(updates: &[Value]) -> Vec<u64> {
+    updates.iter().map(seq).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_created_on_one_replica_is_listed_and_loaded_on_another() {
+    let cluster = Cluster::new().await;
+    let (a, b) = (cluster.replica("a").await, cluster.replica("b").await);
+    let mut ca = a.client("alice").await;
+    let s = ca.new_session().await;
+    let r = ca.prompt(&s, "hello [chunks=20]").await;
+    assert_eq!(r["result"]["stopReason"], "end_turn", "{r}");
+    let on_a = ca.take_updates(&s);
+
+    let mut cb = b.client("alice").await;
+    let list = cb.request("session/list", json!({})).await;
+    let listed: Vec<&str> = list["result"]["sessions"]
+        .as_array()
+        .expect("sessions")
+        .iter()
+        .filter_map(|x| x["sessionId"].as_str())
+        .collect();
+    assert_eq!(listed, vec![s.as_str()], "B lists A's session: {list}");
+    let replayed = load(&mut cb, &s).await;
+    assert_eq!(seqs(&replayed), seqs(&on_a), "B replays what A's client saw");
+    let updates = |v: &[Value]| v.iter().map(|u| u["params"]["update"].clone()).collect::<Vec<_>>();
+    assert_eq!(updates(&replayed), updates(&on_a), "with the same content");
+    // Another user on B sees none of it.
+    let mut eve = b.client("eve").await;
+    let r = eve
+        .request("session/load", json!({"sessionId": s, "cwd": "/", "mcpServers": []}))
+        .await;
+    assert_eq!(r["error"]["code"], -32002, "{r}");
+}
+
+/// Clients on `a`, `b` and `c` are attached to one session served by `a`; the client on `b`
+/// prompts (its prompt goes to `a` through Postgres), then the one on `a`. Every client gets
+/// every update exactly once, in order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn clients_on_three_replicas_get_every_update_once_in_order_while_b_prompts() {
+    const CHUNKS: u64 = 400;
+    let cluster = Cluster::new().await;
+    let (a, b, c) = (
+        cluster.replica("a").await,
+        cluster.replica("b").await,
+        cluster.replica("c").await,
+    );
+    let mut ca = a.client("alice").await;
+    let s = ca.new_session().await;
+    let mut cb = b.client("alice").await;
+    let mut cc = c.client("alice").await;
+    assert!(load(&mut cb, &s).await.is_empty());
+    assert!(load(&mut cc, &s).await.is_empty());
+
+    let started = Instant::now();
+    let r = tokio::time::timeout(WAIT, cb.prompt(&s, &format!("from b [chunks={CHUNKS}]")))
+        .await
+        .expect("B's prompt is answered");
+    assert_eq!(r["result"]["stopReason"], "end_turn", "B's prompt through A: {r}");
+    let round_trip = started.elapsed();
+    let on_b = cb.take_updates(&s);
+    let last = seqs(&on_b).last().copied().expect("B got updates before its answer");
+    // The answer comes after every update it followed.
+    assert_exact("client on B (the prompter), before its answer", &seqs(&on_b), 1, last);
+    let on_a = tokio::time::timeout(WAIT, ca.updates_until(&s, |u| seq(u) >= last))
+        .await
+        .expect("A's client gets them");
+    assert_exact("client on A (serving replica)", &seqs(&on_a), 1, last);
+    let on_c = tokio::time::timeout(WAIT, cc.updates_until(&s, |u| seq(u) >= last))
+        .await
+        .expect("C's client gets them");
+    assert_exact("client on C", &seqs(&on_c), 1, last);
+
+    // And the other way: A's client prompts, B and C watch.
+    let r = ca.prompt(&s, &format!("from a [chunks={CHUNKS}]")).await;
+    assert_eq!(r["result"]["stopReason"], "end_turn", "{r}");
+    let on_a2 = ca.take_updates(&s);
+    let last2 = seqs(&on_a2).last().copied().expect("updates");
+    assert_exact("client on A, second prompt", &seqs(&on_a2), last + 1, last2);
+    for (who, cl) in [("client on B", &mut cb), ("client on C", &mut cc)] {
+        let got = tokio::time::timeout(WAIT, cl.updates_until(&s, |u| seq(u) >= last2))
+            .await
+            .expect("watchers get the second prompt");
+        assert_exact(who, &seqs(&got), last + 1, last2);
+    }
+    // Nothing more arrives later (no duplicates after the fact).
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let r = cb.request("session/list", json!({})).await;
+    assert!(r.get("result").is_some());
+    assert!(cb.take_updates(&s).is_empty(), "B got a duplicate late");
+    println!(
+        "3 replicas: {last} + {} updates, each client exactly once in order; B's remote prompt round trip {round_trip:?}",
+        last2 - last
+    );
+}
+
+/// A client on `a` streams a long prompt; a client on `b` watches. `a` is SIGKILLed mid-stream:
+/// `b`'s client prompts again until `b` has taken the session over, and the transcript is whole.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigkill_of_the_serving_replica_mid_stream_is_taken_over_with_the_transcript_whole() {
+    let cluster = Cluster::new().await;
+    let (a, b) = (cluster.replica("a").await, cluster.replica("b").await);
+    let mut ca = a.client("alice").await;
+    let s = ca.new_session().await;
+    let mut cb = b.client("alice").await;
+    assert!(load(&mut cb, &s).await.is_empty());
+    ca.start(
+        "session/prompt",
+        json!({"sessionId": s, "prompt": [{"type": "text", "text": "long [chunks=20000] [delay_us=200]"}]}),
+    )
+    .await;
+    // B's client is well into the stream.
+    let mut on_b = tokio::time::timeout(WAIT, cb.updates_until(&s, |u| seq(u) >= 300))
+        .await
+        .expect("B's client follows A's stream");
+    a.kill().await;
+    let killed = Instant::now();
+
+    // Prompt on B until it serves the session (at once if Postgres has seen A's connections
+    // close; within the lease time otherwise).
+    let mut attempts = 0;
+    let answer = loop {
+        attempts += 1;
+        let r = tokio::time::timeout(WAIT, cb.prompt(&s, "after the kill [chunks=5]"))
+            .await
+            .expect("answered");
+        if r.get("result").is_some() {
+            break r;
+        }
+        assert!(
+            killed.elapsed() < Duration::from_secs(LEASE_SECS * 3),
+            "B did not take the session over: {r}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let takeover = killed.elapsed();
+    assert_eq!(answer["result"]["stopReason"], "end_turn", "{answer}");
+    on_b.extend(cb.take_updates(&s));
+    let got = seqs(&on_b);
+    let last = *got.last().expect("updates");
+    assert_exact("client on B across the SIGKILL and the takeover", &got, 1, last);
+
+    // The transcript is whole: a fresh client replays exactly what B's client saw.
+    let mut fresh = b.client("alice").await;
+    let replayed = load(&mut fresh, &s).await;
+    assert_eq!(seqs(&replayed), got, "the stored transcript is what the client saw");
+    let content = |v: &[Value]| v.iter().map(|u| u["params"]["update"].clone()).collect::<Vec<_>>();
+    assert_eq!(content(&replayed), content(&on_b));
+    println!(
+        "SIGKILL of the serving replica: B took over {takeover:?} after the kill ({attempts} prompt attempts; lease {LEASE_SECS} s); \
+         transcript whole, {last} updates, B's client saw each once in order"
+    );
+    assert!(
+        takeover < Duration::from_secs(LEASE_SECS + 2),
+        "takeover took {takeover:?}"
+    );
+}

@@ -210,9 +210,13 @@ const COMMIT_BUCKETS: &[f64] = &[
     0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
 ];
 /// Updates per commit, up to the writer's batch cap (8,192 items).
-const BATCH_BUCKETS: &[f64] = &[1.0, 2.0, 5.0, 10.0, 25.0, 50.0, 100.0, 250.0, 500.0, 1000.0, 2500.0, 8192.0];
+const BATCH_BUCKETS: &[f64] = &[
+    1.0, 2.0, 5.0, 10.0, 25.0, 50.0, 100.0, 250.0, 500.0, 1000.0, 2500.0, 8192.0,
+];
 /// Replays: an empty transcript to a very long one at the client's pace.
-const REPLAY_BUCKETS: &[f64] = &[0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0];
+const REPLAY_BUCKETS: &[f64] = &[
+    0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+];
 
 /// Every histogram and its buckets (without buckets the exporter would make it a summary).
 pub const BUCKETS: &[(&str, &[f64])] = &[
@@ -270,7 +274,12 @@ pub fn describe_and_zero<'a>(agents: impl IntoIterator<Item = &'a str>) {
     for name in [CONNECTIONS, SESSIONS_LIVE, SESSIONS_IN_MEMORY] {
         metrics::gauge!(name).increment(0.0);
     }
-    for name in [TRANSCRIPT_BATCH_UPDATES, TRANSCRIPT_COMMIT_SECONDS, TRANSCRIPT_COMMIT_LAG_SECONDS, REPLAY_SECONDS] {
+    for name in [
+        TRANSCRIPT_BATCH_UPDATES,
+        TRANSCRIPT_COMMIT_SECONDS,
+        TRANSCRIPT_COMMIT_LAG_SECONDS,
+        REPLAY_SECONDS,
+    ] {
         let _ = metrics::histogram!(name);
     }
     for reason in REFUSAL_REASONS {
@@ -541,8 +550,7 @@ impl FirstUpdate {
         }
         let sent = self.sent.swap(0, Ordering::Relaxed);
         if sent != 0 {
-            self.histogram
-                .record(mark_now().saturating_sub(sent) as f64 / 1e6);
+            self.histogram.record(mark_now().saturating_sub(sent) as f64 / 1e6);
         }
     }
 }

@@ -83,7 +83,11 @@ async fn metrics(State(gw): State<Arc<Gateway>>) -> impl IntoResponse {
     for (name, pool) in gw.pools.iter() {
         let states = pool.process_states();
         live += states.sessions;
-        for (state, n) in [("starting", states.starting), ("idle", states.idle), ("busy", states.busy)] {
+        for (state, n) in [
+            ("starting", states.starting),
+            ("idle", states.idle),
+            ("busy", states.busy),
+        ] {
             metrics::gauge!(AGENT_PROCESSES, "agent" => name.clone(), "state" => state).set(n as f64);
         }
     }

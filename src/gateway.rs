@@ -34,8 +34,11 @@ pub struct Gateway {
     pub shutdown: CancellationToken,
     /// Every connection, request and agent task (axum does not wait for WebSocket tasks).
     pub tracker: TaskTracker,
-    /// Set while draining: `/readyz` answers 503.
+    /// Set while draining: `/readyz` answers 503, upgrades and new requests are refused (a flag
+    /// for the checks on every request; [`Gateway::drain`] is the same to wait on).
     pub draining: AtomicBool,
+    /// Fired when draining starts.
+    pub drain: CancellationToken,
     /// Caps concurrent WebSocket connections.
     pub connection_slots: Arc<Semaphore>,
     /// Per-user caps.
@@ -48,5 +51,11 @@ impl Gateway {
     /// Whether the gateway is draining (for `/readyz`).
     pub fn is_draining(&self) -> bool {
         self.draining.load(Ordering::Acquire)
+    }
+
+    /// Starts draining (see [`crate::app`]).
+    pub fn start_draining(&self) {
+        self.draining.store(true, Ordering::Release);
+        self.drain.cancel();
     }
 }

@@ -48,6 +48,8 @@ struct Inner {
     closed: CancellationToken,
     /// The first close reason given.
     reason: OnceLock<CloseReason>,
+    /// The close [`Outbox::close_when_written`] asked for, once its mark is written.
+    closing: OnceLock<CloseReason>,
 }
 
 /// The writer's side.
@@ -68,6 +70,7 @@ pub fn outbox(max_frames: usize, max_bytes: usize) -> (Outbox, OutboxReceiver) {
         room: room.clone(),
         closed: closed.clone(),
         reason: OnceLock::new(),
+        closing: OnceLock::new(),
     };
     (Outbox { inner: Arc::new(inner) }, OutboxReceiver { rx, room, closed })
 }
@@ -128,6 +131,21 @@ impl Outbox {
         let first = self.inner.reason.set(CloseReason { code, reason }).is_ok();
         self.inner.closed.cancel();
         first
+    }
+
+    /// Closes the connection with `code` once every frame queued before this call has been
+    /// written (draining: nothing already queued for the client is dropped). Queues a mark, an
+    /// empty frame (no other frame is empty), waiting for room like [`Outbox::send`]; the writer
+    /// calls [`Outbox::close_at_mark`] when it gets there. Any other close meanwhile stands.
+    pub async fn close_when_written(&self, code: u16, reason: &'static str) {
+        let _ = self.inner.closing.set(CloseReason { code, reason });
+        self.send(Utf8Bytes::from_static("")).await;
+    }
+
+    /// For the writer: the mark of [`Outbox::close_when_written`] is written; closes as it asked.
+    pub fn close_at_mark(&self) {
+        let reason = self.inner.closing.get().copied().unwrap_or(CloseReason { code: 1000, reason: "" });
+        self.close(reason.code, reason.reason);
     }
 
     /// Whether the connection is closing.
@@ -196,6 +214,19 @@ mod tests {
         assert!(tx.push(Utf8Bytes::from("3")) && tx.push(Utf8Bytes::from("4")));
         assert!(!tx.push(Utf8Bytes::from("5")), "a third queued frame is one too many");
         assert!(tx.is_closed());
+    }
+
+    #[tokio::test]
+    async fn a_close_when_written_comes_after_what_was_queued() {
+        let (tx, mut rx) = outbox(8, 1000);
+        assert!(tx.push(Utf8Bytes::from("1")) && tx.push(Utf8Bytes::from("2")));
+        tx.close_when_written(1001, "going away").await;
+        assert!(!tx.is_closed(), "not before the frames queued ahead of it are written");
+        let mut got = Vec::new();
+        assert_eq!(rx.recv_many(&mut got, 8).await, 3);
+        assert_eq!(got, ["1", "2", ""], "the queued frames, then the mark");
+        tx.close_at_mark();
+        assert_eq!(tx.close_reason().map(|r| (r.code, r.reason)), Some((1001, "going away")));
     }
 
     #[tokio::test]

@@ -530,6 +530,24 @@ impl AgentPool {
             p.stop();
         }
     }
+
+    /// Cancels every forwarded prompt still running on its processes
+    /// ([`AgentProcess::cancel_prompts`]); returns how many.
+    pub async fn cancel_prompts(&self) -> usize {
+        let procs: Vec<Arc<AgentProcess>> = self
+            .procs
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .filter(|p| !p.is_dead())
+            .cloned()
+            .collect();
+        let mut cancelled = 0;
+        for p in procs {
+            cancelled += p.cancel_prompts().await;
+        }
+        cancelled
+    }
 }
 
 /// Every configured agent's pool.
@@ -596,5 +614,14 @@ impl Pools {
         for pool in self.pools.values() {
             pool.stop_all();
         }
+    }
+
+    /// Cancels every forwarded prompt still running, on every agent; returns how many.
+    pub async fn cancel_prompts(&self) -> usize {
+        let mut cancelled = 0;
+        for pool in self.pools.values() {
+            cancelled += pool.cancel_prompts().await;
+        }
+        cancelled
     }
 }

@@ -355,6 +355,27 @@ impl AgentProcess {
         self.rpc.forward(method, params, answer)
     }
 
+    /// Sends `session/cancel` for each session whose forwarded prompt still waits for its answer
+    /// (the agent then answers it `cancelled`, as ACP asks); returns how many.
+    pub async fn cancel_prompts(&self) -> usize {
+        let prompting = self.rpc.prompting_sessions();
+        if prompting.is_empty() {
+            return 0;
+        }
+        let agent_ids: Vec<Arc<str>> = lock(&self.sessions)
+            .iter()
+            .filter(|(_, route)| prompting.iter().any(|p| p == route.session_id()))
+            .map(|(agent_id, _)| agent_id.clone())
+            .collect();
+        for agent_id in &agent_ids {
+            let mut params = String::from(r#"{"sessionId":"#);
+            protocol::push_json_str(&mut params, agent_id);
+            params.push('}');
+            let _ = self.send_line(protocol::notification("session/cancel", &params)).await;
+        }
+        agent_ids.len()
+    }
+
     /// Whether the request sent under `agent_id` is still waiting for the agent's answer.
     pub fn is_pending(&self, agent_id: u64) -> bool {
         self.rpc.is_pending(agent_id)

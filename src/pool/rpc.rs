@@ -200,6 +200,18 @@ impl Rpc {
         lock(&self.pending).values().filter_map(|w| w.prompt_sent).min()
     }
 
+    /// The sessions (the gateway's ids) with a forwarded `session/prompt` waiting for its answer.
+    pub fn prompting_sessions(&self) -> Vec<String> {
+        lock(&self.pending)
+            .values()
+            .filter(|w| w.prompt_sent.is_some())
+            .filter_map(|w| match &w.answer {
+                Pending::Forward { route, .. } => Some(route.session_id().to_string()),
+                Pending::Internal(_) => None,
+            })
+            .collect()
+    }
+
     /// Hands an answer from the agent to whoever waits for it.
     pub fn on_response(&self, msg: &Incoming<'_>) {
         let Some(id) = msg.id.and_then(protocol::own_id) else {

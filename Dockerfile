@@ -80,9 +80,10 @@ EXPOSE 8080
 # start the default agent, hence the start period.
 HEALTHCHECK --interval=15s --timeout=5s --start-period=30s --retries=3 \
     CMD ["/usr/local/bin/acp-gateway-healthcheck"]
-# SIGTERM drains (503 on /readyz, 1001 to clients, transcript flushed, agents stopped) within
-# shutdown_grace_secs (10 s by default): give `docker run --stop-timeout` (10 s by default) and
-# terminationGracePeriodSeconds more.
+# SIGTERM drains: 503 on /readyz, prompts in flight run on for drain_grace_secs (then are
+# cancelled), 1001 to clients, then agents stopped and the transcript flushed within
+# shutdown_grace_secs (10 s each by default). Give `docker run --stop-timeout` (10 s by default)
+# and terminationGracePeriodSeconds more than both.
 STOPSIGNAL SIGTERM
 ENTRYPOINT ["/usr/bin/tini", "--", "/usr/local/bin/acp-gateway"]
 CMD ["serve"]

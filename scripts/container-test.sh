@@ -15,7 +15,7 @@
 #
 # Environment: ACP_CONTAINER_CACHE (default ~/.cache/acp-gateway/container: podman's storage,
 # the base image, the validator's virtualenv), ACP_CONTAINER_STOP_TIMEOUT (podman stop -t, default
-# 20: the gateway's shutdown_grace_secs is 10).
+# 25: the gateway's drain_grace_secs and shutdown_grace_secs are 10 each).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -37,7 +37,7 @@ apt_install() {
 }
 
 cache=${ACP_CONTAINER_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/acp-gateway/container}
-stop_timeout=${ACP_CONTAINER_STOP_TIMEOUT:-20}
+stop_timeout=${ACP_CONTAINER_STOP_TIMEOUT:-25}
 mkdir -p "$cache"
 work=$(mktemp -d)
 containers=()

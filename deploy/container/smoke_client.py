@@ -4,8 +4,9 @@
     smoke_client.py URL TOKEN prompt STATE      initialize, session/new, one prompt with a
                                                 permission round trip; checks the stream
     smoke_client.py URL TOKEN stream STATE MARK  a long prompt on the same session; touches MARK
-                                                once it streams, then expects the gateway to
-                                                close the socket with 1001 (going away) as it drains
+                                                once it streams, then expects the prompt's answer
+                                                (cancelled after the drain grace) and then the
+                                                close with 1001 (going away) as the gateway drains
     smoke_client.py URL TOKEN load STATE        session/load on a new gateway over the same data:
                                                 every update seen before is replayed, same seq
                                                 and content
@@ -154,16 +155,27 @@ async def stream_mode(url: str, token: str, state: dict, mark: str) -> None:
 
     prompt = {"sessionId": sid, "prompt": [{"type": "text", "text": "a long one [chunks=3000] [delay_us=5000]"}]}
     code = None
+    result = None
     try:
+        # Draining, the prompt runs on for drain_grace_secs (10 s of its 15), is cancelled, and
+        # its answer comes before the close.
         result = await conn.request("session/prompt", prompt, on_update)
-        raise Failure(f"the prompt ended ({result}) before the gateway drained")
+        extra = await conn.ws.recv()
+        raise Failure(f"the gateway sent {extra!r} after the prompt's answer instead of closing")
     except websockets.ConnectionClosed as e:
         code = e.rcvd.code if e.rcvd else None
+    check(
+        result is not None and result.get("stopReason") in ("cancelled", "end_turn"),
+        f"the prompt's answer did not come before the close: {result}",
+    )
     record(state, conn.updates)
     seqs = [seq_of(u) for u in conn.updates]
     check(seqs == list(range(seqs[0], seqs[0] + len(seqs))), "seqs with gaps while streaming")
     check(code == 1001, f"the gateway closed the socket with {code}, expected 1001 (going away)")
-    print(f"stream: {len(seqs)} updates (seq {seqs[0]}..{seqs[-1]}) until the gateway closed with {code}")
+    print(
+        f"stream: {len(seqs)} updates (seq {seqs[0]}..{seqs[-1]}), answer {result['stopReason']},"
+        f" then the gateway closed with {code}"
+    )
 
 
 async def load_mode(url: str, token: str, state: dict) -> None:

@@ -7,7 +7,7 @@ schemas ship inside the package) in strict mode (unknown fields are errors), for
 the newest Kubernetes versions we claim. Then what the schemas cannot know: the kustomizations'
 files exist, patches name objects of the base, the Secret keys and ConfigMap the Deployment uses
 exist, probes ask /healthz and /readyz, and terminationGracePeriodSeconds covers the preStop sleep
-plus the gateway's shutdown_grace_secs. Last, the validator must reject broken manifests (a
+plus the gateway's drain_grace_secs and shutdown_grace_secs. Last, the validator must reject broken manifests (a
 validator that accepts anything proves nothing).
 
     pip install kubernetes-validate==1.37.0 && python3 deploy/kubernetes/validate.py
@@ -155,15 +155,19 @@ def check_consistency(name: str, objects: list[dict]) -> None:
     if config is not None and tomllib is not None:
         toml = tomllib.loads(config)
         grace = toml.get("limits", {}).get("shutdown_grace_secs", 10)
+        drain = toml.get("limits", {}).get("drain_grace_secs", 10)
         pre = gw.get("lifecycle", {}).get("preStop", {}).get("exec", {}).get("command", [])
         pre_secs = int(pre[1]) if len(pre) == 2 and pre[0] == "sleep" else 0
         total = pod.get("terminationGracePeriodSeconds", 30)
-        if total < pre_secs + grace + 5:
+        if total < pre_secs + drain + grace + 5:
             fail(
                 f"{name}: terminationGracePeriodSeconds {total} < preStop {pre_secs} + "
-                f"shutdown_grace_secs {grace} + 5 s margin"
+                f"drain_grace_secs {drain} + shutdown_grace_secs {grace} + 5 s margin"
             )
-        print(f"ok   {name}: grace {total} s >= preStop {pre_secs} s + shutdown_grace_secs {grace} s + margin")
+        print(
+            f"ok   {name}: grace {total} s >= preStop {pre_secs} s + drain_grace_secs {drain} s"
+            f" + shutdown_grace_secs {grace} s + margin"
+        )
 
 
 def check_rejects_broken(objects: list[dict]) -> None:

@@ -1,11 +1,23 @@
 //! `session/list` at scale: fills a SQLite file and a Postgres database with `LIST_BENCH_ROWS`
 //! sessions (default 1,000,000) over ~1000 users, one of them "heavy" with a tenth of all rows,
-//! then times `Store::list_sessions` for that user and prints the query plans.
+//! then times `Store::list_sessions` for that user and prints the query plans. Searches are timed
+//! twice, side by side: "scan" is the query as it was before the search indexes (every one of the
+//! user's sessions tested with `LIKE`/`ILIKE`, run as the store ran it), "store" is what
+//! `Store::list_sessions` does now; both must return the same rows.
+//!
+//! `Store::stored_bytes` (a sum over the user's sessions) is timed beside them.
+//!
+//! Then the write path, on fresh databases of `LIST_BENCH_WRITES` sessions (default 5,000), with
+//! the search index's triggers and without them (and, on SQLite, with the trigger that advances a
+//! session as it was before it counted stored bytes): creating sessions, renaming them, the
+//! transcript writer's commits, deleting. On Postgres, where the writer's own `UPDATE` counts the
+//! bytes, its two statements per commit are timed with and without that term.
 //!
 //! ```text
 //! cargo bench --bench list_sessions                      # full size
 //! LIST_BENCH_ROWS=50000 cargo bench --bench list_sessions # CI size
 //! LIST_BENCH_BACKENDS=postgres cargo bench --bench list_sessions
+//! LIST_BENCH_PARTS=writes cargo bench --bench list_sessions  # only the write path (or "reads")
 //! ```
 //!
 //! Postgres: `DATABASE_URL=postgres://…` names a server to use; otherwise a throwaway server is
@@ -19,7 +31,7 @@ mod pg;
 use std::str::FromStr;
 use std::time::{Duration, Instant};
 
-use acp_gateway::store::{self, ListFilter, Position, Store};
+use acp_gateway::store::{self, ListFilter, Position, SearchIndex, SessionRecord, Store};
 use sqlx::{Connection, Executor, PgConnection, QueryBuilder, Row, SqliteConnection};
 
 /// Runs per measured case.
@@ -49,34 +61,68 @@ struct Case {
 
 #[tokio::main]
 async fn main() {
-    let rows: i64 = std::env::var("LIST_BENCH_ROWS")
+    let rows: i64 = env_number("LIST_BENCH_ROWS", 1_000_000);
+    let writes: i64 = env_number("LIST_BENCH_WRITES", 5_000);
+    let which = std::env::var("LIST_BENCH_BACKENDS").unwrap_or_else(|_| "sqlite,postgres".into());
+    let parts = std::env::var("LIST_BENCH_PARTS").unwrap_or_else(|_| "reads,writes".into());
+    for backend in [Backend::Sqlite, Backend::Postgres] {
+        if !which.contains(backend.key()) {
+            continue;
+        }
+        if parts.contains("reads") {
+            println!(
+                "=== {}: list_sessions, {rows} sessions, ~1000 users, user \"heavy\" has {} ===",
+                backend.label(),
+                rows / 10
+            );
+            println!("each case: {RUNS} runs (limit {PAGE}) after 3 warm-up runs\n");
+            let (url, _dir) = fresh(backend).await;
+            run(backend, &url, rows).await;
+        }
+        if parts.contains("writes") {
+            write_path(backend, writes).await;
+            if backend == Backend::Postgres {
+                stored_bytes_statements(writes).await;
+            }
+        }
+    }
+}
+
+fn env_number(name: &str, default: i64) -> i64 {
+    std::env::var(name)
         .ok()
         .and_then(|v| v.replace('_', "").parse().ok())
-        .unwrap_or(1_000_000);
-    let which = std::env::var("LIST_BENCH_BACKENDS").unwrap_or_else(|_| "sqlite,postgres".into());
-    println!(
-        "list_sessions benchmark: {rows} sessions, ~1000 users, user \"heavy\" has {}",
-        rows / 10
-    );
-    println!("each case: {RUNS} runs of Store::list_sessions(limit {PAGE}) after 3 warm-up runs\n");
-    if which.contains("sqlite") {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let url = format!("sqlite://{}/bench.db", dir.path().display());
-        run(Backend::Sqlite, &url, rows).await;
+        .unwrap_or(default)
+}
+
+impl Backend {
+    fn key(self) -> &'static str {
+        match self {
+            Backend::Sqlite => "sqlite",
+            Backend::Postgres => "postgres",
+        }
     }
-    if which.contains("postgres") {
-        let url = pg::fresh_database().await;
-        run(Backend::Postgres, &url, rows).await;
+
+    fn label(self) -> &'static str {
+        match self {
+            Backend::Sqlite => "SQLite",
+            Backend::Postgres => "Postgres",
+        }
+    }
+}
+
+/// A new, empty database (and the directory that holds it, for SQLite).
+async fn fresh(backend: Backend) -> (String, Option<tempfile::TempDir>) {
+    match backend {
+        Backend::Sqlite => {
+            let dir = tempfile::tempdir().expect("tempdir");
+            (format!("sqlite://{}/bench.db", dir.path().display()), Some(dir))
+        }
+        Backend::Postgres => (pg::fresh_database().await, None),
     }
 }
 
 async fn run(backend: Backend, url: &str, rows: i64) {
-    let label = if backend == Backend::Sqlite {
-        "SQLite"
-    } else {
-        "Postgres"
-    };
-    println!("=== {label} ===");
     // Migrate through the store, then bulk-load beside it.
     drop(store::connect(url).await.expect("connect and migrate"));
     let started = Instant::now();
@@ -85,7 +131,7 @@ async fn run(backend: Backend, url: &str, rows: i64) {
         Backend::Postgres => fill_postgres(url, rows).await,
     }
     println!(
-        "filled {rows} rows + ANALYZE in {:.1} s",
+        "filled {rows} rows (the search index's triggers included) + ANALYZE in {:.1} s",
         started.elapsed().as_secs_f64()
     );
 
@@ -93,78 +139,113 @@ async fn run(backend: Backend, url: &str, rows: i64) {
     let store = store::connect(url).await.expect("connect");
     let heavy = rows / 10;
     let deep = deep_position(backend, url, heavy / 2).await;
+    let search = |s: &str| ListFilter {
+        search: Some(s.into()),
+        ..Default::default()
+    };
+    let case = |name, filter, after| Case { name, filter, after };
     let cases = vec![
-        Case {
-            name: "first page",
-            filter: ListFilter::default(),
-            after: None,
-        },
-        Case {
-            name: "deep page (cursor at row ~50%)",
-            filter: ListFilter::default(),
-            after: Some(deep.clone()),
-        },
-        Case {
-            name: "cwd filter",
-            filter: ListFilter {
+        case("first page", ListFilter::default(), None),
+        case(
+            "deep page (cursor at row ~50%)",
+            ListFilter::default(),
+            Some(deep.clone()),
+        ),
+        case(
+            "cwd filter",
+            ListFilter {
                 cwd: Some("/home/heavy/proj7".into()),
                 ..Default::default()
             },
-            after: None,
-        },
-        Case {
-            name: "search (0.1% of rows match)",
-            filter: ListFilter {
+            None,
+        ),
+        case("search (0.1% of rows match)", search(RARE), None),
+        case("search (no match)", search("no-such-text"), None),
+        case("search, deep page", search(RARE), Some(deep)),
+        case("search (3.7% match: \"module 17\")", search("module 17"), None),
+        case("search (all match: \"MODULE\")", search("MODULE"), None),
+        case("search in meta (20%: \"feature-40\")", search("feature-40"), None),
+        case("search, 2% of all, none of heavy's", search("feature-42"), None),
+        case("search, 2 characters (\"17\")", search("17"), None),
+        case(
+            "search + cwd (0.1% of rows)",
+            ListFilter {
+                cwd: Some("/home/heavy/proj7".into()),
                 search: Some(RARE.into()),
                 ..Default::default()
             },
-            after: None,
-        },
-        Case {
-            name: "search (no match)",
-            filter: ListFilter {
-                search: Some("no-such-text".into()),
-                ..Default::default()
-            },
-            after: None,
-        },
-        Case {
-            name: "search, deep page",
-            filter: ListFilter {
-                search: Some(RARE.into()),
-                ..Default::default()
-            },
-            after: Some(deep),
-        },
-        Case {
-            name: "light user, first page",
-            filter: ListFilter::default(),
-            after: None,
-        },
-        Case {
-            name: "light user, search (no match)",
-            filter: ListFilter {
-                search: Some("no-such-text".into()),
-                ..Default::default()
-            },
-            after: None,
-        },
+            None,
+        ),
+        case("light user, first page", ListFilter::default(), None),
+        case("light user, search (no match)", search("no-such-text"), None),
+        case("light user, search (0.1%)", search(RARE), None),
     ];
-    println!("{:<34} {:>10} {:>10} {:>6}", "case", "median", "p95", "rows");
+    let mut before = Before::open(backend, url).await;
+    println!(
+        "{:<36} {:>10} {:>10} | {:>10} {:>10} | {:>5}",
+        "case", "scan p50", "scan p95", "store p50", "store p95", "rows"
+    );
     for case in &cases {
         let owner = if case.name.starts_with("light") {
             "user042"
         } else {
             "heavy"
         };
-        let (median, p95, n) = time_case(&*store, owner, case).await;
-        println!("{:<34} {:>10} {:>10} {:>6}", case.name, fmt(median), fmt(p95), n);
+        let (median, p95, page) = time_store(&*store, owner, case).await;
+        let before = if case.filter.search.is_some() {
+            let (median, p95, old) = time_scan(&mut before, owner, case).await;
+            assert_eq!(ids(&old), ids(&page), "{}: the store and the scan disagree", case.name);
+            format!("{:>10} {:>10}", fmt(median), fmt(p95))
+        } else {
+            format!("{:>10} {:>10}", "", "")
+        };
+        println!(
+            "{:<36} {before} | {:>10} {:>10} | {:>5}",
+            case.name,
+            fmt(median),
+            fmt(p95),
+            page.len()
+        );
+    }
+    for (name, owner) in [
+        ("stored_bytes, heavy", "heavy"),
+        ("stored_bytes, light user", "user042"),
+    ] {
+        let (median, p95, _) = time_runs(async || {
+            store.stored_bytes(owner).await.expect("stored bytes");
+            Vec::new()
+        })
+        .await;
+        println!(
+            "{name:<36} {:>10} {:>10} | {:>10} {:>10} |",
+            "",
+            "",
+            fmt(median),
+            fmt(p95)
+        );
     }
     println!();
-    for case in &cases[..6] {
-        println!("--- plan: {} ---", case.name);
-        println!("{}", plan(backend, url, "heavy", case).await);
+    for case in cases.iter().filter(|c| !c.name.starts_with("light")) {
+        let index = match backend {
+            Backend::Sqlite => SearchIndex::Fts5,
+            Backend::Postgres => SearchIndex::Trigram,
+        };
+        let searched = case.filter.search.as_deref().filter(|s| index.can_find(s));
+        if searched.is_some() {
+            println!("--- plan: {} (scan, as before) ---", case.name);
+            println!("{}", plan(backend, url, "heavy", case, SearchIndex::Scan).await);
+        }
+        println!(
+            "--- plan: {}{} ---",
+            case.name,
+            if searched.is_some() { " (from the index)" } else { "" }
+        );
+        println!("{}", plan(backend, url, "heavy", case, index).await);
     }
+}
+
+fn ids(rows: &[SessionRecord]) -> Vec<&str> {
+    rows.iter().map(|r| r.id.as_str()).collect()
 }
 
 fn fmt(d: Duration) -> String {
@@ -176,29 +257,93 @@ fn fmt(d: Duration) -> String {
     }
 }
 
-async fn time_case(store: &dyn Store, owner: &str, case: &Case) -> (Duration, Duration, usize) {
-    let after = case.after.as_ref().map(|(t, id)| Position { updated_at: *t, id });
-    let mut n = 0;
+/// Median, 95th percentile and the last result of `RUNS` runs of `f`, after 3 warm-up runs.
+async fn time_runs<F>(mut f: F) -> (Duration, Duration, Vec<SessionRecord>)
+where
+    F: AsyncFnMut() -> Vec<SessionRecord>,
+{
     for _ in 0..3 {
-        n = store
-            .list_sessions(owner, &case.filter, after, PAGE)
-            .await
-            .expect("list")
-            .len();
+        f().await;
     }
     let mut times = Vec::with_capacity(RUNS);
+    let mut last = Vec::new();
     for _ in 0..RUNS {
         let t = Instant::now();
-        let page = store
-            .list_sessions(owner, &case.filter, after, PAGE)
-            .await
-            .expect("list");
+        last = f().await;
         times.push(t.elapsed());
-        n = page.len();
     }
     times.sort();
     let p95 = times[(RUNS * 95).div_ceil(100) - 1];
-    (times[RUNS / 2], p95, n)
+    (times[RUNS / 2], p95, last)
+}
+
+async fn time_store(store: &dyn Store, owner: &str, case: &Case) -> (Duration, Duration, Vec<SessionRecord>) {
+    let after = case.after.as_ref().map(|(t, id)| Position { updated_at: *t, id });
+    time_runs(async || {
+        store
+            .list_sessions(owner, &case.filter, after, PAGE)
+            .await
+            .expect("list")
+    })
+    .await
+}
+
+/// The list query as it was before the search indexes, run as the stores ran it (Postgres: in a
+/// transaction naming the user, so under row-level security).
+enum Before {
+    Sqlite(SqliteConnection),
+    Postgres(PgConnection),
+}
+
+impl Before {
+    async fn open(backend: Backend, url: &str) -> Self {
+        match backend {
+            Backend::Sqlite => Before::Sqlite(SqliteConnection::connect(url).await.expect("sqlite")),
+            Backend::Postgres => Before::Postgres(PgConnection::connect(url).await.expect("postgres")),
+        }
+    }
+}
+
+async fn time_scan(scan: &mut Before, owner: &str, case: &Case) -> (Duration, Duration, Vec<SessionRecord>) {
+    let after = case.after.as_ref().map(|(t, id)| Position { updated_at: *t, id });
+    match scan {
+        Before::Sqlite(c) => {
+            time_runs(async || {
+                store::list_query::<sqlx::Sqlite>("", owner, &case.filter, after, PAGE, "LIKE", SearchIndex::Scan)
+                    .build_query_as()
+                    .fetch_all(&mut *c)
+                    .await
+                    .expect("scan")
+            })
+            .await
+        }
+        Before::Postgres(c) => {
+            time_runs(async || {
+                let mut tx = c.begin().await.expect("begin");
+                sqlx::query("SELECT set_config('acp_gateway.user', $1, true)")
+                    .bind(owner)
+                    .execute(&mut *tx)
+                    .await
+                    .expect("user");
+                let rows = store::list_query::<sqlx::Postgres>(
+                    "",
+                    owner,
+                    &case.filter,
+                    after,
+                    PAGE,
+                    "ILIKE",
+                    SearchIndex::Scan,
+                )
+                .build_query_as()
+                .fetch_all(&mut *tx)
+                .await
+                .expect("scan");
+                tx.commit().await.expect("commit");
+                rows
+            })
+            .await
+        }
+    }
 }
 
 async fn fill_sqlite(url: &str, rows: i64) {
@@ -266,7 +411,10 @@ async fn fill_postgres(url: &str, rows: i64) {
         tx.commit().await.expect("commit");
         from = to + 1;
     }
-    c.execute("VACUUM ANALYZE sessions").await.expect("analyze");
+    // Autovacuum may be off (it is on the test server); the migration analysed an empty table.
+    c.execute("VACUUM ANALYZE sessions, session_search")
+        .await
+        .expect("analyze");
     let _ = c.close().await;
 }
 
@@ -298,15 +446,13 @@ async fn deep_position(backend: Backend, url: &str, offset: i64) -> (i64, String
     }
 }
 
-/// The query the stores build for `case`, after `prefix` (`EXPLAIN …`), with the same bind
-/// parameters (kept in step with `src/store/{sqlite,postgres}.rs`: SQLite plans can depend on how
-/// values are bound).
-/// The production `session/list` query for `case`, behind `prefix` (`EXPLAIN ...`).
+/// The list query for `case`, answered from `index`, behind `prefix` (`EXPLAIN ...`).
 fn list_query<'a, DB: sqlx::Database>(
     backend: Backend,
     prefix: &str,
     owner: &'a str,
     case: &'a Case,
+    index: SearchIndex,
 ) -> QueryBuilder<'a, DB>
 where
     &'a str: sqlx::Encode<'a, DB> + sqlx::Type<DB>,
@@ -318,14 +464,17 @@ where
         updated_at: *t,
         id: id.as_str(),
     });
-    store::list_query(&format!("{prefix} "), owner, &case.filter, after, PAGE, like)
+    store::list_query(&format!("{prefix} "), owner, &case.filter, after, PAGE, like, index)
 }
 
-async fn plan(backend: Backend, url: &str, owner: &str, case: &Case) -> String {
+/// The plan of the list query for `case` from `index`. (The store may not take that index for
+/// this search: it counts what the index finds first; Postgres then walks common searches in
+/// list order, which this plan does not show.)
+async fn plan(backend: Backend, url: &str, owner: &str, case: &Case, index: SearchIndex) -> String {
     let lines: Vec<String> = match backend {
         Backend::Sqlite => {
             let mut c = SqliteConnection::connect(url).await.expect("sqlite");
-            let mut q = list_query::<sqlx::Sqlite>(backend, "EXPLAIN QUERY PLAN", owner, case);
+            let mut q = list_query::<sqlx::Sqlite>(backend, "EXPLAIN QUERY PLAN", owner, case, index);
             let rows = q.build().fetch_all(&mut c).await.expect("explain");
             rows.iter().map(|r| r.get::<String, _>("detail")).collect()
         }
@@ -338,10 +487,325 @@ async fn plan(backend: Backend, url: &str, owner: &str, case: &Case) -> String {
                 .execute(&mut *tx)
                 .await
                 .expect("user");
-            let mut q = list_query::<sqlx::Postgres>(backend, "EXPLAIN (ANALYZE, BUFFERS)", owner, case);
+            let mut q = list_query::<sqlx::Postgres>(backend, "EXPLAIN (ANALYZE, BUFFERS)", owner, case, index);
             let rows = q.build().fetch_all(&mut *tx).await.expect("explain");
             rows.iter().map(|r| r.get::<String, _>(0)).collect()
         }
     };
     lines.iter().map(|l| format!("  {l}")).collect::<Vec<_>>().join("\n")
+}
+
+/// Fresh sets of databases the write path is timed on.
+const WRITE_ROUNDS: usize = 3;
+/// Operations timed on one database before the next takes its turn: the variants are timed
+/// interleaved, so that a busy moment of the machine (or a checkpoint) falls on all of them.
+const WRITE_BLOCK: usize = 100;
+
+/// What the write path is timed without.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Variant {
+    /// The schema as migrated.
+    AsMigrated,
+    /// The search index's triggers dropped: sessions and their titles are written as before it.
+    NoSearchIndex,
+    /// SQLite: the trigger that advances a session for each stored chunk as it was before it
+    /// counted stored bytes. (Postgres counts them in the writer's own `UPDATE`; see
+    /// [`stored_bytes_statements`].)
+    NoStoredBytes,
+}
+
+/// The operations timed, in order.
+#[derive(Debug, Clone, Copy)]
+enum Op {
+    Create,
+    Rename,
+    Commit,
+    CommitWithPrompt,
+    Delete,
+}
+
+impl Op {
+    const ALL: [Op; 5] = [Op::Create, Op::Rename, Op::Commit, Op::CommitWithPrompt, Op::Delete];
+
+    fn name(self) -> &'static str {
+        match self {
+            Op::Create => "create a session",
+            Op::Rename => "rename it (agent title)",
+            Op::Commit => "transcript commit (one 1 KiB chunk)",
+            Op::CommitWithPrompt => "transcript commit + prompt (title kept)",
+            Op::Delete => "delete a session",
+        }
+    }
+}
+
+/// The write path with the search index and without it: µs per operation, median over
+/// [`WRITE_ROUNDS`] sets of fresh databases, `n` operations of each kind on each.
+async fn write_path(backend: Backend, n: i64) {
+    let variants: &[Variant] = match backend {
+        Backend::Sqlite => &[Variant::AsMigrated, Variant::NoSearchIndex, Variant::NoStoredBytes],
+        Backend::Postgres => &[Variant::AsMigrated, Variant::NoSearchIndex],
+    };
+    println!(
+        "=== {}: write path, {n} sessions, µs per operation (median of {WRITE_ROUNDS} sets of fresh databases, \
+         variants interleaved every {WRITE_BLOCK} operations) ===",
+        backend.label()
+    );
+    // runs[round][variant][op]
+    let mut runs = Vec::new();
+    for _ in 0..WRITE_ROUNDS {
+        runs.push(write_round(backend, variants, n).await);
+    }
+    print!("{:<44}", "operation");
+    for v in variants {
+        print!(" {:>16}", format!("{v:?}"));
+    }
+    println!();
+    for (i, op) in Op::ALL.iter().enumerate() {
+        print!("{:<44}", op.name());
+        for k in 0..variants.len() {
+            let mut v: Vec<f64> = runs.iter().map(|r: &Vec<Vec<f64>>| r[k][i]).collect();
+            v.sort_by(f64::total_cmp);
+            print!(" {:>16.1}", v[v.len() / 2]);
+        }
+        println!();
+    }
+    println!();
+}
+
+/// Postgres: the transcript writer's two statements per commit (store a chunk, advance its
+/// session), with the session's `UPDATE` as it is and as it was before it added the chunk's bytes
+/// to `stored_bytes`, on one database, interleaved. Mirrors `write_batch` in src/store/sql.rs.
+async fn stored_bytes_statements(n: i64) {
+    let url = pg::fresh_database().await;
+    let store = store::connect(&url).await.expect("connect");
+    let mut c = PgConnection::connect(&url).await.expect("postgres");
+    let ids: Vec<String> = (0..n).map(|i| format!("w{i:07}")).collect();
+    for id in &ids {
+        store
+            .create_session(&acp_gateway::store::NewSession {
+                id,
+                owner: "writer",
+                agent: "demo",
+                agent_session_id: None,
+                cwd: "/w",
+                additional_dirs: "[]",
+                meta: "{}",
+                now: NOW,
+            })
+            .await
+            .expect("create");
+    }
+    let advance = |bytes: bool| {
+        format!(
+            "UPDATE sessions SET
+                last_seq = GREATEST(last_seq, $2),
+                updated_at = GREATEST(updated_at, $3),
+                message_count = message_count + $4,
+                title = COALESCE($5, title, $6){}
+             WHERE id = $1",
+            if bytes {
+                ", stored_bytes = stored_bytes + $7"
+            } else {
+                ""
+            }
+        )
+    };
+    let payload = "x".repeat(1024);
+    let mut spent = [Duration::ZERO; 2];
+    for (b, block) in ids.chunks(WRITE_BLOCK).enumerate() {
+        for (k, bytes) in [true, false].into_iter().enumerate() {
+            let update = advance(bytes);
+            let t = Instant::now();
+            for id in block {
+                let seq = (b as i64) * 2 + k as i64 + 1;
+                let mut tx = c.begin().await.expect("begin");
+                tx.execute("SELECT set_config('acp_gateway.system', 'on', true)")
+                    .await
+                    .expect("system");
+                sqlx::query(
+                    "INSERT INTO session_events (session_id, seq_from, seq_to, payload, created_at)
+                     SELECT $1, $2, $3, $4, $5 WHERE EXISTS (SELECT 1 FROM sessions WHERE id = $1)
+                     ON CONFLICT (session_id, seq_from) DO NOTHING",
+                )
+                .bind(id)
+                .bind(seq)
+                .bind(seq)
+                .bind(payload.as_str())
+                .bind(NOW + seq)
+                .execute(&mut *tx)
+                .await
+                .expect("insert chunk");
+                let mut q = sqlx::query(&update)
+                    .bind(id)
+                    .bind(seq)
+                    .bind(NOW + seq)
+                    .bind(0_i64)
+                    .bind(None::<&str>)
+                    .bind(None::<&str>);
+                if bytes {
+                    q = q.bind(payload.len() as i64);
+                }
+                q.execute(&mut *tx).await.expect("advance");
+                tx.commit().await.expect("commit");
+            }
+            spent[k] += t.elapsed();
+        }
+    }
+    let per = |d: Duration| d.as_secs_f64() * 1e6 / n as f64;
+    println!(
+        "Postgres transcript commit (chunk + session UPDATE, {n} each, interleaved), µs: \
+         with stored_bytes {:.1}, without {:.1}\n",
+        per(spent[0]),
+        per(spent[1])
+    );
+}
+
+/// One fresh database per variant: µs per operation of each of [`Op::ALL`], `n` times each.
+async fn write_round(backend: Backend, variants: &[Variant], n: i64) -> Vec<Vec<f64>> {
+    use std::sync::Arc;
+
+    let mut targets = Vec::new();
+    for variant in variants {
+        let (url, dir) = fresh(backend).await;
+        let store = store::connect(&url).await.expect("connect");
+        let mut c = connect_raw(backend, &url).await;
+        match variant {
+            Variant::AsMigrated => {}
+            Variant::NoSearchIndex => {
+                let on = if backend == Backend::Postgres {
+                    " ON sessions"
+                } else {
+                    ""
+                };
+                for t in [
+                    "session_search_insert",
+                    "session_search_update",
+                    "session_search_delete",
+                ] {
+                    c.run(&format!("DROP TRIGGER {t}{on}")).await;
+                }
+            }
+            Variant::NoStoredBytes => {
+                // As in migrations/sqlite/20261122000001_events_advance_session.sql.
+                c.run(
+                    "DROP TRIGGER session_events_advance_session;
+                     CREATE TRIGGER session_events_advance_session AFTER INSERT ON session_events
+                     BEGIN
+                         UPDATE sessions SET
+                             last_seq = MAX(last_seq, NEW.seq_to),
+                             updated_at = MAX(updated_at, NEW.created_at)
+                         WHERE id = NEW.session_id;
+                     END;",
+                )
+                .await;
+            }
+        }
+        targets.push((store, dir));
+    }
+    let ids: Vec<Arc<str>> = (0..n).map(|i| Arc::from(format!("w{i:07}").as_str())).collect();
+    let mut out = vec![Vec::new(); variants.len()];
+    for op in Op::ALL {
+        let mut spent = vec![Duration::ZERO; variants.len()];
+        for (b, block) in ids.chunks(WRITE_BLOCK).enumerate() {
+            for (k, (store, _)) in targets.iter().enumerate() {
+                let t = Instant::now();
+                for (j, id) in block.iter().enumerate() {
+                    write_op(&**store, op, id, (b * WRITE_BLOCK + j) as i64, n).await;
+                }
+                spent[k] += t.elapsed();
+            }
+        }
+        for (k, d) in spent.iter().enumerate() {
+            out[k].push(d.as_secs_f64() * 1e6 / n as f64);
+        }
+    }
+    out
+}
+
+/// One operation of kind `op` on session `id`, the `i`th of `n`.
+async fn write_op(store: &dyn Store, op: Op, id: &std::sync::Arc<str>, i: i64, n: i64) {
+    use acp_gateway::store::{EventChunk, NewSession, SessionWrite};
+
+    // Five updates of about 200 bytes, as a streaming agent's message chunks.
+    let chunk = |k: i64| EventChunk {
+        seq_from: k * 5 + 1,
+        seq_to: k * 5 + 5,
+        payload: (0..5)
+            .map(|u| {
+                format!(
+                    r#"{{"sessionUpdate":"agent_message_chunk","content":{{"type":"text","text":"{}"}}}}"#,
+                    "x".repeat(130 + u)
+                )
+            })
+            .collect::<Vec<_>>()
+            .join("\n"),
+    };
+    match op {
+        Op::Create => store
+            .create_session(&NewSession {
+                id,
+                owner: "writer",
+                agent: "demo",
+                agent_session_id: None,
+                cwd: "/w",
+                additional_dirs: "[]",
+                meta: r#"{"branch":"main"}"#,
+                now: NOW,
+            })
+            .await
+            .expect("create"),
+        Op::Rename => store
+            .write_batch(&[SessionWrite {
+                session_id: id.clone(),
+                agent_title: Some(format!("Refactor the session store, part {i}")),
+                updated_at: NOW + 1,
+                ..Default::default()
+            }])
+            .await
+            .expect("rename"),
+        Op::Commit => store
+            .write_batch(&[SessionWrite {
+                session_id: id.clone(),
+                chunk: Some(chunk(0)),
+                updated_at: NOW + 2 + i,
+                ..Default::default()
+            }])
+            .await
+            .expect("commit"),
+        Op::CommitWithPrompt => store
+            .write_batch(&[SessionWrite {
+                session_id: id.clone(),
+                chunk: Some(chunk(1)),
+                prompt_title: Some("a later prompt".into()),
+                prompts: 1,
+                updated_at: NOW + 2 + n + i,
+                ..Default::default()
+            }])
+            .await
+            .expect("commit with prompt"),
+        Op::Delete => assert!(store.delete_session("writer", id).await.expect("delete")),
+    }
+}
+
+/// A plain connection beside the store, for schema changes.
+enum Raw {
+    Sqlite(SqliteConnection),
+    Postgres(PgConnection),
+}
+
+async fn connect_raw(backend: Backend, url: &str) -> Raw {
+    match backend {
+        Backend::Sqlite => Raw::Sqlite(SqliteConnection::connect(url).await.expect("sqlite")),
+        Backend::Postgres => Raw::Postgres(PgConnection::connect(url).await.expect("postgres")),
+    }
+}
+
+impl Raw {
+    async fn run(&mut self, sql: &str) {
+        match self {
+            Raw::Sqlite(c) => c.execute(sql).await.map(drop),
+            Raw::Postgres(c) => c.execute(sql).await.map(drop),
+        }
+        .unwrap_or_else(|e| panic!("{sql}: {e}"));
+    }
 }

@@ -4,6 +4,7 @@
 mod common;
 
 use std::collections::HashSet;
+use std::str::FromStr;
 use std::sync::Arc;
 
 use acp_gateway::store::persister::{Item, Persister};
@@ -71,6 +72,11 @@ on_both_backends!(
     delete_removes_the_transcript,
     cursor_key_is_stable,
     persister_stores_everything_in_order,
+    search_is_a_case_insensitive_substring_of_title_or_meta,
+    search_follows_renames_and_deletes,
+    common_and_rare_searches_page_alike,
+    stored_bytes_count_each_users_stored_transcript,
+    migrations_fill_in_sessions_stored_before_them,
 );
 
 const BASE: i64 = 1_700_000_000_000_000;
@@ -444,6 +450,257 @@ async fn list_never_crosses_owners_under_any_filter(backend: Backend) {
     assert_eq!(expected(&all, "bob", &search("bob")).len(), 40);
 }
 
+/// Every page of `owner`'s sessions matching `search`, `page` at a time.
+async fn search_pages(store: &dyn Store, owner: &str, search: &str, page: u32) -> Vec<String> {
+    let f = ListFilter {
+        search: Some(search.into()),
+        ..Default::default()
+    };
+    let mut got = Vec::new();
+    let mut last: Option<(i64, String)> = None;
+    loop {
+        let after = last.as_ref().map(|(t, id)| Position { updated_at: *t, id });
+        let rows = store.list_sessions(owner, &f, after, page).await.expect("search");
+        assert!(
+            rows.iter().all(|r| r.owner == owner),
+            "{owner} got another's row for {search:?}"
+        );
+        got.extend(rows.iter().map(|r| r.id.clone()));
+        match rows.last() {
+            Some(r) if rows.len() == page as usize => last = Some((r.updated_at, r.id.clone())),
+            _ => return got,
+        }
+    }
+}
+
+/// `search` as `owner` (one page of up to 10,000).
+async fn search(store: &dyn Store, owner: &str, search: &str) -> Vec<String> {
+    let f = ListFilter {
+        search: Some(search.into()),
+        ..Default::default()
+    };
+    list_all(store, owner, &f).await.into_iter().map(|r| r.id).collect()
+}
+
+/// The search index finds what `LIKE` found: substrings anywhere, in any ASCII case, with `%`,
+/// `_`, `\` and `"` taken literally, in the title or the metadata, of short and of long searches,
+/// and only the caller's.
+async fn search_is_a_case_insensitive_substring_of_title_or_meta(backend: Backend) {
+    let db = open(backend).await;
+    let s = &*db.store;
+    let long_title = format!("{} tail", "0123456789abcdef".repeat(20));
+    let sessions: [(&str, Option<&str>, &str); 10] = [
+        ("mid", Some("Refactor the Persister queue"), "{}"),
+        ("case", Some("HELLO World"), "{}"),
+        ("pct", Some("Fix the 100% CPU bug"), "{}"),
+        ("pct-not", Some("Fix the 1000 CPU bug"), "{}"),
+        ("under", Some("snake_case names"), "{}"),
+        ("under-not", Some("snakeXcase names"), "{}"),
+        ("quote", Some(r#"say "hi" \ back\slash"#), "{}"),
+        ("meta", None, r#"{"branch":"feature-XYZ","tag":"50%_off"}"#),
+        ("umlaut", Some("Größe prüfen"), "{}"),
+        ("long", Some(&long_title), "{}"),
+    ];
+    for owner in ["alice", "bob"] {
+        for (i, (id, title, meta)) in sessions.iter().enumerate() {
+            let id = format!("{owner}-{id}");
+            create(s, &id, owner, "/w", meta, BASE + i as i64).await;
+            if let Some(t) = title {
+                set_title(s, &id, t).await;
+            }
+        }
+    }
+    let all = list_all(s, "alice", &ListFilter::default()).await;
+    let cases: &[(&str, &[&str])] = &[
+        ("persist", &["mid"]),
+        ("ter QUE", &["mid"]),
+        ("hello", &["case"]),
+        ("LLO wOR", &["case"]),
+        ("100%", &["pct"]),
+        ("0% C", &["pct"]),
+        ("%", &["meta", "pct"]),
+        ("e_c", &["under"]),
+        ("_", &["meta", "under"]),
+        ("%_", &["meta"]),
+        (r#""hi""#, &["quote"]),
+        (r"\ back\s", &["quote"]),
+        (r"\", &["quote"]),
+        ("feature-xyz", &["meta"]),
+        ("\"branch\"", &["meta"]),
+        ("50%_off", &["meta"]),
+        ("GRößE", &["umlaut"]),
+        ("prü", &["umlaut"]),
+        ("ll", &["case"]),
+        ("LL", &["case"]),
+        ("xy", &["meta"]),
+        ("fix the 10", &["pct", "pct-not"]),
+        (&long_title[40..296], &["long"]),
+        ("no such text", &[]),
+        ("alice", &[]),
+    ];
+    for (q, want) in cases {
+        let f = ListFilter {
+            search: Some(q.to_string()),
+            ..Default::default()
+        };
+        let mut own = expected(&all, "alice", &f);
+        own.sort();
+        assert_eq!(own, expected_ids("alice", want), "the test's own answer for {q:?}");
+        for owner in ["alice", "bob"] {
+            let mut got = search(s, owner, q).await;
+            got.sort();
+            assert_eq!(got, expected_ids(owner, want), "{owner} searching {q:?}");
+        }
+    }
+    assert_eq!(
+        cases.iter().find(|c| c.0.chars().count() == 256).map(|c| c.1),
+        Some(&["long"][..])
+    );
+}
+
+/// `want`'s ids as `owner`'s, sorted.
+fn expected_ids(owner: &str, want: &[&str]) -> Vec<String> {
+    let mut ids: Vec<String> = want.iter().map(|id| format!("{owner}-{id}")).collect();
+    ids.sort();
+    ids
+}
+
+/// A renamed session is found under its new title and not its old one; changed metadata
+/// likewise; a deleted session is found no more, nor is a new session under its old id.
+async fn search_follows_renames_and_deletes(backend: Backend) {
+    let db = open(backend).await;
+    let s = &*db.store;
+    create(s, "a", "alice", "/w", r#"{"ticket":"OPS-1234"}"#, BASE).await;
+    create(s, "b", "alice", "/w", "{}", BASE + 1).await;
+    set_title(s, "a", "Original name").await;
+    set_title(s, "b", "Original too").await;
+    assert_eq!(search(s, "alice", "original").await, ["b", "a"]);
+
+    set_title(s, "a", "Renamed entirely").await;
+    assert_eq!(search(s, "alice", "original").await, ["b"], "the old title is gone");
+    assert_eq!(search(s, "alice", "renamed").await, ["a"], "the new one is found");
+    assert_eq!(search(s, "alice", "ops-1234").await, ["a"], "its metadata still is");
+    // The writer's metadata updates name the title even when they keep it.
+    s.write_batch(&[SessionWrite {
+        session_id: Arc::from("a"),
+        chunk: Some(chunk(1, 2)),
+        prompt_title: Some("a prompt title, not taken".into()),
+        prompts: 1,
+        updated_at: BASE + 10,
+        ..Default::default()
+    }])
+    .await
+    .expect("write");
+    assert_eq!(search(s, "alice", "renamed").await, ["a"]);
+    assert_eq!(search(s, "alice", "not taken").await, Vec::<String>::new());
+
+    assert!(s.delete_session("alice", "b").await.expect("delete"));
+    assert_eq!(search(s, "alice", "original").await, Vec::<String>::new(), "deleted");
+    assert_eq!(
+        search(s, "alice", "or").await,
+        Vec::<String>::new(),
+        "deleted, short search"
+    );
+    create(s, "b", "alice", "/w", "{}", BASE + 20).await;
+    assert_eq!(
+        search(s, "alice", "original").await,
+        Vec::<String>::new(),
+        "a new session under the old id"
+    );
+    assert_eq!(search(s, "alice", "renamed").await, ["a"]);
+}
+
+/// However a search is answered (scanning a small owner's sessions, starting from the index for
+/// a rare search, walking a big owner's sessions in order for a common one or one too short for
+/// the index), it pages the same.
+async fn common_and_rare_searches_page_alike(backend: Backend) {
+    // Alice and Bob get more sessions than the store counts to before it decides.
+    let bulk = 2 * store::SEARCH_PROBE + 100;
+    let db = open(backend).await;
+    let s = &*db.store;
+    bulk_sessions(backend, &db.url, bulk).await;
+    for (id, at) in [("needle-old", 5), ("needle-mid", 1_000), ("needle-new", bulk + 5)] {
+        create(s, id, "alice", "/w", "{}", BASE + at * 10).await;
+        set_title(s, id, &format!("Common thing with a NEEDLE: {id}")).await;
+    }
+    for (owner, id) in [("bob", "needle-bob"), ("carol", "needle-carol")] {
+        create(s, id, owner, "/w", "{}", BASE).await;
+        set_title(s, id, "Common thing with a needle").await;
+    }
+    create(s, "carol-other", "carol", "/w", "{}", BASE + 1).await;
+    set_title(s, "carol-other", "Something else").await;
+
+    let mut all = list_all(s, "alice", &ListFilter::default()).await;
+    assert_eq!(all.len() as i64, bulk / 2 + 3);
+    all.extend(list_all(s, "carol", &ListFilter::default()).await);
+    // Common; rare; about a quarter of all; rare; none; too short for an index.
+    for q in [
+        "common thing",
+        "needle",
+        "ommon thing 1",
+        "ng 7",
+        "no such thing",
+        "Zz",
+        "ing 2",
+    ] {
+        let f = ListFilter {
+            search: Some(q.into()),
+            ..Default::default()
+        };
+        for owner in ["alice", "carol"] {
+            let want = expected(&all, owner, &f);
+            assert_eq!(search_pages(s, owner, q, 50).await, want, "{owner}, {q:?}, pages of 50");
+            assert_eq!(search_pages(s, owner, q, 7).await, want, "{owner}, {q:?}, pages of 7");
+        }
+    }
+    assert_eq!(
+        search(s, "alice", "needle").await,
+        ["needle-new", "needle-mid", "needle-old"]
+    );
+    assert_eq!(search(s, "bob", "needle").await, ["needle-bob"]);
+    assert_eq!(search(s, "carol", "needle").await, ["needle-carol"]);
+}
+
+/// `n` sessions "Common thing N" (updated at `BASE + N * 10`), alternately Alice's and Bob's,
+/// written beside the store (one statement, not `n` round trips).
+async fn bulk_sessions(backend: Backend, url: &str, n: i64) {
+    let insert = "INSERT INTO sessions (id, owner, agent, cwd, title, meta, created_at, updated_at)
+                  SELECT 'bulk-' || g, CASE WHEN g % 2 = 0 THEN 'alice' ELSE 'bob' END, 'demo', '/w',
+                         'Common thing ' || g, '{}', $2 + g * 10, $2 + g * 10
+                  FROM gen";
+    match backend {
+        Backend::Sqlite => {
+            let mut c = sqlx::SqliteConnection::connect(url).await.expect("sqlite");
+            sqlx::query(&format!(
+                "WITH RECURSIVE gen(g) AS (SELECT 1 UNION ALL SELECT g + 1 FROM gen WHERE g < $1) {insert}"
+            ))
+            .bind(n)
+            .bind(BASE)
+            .execute(&mut c)
+            .await
+            .expect("bulk insert");
+        }
+        Backend::Postgres => {
+            let mut c = PgConnection::connect(url).await.expect("postgres");
+            let mut tx = c.begin().await.expect("begin");
+            tx.execute("SELECT set_config('acp_gateway.system', 'on', true)")
+                .await
+                .expect("system");
+            sqlx::query(&format!(
+                "WITH gen(g) AS (SELECT generate_series(1, $1::bigint)) {insert}"
+            ))
+            .bind(n)
+            .bind(BASE)
+            .execute(&mut *tx)
+            .await
+            .expect("bulk insert");
+            // As autovacuum would: the planner's counts of session_search.
+            tx.execute("ANALYZE session_search").await.expect("analyze");
+            tx.commit().await.expect("commit");
+        }
+    }
+}
+
 async fn keyset_pagination_sees_each_session_once_while_sessions_are_added(backend: Backend) {
     let db = open(backend).await;
     let s = &*db.store;
@@ -677,6 +934,161 @@ async fn cursor_key_is_stable(backend: Backend) {
     assert_ne!(other.store.cursor_key().await.expect("key"), k1);
 }
 
+/// `owner`'s stored bytes, through the store and through its bounded wrapper alike.
+async fn stored(store: &Arc<dyn Store>, owner: &str) -> u64 {
+    let bytes = store.stored_bytes(owner).await.expect("stored bytes");
+    let bounded = store::Bounded::new(store.clone(), std::time::Duration::from_secs(5));
+    assert_eq!(bounded.stored_bytes(owner).await.expect("bounded"), bytes);
+    bytes
+}
+
+/// Bytes of every stored chunk of `owner`'s session `id`, read back.
+async fn read_back(store: &dyn Store, owner: &str, id: &str) -> u64 {
+    let chunks = store.read_events(owner, id, 0, 100_000).await.expect("read");
+    chunks.iter().map(|c| c.payload.len() as u64).sum()
+}
+
+/// A user's stored bytes are the bytes of the payloads stored for their sessions, whichever way
+/// the writer stores them; chunks not stored do not count, nor do deleted sessions or other
+/// users' sessions.
+async fn stored_bytes_count_each_users_stored_transcript(backend: Backend) {
+    let db = open(backend).await;
+    let s = &*db.store;
+    for (id, owner) in [("a1", "alice"), ("a2", "alice"), ("b1", "bob")] {
+        create(s, id, owner, "/w", "{}", BASE).await;
+    }
+    assert_eq!(stored(&db.store, "alice").await, 0);
+    assert_eq!(stored(&db.store, "nobody").await, 0);
+
+    // One session's updates alone (SQLite: one statement, the trigger counts).
+    let c1 = chunk(1, 10);
+    s.write_batch(&[events("a1", c1.clone(), BASE + 1)])
+        .await
+        .expect("write");
+    assert_eq!(stored(&db.store, "alice").await, c1.payload.len() as u64);
+    // Several sessions, metadata and a multi-byte payload in one flush.
+    let wide = EventChunk {
+        seq_from: 1,
+        seq_to: 2,
+        payload: "{\"text\":\"Grüße, 世界\"}\n{\"text\":\"🙂\"}".into(),
+    };
+    assert!(
+        wide.payload.len() > wide.payload.chars().count(),
+        "bytes, not characters"
+    );
+    s.write_batch(&[
+        events("a1", chunk(11, 12), BASE + 2),
+        SessionWrite {
+            session_id: Arc::from("a2"),
+            chunk: Some(wide.clone()),
+            prompt_title: Some("hello".into()),
+            prompts: 1,
+            updated_at: BASE + 2,
+            ..Default::default()
+        },
+        events("b1", chunk(1, 3), BASE + 2),
+    ])
+    .await
+    .expect("write");
+    // Metadata alone, a chunk already stored (skipped), and a deleted session's chunk change nothing.
+    set_title(s, "a1", "renamed").await;
+    s.write_batch(&[
+        events("a1", chunk(1, 4), BASE + 3),
+        events("gone", chunk(1, 4), BASE + 3),
+    ])
+    .await
+    .expect("write");
+    let (a1, a2) = (read_back(s, "alice", "a1").await, read_back(s, "alice", "a2").await);
+    assert_eq!(a1, (c1.payload.len() + chunk(11, 12).payload.len()) as u64);
+    assert_eq!(a2, wide.payload.len() as u64);
+    assert_eq!(stored(&db.store, "alice").await, a1 + a2);
+    assert_eq!(stored(&db.store, "bob").await, chunk(1, 3).payload.len() as u64);
+
+    assert!(s.delete_session("alice", "a1").await.expect("delete"));
+    assert_eq!(
+        stored(&db.store, "alice").await,
+        a2,
+        "a deleted session no longer counts"
+    );
+    create(s, "a1", "alice", "/w", "{}", BASE + 10).await;
+    assert_eq!(stored(&db.store, "alice").await, a2, "nor does a new one under its id");
+    assert!(s.delete_session("alice", "a2").await.expect("delete"));
+    assert_eq!(stored(&db.store, "alice").await, 0);
+    assert_eq!(stored(&db.store, "bob").await, chunk(1, 3).payload.len() as u64);
+}
+
+/// A database migrated before the search index and the stored-bytes column: the sessions in it
+/// are found by search, and their transcripts counted, once the gateway has migrated it.
+async fn migrations_fill_in_sessions_stored_before_them(backend: Backend) {
+    /// The first migration of the search index; the stored bytes come after it.
+    const FIRST_NEW: i64 = 20261123000001;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let url = match backend {
+        Backend::Sqlite => format!("sqlite://{}/old.db", dir.path().display()),
+        Backend::Postgres => common::pg::fresh_database().await,
+    };
+    let folder = match backend {
+        Backend::Sqlite => "migrations/sqlite",
+        Backend::Postgres => "migrations/postgres",
+    };
+    let mut old = sqlx::migrate::Migrator::new(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(folder))
+        .await
+        .expect("migrations");
+    old.migrations = old
+        .migrations
+        .iter()
+        .filter(|m| m.version < FIRST_NEW)
+        .cloned()
+        .collect::<Vec<_>>()
+        .into();
+    let sessions = "INSERT INTO sessions (id, owner, agent, cwd, title, meta, created_at, updated_at)
+                    VALUES ('old1', 'alice', 'demo', '/w', 'Written before the index', '{\"ticket\":\"OPS-77\"}', 1, 1),
+                           ('old2', 'bob', 'demo', '/w', 'Also written before', '{}', 1, 1)";
+    let transcript = "INSERT INTO session_events (session_id, seq_from, seq_to, payload, created_at)
+                  VALUES ('old1', 1, 2, 'twelve bytes', 1), ('old1', 3, 3, 'é', 1), ('old2', 1, 1, 'xyz', 1)";
+    match backend {
+        Backend::Sqlite => {
+            let options = sqlx::sqlite::SqliteConnectOptions::from_str(&url)
+                .expect("url")
+                .create_if_missing(true);
+            let pool = sqlx::SqlitePool::connect_with(options).await.expect("sqlite");
+            old.run(&pool).await.expect("old migrations");
+            pool.execute(sessions).await.expect("sessions");
+            pool.execute(transcript).await.expect("events");
+            pool.close().await;
+        }
+        Backend::Postgres => {
+            let pool = sqlx::PgPool::connect(&url).await.expect("postgres");
+            old.run(&pool).await.expect("old migrations");
+            let mut tx = pool.begin().await.expect("begin");
+            tx.execute("SELECT set_config('acp_gateway.system', 'on', true)")
+                .await
+                .expect("system");
+            tx.execute(sessions).await.expect("sessions");
+            tx.execute(transcript).await.expect("events");
+            tx.commit().await.expect("commit");
+            pool.close().await;
+        }
+    }
+
+    let store = store::connect(&url).await.expect("the gateway migrates the rest");
+    assert_eq!(search(&*store, "alice", "BEFORE THE").await, ["old1"]);
+    assert_eq!(search(&*store, "alice", "ops-77").await, ["old1"]);
+    assert_eq!(search(&*store, "alice", "be").await, ["old1"], "a short search");
+    assert_eq!(search(&*store, "bob", "before").await, ["old2"]);
+    assert_eq!(stored(&store, "alice").await, 12 + 2);
+    assert_eq!(stored(&store, "bob").await, 3);
+    // And both go on from there.
+    store
+        .write_batch(&[events("old1", chunk(4, 4), 2)])
+        .await
+        .expect("write");
+    assert_eq!(stored(&store, "alice").await, 14 + chunk(4, 4).payload.len() as u64);
+    set_title(&*store, "old1", "Renamed after").await;
+    assert_eq!(search(&*store, "alice", "before").await, Vec::<String>::new());
+    assert_eq!(search(&*store, "alice", "renamed after").await, ["old1"]);
+}
+
 /// Records one session's commit notices from the writer.
 #[derive(Default)]
 struct Told(std::sync::Mutex<Vec<u64>>);
@@ -733,6 +1145,7 @@ async fn persister_stores_everything_in_order(backend: Backend) {
         );
         assert!(told.windows(2).all(|w| w[0] < w[1]), "only ever forwards: {told:?}");
     }
+    let mut stored_by_writer = 0;
     for (k, id) in sessions.iter().enumerate() {
         let chunks = db.store.read_events("alice", id, 0, 1_000_000).await.expect("read");
         let mut next = 1;
@@ -757,6 +1170,7 @@ async fn persister_stores_everything_in_order(backend: Backend) {
         assert_eq!(next, PER_SESSION as i64 + 1, "{id}: all {PER_SESSION} updates stored");
         let rec = db.store.get_session("alice", id).await.expect("get").expect("session");
         assert_eq!((rec.last_seq, rec.message_count), (PER_SESSION as i64, 1));
+        stored_by_writer += chunks.iter().map(|c| c.payload.len() as u64).sum::<u64>();
         assert_eq!(rec.updated_at, BASE + PER_SESSION as i64);
         assert_eq!(rec.title, Some(format!("title {k}")));
         assert!(
@@ -765,11 +1179,80 @@ async fn persister_stores_everything_in_order(backend: Backend) {
             chunks.len()
         );
     }
+    assert_eq!(
+        stored(&db.store, "alice").await,
+        stored_by_writer,
+        "the writer's chunks are counted as stored"
+    );
     drop(persister);
     tokio::time::timeout(common::WAIT, task)
         .await
         .expect("writer stops when its handles are dropped")
         .expect("writer task");
+}
+
+/// A role that may not create pg_trgm (not the database's owner; Postgres 15 lets no one else
+/// create in `public` unless granted) still starts the gateway: the migration goes on without the
+/// trigram indexes, and searches scan as they did before them.
+#[tokio::test]
+async fn postgres_search_works_without_pg_trgm() {
+    let name = uuid::Uuid::new_v4().simple().to_string();
+    let (role, database) = (format!("no_trgm_{name}"), format!("no_trgm_{name}"));
+    let mut admin = PgConnection::connect(&common::pg::admin_url("postgres").await)
+        .await
+        .expect("admin");
+    for sql in [
+        format!("CREATE ROLE {role} LOGIN NOSUPERUSER NOBYPASSRLS PASSWORD 'pw'"),
+        format!("CREATE DATABASE {database}"),
+    ] {
+        admin.execute(sql.as_str()).await.expect("role and database");
+    }
+    let mut in_db = PgConnection::connect(&common::pg::admin_url(&database).await)
+        .await
+        .expect("admin in the database");
+    in_db
+        .execute(format!("GRANT CREATE ON SCHEMA public TO {role}").as_str())
+        .await
+        .expect("grant");
+    let preinstalled: bool = sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM pg_extension WHERE extname = 'pg_trgm')")
+        .fetch_one(&mut in_db)
+        .await
+        .expect("extensions");
+    let _ = in_db.close().await;
+
+    let url = common::pg::url_as(&role, "pw", &database).await;
+    let s = store::connect(&url).await.expect("starts without pg_trgm");
+    let mut c = PgConnection::connect(&url).await.expect("connect");
+    let indexed: bool = sqlx::query_scalar("SELECT to_regclass('session_search_title_trgm') IS NOT NULL")
+        .fetch_one(&mut c)
+        .await
+        .expect("index");
+    let _ = c.close().await;
+    assert!(preinstalled || !indexed, "the index needs the extension");
+    for (i, (id, owner, title)) in [
+        ("a1", "alice", "Fix the 100% CPU bug"),
+        ("a2", "alice", "Fix the 1000 CPU bug"),
+        ("b1", "bob", "Fix the 100% CPU bug"),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        create(&*s, id, owner, "/w", "{}", BASE + i as i64).await;
+        set_title(&*s, id, title).await;
+    }
+    assert_eq!(search(&*s, "alice", "100%").await, ["a1"]);
+    assert_eq!(search(&*s, "alice", "fix THE").await, ["a2", "a1"]);
+    assert_eq!(search(&*s, "alice", "1000").await, ["a2"]);
+    assert_eq!(search(&*s, "bob", "cpu").await, ["b1"]);
+    set_title(&*s, "a2", "Renamed").await;
+    assert_eq!(search(&*s, "alice", "1000").await, Vec::<String>::new());
+
+    drop(s);
+    let _ = admin
+        .execute(format!("DROP DATABASE {database} WITH (FORCE)").as_str())
+        .await;
+    let _ = admin.execute(format!("DROP ROLE {role}").as_str()).await;
+    let _ = admin.close().await;
 }
 
 /// Row-level security: even a query with no owner condition sees only the named user's rows, and

@@ -7,6 +7,7 @@
 //! driver binds `$N` to the N-th value as Postgres does. The few words the two dialects spell
 //! differently are the constants of [`Sql`].
 
+use sqlx::database::HasStatementCache;
 use sqlx::{Database, Decode, Encode, Executor, FromRow, IntoArguments, Postgres, Sqlite, Type};
 
 use super::{EventChunk, ListFilter, NewSession, Position, SessionRecord, SessionWrite};
@@ -18,7 +19,7 @@ const SESSION_COLUMNS: &str = "id, owner, agent, agent_session_id, cwd, addition
 ///
 /// The `where` clauses say what sqlx must be able to do with this database (bind our values,
 /// build our rows); SQLite and Postgres both can, so the impls below only fill in the dialect.
-pub(crate) trait Sql: Database
+pub(crate) trait Sql: Database + HasStatementCache
 where
     for<'q> Self::Arguments<'q>: IntoArguments<'q, Self>,
     for<'c> &'c mut Self::Connection: Executor<'c, Database = Self>,
@@ -29,6 +30,7 @@ where
     for<'q> i64: Encode<'q, Self> + Type<Self>,
     for<'r> Vec<u8>: Decode<'r, Self> + Type<Self>,
     for<'r> (Vec<u8>,): FromRow<'r, Self::Row>,
+    for<'r> (i64,): FromRow<'r, Self::Row>,
     for<'r> SessionRecord: FromRow<'r, Self::Row>,
     for<'r> EventChunk: FromRow<'r, Self::Row>,
 {
@@ -37,6 +39,13 @@ where
     /// Case-insensitive `LIKE` (for [`list_query`]): SQLite's `LIKE` already is (for ASCII),
     /// Postgres needs `ILIKE`.
     const LIKE: &'static str;
+    /// The text index `session/list` searches can start from (migration `…_session_search`).
+    const SEARCH_INDEX: SearchIndex;
+    /// Whether a stored chunk advances its session (`last_seq`, `updated_at`, `stored_bytes`) by
+    /// trigger, in the statement that stores it, so that [`Sql::write_batch`] must not add its
+    /// bytes again. SQLite: yes (one autocommit statement per chunk); Postgres: `write_batch`'s
+    /// own `UPDATE` of the session does it, in the same transaction.
+    const CHUNKS_ADVANCE_SESSION: bool;
 
     /// How many rows a statement changed (sqlx's result types share no trait for it).
     fn rows_affected(done: &Self::QueryResult) -> u64;
@@ -84,17 +93,14 @@ where
         Ok(Self::rows_affected(&done) > 0)
     }
 
-    /// Writes one flush on `conn` (the caller's transaction): each session's chunk, unless the
-    /// session is gone or the chunk's seq range is stored already (then it is logged and skipped),
-    /// and the session's counters and title.
     /// Stores one chunk of a session's updates (skipped, and logged, if that seq range is stored
-    /// already, or the session was deleted meanwhile).
+    /// already, or the session was deleted meanwhile); whether it was stored.
     async fn insert_chunk(
         conn: &mut Self::Connection,
         session_id: &str,
         chunk: &EventChunk,
         at: i64,
-    ) -> Result<(), sqlx::Error> {
+    ) -> Result<bool, sqlx::Error> {
         let done = sqlx::query(
             "INSERT INTO session_events (session_id, seq_from, seq_to, payload, created_at)
              SELECT $1, $2, $3, $4, $5 WHERE EXISTS (SELECT 1 FROM sessions WHERE id = $1)
@@ -107,23 +113,32 @@ where
         .bind(at)
         .execute(&mut *conn)
         .await?;
-        note_unstored(session_id, chunk, Self::rows_affected(&done));
-        Ok(())
+        let rows = Self::rows_affected(&done);
+        note_unstored(session_id, chunk, rows);
+        Ok(rows > 0)
     }
 
+    /// Writes one flush on `conn` (the caller's transaction): each session's chunk, unless the
+    /// session is gone or the chunk's seq range is stored already (then it is logged and skipped),
+    /// and the session's counters, title and stored bytes.
     async fn write_batch(conn: &mut Self::Connection, writes: &[SessionWrite]) -> Result<(), sqlx::Error> {
         let update = format!(
             "UPDATE sessions SET
                 last_seq = {greatest}(last_seq, $2),
                 updated_at = {greatest}(updated_at, $3),
                 message_count = message_count + $4,
-                title = COALESCE($5, title, $6)
+                title = COALESCE($5, title, $6),
+                stored_bytes = stored_bytes + $7
              WHERE id = $1",
             greatest = Self::GREATEST
         );
         for w in writes {
+            let mut stored_bytes = 0;
             if let Some(chunk) = &w.chunk {
-                Self::insert_chunk(&mut *conn, &w.session_id, chunk, w.updated_at).await?;
+                let stored = Self::insert_chunk(&mut *conn, &w.session_id, chunk, w.updated_at).await?;
+                if stored && !Self::CHUNKS_ADVANCE_SESSION {
+                    stored_bytes = i64::try_from(chunk.payload.len()).unwrap_or(i64::MAX);
+                }
             }
             sqlx::query(&update)
                 .bind(&*w.session_id)
@@ -132,10 +147,20 @@ where
                 .bind(w.prompts)
                 .bind(w.agent_title.as_deref())
                 .bind(w.prompt_title.as_deref())
+                .bind(stored_bytes)
                 .execute(&mut *conn)
                 .await?;
         }
         Ok(())
+    }
+
+    /// Bytes of `owner`'s stored transcripts: a sum of their sessions' `stored_bytes`.
+    async fn stored_bytes<'c>(e: impl Executor<'c, Database = Self>, owner: &str) -> Result<i64, sqlx::Error> {
+        // Postgres sums BIGINTs as NUMERIC.
+        sqlx::query_scalar("SELECT CAST(COALESCE(SUM(stored_bytes), 0) AS BIGINT) FROM sessions WHERE owner = $1")
+            .bind(owner)
+            .fetch_one(e)
+            .await
     }
 
     /// Up to `max_chunks` chunks of `owner`'s session `id` holding updates after `after_seq`.
@@ -160,6 +185,53 @@ where
         .await
     }
 
+    /// How to answer `owner`'s `search`, given the `index` this database has for it.
+    ///
+    /// The index is global and the list is one owner's, newest first, so no one way is always
+    /// right. Starting from the index costs a row lookup per session it finds, of any owner.
+    /// Walking the owner's sessions in list order stops once a page is full: at once when matches
+    /// are common, after all of them when they are rare. So: an owner with fewer than
+    /// [`SEARCH_PROBE`] sessions is scanned (cheap either way); otherwise a search that the index
+    /// finds in fewer than [`SEARCH_PROBE`] sessions starts from it, and a more common one, or
+    /// one the index cannot take, walks. One statement counts both, each only up to the cap
+    /// (FTS5 walks its doclists lazily; Postgres reads `session_search` in order when a search is
+    /// common), and the second only when the first is reached. Only the count of other owners'
+    /// sessions is used, never their rows.
+    async fn search_plan<'c>(
+        e: impl Executor<'c, Database = Self>,
+        owner: &str,
+        search: &str,
+        index: SearchIndex,
+    ) -> Result<SearchPlan, sqlx::Error> {
+        let owned = "(SELECT count(*) FROM (SELECT 1 FROM sessions WHERE owner = $1 LIMIT $2) owned)";
+        let (found, key) = match index {
+            SearchIndex::Fts5 if index.can_find(search) => (
+                "(SELECT count(*) FROM (SELECT 1 FROM session_search WHERE session_search MATCH $3 LIMIT $2) found)",
+                Some(fts5_phrase(search)),
+            ),
+            SearchIndex::Trigram if index.can_find(search) => (
+                "(SELECT count(*) FROM (SELECT 1 FROM session_search
+                  WHERE title ILIKE $3 ESCAPE '\\' OR meta ILIKE $3 ESCAPE '\\' LIMIT $2) found)",
+                Some(like_pattern(search)),
+            ),
+            // No index for it: the owner's count decides alone.
+            _ => ("$2", None),
+        };
+        let sql = format!("SELECT CASE WHEN {owned} < $2 THEN -1 ELSE {found} END");
+        let mut q = sqlx::query_scalar(&sql).bind(owner).bind(SEARCH_PROBE);
+        if let Some(key) = key {
+            q = q.bind(key);
+        }
+        // Not a prepared statement that is kept: Postgres then plans it for the values bound
+        // (a plan cached for one search would read all of `session_search` for a rarer one).
+        let n: i64 = q.persistent(false).fetch_one(e).await?;
+        Ok(match n {
+            n if n < 0 => SearchPlan::Scan,
+            n if n < SEARCH_PROBE => SearchPlan::Index,
+            _ => SearchPlan::Walk,
+        })
+    }
+
     /// The cursor key: a fresh random one stored by the first replica to ask, then that one.
     async fn cursor_key(conn: &mut Self::Connection) -> Result<Vec<u8>, sqlx::Error> {
         let fresh: [u8; 32] = rand::random();
@@ -178,6 +250,8 @@ where
 impl Sql for Sqlite {
     const GREATEST: &'static str = "MAX";
     const LIKE: &'static str = "LIKE";
+    const SEARCH_INDEX: SearchIndex = SearchIndex::Fts5;
+    const CHUNKS_ADVANCE_SESSION: bool = true;
 
     fn rows_affected(done: &Self::QueryResult) -> u64 {
         done.rows_affected()
@@ -187,15 +261,72 @@ impl Sql for Sqlite {
 impl Sql for Postgres {
     const GREATEST: &'static str = "GREATEST";
     const LIKE: &'static str = "ILIKE";
+    const SEARCH_INDEX: SearchIndex = SearchIndex::Trigram;
+    const CHUNKS_ADVANCE_SESSION: bool = false;
 
     fn rows_affected(done: &Self::QueryResult) -> u64 {
         done.rows_affected()
     }
 }
 
+/// What a `session/list` search can start from instead of testing each of the owner's sessions.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SearchIndex {
+    /// No index: the owner's sessions are tested in list order (`LIKE`) until a page is full.
+    Scan,
+    /// SQLite: the FTS5 trigram table `session_search`, whose rowids are the sessions'. It finds
+    /// a superset (its case folding covers more than `LIKE`'s ASCII-only one), so the `LIKE`
+    /// stays as the exact test.
+    Fts5,
+    /// Postgres: `session_search`, a copy of the sessions' titles and metadata with pg_trgm
+    /// indexes (row-level security keeps `ILIKE` from using an index on `sessions` itself; see
+    /// the migration). The copy is exact: it is kept by triggers in the same transaction.
+    Trigram,
+}
+
+/// Where [`Sql::search_plan`] stops counting, and what it compares with: the sessions of the
+/// owner (fewer are scanned), and the sessions of all owners that the index finds (fewer are
+/// looked up from it). Starting from the index costs about 2-3 µs per session it finds on SQLite
+/// and 10-25 µs on Postgres (rows scattered over the table); scanning one owner's sessions 2-3 µs
+/// per session; counting to the cap costs up to 1-4 ms.
+pub const SEARCH_PROBE: i64 = 2_000;
+
+/// How a search is answered (see [`Sql::search_plan`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum SearchPlan {
+    /// The owner has few sessions: test them, in whatever order the database likes.
+    Scan,
+    /// Start from the index: few sessions of anyone match.
+    Index,
+    /// Test the owner's sessions in list order until a page is full: the search is common, or
+    /// the index cannot take it.
+    Walk,
+}
+
+impl SearchIndex {
+    /// Whether the index can find `search` at all. Trigram indexes need three characters: FTS5
+    /// matches nothing shorter (a NUL would end its query string early), and pg_trgm takes
+    /// trigrams only from runs of letters and digits (`e_c` would read the whole index).
+    pub fn can_find(self, search: &str) -> bool {
+        match self {
+            SearchIndex::Scan => false,
+            SearchIndex::Fts5 => search.chars().count() >= 3 && !search.contains('\0'),
+            SearchIndex::Trigram => {
+                let mut run = 0;
+                search.chars().any(|c| {
+                    run = if c.is_alphanumeric() { run + 1 } else { 0 };
+                    run >= 3
+                })
+            }
+        }
+    }
+}
+
 /// The `session/list` query, the same on both backends but for `like`, the backend's
-/// case-insensitive `LIKE` operator. `prefix` goes before `SELECT` (`EXPLAIN` in the benchmark,
-/// which shows the plan of exactly this query; empty otherwise).
+/// case-insensitive `LIKE` operator, and for how a search is answered: `index`, when
+/// [`SearchIndex::can_find`] the search, else by testing each session. `prefix` goes before
+/// `SELECT` (`EXPLAIN` in the benchmark, which shows the plan of exactly this query; empty
+/// otherwise).
 pub fn list_query<'a, DB>(
     prefix: &str,
     owner: &'a str,
@@ -203,6 +334,7 @@ pub fn list_query<'a, DB>(
     after: Option<Position<'a>>,
     limit: u32,
     like: &str,
+    index: SearchIndex,
 ) -> sqlx::QueryBuilder<'a, DB>
 where
     DB: sqlx::Database,
@@ -226,10 +358,26 @@ where
     }
     if let Some(s) = &filter.search {
         let pattern = like_pattern(s);
-        q.push(format!(" AND (title {like} ")).push_bind(pattern.clone());
-        q.push(format!(" ESCAPE '\\' OR meta {like} "))
-            .push_bind(pattern)
-            .push(" ESCAPE '\\')");
+        let index = if index.can_find(s) { index } else { SearchIndex::Scan };
+        if index == SearchIndex::Trigram {
+            // Exact on its own: no second test on `sessions`, which would also make the planner
+            // count the search's selectivity twice.
+            q.push(format!(" AND id IN (SELECT id FROM session_search WHERE title {like} "))
+                .push_bind(pattern.clone());
+            q.push(format!(" ESCAPE '\\' OR meta {like} "))
+                .push_bind(pattern)
+                .push(" ESCAPE '\\')");
+        } else {
+            q.push(format!(" AND (title {like} ")).push_bind(pattern.clone());
+            q.push(format!(" ESCAPE '\\' OR meta {like} "))
+                .push_bind(pattern)
+                .push(" ESCAPE '\\')");
+        }
+        if index == SearchIndex::Fts5 {
+            q.push(" AND rowid IN (SELECT rowid FROM session_search WHERE session_search MATCH ")
+                .push_bind(fts5_phrase(s))
+                .push(")");
+        }
     }
     if let Some(pos) = after {
         // A row-value comparison: both databases start the index scan at the cursor with it
@@ -272,6 +420,12 @@ fn like_pattern(s: &str) -> String {
     out
 }
 
+/// `s` as an FTS5 phrase: quoted, quotes doubled. With the trigram tokenizer a phrase matches
+/// the rows that contain it as a substring (case-folded), whatever characters it holds.
+fn fts5_phrase(s: &str) -> String {
+    format!("\"{}\"", s.replace('"', "\"\""))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -279,5 +433,20 @@ mod tests {
     #[test]
     fn like_escapes_wildcards() {
         assert_eq!(like_pattern("a%b_c\\"), "%a\\%b\\_c\\\\%");
+    }
+
+    #[test]
+    fn fts5_phrases_quote_everything() {
+        assert_eq!(fts5_phrase(r#"say "hi" OR x*"#), r#""say ""hi"" OR x*""#);
+    }
+
+    #[test]
+    fn what_an_index_can_find() {
+        use SearchIndex::*;
+        assert!(Fts5.can_find("abc") && Fts5.can_find("%_%") && Fts5.can_find("äöü"));
+        assert!(!Fts5.can_find("ab") && !Fts5.can_find("äö") && !Fts5.can_find("ab\0cd"));
+        assert!(Trigram.can_find("100%") && Trigram.can_find("a-bcd") && Trigram.can_find("äöü"));
+        assert!(!Trigram.can_find("e_c") && !Trigram.can_find("%_%") && !Trigram.can_find("ab cd"));
+        assert!(!Scan.can_find("anything"));
     }
 }

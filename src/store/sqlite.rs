@@ -8,8 +8,10 @@ use async_trait::async_trait;
 use sqlx::Sqlite;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous};
 
-use super::sql::Sql;
-use super::{EventChunk, ListFilter, NewSession, Position, SessionRecord, SessionWrite, Store, StoreError};
+use super::sql::{SearchPlan, Sql};
+use super::{
+    EventChunk, ListFilter, NewSession, Position, SearchIndex, SessionRecord, SessionWrite, Store, StoreError,
+};
 
 /// A SQLite-backed [`Store`].
 #[derive(Debug, Clone)]
@@ -93,8 +95,18 @@ impl Store for SqliteStore {
         after: Option<Position<'_>>,
         limit: u32,
     ) -> Result<Vec<SessionRecord>, StoreError> {
-        let mut q = super::list_query::<Sqlite>("", owner, filter, after, limit, Sqlite::LIKE);
-        Ok(q.build_query_as().fetch_all(&self.pool).await?)
+        let mut conn = self.pool.acquire().await?;
+        let index = match filter.search.as_deref() {
+            Some(s) => match Sqlite::search_plan(&mut *conn, owner, s, Sqlite::SEARCH_INDEX).await? {
+                SearchPlan::Index => Sqlite::SEARCH_INDEX,
+                // SQLite always tests the owner's sessions in list order, so a common search fills a
+                // page at once.
+                SearchPlan::Scan | SearchPlan::Walk => SearchIndex::Scan,
+            },
+            None => SearchIndex::Scan,
+        };
+        let mut q = super::list_query::<Sqlite>("", owner, filter, after, limit, Sqlite::LIKE, index);
+        Ok(q.build_query_as().fetch_all(&mut *conn).await?)
     }
 
     async fn delete_session(&self, owner: &str, id: &str) -> Result<bool, StoreError> {
@@ -149,5 +161,10 @@ impl Store for SqliteStore {
 
     async fn cursor_key(&self) -> Result<Vec<u8>, StoreError> {
         Ok(Sqlite::cursor_key(&mut *self.pool.acquire().await?).await?)
+    }
+
+    async fn stored_bytes(&self, owner: &str) -> Result<u64, StoreError> {
+        let bytes = Sqlite::stored_bytes(&self.pool, owner).await?;
+        Ok(u64::try_from(bytes).unwrap_or(0))
     }
 }

@@ -148,3 +148,44 @@ async fn a_user_at_the_agent_process_cap_is_told_which_cap_and_others_are_not() 
     assert!(r.get("result").is_some(), "{r}");
     alice.new_session().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_user_over_the_stored_bytes_cap_is_refused_until_they_delete_and_others_are_not() {
+    let gw = TestGateway::start(Db::Sqlite, |c| c.limits.max_stored_bytes_per_user = 2000).await;
+    let mut alice = gw.client("alice").await;
+    let s = alice.new_session().await;
+    // Each prompt stores a few KiB of transcript; the count is re-read every few seconds, so
+    // prompts are refused once a read sees the cap passed.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    let refused = loop {
+        let r = alice.prompt(&s, "fill the transcript").await;
+        if r.get("error").is_some() {
+            break r;
+        }
+        assert!(std::time::Instant::now() < deadline, "never refused: {r}");
+    };
+    assert_eq!(refused["error"]["code"], -32029, "{refused}");
+    assert_eq!(
+        (
+            refused["error"]["data"]["cap"].clone(),
+            refused["error"]["data"]["limit"].clone()
+        ),
+        (json!("stored_bytes"), json!(2000)),
+        "{refused}"
+    );
+    let r = alice
+        .request("session/new", json!({"cwd": alice.root, "mcpServers": []}))
+        .await;
+    assert_eq!(r["error"]["data"]["cap"], "stored_bytes", "{r}");
+    // Bob stores as much as he likes.
+    let mut bob = gw.client("bob").await;
+    let b = bob.new_session().await;
+    let r = bob.prompt(&b, "mine").await;
+    assert!(r.get("result").is_some(), "{r}");
+    // Deleting her session makes room at once.
+    let r = alice.request("session/delete", json!({"sessionId": s})).await;
+    assert!(r.get("result").is_some(), "{r}");
+    let s2 = alice.new_session().await;
+    let r = alice.prompt(&s2, "again").await;
+    assert!(r.get("result").is_some(), "{r}");
+}

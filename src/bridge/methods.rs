@@ -471,6 +471,7 @@ impl Ctx {
         let (cwd, dirs) = self.workspace_dirs(Some(&utf8(&new.cwd)?), &asked_dirs)?;
         let cwd = cwd.unwrap_or_default();
         self.room_for_a_live_session()?;
+        self.room_to_store().await?;
         let info = self.pool.info_for(&self.client.user).await?;
         let cfg = self.pool.config();
         crate::tenancy::check_mcp_servers(&new.mcp_servers, cfg, info.mcp_transports())
@@ -597,6 +598,12 @@ impl Ctx {
         self.gw.quotas.live_session(live).map_err(|cap| cap.rpc())
     }
 
+    /// Whether the caller may store more transcript (`max_stored_bytes_per_user`).
+    async fn room_to_store(&self) -> Result<(), RpcError> {
+        let max = self.gw.config.limits.max_stored_bytes_per_user;
+        self.gw.sessions.check_stored_bytes(&self.client.user, max).await
+    }
+
     /// Attaches this connection to `session` (and remembers it, to detach when it ends).
     async fn attach(&self, session: &Arc<LiveSession>, replay: bool, after: u64) -> Result<(), RpcError> {
         self.tracked.attached(&session.id);
@@ -627,6 +634,9 @@ impl Ctx {
         let cfg = pool.config();
         if method.starts_with('_') && !cfg.allowed_ext_methods.iter().any(|m| m == method) {
             return Err(RpcError::method_not_found(method));
+        }
+        if prompt.is_some() {
+            self.room_to_store().await?;
         }
         self.attach(&session, false, 0).await?;
         if !session.is_bound_now() {

@@ -10,7 +10,7 @@
 //!   transcript writer first; a database that does not answer in time gets `-32603`.
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
@@ -18,6 +18,7 @@ use super::list::{self, ListParams};
 use super::{LiveSession, Registry, SessionOptions};
 use crate::pool::Pools;
 use crate::protocol::RpcError;
+use crate::quota::CapReached;
 use crate::store::cursor::CursorCodec;
 use crate::store::persister::Persister;
 use crate::store::{Bounded, NewSession, SessionRecord, Store, StoreError};
@@ -49,7 +50,13 @@ pub struct Sessions {
     pub(super) cursors: CursorCodec,
     /// How sessions are set up in memory.
     pub(super) options: SessionOptions,
+    /// Each user's stored transcript bytes, as last read (see [`Sessions::check_stored_bytes`]).
+    usage: std::sync::Mutex<std::collections::HashMap<Arc<str>, (u64, Instant)>>,
 }
+
+/// How long a user's stored byte count is trusted before it is read again: the cap may be
+/// overrun by what one user stores in that time.
+const USAGE_TTL: Duration = Duration::from_secs(5);
 
 impl Sessions {
     /// The service over `store` (each call bounded), its writer and cursor key.
@@ -60,7 +67,42 @@ impl Sessions {
             registry: Registry::default(),
             cursors,
             options,
+            usage: Default::default(),
         }
+    }
+
+    /// Refuses with `stored_bytes` when `user` has `max` bytes of transcript stored or more
+    /// (`max` 0: no cap). The count is read from the store at most every [`USAGE_TTL`] per user.
+    pub async fn check_stored_bytes(&self, user: &Arc<str>, max: u64) -> Result<(), RpcError> {
+        if max == 0 {
+            return Ok(());
+        }
+        let now = Instant::now();
+        let cached = self
+            .lock_usage()
+            .get(user)
+            .filter(|(_, at)| now - *at < USAGE_TTL)
+            .map(|(n, _)| *n);
+        let used = match cached {
+            Some(n) => n,
+            None => {
+                let n = self.store.stored_bytes(user).await?;
+                let mut usage = self.lock_usage();
+                if usage.len() >= 4096 {
+                    usage.retain(|_, (_, at)| now - *at < USAGE_TTL);
+                }
+                usage.insert(user.clone(), (n, now));
+                n
+            }
+        };
+        if used >= max {
+            return Err(CapReached::new("stored_bytes", max).rpc());
+        }
+        Ok(())
+    }
+
+    fn lock_usage(&self) -> std::sync::MutexGuard<'_, std::collections::HashMap<Arc<str>, (u64, Instant)>> {
+        self.usage.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// The store, each call but transcript writes bounded in time (for `/readyz`, replays,
@@ -172,6 +214,8 @@ impl Sessions {
         })
         .await?;
         if deleted {
+            // What the deleted transcript held no longer counts against the user's cap.
+            self.lock_usage().remove(user);
             tracing::info!(user, session = id, "session deleted");
             Ok(())
         } else {

@@ -222,6 +222,18 @@ wait_healthy() {
   [ "$(pm inspect --format '{{.State.Health.Status}}' "$1")" = healthy ] || die "$1: podman does not record it healthy"
 }
 readyz() { $python -c 'import sys, urllib.request; print(urllib.request.urlopen(sys.argv[1]).read().decode())' "http://127.0.0.1:$1/readyz"; }
+# readyz_status PORT: /readyz's status code, or "down" when nothing answers.
+readyz_status() {
+  $python - "http://127.0.0.1:$1/readyz" <<'EOF'
+import sys, urllib.error, urllib.request
+try:
+    print(urllib.request.urlopen(sys.argv[1], timeout=2).status)
+except urllib.error.HTTPError as e:
+    print(e.code)
+except OSError:
+    print("down")
+EOF
+}
 
 echo "== run: sandboxed (unmask=/proc/*, sandbox = \"bwrap\") and restricted (defaults, sandbox = \"auto\")"
 port_a=$(free_port)
@@ -271,8 +283,19 @@ grep -q 'acp-gateway serve' "$work/top.txt" || die "no gateway process in podman
 if ! grep -q 'bwrap' "$work/top.txt" || ! grep -q 'demo-agent' "$work/top.txt"; then die "no sandboxed agent process in podman top"; fi
 hpids=$(awk 'NR > 1 { print $2 }' "$work/top.txt")
 t=$(date +%s.%N)
-pm stop -t "$stop_timeout" "$main" > /dev/null 2>>"$work/podman-run.err"
+pm stop -t "$stop_timeout" "$main" > /dev/null 2>>"$work/podman-run.err" &
+stop_pid=$!
+bg_pids+=("$stop_pid")
+# Draining, the gateway still answers: /readyz must say 503 so balancers stop sending.
+draining_status=
+while kill -0 "$stop_pid" 2>/dev/null; do
+  draining_status=$(readyz_status "$port_a")
+  [ "$draining_status" = 200 ] || break
+  sleep 0.1
+done
+wait "$stop_pid" || die "podman stop $main failed"
 drain_secs=$(since "$t")
+[ "$draining_status" = 503 ] || die "/readyz answered $draining_status while draining, expected 503"
 wait "$stream_pid" || { cat "$work/stream.out"; die "the streaming client"; }
 sed 's/^/   /' "$work/stream.out"
 exit_code=$(pm inspect --format '{{.State.ExitCode}}' "$main")
@@ -286,7 +309,7 @@ done
 logs=$(pm logs "$main" 2>&1 | sed 's/\x1b\[[0-9;]*m//g')
 grep -q 'did not finish within the grace period\|could not flush' <<<"$logs" && die "the gateway did not drain in time: $(grep grace <<<"$logs")"
 grep -q 'acp_gateway::app: stopped' <<<"$logs" || die "no 'stopped' in the gateway's log"
-echo "   drained: exited 0 in $drain_secs s (grace $stop_timeout s), none of its $(wc -w <<<"$hpids") processes left"
+echo "   drained: /readyz 503 at once, exited 0 in $drain_secs s (stop timeout $stop_timeout s), none of its $(wc -w <<<"$hpids") processes left"
 t=$(date +%s.%N)
 pm stop -t "$stop_timeout" "$restricted" > /dev/null 2>>"$work/podman-run.err"
 [ "$(pm inspect --format '{{.State.ExitCode}}' "$restricted")" = 0 ] || die "the restricted container exited non-zero"

@@ -15,7 +15,9 @@
 #
 # Environment: ACP_CONTAINER_CACHE (default ~/.cache/acp-gateway/container: podman's storage,
 # the base image, the validator's virtualenv), ACP_CONTAINER_STOP_TIMEOUT (podman stop -t, default
-# 25: the gateway's drain_grace_secs and shutdown_grace_secs are 10 each).
+# 25: the gateway's drain_grace_secs and shutdown_grace_secs are 10 each), ACP_CONTAINER_PROFILE
+# (release, default: the binary users get; debug: the one the other tests built, a full release
+# build less on a fresh machine).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -145,16 +147,22 @@ EOF
 fi
 pm run --rm --no-healthcheck "$base" true 2>"$work/probe.err" || skip "podman cannot run a container here: $(grep -v systemd "$work/probe.err" | tail -1)"
 
-# ---- 4. the image, from the host's release binary
-echo "== cargo build --release"
+# ---- 4. the image, from the host's binary
+profile=${ACP_CONTAINER_PROFILE:-release}
+case $profile in
+  release) profile_flag=(--release) ;;
+  debug) profile_flag=() ;;
+  *) die "ACP_CONTAINER_PROFILE is release or debug, not $profile" ;;
+esac
+echo "== cargo build (${profile})"
 t=$(date +%s.%N)
-cargo build --release --locked --quiet --bin acp-gateway
+cargo build "${profile_flag[@]}" --locked --quiet --bin acp-gateway
 cargo_secs=$(since "$t")
 mkdir -p "$work/prebuilt"
 if command -v objcopy >/dev/null; then
-  objcopy --strip-debug target/release/acp-gateway "$work/prebuilt/acp-gateway"
+  objcopy --strip-debug "target/$profile/acp-gateway" "$work/prebuilt/acp-gateway"
 else
-  cp target/release/acp-gateway "$work/prebuilt/acp-gateway"
+  cp "target/$profile/acp-gateway" "$work/prebuilt/acp-gateway"
 fi
 image=localhost/acp-gateway:container-test
 old_image=$(pm image inspect --format '{{.Id}}' "$image" 2>/dev/null || true)
@@ -327,5 +335,5 @@ pm stop -t "$stop_timeout" "$again" > /dev/null 2>>"$work/podman-run.err"
 [ "$(pm inspect --format '{{.State.ExitCode}}' "$again")" = 0 ] || die "the second container exited non-zero"
 
 failed=0
-echo "== container test passed in $(since "$started") s: base image $base_how; cargo build $cargo_secs s;" \
+echo "== container test passed in $(since "$started") s: base image $base_how; cargo build ($profile) $cargo_secs s;" \
   "image build $build_secs s, $size_mb MB; healthy $healthy_secs s after run; drained in $drain_secs s"

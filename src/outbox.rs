@@ -144,7 +144,12 @@ impl Outbox {
 
     /// For the writer: the mark of [`Outbox::close_when_written`] is written; closes as it asked.
     pub fn close_at_mark(&self) {
-        let reason = self.inner.closing.get().copied().unwrap_or(CloseReason { code: 1000, reason: "" });
+        let reason = self
+            .inner
+            .closing
+            .get()
+            .copied()
+            .unwrap_or(CloseReason { code: 1000, reason: "" });
         self.close(reason.code, reason.reason);
     }
 
@@ -226,7 +231,10 @@ mod tests {
         assert_eq!(rx.recv_many(&mut got, 8).await, 3);
         assert_eq!(got, ["1", "2", ""], "the queued frames, then the mark");
         tx.close_at_mark();
-        assert_eq!(tx.close_reason().map(|r| (r.code, r.reason)), Some((1001, "going away")));
+        assert_eq!(
+            tx.close_reason().map(|r| (r.code, r.reason)),
+            Some((1001, "going away"))
+        );
     }
 
     #[tokio::test]

@@ -108,7 +108,9 @@ pub async fn serve(socket: WebSocket, gw: Arc<Gateway>, identity: Identity, conn
         // does not read is cut when shutdown comes.
         tracing::info!(connection = %conn_id, user = %identity.user, "gateway draining; closing the connection (1001)");
         let written = async {
-            outbox.close_when_written(CLOSE_GOING_AWAY, "gateway shutting down").await;
+            outbox
+                .close_when_written(CLOSE_GOING_AWAY, "gateway shutting down")
+                .await;
             outbox.closed().await;
         };
         tokio::select! {

@@ -93,6 +93,7 @@ impl Application {
             persister,
             permission_wait: Duration::from_secs(config.limits.permission_wait_secs),
             catch_up_bytes: config.limits.client_queue_bytes,
+            asks: shared.clone().map(crate::session::asks::Asks::new),
             replica: shared,
         };
         let gateway = Arc::new(Gateway {

@@ -240,3 +240,110 @@ async fn sigkill_of_the_serving_replica_mid_stream_is_taken_over_with_the_transc
         "takeover took {takeover:?}"
     );
 }
+
+/// The `agent_message_chunk` texts among `updates`.
+fn chunk_texts(updates: &[Value]) -> Vec<String> {
+    updates
+        .iter()
+        .filter(|u| u["params"]["update"]["sessionUpdate"] == "agent_message_chunk")
+        .filter_map(|u| u["params"]["update"]["content"]["text"].as_str().map(str::to_string))
+        .collect()
+}
+
+fn allow(request: &Value) -> Value {
+    json!({"jsonrpc": "2.0", "id": request["id"], "result": {"outcome": {"outcome": "selected", "optionId": "allow"}}})
+}
+
+/// A session created on `a` whose creator has gone: its only client is on `b`. `b`'s prompt
+/// runs on `a` (through Postgres); `a`'s agent asks permission, which reaches the client on `b`
+/// through Postgres too, and its answer reaches the agent on `a`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_permission_request_reaches_a_client_on_another_replica_and_its_answer_the_agent() {
+    let cluster = Cluster::new().await;
+    let (a, b) = (cluster.replica("a").await, cluster.replica("b").await);
+    let mut ca = a.client("alice").await;
+    let s = ca.new_session().await;
+    ca.close().await;
+    let mut cb = b.client("alice").await;
+    assert!(load(&mut cb, &s).await.is_empty());
+
+    let id = cb
+        .start(
+            "session/prompt",
+            json!({"sessionId": s, "prompt": [{"type": "text", "text": "from b [permission] [chunks=3]"}]}),
+        )
+        .await;
+    let req = tokio::time::timeout(WAIT, cb.wait_for(|m| m["method"] == "session/request_permission"))
+        .await
+        .expect("B's client is asked");
+    assert_eq!(
+        req["params"]["sessionId"],
+        s.as_str(),
+        "under the gateway's session id: {req}"
+    );
+    cb.send(allow(&req)).await;
+    let done = tokio::time::timeout(WAIT, cb.answer(id)).await.expect("the turn ends");
+    assert_eq!(done["result"]["stopReason"], "end_turn", "{done}");
+    let chunks = chunk_texts(&cb.take_updates(&s));
+    assert!(
+        !chunks.is_empty() && chunks.iter().all(|c| c.contains("allowed")),
+        "the agent on A got B's 'allow': {chunks:?}"
+    );
+}
+
+/// Clients on `a` (serving) and `b` are both asked one permission request; `b`'s answer comes
+/// first and settles it, and `a`'s client is told `$/cancel_request` for its copy.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_permission_request_is_asked_on_both_replicas_and_the_first_answer_cancels_the_other() {
+    let cluster = Cluster::new().await;
+    let (a, b) = (cluster.replica("a").await, cluster.replica("b").await);
+    let mut ca = a.client("alice").await;
+    let s = ca.new_session().await;
+    let mut cb = b.client("alice").await;
+    assert!(load(&mut cb, &s).await.is_empty());
+
+    let id = ca
+        .start(
+            "session/prompt",
+            json!({"sessionId": s, "prompt": [{"type": "text", "text": "from a [permission] [chunks=3]"}]}),
+        )
+        .await;
+    let on_a = tokio::time::timeout(WAIT, ca.wait_for(|m| m["method"] == "session/request_permission"))
+        .await
+        .expect("A's client is asked");
+    let on_b = tokio::time::timeout(WAIT, cb.wait_for(|m| m["method"] == "session/request_permission"))
+        .await
+        .expect("B's client is asked");
+    assert_eq!(on_a["params"], on_b["params"], "the same request");
+    cb.send(allow(&on_b)).await;
+    let cancel = tokio::time::timeout(WAIT, ca.wait_for(|m| m["method"] == "$/cancel_request"))
+        .await
+        .expect("A's client is told");
+    assert_eq!(cancel["params"]["requestId"], on_a["id"], "{cancel}");
+    let done = tokio::time::timeout(WAIT, ca.answer(id)).await.expect("the turn ends");
+    assert_eq!(done["result"]["stopReason"], "end_turn", "{done}");
+    let chunks = chunk_texts(&ca.take_updates(&s));
+    assert!(
+        !chunks.is_empty() && chunks.iter().all(|c| c.contains("allowed")),
+        "the agent got B's 'allow': {chunks:?}"
+    );
+    // A's late answer is ignored, and B's client is not told to cancel what it answered.
+    ca.send(json!({"jsonrpc": "2.0", "id": on_a["id"], "result": {"outcome": {"outcome": "selected", "optionId": "reject"}}}))
+        .await;
+    let on_b_updates = tokio::time::timeout(
+        WAIT,
+        cb.updates_until(&s, |u| {
+            chunk_texts(std::slice::from_ref(u))
+                .iter()
+                .any(|c| c.contains("allowed"))
+        }),
+    )
+    .await
+    .expect("B's client follows the turn");
+    assert!(!on_b_updates.is_empty());
+    assert!(
+        !cb.inbox.iter().any(|m| m["method"] == "$/cancel_request"),
+        "the client that answered is not told to cancel: {:?}",
+        cb.inbox
+    );
+}

@@ -609,7 +609,10 @@ impl Ctx {
         self.tracked.attached(&session.id);
         session
             .attach(&self.client, &**self.gw.sessions.store(), replay, after)
-            .await
+            .await?;
+        // Other replicas' agents may ask this client their requests for the session.
+        self.gw.sessions.watched(session).await;
+        Ok(())
     }
 
     fn pool_of(&self, session: &LiveSession) -> Option<Arc<AgentPool>> {

@@ -124,6 +124,47 @@ impl Handler for BusHandler {
 
     fn message(&self, message: Message) {
         let Some(gw) = self.gw.upgrade() else { return };
+        // Agent requests across replicas: handled here, in the order they were sent (a
+        // `Settled` must not overtake its `Ask`); none of this waits.
+        let message = match message {
+            Message::Ask {
+                from,
+                key,
+                session,
+                method,
+                params,
+                after_seq,
+            } => {
+                gw.sessions
+                    .ask_from_replica(&from, key, &session, &method, params, after_seq);
+                return;
+            }
+            Message::Answered {
+                from,
+                key,
+                result,
+                error,
+            } => {
+                let raw = |s: Option<String>| s.and_then(|s| RawValue::from_string(s).ok());
+                if let Some(asks) = gw.sessions.asks() {
+                    asks.answered(&from, key, raw(result).as_deref(), raw(error).as_deref());
+                }
+                return;
+            }
+            Message::Settled { from, key } => {
+                if let Some(asks) = gw.sessions.asks() {
+                    asks.settled(&from, key);
+                }
+                return;
+            }
+            Message::Watching { from, session } => {
+                if let Some(asks) = gw.sessions.asks() {
+                    asks.watching(&from, &session);
+                }
+                return;
+            }
+            other => other,
+        };
         let tracker = gw.tracker.clone();
         tracker.spawn(async move { serve(gw, message).await });
     }
@@ -194,7 +235,11 @@ async fn serve(gw: Arc<Gateway>, message: Message) {
                 let _ = b.process.send_line(protocol::notification(&method, &params)).await;
             }
         }
-        Message::Answer { .. } => {}
+        Message::Answer { .. }
+        | Message::Ask { .. }
+        | Message::Answered { .. }
+        | Message::Settled { .. }
+        | Message::Watching { .. } => {}
     }
 }
 

@@ -20,8 +20,9 @@
 
 pub mod bus;
 pub mod lease;
+pub mod watchers;
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::str::FromStr;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -98,6 +99,53 @@ pub enum Message {
         /// replica).
         after_seq: u64,
     },
+    /// The serving replica `from`'s agent asked something (`session/request_permission`,
+    /// `fs/*`, `terminal/*`) of `session`'s clients: the target asks its own.
+    #[serde(rename_all = "camelCase")]
+    Ask {
+        /// The serving replica (the answer goes there).
+        from: String,
+        /// Its number for the request.
+        key: u64,
+        /// Gateway session id.
+        session: String,
+        /// The ACP method.
+        method: String,
+        /// Its params (with the gateway's session id), raw JSON.
+        params: String,
+        /// Ask only after the updates up to this seq (the request followed them).
+        after_seq: u64,
+    },
+    /// A client of replica `from` answered [`Message::Ask`] `key` first.
+    #[serde(rename_all = "camelCase")]
+    Answered {
+        /// The replica whose client answered.
+        from: String,
+        /// The request's `key`.
+        key: u64,
+        /// The client's `result`, raw JSON, if it had one.
+        result: Option<String>,
+        /// Its `error`, raw JSON, if it had one.
+        error: Option<String>,
+    },
+    /// [`Message::Ask`] `key` of replica `from` is settled (answered elsewhere, or given up):
+    /// the target tells its clients `$/cancel_request`.
+    #[serde(rename_all = "camelCase")]
+    Settled {
+        /// The serving replica that asked.
+        from: String,
+        /// The request's `key`.
+        key: u64,
+    },
+    /// Replica `from` has clients of `session` now: the serving replica asks it what its agent
+    /// is still waiting on.
+    #[serde(rename_all = "camelCase")]
+    Watching {
+        /// The replica whose client attached.
+        from: String,
+        /// Gateway session id.
+        session: String,
+    },
 }
 
 /// An answer a remote request waits for.
@@ -126,6 +174,8 @@ pub struct Replica {
     waiting: Mutex<HashMap<u64, oneshot::Sender<Answer>>>,
     /// Next `reply` number.
     next_reply: std::sync::atomic::AtomicU64,
+    /// Sessions this process has noted in `session_watchers` (written once each).
+    watching: Mutex<HashSet<Arc<str>>>,
 }
 
 impl Replica {
@@ -151,6 +201,7 @@ impl Replica {
             held: Mutex::new(HashMap::new()),
             waiting: Mutex::new(HashMap::new()),
             next_reply: std::sync::atomic::AtomicU64::new(1),
+            watching: Mutex::new(HashSet::new()),
         }))
     }
 

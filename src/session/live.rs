@@ -150,6 +150,8 @@ pub struct LiveSession {
     persister: Persister,
     /// How long an agent's request may wait for an answer.
     permission_wait: Duration,
+    /// Agent requests asked across replicas, when several share the database.
+    asks: Option<Arc<super::asks::Asks>>,
     /// How many bytes of live updates a replaying client may fall behind by.
     catch_up_bytes: usize,
     /// Itself, for the writer's commit notices.
@@ -194,6 +196,8 @@ pub struct SessionOptions {
     pub catch_up_bytes: usize,
     /// This replica's leases and bus, when several share a Postgres database.
     pub replica: Option<Arc<crate::replica::Replica>>,
+    /// Agent requests asked across replicas (with `replica`).
+    pub asks: Option<Arc<super::asks::Asks>>,
 }
 
 impl LiveSession {
@@ -218,6 +222,7 @@ impl LiveSession {
             mcp_servers,
             persister: options.persister.clone(),
             permission_wait: options.permission_wait,
+            asks: options.asks.clone(),
             catch_up_bytes: options.catch_up_bytes,
             me: me.clone(),
             numbering: tokio::sync::Mutex::new(()),
@@ -475,25 +480,42 @@ impl LiveSession {
     }
 
     /// Asks an agent request of the attached clients (a permission request of all of them,
-    /// anything else of the newest), or keeps it until one attaches.
+    /// anything else of the newest), or keeps it until one attaches. With several replicas, this
+    /// replica's agent's request is also published to the others with clients of the session.
     pub(crate) fn dispatch_agent_request(&self, request: Arc<AgentRequest>) {
         if request.is_done() {
             return;
         }
-        let targets: Vec<Arc<Client>> = {
+        let (targets, released): (Vec<Arc<Client>>, u64) = {
             let mut f = self.fanout();
             f.subscribers.retain(|s| !s.client.is_closed());
-            if f.subscribers.is_empty() {
-                f.waiting.push(request);
-                return;
-            }
-            if request.asks_everyone() {
+            let targets = if f.subscribers.is_empty() {
+                f.waiting.push(request.clone());
+                Vec::new()
+            } else if request.asks_everyone() {
                 f.subscribers.iter().map(|s| s.client.clone()).collect()
             } else {
                 f.subscribers.last().map(|s| s.client.clone()).into_iter().collect()
-            }
+            };
+            (targets, f.released)
         };
+        if let Some(asks) = &self.asks {
+            asks.publish(&self.id, &request, released, !targets.is_empty());
+        }
         request.ask(&targets);
+    }
+
+    /// Another replica's agent request: asked here once the updates up to `after_seq` (which
+    /// it followed there) have been handed to clients here.
+    pub(crate) fn ask_after(&self, after_seq: u64, request: Arc<AgentRequest>) {
+        let mut f = self.fanout();
+        if f.released >= after_seq {
+            drop(f);
+            self.dispatch_agent_request(request);
+        } else {
+            let at = f.deferred.partition_point(|(s, _)| *s <= after_seq);
+            f.deferred.insert(at, (after_seq, Deferred::Ask(request)));
+        }
     }
 
     /// Forgets a settled request that was waiting for a client.

@@ -4,11 +4,13 @@
 //! - [`live`]: one session and its publish path (stored before it is visible).
 //! - [`client`]: a connected client as sessions see it.
 //! - [`requests`]: an agent's requests to the session's clients.
+//! - [`asks`]: those requests asked of clients on other replicas too.
 //! - [`registry`]: the sessions in memory.
 //! - [`service`]: the one door to session rows and transcripts.
 //! - [`list`]: `session/list` from the store.
 //! - [`shared`]: sessions shared with other replicas (leases, updates committed elsewhere).
 
+pub mod asks;
 pub mod client;
 pub mod list;
 pub mod live;

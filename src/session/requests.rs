@@ -3,9 +3,12 @@
 //! with `$/cancel_request`. With no client attached a request waits for one. Either way it has a
 //! deadline (`permission_wait_secs`): then the agent is answered `cancelled` (an error for other
 //! methods), the clients asked are told, and the request is forgotten.
+//!
+//! With several replicas, the serving replica's request is also asked of clients on the others
+//! ([`super::asks`]); there it is a stand-in whose answer goes back to the serving replica.
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::Duration;
 
 use axum::extract::ws::Utf8Bytes;
@@ -13,18 +16,39 @@ use serde_json::value::RawValue;
 use tokio_util::sync::CancellationToken;
 
 use super::LiveSession;
+use super::asks::Asks;
 use super::client::Client;
 use crate::pool::AgentProcess;
 use crate::protocol::{self, RpcError};
+
+/// Who asked, so where the answer goes.
+enum Origin {
+    /// An agent process of this replica, under its id for the request.
+    Agent {
+        /// Weak: a request never keeps a process.
+        process: Weak<AgentProcess>,
+        /// The agent's id for the request, raw.
+        agent_id: Box<RawValue>,
+    },
+    /// Replica `from`'s agent (its number `key` for the request): the answer goes back there.
+    Replica {
+        /// The bus side of requests across replicas.
+        asks: Arc<Asks>,
+        /// The serving replica.
+        from: Arc<str>,
+        /// Its number for the request.
+        key: u64,
+    },
+}
 
 /// One agent request and who has been asked it.
 pub struct AgentRequest {
     /// The session it concerns (weak: a request never keeps a session in memory).
     session: Weak<LiveSession>,
-    /// The process that asked; its answer goes there.
-    process: Weak<AgentProcess>,
-    /// The agent's id for the request, raw.
-    agent_id: Box<RawValue>,
+    /// Who asked.
+    origin: Origin,
+    /// Published to other replicas under this number (an [`Origin::Agent`] request only).
+    published: OnceLock<(Arc<Asks>, u64)>,
     /// `session/request_permission` goes to every attached client, anything else to the newest.
     method: String,
     /// Its params, with the gateway's session id.
@@ -47,10 +71,37 @@ impl AgentRequest {
         params: String,
         wait: Duration,
     ) -> Arc<Self> {
-        let request = Arc::new(Self {
-            session: Arc::downgrade(session),
+        let origin = Origin::Agent {
             process: Arc::downgrade(process),
             agent_id,
+        };
+        Self::with_origin(session, origin, method, params, wait)
+    }
+
+    /// Replica `from`'s request `key`, to ask of clients here; it gives up (here) after `wait`.
+    pub(crate) fn from_replica(
+        session: &Arc<LiveSession>,
+        asks: Arc<Asks>,
+        from: Arc<str>,
+        key: u64,
+        method: &str,
+        params: String,
+        wait: Duration,
+    ) -> Arc<Self> {
+        Self::with_origin(session, Origin::Replica { asks, from, key }, method, params, wait)
+    }
+
+    fn with_origin(
+        session: &Arc<LiveSession>,
+        origin: Origin,
+        method: &str,
+        params: String,
+        wait: Duration,
+    ) -> Arc<Self> {
+        let request = Arc::new(Self {
+            session: Arc::downgrade(session),
+            origin,
+            published: OnceLock::new(),
             method: method.to_string(),
             params,
             done: AtomicBool::new(false),
@@ -76,6 +127,37 @@ impl AgentRequest {
     /// Whether it is asked of every attached client (a permission request) or of the newest.
     pub(crate) fn asks_everyone(&self) -> bool {
         self.method == "session/request_permission"
+    }
+
+    /// The ACP method.
+    pub(crate) fn method(&self) -> &str {
+        &self.method
+    }
+
+    /// Its params, raw JSON.
+    pub(crate) fn params(&self) -> &str {
+        &self.params
+    }
+
+    /// Notes that it was published to other replicas as `key`; `false` if it was already, or
+    /// it is itself another replica's request.
+    pub(crate) fn mark_published(&self, asks: &Arc<Asks>, key: u64) -> bool {
+        matches!(self.origin, Origin::Agent { .. }) && self.published.set((asks.clone(), key)).is_ok()
+    }
+
+    /// Tells the other replicas it was published to (but `except`) that it is settled.
+    fn unpublish(&self, except: Option<&str>) {
+        if let Some((asks, key)) = self.published.get() {
+            asks.unpublish(*key, except);
+        }
+    }
+
+    /// The frame for the agent that asked, with its process (an [`Origin::Agent`] request).
+    fn for_agent(&self, frame: impl FnOnce(&str) -> String) -> Option<(Arc<AgentProcess>, String)> {
+        match &self.origin {
+            Origin::Agent { process, agent_id } => process.upgrade().map(|p| (p, frame(agent_id.get()))),
+            Origin::Replica { .. } => None,
+        }
     }
 
     /// Whether it has been answered or given up on.
@@ -114,21 +196,47 @@ impl AgentRequest {
         true
     }
 
-    /// `from` answered: the first answer goes to the agent, the other clients are told.
+    /// `from` answered: the first answer goes to the agent (or back to the replica that asked),
+    /// the other clients are told (here and on the other replicas asked).
     pub async fn answer(&self, from: &Client, result: Option<&RawValue>, error: Option<&RawValue>) {
         if !self.settle() {
             return;
         }
-        let frame = match (result, error) {
-            (Some(r), _) => protocol::response(self.agent_id.get(), r.get()),
-            (None, Some(e)) => protocol::error_passthrough(self.agent_id.get(), e.get()),
-            (None, None) => protocol::error(
-                Some(self.agent_id.get()),
-                &RpcError::internal("client sent an empty response"),
-            ),
-        };
         self.tell_others(Some(from));
-        if let Some(p) = self.process.upgrade() {
+        if let Origin::Replica { asks, from, key } = &self.origin {
+            asks.answer_to(from, *key, result, error).await;
+            return;
+        }
+        self.unpublish(None);
+        self.to_agent(result, error).await;
+    }
+
+    /// A client of replica `replica` answered first (this replica's agent asked): the answer
+    /// goes to the agent; the clients here and on the other replicas asked are told.
+    pub async fn answer_remote(&self, replica: &str, result: Option<&RawValue>, error: Option<&RawValue>) {
+        if !self.settle() {
+            return;
+        }
+        self.tell_others(None);
+        self.unpublish(Some(replica));
+        self.to_agent(result, error).await;
+    }
+
+    /// Another replica's request asked here was settled there: the clients here are told.
+    pub fn settled_elsewhere(&self) {
+        if self.settle() {
+            self.tell_others(None);
+        }
+    }
+
+    /// Sends a client's answer to the agent that asked.
+    async fn to_agent(&self, result: Option<&RawValue>, error: Option<&RawValue>) {
+        let sent = self.for_agent(|id| match (result, error) {
+            (Some(r), _) => protocol::response(id, r.get()),
+            (None, Some(e)) => protocol::error_passthrough(id, e.get()),
+            (None, None) => protocol::error(Some(id), &RpcError::internal("client sent an empty response")),
+        });
+        if let Some((p, frame)) = sent {
             let _ = p.send_line(frame).await;
         }
     }
@@ -168,22 +276,24 @@ impl AgentRequest {
     }
 
     /// No client answered in time: a permission request is answered `cancelled`, anything else
-    /// with an error; the clients asked are told.
+    /// with an error; the clients asked are told (and the other replicas asked). Another
+    /// replica's request only stops being asked here: its own replica answers the agent.
     pub(crate) async fn give_up(&self) {
         if !self.settle() {
             return;
         }
         tracing::info!(method = %self.method, "no client answered the agent's request in time");
         self.tell_others(None);
-        let frame = if self.asks_everyone() {
-            protocol::response(self.agent_id.get(), r#"{"outcome":{"outcome":"cancelled"}}"#)
-        } else {
-            protocol::error(
-                Some(self.agent_id.get()),
-                &RpcError::internal("no client answered this request in time"),
-            )
-        };
-        if let Some(p) = self.process.upgrade() {
+        self.unpublish(None);
+        let everyone = self.asks_everyone();
+        let sent = self.for_agent(|id| {
+            if everyone {
+                protocol::response(id, r#"{"outcome":{"outcome":"cancelled"}}"#)
+            } else {
+                protocol::error(Some(id), &RpcError::internal("no client answered this request in time"))
+            }
+        });
+        if let Some((p, frame)) = sent {
             let _ = p.send_line(frame).await;
         }
     }

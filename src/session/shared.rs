@@ -3,10 +3,12 @@
 
 use std::sync::Arc;
 
+use super::asks::Asks;
+use super::requests::AgentRequest;
 use super::{LiveSession, Sessions};
 use crate::protocol::RpcError;
-use crate::replica::Replica;
 use crate::replica::lease::Holder;
+use crate::replica::{Message, Replica};
 
 impl Sessions {
     /// This replica's leases and bus, when several share the database.
@@ -72,6 +74,73 @@ impl Sessions {
     /// Whether this replica serves `session` on an agent process right now.
     pub fn serving(&self, session: &str) -> bool {
         self.registry.get(session).is_some_and(|s| s.is_bound_now())
+    }
+
+    /// Agent requests asked across replicas, when several share the database.
+    pub fn asks(&self) -> Option<&Arc<Asks>> {
+        self.options.asks.as_ref()
+    }
+
+    /// A client of this replica attached to `session`: other replicas may now ask it their
+    /// agents' requests. The first time, the row is written and the serving replica (if
+    /// another) is told, so it asks what its agent already waits on.
+    pub async fn watched(&self, session: &LiveSession) {
+        let Some(replica) = self.replica() else { return };
+        match replica.watch(&session.id).await {
+            Ok(true) => {}
+            Ok(false) => return,
+            Err(e) => {
+                tracing::warn!(session = %session.id, error = %e, "cannot note that this replica watches the session");
+                return;
+            }
+        }
+        let Ok(Some(holder)) = replica.holder(&session.id).await else {
+            return;
+        };
+        if holder == *replica.id {
+            return;
+        }
+        let message = Message::Watching {
+            from: replica.id.to_string(),
+            session: session.id.to_string(),
+        };
+        if let Err(e) = replica.send(&holder, &message).await {
+            tracing::warn!(session = %session.id, error = %e, "cannot tell the serving replica about a new watcher");
+        }
+    }
+
+    /// Bus: replica `from`'s agent asks `session`'s clients something (its number `key`):
+    /// asked of the clients here once the updates it followed are handed out, or kept until
+    /// one attaches. A session no longer in memory here has no clients here: this replica
+    /// stops watching it.
+    pub fn ask_from_replica(&self, from: &str, key: u64, session: &str, method: &str, params: String, after_seq: u64) {
+        let (Some(asks), Some(replica)) = (self.asks(), self.replica()) else {
+            return;
+        };
+        let Some(s) = self.registry.get(session) else {
+            let replica = replica.clone();
+            let session = session.to_string();
+            tokio::spawn(async move {
+                if let Err(e) = replica.unwatch(&session).await {
+                    tracing::warn!(session, error = %e, "cannot stop watching a session");
+                }
+            });
+            return;
+        };
+        let request = AgentRequest::from_replica(
+            &s,
+            asks.clone(),
+            Arc::from(from),
+            key,
+            method,
+            params,
+            self.options.permission_wait,
+        );
+        asks.adopt(Arc::from(from), key, &request);
+        s.ask_after(after_seq, request);
+        if s.released() < after_seq {
+            self.spawn_catch_up(s);
+        }
     }
 
     /// Another replica took `session`'s lease.

@@ -31,7 +31,7 @@ mod pg;
 use std::str::FromStr;
 use std::time::{Duration, Instant};
 
-use acp_gateway::store::{self, ListFilter, Position, SearchIndex, SessionRecord, Store};
+use acp_gateway::store::{self, ListFilter, Position, SearchBy, SearchIndex, SessionRecord, Store};
 use sqlx::{Connection, Executor, PgConnection, QueryBuilder, Row, SqliteConnection};
 
 /// Runs per measured case.
@@ -225,22 +225,28 @@ async fn run(backend: Backend, url: &str, rows: i64) {
         );
     }
     println!();
+    // The store picks one of these per search (see `Sql::list_sessions` in src/store/sql.rs).
+    let index = match backend {
+        Backend::Sqlite => SearchIndex::Fts5,
+        Backend::Postgres => SearchIndex::Trigram,
+    };
     for case in cases.iter().filter(|c| !c.name.starts_with("light")) {
-        let index = match backend {
-            Backend::Sqlite => SearchIndex::Fts5,
-            Backend::Postgres => SearchIndex::Trigram,
+        let ways: &[(&str, SearchBy)] = match case.filter.search.as_deref() {
+            None => &[("", SearchBy::Scan)],
+            Some(s) if index.can_find(s) => &[
+                (" (scan, as before)", SearchBy::Scan),
+                (" (newest 2000 in list order)", SearchBy::Newest(store::SEARCH_PROBE)),
+                (" (from the index)", SearchBy::Index(index)),
+            ],
+            Some(_) => &[
+                (" (scan, as before)", SearchBy::Scan),
+                (" (newest 2000 in list order)", SearchBy::Newest(store::SEARCH_PROBE)),
+            ],
         };
-        let searched = case.filter.search.as_deref().filter(|s| index.can_find(s));
-        if searched.is_some() {
-            println!("--- plan: {} (scan, as before) ---", case.name);
-            println!("{}", plan(backend, url, "heavy", case, SearchIndex::Scan).await);
+        for (way, by) in ways {
+            println!("--- plan: {}{way} ---", case.name);
+            println!("{}", plan(backend, url, "heavy", case, *by).await);
         }
-        println!(
-            "--- plan: {}{} ---",
-            case.name,
-            if searched.is_some() { " (from the index)" } else { "" }
-        );
-        println!("{}", plan(backend, url, "heavy", case, index).await);
     }
 }
 
@@ -309,7 +315,7 @@ async fn time_scan(scan: &mut Before, owner: &str, case: &Case) -> (Duration, Du
     match scan {
         Before::Sqlite(c) => {
             time_runs(async || {
-                store::list_query::<sqlx::Sqlite>("", owner, &case.filter, after, PAGE, "LIKE", SearchIndex::Scan)
+                store::list_query::<sqlx::Sqlite>("", owner, &case.filter, after, PAGE, "LIKE", SearchBy::Scan)
                     .build_query_as()
                     .fetch_all(&mut *c)
                     .await
@@ -325,19 +331,12 @@ async fn time_scan(scan: &mut Before, owner: &str, case: &Case) -> (Duration, Du
                     .execute(&mut *tx)
                     .await
                     .expect("user");
-                let rows = store::list_query::<sqlx::Postgres>(
-                    "",
-                    owner,
-                    &case.filter,
-                    after,
-                    PAGE,
-                    "ILIKE",
-                    SearchIndex::Scan,
-                )
-                .build_query_as()
-                .fetch_all(&mut *tx)
-                .await
-                .expect("scan");
+                let rows =
+                    store::list_query::<sqlx::Postgres>("", owner, &case.filter, after, PAGE, "ILIKE", SearchBy::Scan)
+                        .build_query_as()
+                        .fetch_all(&mut *tx)
+                        .await
+                        .expect("scan");
                 tx.commit().await.expect("commit");
                 rows
             })
@@ -446,13 +445,13 @@ async fn deep_position(backend: Backend, url: &str, offset: i64) -> (i64, String
     }
 }
 
-/// The list query for `case`, answered from `index`, behind `prefix` (`EXPLAIN ...`).
+/// The list query for `case`, searching `by`, behind `prefix` (`EXPLAIN ...`).
 fn list_query<'a, DB: sqlx::Database>(
     backend: Backend,
     prefix: &str,
     owner: &'a str,
     case: &'a Case,
-    index: SearchIndex,
+    by: SearchBy,
 ) -> QueryBuilder<'a, DB>
 where
     &'a str: sqlx::Encode<'a, DB> + sqlx::Type<DB>,
@@ -464,17 +463,15 @@ where
         updated_at: *t,
         id: id.as_str(),
     });
-    store::list_query(&format!("{prefix} "), owner, &case.filter, after, PAGE, like, index)
+    store::list_query(&format!("{prefix} "), owner, &case.filter, after, PAGE, like, by)
 }
 
-/// The plan of the list query for `case` from `index`. (The store may not take that index for
-/// this search: it counts what the index finds first; Postgres then walks common searches in
-/// list order, which this plan does not show.)
-async fn plan(backend: Backend, url: &str, owner: &str, case: &Case, index: SearchIndex) -> String {
+/// The plan of the list query for `case`, searching `by` (one of the ways the store may pick).
+async fn plan(backend: Backend, url: &str, owner: &str, case: &Case, by: SearchBy) -> String {
     let lines: Vec<String> = match backend {
         Backend::Sqlite => {
             let mut c = SqliteConnection::connect(url).await.expect("sqlite");
-            let mut q = list_query::<sqlx::Sqlite>(backend, "EXPLAIN QUERY PLAN", owner, case, index);
+            let mut q = list_query::<sqlx::Sqlite>(backend, "EXPLAIN QUERY PLAN", owner, case, by);
             let rows = q.build().fetch_all(&mut c).await.expect("explain");
             rows.iter().map(|r| r.get::<String, _>("detail")).collect()
         }
@@ -487,7 +484,7 @@ async fn plan(backend: Backend, url: &str, owner: &str, case: &Case, index: Sear
                 .execute(&mut *tx)
                 .await
                 .expect("user");
-            let mut q = list_query::<sqlx::Postgres>(backend, "EXPLAIN (ANALYZE, BUFFERS)", owner, case, index);
+            let mut q = list_query::<sqlx::Postgres>(backend, "EXPLAIN (ANALYZE, BUFFERS)", owner, case, by);
             let rows = q.build().fetch_all(&mut *tx).await.expect("explain");
             rows.iter().map(|r| r.get::<String, _>(0)).collect()
         }

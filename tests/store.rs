@@ -610,8 +610,9 @@ async fn search_follows_renames_and_deletes(backend: Backend) {
     assert_eq!(search(s, "alice", "renamed").await, ["a"]);
 }
 
-/// However a search is answered (scanning a small owner's sessions, starting from the index for
-/// a rare search, walking a big owner's sessions in order for a common one or one too short for
+/// However a search is answered (scanning a small owner's sessions; the newest of a big owner's
+/// in list order, for a search common among them; from the index, for a rare one; scanning them
+/// all, for one common among everyone's sessions but not this owner's newest, or too short for
 /// the index), it pages the same.
 async fn common_and_rare_searches_page_alike(backend: Backend) {
     // Alice and Bob get more sessions than the store counts to before it decides.
@@ -623,6 +624,11 @@ async fn common_and_rare_searches_page_alike(backend: Backend) {
         create(s, id, "alice", "/w", "{}", BASE + at * 10).await;
         set_title(s, id, &format!("Common thing with a NEEDLE: {id}")).await;
     }
+    // All of Bob's sessions are zebras; Alice's two are older than her newest 2,000.
+    for (id, at) in [("zebra-1", -2), ("zebra-2", -1)] {
+        create(s, id, "alice", "/w", "{}", BASE + at * 10).await;
+        set_title(s, id, "A Zebra").await;
+    }
     for (owner, id) in [("bob", "needle-bob"), ("carol", "needle-carol")] {
         create(s, id, owner, "/w", "{}", BASE).await;
         set_title(s, id, "Common thing with a needle").await;
@@ -631,9 +637,10 @@ async fn common_and_rare_searches_page_alike(backend: Backend) {
     set_title(s, "carol-other", "Something else").await;
 
     let mut all = list_all(s, "alice", &ListFilter::default()).await;
-    assert_eq!(all.len() as i64, bulk / 2 + 3);
+    assert_eq!(all.len() as i64, bulk / 2 + 5);
     all.extend(list_all(s, "carol", &ListFilter::default()).await);
-    // Common; rare; about a quarter of all; rare; none; too short for an index.
+    // Common; rare; about a quarter of all; rare; none; too short for an index; common among
+    // Bob's only.
     for q in [
         "common thing",
         "needle",
@@ -641,7 +648,7 @@ async fn common_and_rare_searches_page_alike(backend: Backend) {
         "ng 7",
         "no such thing",
         "Zz",
-        "ing 2",
+        "zebra",
     ] {
         let f = ListFilter {
             search: Some(q.into()),
@@ -657,16 +664,18 @@ async fn common_and_rare_searches_page_alike(backend: Backend) {
         search(s, "alice", "needle").await,
         ["needle-new", "needle-mid", "needle-old"]
     );
+    assert_eq!(search(s, "alice", "zebra").await, ["zebra-2", "zebra-1"]);
     assert_eq!(search(s, "bob", "needle").await, ["needle-bob"]);
     assert_eq!(search(s, "carol", "needle").await, ["needle-carol"]);
 }
 
-/// `n` sessions "Common thing N" (updated at `BASE + N * 10`), alternately Alice's and Bob's,
-/// written beside the store (one statement, not `n` round trips).
+/// `n` sessions "Common thing N" (updated at `BASE + N * 10`), alternately Alice's and Bob's
+/// (whose titles end in "zebra"), written beside the store (one statement, not `n` round trips).
 async fn bulk_sessions(backend: Backend, url: &str, n: i64) {
     let insert = "INSERT INTO sessions (id, owner, agent, cwd, title, meta, created_at, updated_at)
                   SELECT 'bulk-' || g, CASE WHEN g % 2 = 0 THEN 'alice' ELSE 'bob' END, 'demo', '/w',
-                         'Common thing ' || g, '{}', $2 + g * 10, $2 + g * 10
+                         'Common thing ' || g || CASE WHEN g % 2 = 0 THEN '' ELSE ' zebra' END, '{}',
+                         $2 + g * 10, $2 + g * 10
                   FROM gen";
     match backend {
         Backend::Sqlite => {

@@ -16,7 +16,7 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 
-pub use sql::{SEARCH_PROBE, SearchIndex, list_query};
+pub use sql::{SEARCH_PROBE, SearchBy, SearchIndex, list_query};
 
 /// Longest wait for a pooled connection: a database that does not answer fails a request well
 /// within the contract's 5 s, and pools open new connections once it is back.

@@ -11,13 +11,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use sqlx::postgres::{PgPool, PgPoolOptions};
+use sqlx::postgres::{PgConnection, PgPool, PgPoolOptions};
 use sqlx::{Postgres, Transaction};
 
-use super::sql::{SearchPlan, Sql};
-use super::{
-    EventChunk, ListFilter, NewSession, Position, SearchIndex, SessionRecord, SessionWrite, Store, StoreError,
-};
+use super::sql::{RunList, SearchBy, Sql};
+use super::{EventChunk, ListFilter, NewSession, Position, SessionRecord, SessionWrite, Store, StoreError};
 
 /// Longest wait for a pooled connection (see [`super::ACQUIRE_TIMEOUT`]).
 const ACQUIRE_TIMEOUT: Duration = super::ACQUIRE_TIMEOUT;
@@ -92,22 +90,21 @@ impl PgStore {
     }
 }
 
-/// Makes this transaction's list query walk the user's sessions in list order and stop at a full
-/// page, for a search that is common or that no index can take (then most likely common too: it
-/// has no three letters or digits in a row). Left alone, the planner reads and sorts all of them:
-/// it puts the share of rows that row-level security's condition and an `ILIKE` let through at a
-/// few, when a common search matches a good part of them (measured: 250 ms for a user with 100,000
-/// sessions, against 1-8 ms in list order). Without a sort step the ordered index scan is the only
-/// plan left; without parallel workers none is started to read one page. The price: a search that
-/// is common among all users but rare among this one's sessions reads them all in list order,
-/// about twice as slow as the planner's way.
-async fn walk_in_list_order(tx: &mut Transaction<'static, Postgres>) -> Result<(), sqlx::Error> {
-    sqlx::query(
-        "SELECT set_config('enable_sort', 'off', true), set_config('max_parallel_workers_per_gather', '0', true)",
-    )
-    .execute(&mut **tx)
-    .await?;
-    Ok(())
+impl RunList for PgConnection {
+    async fn run_list(
+        &mut self,
+        owner: &str,
+        filter: &ListFilter,
+        after: Option<Position<'_>>,
+        limit: u32,
+        by: SearchBy,
+    ) -> Result<Vec<SessionRecord>, sqlx::Error> {
+        let mut q = super::list_query::<Postgres>("", owner, filter, after, limit, Postgres::LIKE, by);
+        q.build_query_as()
+            .persistent(filter.search.is_none())
+            .fetch_all(self)
+            .await
+    }
 }
 
 #[async_trait]
@@ -139,32 +136,8 @@ impl Store for PgStore {
         limit: u32,
     ) -> Result<Vec<SessionRecord>, StoreError> {
         let mut tx = self.as_user(owner).await?;
-        let index = match filter.search.as_deref() {
-            None => SearchIndex::Scan,
-            Some(s) => {
-                let available = if self.search_index {
-                    Postgres::SEARCH_INDEX
-                } else {
-                    SearchIndex::Scan
-                };
-                match Postgres::search_plan(&mut *tx, owner, s, available).await? {
-                    SearchPlan::Index => Postgres::SEARCH_INDEX,
-                    SearchPlan::Scan => SearchIndex::Scan,
-                    SearchPlan::Walk => {
-                        walk_in_list_order(&mut tx).await?;
-                        SearchIndex::Scan
-                    }
-                }
-            }
-        };
-        let mut q = super::list_query::<Postgres>("", owner, filter, after, limit, Postgres::LIKE, index);
-        // A search is planned for its own string, never from a plan cached for another: how
-        // many rows match decides the plan.
-        let records = q
-            .build_query_as()
-            .persistent(filter.search.is_none())
-            .fetch_all(&mut *tx)
-            .await?;
+        let index = self.search_index.then_some(Postgres::SEARCH_INDEX);
+        let records = Postgres::list_sessions(&mut tx, owner, filter, after, limit, index).await?;
         tx.commit().await?;
         Ok(records)
     }

@@ -185,51 +185,77 @@ where
         .await
     }
 
-    /// How to answer `owner`'s `search`, given the `index` this database has for it.
+    /// One page of `owner`'s sessions (see [`super::Store::list_sessions`]); a search starts from
+    /// `index` when that is the cheaper way.
     ///
     /// The index is global and the list is one owner's, newest first, so no one way is always
-    /// right. Starting from the index costs a row lookup per session it finds, of any owner.
-    /// Walking the owner's sessions in list order stops once a page is full: at once when matches
-    /// are common, after all of them when they are rare. So: an owner with fewer than
-    /// [`SEARCH_PROBE`] sessions is scanned (cheap either way); otherwise a search that the index
-    /// finds in fewer than [`SEARCH_PROBE`] sessions starts from it, and a more common one, or
-    /// one the index cannot take, walks. One statement counts both, each only up to the cap
-    /// (FTS5 walks its doclists lazily; Postgres reads `session_search` in order when a search is
-    /// common), and the second only when the first is reached. Only the count of other owners'
-    /// sessions is used, never their rows.
-    async fn search_plan<'c>(
-        e: impl Executor<'c, Database = Self>,
+    /// right. Starting from the index costs a row lookup for every session it finds, of any
+    /// owner. Testing the owner's sessions in list order stops once a page is full: at once when
+    /// matches are common, after all of them when they are rare. So, each step only when the one
+    /// before did not answer:
+    /// 1. an owner with fewer than [`SEARCH_PROBE`] sessions is scanned (cheap any way);
+    /// 2. the owner's newest [`SEARCH_PROBE`] sessions are tested in list order: a page from them
+    ///    is the answer (a search common among this owner's sessions);
+    /// 3. the index counts what it finds, up to [`SEARCH_PROBE`] (FTS5 walks its doclists
+    ///    lazily; Postgres reads `session_search` in order when a search is common): fewer, and
+    ///    the page starts from it; more (common among everyone's sessions, rare among this
+    ///    owner's), and the owner's sessions are scanned, as before the index.
+    ///
+    /// Only the count of other owners' sessions is used, never their rows.
+    async fn list_sessions(
+        conn: &mut Self::Connection,
         owner: &str,
-        search: &str,
-        index: SearchIndex,
-    ) -> Result<SearchPlan, sqlx::Error> {
-        let owned = "(SELECT count(*) FROM (SELECT 1 FROM sessions WHERE owner = $1 LIMIT $2) owned)";
-        let (found, key) = match index {
-            SearchIndex::Fts5 if index.can_find(search) => (
-                "(SELECT count(*) FROM (SELECT 1 FROM session_search WHERE session_search MATCH $3 LIMIT $2) found)",
-                Some(fts5_phrase(search)),
-            ),
-            SearchIndex::Trigram if index.can_find(search) => (
-                "(SELECT count(*) FROM (SELECT 1 FROM session_search
-                  WHERE title ILIKE $3 ESCAPE '\\' OR meta ILIKE $3 ESCAPE '\\' LIMIT $2) found)",
-                Some(like_pattern(search)),
-            ),
-            // No index for it: the owner's count decides alone.
-            _ => ("$2", None),
+        filter: &ListFilter,
+        after: Option<Position<'_>>,
+        limit: u32,
+        index: Option<SearchIndex>,
+    ) -> Result<Vec<SessionRecord>, sqlx::Error>
+    where
+        Self::Connection: RunList,
+    {
+        let list = async |conn: &mut Self::Connection, by| conn.run_list(owner, filter, after, limit, by).await;
+        let Some(search) = filter.search.as_deref() else {
+            return list(conn, SearchBy::Scan).await;
         };
-        let sql = format!("SELECT CASE WHEN {owned} < $2 THEN -1 ELSE {found} END");
-        let mut q = sqlx::query_scalar(&sql).bind(owner).bind(SEARCH_PROBE);
-        if let Some(key) = key {
-            q = q.bind(key);
+        let owned: i64 =
+            sqlx::query_scalar("SELECT count(*) FROM (SELECT 1 FROM sessions WHERE owner = $1 LIMIT $2) owned")
+                .bind(owner)
+                .bind(SEARCH_PROBE)
+                .fetch_one(&mut *conn)
+                .await?;
+        if owned < SEARCH_PROBE {
+            return list(conn, SearchBy::Scan).await;
         }
-        // Not a prepared statement that is kept: Postgres then plans it for the values bound
-        // (a plan cached for one search would read all of `session_search` for a rarer one).
-        let n: i64 = q.persistent(false).fetch_one(e).await?;
-        Ok(match n {
-            n if n < 0 => SearchPlan::Scan,
-            n if n < SEARCH_PROBE => SearchPlan::Index,
-            _ => SearchPlan::Walk,
-        })
+        let newest = list(&mut *conn, SearchBy::Newest(SEARCH_PROBE)).await?;
+        if newest.len() >= limit as usize {
+            return Ok(newest);
+        }
+        let Some(index) = index.filter(|i| i.can_find(search)) else {
+            return list(conn, SearchBy::Scan).await;
+        };
+        let (sql, key) = match index {
+            SearchIndex::Fts5 => (
+                "SELECT count(*) FROM (SELECT 1 FROM session_search WHERE session_search MATCH $1 LIMIT $2) found",
+                fts5_phrase(search),
+            ),
+            SearchIndex::Trigram => (
+                "SELECT count(*) FROM (SELECT 1 FROM session_search
+                 WHERE title ILIKE $1 ESCAPE '\\' OR meta ILIKE $1 ESCAPE '\\' LIMIT $2) found",
+                like_pattern(search),
+            ),
+        };
+        let found: i64 = sqlx::query_scalar(sql)
+            .bind(key)
+            .bind(SEARCH_PROBE)
+            .persistent(false)
+            .fetch_one(&mut *conn)
+            .await?;
+        let by = if found < SEARCH_PROBE {
+            SearchBy::Index(index)
+        } else {
+            SearchBy::Scan
+        };
+        list(conn, by).await
     }
 
     /// The cursor key: a fresh random one stored by the first replica to ask, then that one.
@@ -269,11 +295,26 @@ impl Sql for Postgres {
     }
 }
 
-/// What a `session/list` search can start from instead of testing each of the owner's sessions.
+/// Runs the list query built by [`list_query`] on a connection: a backend does it, as sqlx's
+/// query builder cannot be run from code generic over the database. No search is kept as a
+/// prepared statement, so that Postgres plans each for the values bound, never with a plan cached
+/// for another search (which would read all of `session_search` for a rare one).
+pub(crate) trait RunList {
+    /// [`list_query`]'s rows.
+    async fn run_list(
+        &mut self,
+        owner: &str,
+        filter: &ListFilter,
+        after: Option<Position<'_>>,
+        limit: u32,
+        by: SearchBy,
+    ) -> Result<Vec<SessionRecord>, sqlx::Error>;
+}
+
+/// The text index of a database that `session/list` searches can start from (migration
+/// `…_session_search`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SearchIndex {
-    /// No index: the owner's sessions are tested in list order (`LIKE`) until a page is full.
-    Scan,
     /// SQLite: the FTS5 trigram table `session_search`, whose rowids are the sessions'. It finds
     /// a superset (its case folding covers more than `LIKE`'s ASCII-only one), so the `LIKE`
     /// stays as the exact test.
@@ -284,32 +325,12 @@ pub enum SearchIndex {
     Trigram,
 }
 
-/// Where [`Sql::search_plan`] stops counting, and what it compares with: the sessions of the
-/// owner (fewer are scanned), and the sessions of all owners that the index finds (fewer are
-/// looked up from it). Starting from the index costs about 2-3 µs per session it finds on SQLite
-/// and 10-25 µs on Postgres (rows scattered over the table); scanning one owner's sessions 2-3 µs
-/// per session; counting to the cap costs up to 1-4 ms.
-pub const SEARCH_PROBE: i64 = 2_000;
-
-/// How a search is answered (see [`Sql::search_plan`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum SearchPlan {
-    /// The owner has few sessions: test them, in whatever order the database likes.
-    Scan,
-    /// Start from the index: few sessions of anyone match.
-    Index,
-    /// Test the owner's sessions in list order until a page is full: the search is common, or
-    /// the index cannot take it.
-    Walk,
-}
-
 impl SearchIndex {
     /// Whether the index can find `search` at all. Trigram indexes need three characters: FTS5
     /// matches nothing shorter (a NUL would end its query string early), and pg_trgm takes
     /// trigrams only from runs of letters and digits (`e_c` would read the whole index).
     pub fn can_find(self, search: &str) -> bool {
         match self {
-            SearchIndex::Scan => false,
             SearchIndex::Fts5 => search.chars().count() >= 3 && !search.contains('\0'),
             SearchIndex::Trigram => {
                 let mut run = 0;
@@ -322,9 +343,28 @@ impl SearchIndex {
     }
 }
 
+/// How [`list_query`] answers a search.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SearchBy {
+    /// Test each of the owner's sessions (`LIKE`), in whatever order the database likes: SQLite
+    /// walks them in list order, Postgres mostly reads them all and sorts the matches.
+    Scan,
+    /// Test only the owner's newest this many sessions (after the cursor), in list order.
+    Newest(i64),
+    /// Start from the index: only the sessions it finds are read. A search it cannot take (see
+    /// [`SearchIndex::can_find`]) is scanned.
+    Index(SearchIndex),
+}
+
+/// The counts [`Sql::list_sessions`] goes up to before it decides how to search: the owner's
+/// sessions (fewer are scanned; more, and the newest this many are tried first) and the sessions
+/// of all owners the index finds (fewer are read from it). Reading from the index costs about
+/// 3 µs per session it finds on SQLite and 10-25 µs on Postgres (rows scattered over the table);
+/// testing the owner's sessions 2-3 µs each; counting to the cap 1-5 ms.
+pub const SEARCH_PROBE: i64 = 2_000;
+
 /// The `session/list` query, the same on both backends but for `like`, the backend's
-/// case-insensitive `LIKE` operator, and for how a search is answered: `index`, when
-/// [`SearchIndex::can_find`] the search, else by testing each session. `prefix` goes before
+/// case-insensitive `LIKE` operator, and for how a search is answered (`by`). `prefix` goes before
 /// `SELECT` (`EXPLAIN` in the benchmark, which shows the plan of exactly this query; empty
 /// otherwise).
 pub fn list_query<'a, DB>(
@@ -334,7 +374,7 @@ pub fn list_query<'a, DB>(
     after: Option<Position<'a>>,
     limit: u32,
     like: &str,
-    index: SearchIndex,
+    by: SearchBy,
 ) -> sqlx::QueryBuilder<'a, DB>
 where
     DB: sqlx::Database,
@@ -342,8 +382,20 @@ where
     String: sqlx::Encode<'a, DB> + sqlx::Type<DB>,
     i64: sqlx::Encode<'a, DB> + sqlx::Type<DB>,
 {
-    let mut q = sqlx::QueryBuilder::new(format!("{prefix}SELECT {SESSION_COLUMNS} FROM sessions WHERE owner = "));
-    q.push_bind(owner);
+    let by = match (by, filter.search.as_deref()) {
+        (SearchBy::Index(index), Some(s)) if !index.can_find(s) => SearchBy::Scan,
+        (by, _) => by,
+    };
+    let newest = match (by, &filter.search) {
+        (SearchBy::Newest(n), Some(_)) => Some(n),
+        _ => None,
+    };
+    let mut q = sqlx::QueryBuilder::new(prefix);
+    if newest.is_some() {
+        q.push(format!("SELECT {SESSION_COLUMNS} FROM ("));
+    }
+    q.push(format!("SELECT {SESSION_COLUMNS} FROM sessions WHERE owner = "))
+        .push_bind(owner);
     if let Some(cwd) = &filter.cwd {
         q.push(" AND cwd = ").push_bind(cwd.as_str());
     }
@@ -356,29 +408,6 @@ where
     if let Some(t) = filter.updated_after {
         q.push(" AND updated_at > ").push_bind(t);
     }
-    if let Some(s) = &filter.search {
-        let pattern = like_pattern(s);
-        let index = if index.can_find(s) { index } else { SearchIndex::Scan };
-        if index == SearchIndex::Trigram {
-            // Exact on its own: no second test on `sessions`, which would also make the planner
-            // count the search's selectivity twice.
-            q.push(format!(" AND id IN (SELECT id FROM session_search WHERE title {like} "))
-                .push_bind(pattern.clone());
-            q.push(format!(" ESCAPE '\\' OR meta {like} "))
-                .push_bind(pattern)
-                .push(" ESCAPE '\\')");
-        } else {
-            q.push(format!(" AND (title {like} ")).push_bind(pattern.clone());
-            q.push(format!(" ESCAPE '\\' OR meta {like} "))
-                .push_bind(pattern)
-                .push(" ESCAPE '\\')");
-        }
-        if index == SearchIndex::Fts5 {
-            q.push(" AND rowid IN (SELECT rowid FROM session_search WHERE session_search MATCH ")
-                .push_bind(fts5_phrase(s))
-                .push(")");
-        }
-    }
     if let Some(pos) = after {
         // A row-value comparison: both databases start the index scan at the cursor with it
         // (the equivalent OR form makes them filter every row before it).
@@ -387,6 +416,30 @@ where
             .push(", ")
             .push_bind(pos.id)
             .push(")");
+    }
+    if let Some(n) = newest {
+        q.push(" ORDER BY updated_at DESC, id DESC LIMIT ")
+            .push_bind(n)
+            .push(") newest WHERE true");
+    }
+    if let Some(s) = &filter.search {
+        let pattern = like_pattern(s);
+        if by == SearchBy::Index(SearchIndex::Trigram) {
+            // Exact on its own: no second test on `sessions`, which would also make the planner
+            // count the search's selectivity twice.
+            q.push(format!(" AND id IN (SELECT id FROM session_search WHERE title {like} "))
+                .push_bind(pattern.clone());
+        } else {
+            q.push(format!(" AND (title {like} ")).push_bind(pattern.clone());
+        }
+        q.push(format!(" ESCAPE '\\' OR meta {like} "))
+            .push_bind(pattern)
+            .push(" ESCAPE '\\')");
+        if by == SearchBy::Index(SearchIndex::Fts5) {
+            q.push(" AND rowid IN (SELECT rowid FROM session_search WHERE session_search MATCH ")
+                .push_bind(fts5_phrase(s))
+                .push(")");
+        }
     }
     q.push(" ORDER BY updated_at DESC, id DESC LIMIT ")
         .push_bind(i64::from(limit));
@@ -447,6 +500,5 @@ mod tests {
         assert!(!Fts5.can_find("ab") && !Fts5.can_find("äö") && !Fts5.can_find("ab\0cd"));
         assert!(Trigram.can_find("100%") && Trigram.can_find("a-bcd") && Trigram.can_find("äöü"));
         assert!(!Trigram.can_find("e_c") && !Trigram.can_find("%_%") && !Trigram.can_find("ab cd"));
-        assert!(!Scan.can_find("anything"));
     }
 }

@@ -6,12 +6,12 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use sqlx::Sqlite;
-use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous};
-
-use super::sql::{SearchPlan, Sql};
-use super::{
-    EventChunk, ListFilter, NewSession, Position, SearchIndex, SessionRecord, SessionWrite, Store, StoreError,
+use sqlx::sqlite::{
+    SqliteConnectOptions, SqliteConnection, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
 };
+
+use super::sql::{RunList, SearchBy, Sql};
+use super::{EventChunk, ListFilter, NewSession, Position, SessionRecord, SessionWrite, Store, StoreError};
 
 /// A SQLite-backed [`Store`].
 #[derive(Debug, Clone)]
@@ -73,6 +73,23 @@ fn private_files(db: &Path) -> std::io::Result<()> {
     Ok(())
 }
 
+impl RunList for SqliteConnection {
+    async fn run_list(
+        &mut self,
+        owner: &str,
+        filter: &ListFilter,
+        after: Option<Position<'_>>,
+        limit: u32,
+        by: SearchBy,
+    ) -> Result<Vec<SessionRecord>, sqlx::Error> {
+        let mut q = super::list_query::<Sqlite>("", owner, filter, after, limit, Sqlite::LIKE, by);
+        q.build_query_as()
+            .persistent(filter.search.is_none())
+            .fetch_all(self)
+            .await
+    }
+}
+
 #[async_trait]
 impl Store for SqliteStore {
     async fn ping(&self) -> Result<(), StoreError> {
@@ -96,17 +113,8 @@ impl Store for SqliteStore {
         limit: u32,
     ) -> Result<Vec<SessionRecord>, StoreError> {
         let mut conn = self.pool.acquire().await?;
-        let index = match filter.search.as_deref() {
-            Some(s) => match Sqlite::search_plan(&mut *conn, owner, s, Sqlite::SEARCH_INDEX).await? {
-                SearchPlan::Index => Sqlite::SEARCH_INDEX,
-                // SQLite always tests the owner's sessions in list order, so a common search fills a
-                // page at once.
-                SearchPlan::Scan | SearchPlan::Walk => SearchIndex::Scan,
-            },
-            None => SearchIndex::Scan,
-        };
-        let mut q = super::list_query::<Sqlite>("", owner, filter, after, limit, Sqlite::LIKE, index);
-        Ok(q.build_query_as().fetch_all(&mut *conn).await?)
+        let index = Some(Sqlite::SEARCH_INDEX);
+        Ok(Sqlite::list_sessions(&mut conn, owner, filter, after, limit, index).await?)
     }
 
     async fn delete_session(&self, owner: &str, id: &str) -> Result<bool, StoreError> {

@@ -67,11 +67,16 @@ impl Application {
         // committed by one reach clients of the others (SQLite is one process's).
         let shared = if config.database_url.starts_with("postgres") {
             let ttl = Duration::from_secs(config.limits.lease_ttl_secs.max(1));
-            Some(
-                crate::replica::Replica::connect(&config.database_url, &replica, ttl)
-                    .await
-                    .context("connecting the replica bus")?,
-            )
+            let shared = crate::replica::Replica::connect(&config.database_url, &replica, ttl)
+                .await
+                .context("connecting the replica bus")?;
+            // Two processes under one id would take each other's messages and leases.
+            if shared.is_alive(&replica).await.context("checking the replica id")? {
+                anyhow::bail!(
+                    "another running replica already uses replica id {replica:?} on this database (it holds that id's advisory lock); give each replica its own ACP_GATEWAY_REPLICA_ID (replica_id)"
+                );
+            }
+            Some(shared)
         } else {
             None
         };

@@ -6,7 +6,6 @@
 mod common;
 
 use std::collections::HashSet;
-use std::path::Path;
 use std::time::{Duration, Instant};
 
 use common::serve_process::ServeProcess;
@@ -37,21 +36,27 @@ impl Cluster {
 
     /// Starts replica `name`.
     async fn replica(&self, name: &str) -> ServeProcess {
+        ServeProcess::start(&self.config(name, name), &self.db_url, SECRET).await
+    }
+
+    /// Writes the configuration of a process `name` with replica id `id`; returns its path.
+    fn config(&self, name: &str, id: &str) -> std::path::PathBuf {
         let data = self.dir.join(name);
         let config = self.dir.join(format!("{name}.toml"));
         std::fs::write(
             &config,
             format!(
-                "data_dir = {:?}\nreplica_id = {name:?}\nworkspace_roots = [{:?}]\n\
+                "data_dir = {:?}\nreplica_id = {:?}\nworkspace_roots = [{:?}]\n\
                  [limits]\nclient_queue = 1000000\nclient_queue_bytes = 1000000000\nlease_ttl_secs = {LEASE_SECS}\n\
                  [agents.default]\ncommand = {:?}\nargs = [\"demo-agent\", \"--delay-us\", \"0\"]\nsandbox = \"none\"\n",
                 data.display().to_string(),
+                id,
                 self.dir.join("work").display().to_string(),
                 common::gateway_bin(),
             ),
         )
         .expect("config");
-        ServeProcess::start(Path::new(&config), &self.db_url, SECRET).await
+        config
     }
 }
 
@@ -346,4 +351,92 @@ async fn a_permission_request_is_asked_on_both_replicas_and_the_first_answer_can
         "the client that answered is not told to cancel: {:?}",
         cb.inbox
     );
+}
+
+/// A second process configured with a replica id that a running replica already uses refuses
+/// to start, saying why (they would take each other's messages and leases).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_id_already_in_use_refuses_to_start_with_a_clear_error() {
+    let cluster = Cluster::new().await;
+    let a = cluster.replica("a").await;
+    // A serves something: its bus (and the id's lock) is up.
+    let mut ca = a.client("alice").await;
+    let s = ca.new_session().await;
+    assert_eq!(ca.prompt(&s, "hi").await["result"]["stopReason"], "end_turn");
+    let out = tokio::time::timeout(
+        WAIT,
+        tokio::process::Command::new(common::gateway_bin())
+            .args(["serve", "--listen", "127.0.0.1:0", "--config"])
+            .arg(cluster.config("a2", "a"))
+            .env("ACP_GATEWAY_JWT_SECRET", SECRET)
+            .env("DATABASE_URL", &cluster.db_url)
+            .env_remove("ACP_GATEWAY_REPLICA_ID")
+            .stdin(std::process::Stdio::null())
+            .output(),
+    )
+    .await
+    .expect("it exits at once")
+    .expect("runs");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "a second replica \"a\" started: {stderr}");
+    assert!(stderr.contains("already uses replica id \"a\""), "{stderr}");
+    // A is unharmed, and a replica under its own id starts.
+    assert_eq!(ca.prompt(&s, "still here").await["result"]["stopReason"], "end_turn");
+    let _b = cluster.replica("b").await;
+}
+
+/// Messages and watcher rows addressed to a replica gone from the database are swept, and so
+/// are messages nobody read for too long; a live replica's are kept.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rows_left_for_dead_replicas_are_swept() {
+    use sqlx::{Connection, Executor, Row};
+    let cluster = Cluster::new().await;
+    let a = cluster.replica("a").await;
+    let mut ca = a.client("alice").await;
+    let s = ca.new_session().await;
+    let mut db = sqlx::PgConnection::connect(&cluster.db_url).await.expect("db");
+    db.execute("SET acp_gateway.system = 'on'").await.expect("system");
+    for (target, age) in [("ghost", 60), ("a", 60), ("ghost", 0), ("a", 3600)] {
+        sqlx::query(
+            "INSERT INTO replica_messages (target, body, created_at) VALUES ($1, '{}', now() - make_interval(secs => $2))",
+        )
+        .bind(target)
+        .bind(f64::from(age))
+        .execute(&mut db)
+        .await
+        .expect("insert");
+    }
+    sqlx::query("INSERT INTO session_watchers (session_id, replica) VALUES ($1, 'ghost')")
+        .bind(&s)
+        .execute(&mut db)
+        .await
+        .expect("watcher");
+    let replica = acp_gateway::replica::Replica::connect(&cluster.db_url, "sweeper", Duration::from_secs(LEASE_SECS))
+        .await
+        .expect("replica");
+    let swept = replica.sweep_dead(Duration::from_secs(600)).await.expect("sweep");
+    assert_eq!(
+        swept, 3,
+        "ghost's old message and watcher row, and a's hour-old message"
+    );
+    let left: Vec<(String, i64)> =
+        sqlx::query("SELECT target, extract(epoch FROM now() - created_at)::bigint FROM replica_messages ORDER BY id")
+            .fetch_all(&mut db)
+            .await
+            .expect("rows")
+            .iter()
+            .map(|r| (r.get(0), r.get(1)))
+            .collect();
+    let targets: Vec<&str> = left.iter().map(|(t, _)| t.as_str()).collect();
+    assert_eq!(
+        targets,
+        ["a", "ghost"],
+        "a's recent message, and ghost's within a lease time: {left:?}"
+    );
+    let watchers: Vec<String> = sqlx::query_scalar("SELECT replica FROM session_watchers WHERE session_id = $1")
+        .bind(&s)
+        .fetch_all(&mut db)
+        .await
+        .expect("watchers");
+    assert_eq!(watchers, ["a"], "A's own row stays");
 }

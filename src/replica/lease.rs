@@ -8,6 +8,11 @@ use tokio_util::sync::CancellationToken;
 use super::{Handler, LOCK_CLASS, Replica};
 use crate::store::StoreError;
 
+/// Renewals between two sweeps of dead replicas' rows (about three lease times).
+const SWEEP_EVERY: u32 = 10;
+/// A replica message older than this is dropped whoever it is for (replicas read theirs at once).
+const MESSAGE_MAX_AGE: std::time::Duration = std::time::Duration::from_secs(600);
+
 /// Who holds a session's lease after [`Replica::acquire`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Holder {
@@ -27,6 +32,7 @@ impl Replica {
              ON CONFLICT (session_id) DO UPDATE SET replica = EXCLUDED.replica, expires_at = EXCLUDED.expires_at
              WHERE l.replica = EXCLUDED.replica OR l.expires_at < now()
                 OR NOT EXISTS (SELECT 1 FROM pg_locks k WHERE k.locktype = 'advisory' AND k.granted
+                               AND k.database = (SELECT oid FROM pg_database WHERE datname = current_database())
                                AND k.classid = $4::oid AND k.objid = hashtext(l.replica)::oid AND k.objsubid = 2)
              RETURNING replica",
         )
@@ -66,10 +72,13 @@ impl Replica {
         .await?)
     }
 
-    /// Whether `replica` is connected to the database (holds its advisory lock).
+    /// Whether `replica` is connected to the database (holds its advisory lock). `pg_locks` shows
+    /// the whole server's locks: only this database's count (other databases may have replicas of
+    /// the same names).
     pub async fn is_alive(&self, replica: &str) -> Result<bool, StoreError> {
         Ok(sqlx::query_scalar(
             "SELECT EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND granted
+                            AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
                             AND classid = $1::oid AND objid = hashtext($2)::oid AND objsubid = 2)",
         )
         .bind(LOCK_CLASS)
@@ -148,14 +157,25 @@ impl Replica {
         Ok(())
     }
 
-    /// Renews leases every third of the lease time until `stop`; then gives them all up.
+    /// Renews leases every third of the lease time until `stop`; then gives them all up. Every
+    /// [`SWEEP_EVERY`] renewals it also removes what dead replicas left behind
+    /// ([`Replica::sweep_dead`]).
     pub async fn run_renewals(self: Arc<Self>, handler: Arc<dyn Handler>, stop: CancellationToken) {
         let mut tick = tokio::time::interval(self.ttl / 3);
+        let mut ticks: u32 = 0;
         loop {
             tokio::select! {
                 _ = tick.tick() => {
                     if let Err(e) = self.renew(&*handler).await {
                         tracing::warn!(error = %e, "cannot renew session leases");
+                    }
+                    ticks = ticks.wrapping_add(1);
+                    if ticks.is_multiple_of(SWEEP_EVERY) {
+                        match self.sweep_dead(MESSAGE_MAX_AGE).await {
+                            Ok(0) => {}
+                            Ok(n) => tracing::info!(rows = n, "removed replica messages and watchers nobody will read"),
+                            Err(e) => tracing::warn!(error = %e, "cannot sweep replica messages"),
+                        }
                     }
                 }
                 () = stop.cancelled() => break,

@@ -60,6 +60,7 @@ impl Replica {
     /// replica reads its messages at once). Returns how many rows went. Two indexed statements; run every few lease times.
     pub async fn sweep_dead(&self, max_age: std::time::Duration) -> Result<u64, StoreError> {
         let alive = "EXISTS (SELECT 1 FROM pg_locks k WHERE k.locktype = 'advisory' AND k.granted
+                     AND k.database = (SELECT oid FROM pg_database WHERE datname = current_database())
                      AND k.classid = $1::oid AND k.objid = hashtext(t.replica)::oid AND k.objsubid = 2)";
         let messages = sqlx::query(&format!(
             "DELETE FROM replica_messages m

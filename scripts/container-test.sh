@@ -99,7 +99,7 @@ cat > "$cache/storage.conf" <<EOF
 [storage]
 driver = "overlay"
 graphroot = "$cache/storage"
-runroot = "${XDG_RUNTIME_DIR:-/run}/acp-gateway-container-test"
+runroot = "${XDG_RUNTIME_DIR:-/run}/acp-gateway-container-$(printf %s "$cache" | md5sum | cut -c1-8)"
 EOF
 pm info >/dev/null 2>"$work/podman-info.err" || skip "podman does not run here: $(tail -1 "$work/podman-info.err")"
 

@@ -53,7 +53,7 @@ impl Gateway {
         self.draining.load(Ordering::Acquire)
     }
 
-    /// Starts draining (see [`crate::app`]).
+    /// Starts draining (the application's shutdown drives it).
     pub fn start_draining(&self) {
         self.draining.store(true, Ordering::Release);
         self.drain.cancel();

@@ -4,7 +4,35 @@
 mod common;
 
 use common::{Client, Db, TestGateway};
-use serde_json::json;
+use serde_json::{Value, json};
+
+/// Checks `r` is the `-32029` of `cap` at `limit`.
+fn assert_cap(r: &Value, cap: &str, limit: u64) {
+    assert_eq!(r["error"]["code"], -32029, "{r}");
+    assert_eq!(
+        (r["error"]["data"]["cap"].clone(), r["error"]["data"]["limit"].clone()),
+        (json!(cap), json!(limit)),
+        "{r}"
+    );
+}
+
+/// Fills alice's cap of two with sessions and checks the third is refused naming `cap`, that
+/// bob is not held back, and that closing one of hers makes room again.
+async fn two_sessions_then_the_cap(gw: &TestGateway, cap: &str) {
+    let mut alice = gw.client("alice").await;
+    let a1 = alice.new_session().await;
+    alice.new_session().await;
+    let r = alice
+        .request("session/new", json!({"cwd": alice.root, "mcpServers": []}))
+        .await;
+    assert_cap(&r, cap, 2);
+    let mut bob = gw.client("bob").await;
+    bob.new_session().await;
+    bob.new_session().await;
+    let r = alice.request("session/close", json!({"sessionId": a1})).await;
+    assert!(r.get("result").is_some(), "{r}");
+    alice.new_session().await;
+}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_user_at_the_connection_cap_is_refused_before_the_upgrade_and_others_are_not() {
@@ -97,24 +125,7 @@ async fn a_user_over_the_request_rate_gets_an_error_naming_it_and_others_are_ser
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_user_at_the_live_session_cap_is_told_which_cap_and_others_are_not() {
     let gw = TestGateway::start(Db::Sqlite, |c| c.limits.max_live_sessions_per_user = 2).await;
-    let mut alice = gw.client("alice").await;
-    let a1 = alice.new_session().await;
-    alice.new_session().await;
-    let r = alice
-        .request("session/new", json!({"cwd": alice.root, "mcpServers": []}))
-        .await;
-    assert_eq!(r["error"]["code"], -32029, "{r}");
-    assert_eq!(
-        (r["error"]["data"]["cap"].clone(), r["error"]["data"]["limit"].clone()),
-        (json!("live_sessions"), json!(2)),
-        "{r}"
-    );
-    let mut bob = gw.client("bob").await;
-    bob.new_session().await;
-    // Closing one makes room.
-    let r = alice.request("session/close", json!({"sessionId": a1})).await;
-    assert!(r.get("result").is_some(), "{r}");
-    alice.new_session().await;
+    two_sessions_then_the_cap(&gw, "live_sessions").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -127,26 +138,7 @@ async fn a_user_at_the_agent_process_cap_is_told_which_cap_and_others_are_not() 
         agent.pool.min_idle = 0;
     })
     .await;
-    let mut alice = gw.client("alice").await;
-    let a1 = alice.new_session().await;
-    alice.new_session().await;
-    let r = alice
-        .request("session/new", json!({"cwd": alice.root, "mcpServers": []}))
-        .await;
-    assert_eq!(r["error"]["code"], -32029, "{r}");
-    assert_eq!(
-        (r["error"]["data"]["cap"].clone(), r["error"]["data"]["limit"].clone()),
-        (json!("agent_processes"), json!(2)),
-        "{r}"
-    );
-    // Bob is not held back by her cap.
-    let mut bob = gw.client("bob").await;
-    bob.new_session().await;
-    bob.new_session().await;
-    // Closing a session frees its process for her next one.
-    let r = alice.request("session/close", json!({"sessionId": a1})).await;
-    assert!(r.get("result").is_some(), "{r}");
-    alice.new_session().await;
+    two_sessions_then_the_cap(&gw, "agent_processes").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -164,15 +156,7 @@ async fn a_user_over_the_stored_bytes_cap_is_refused_until_they_delete_and_other
         }
         assert!(std::time::Instant::now() < deadline, "never refused: {r}");
     };
-    assert_eq!(refused["error"]["code"], -32029, "{refused}");
-    assert_eq!(
-        (
-            refused["error"]["data"]["cap"].clone(),
-            refused["error"]["data"]["limit"].clone()
-        ),
-        (json!("stored_bytes"), json!(2000)),
-        "{refused}"
-    );
+    assert_cap(&refused, "stored_bytes", 2000);
     let r = alice
         .request("session/new", json!({"cwd": alice.root, "mcpServers": []}))
         .await;

@@ -349,7 +349,8 @@ pub enum SearchBy {
     /// Test each of the owner's sessions (`LIKE`), in whatever order the database likes: SQLite
     /// walks them in list order, Postgres mostly reads them all and sorts the matches.
     Scan,
-    /// Test only the owner's newest this many sessions (after the cursor), in list order.
+    /// Test only the owner's newest this many sessions (after the cursor, within the filters),
+    /// in list order; nothing is found when there are fewer.
     Newest(i64),
     /// Start from the index: only the sessions it finds are read. A search it cannot take (see
     /// [`SearchIndex::can_find`]) is scanned.
@@ -386,41 +387,17 @@ where
         (SearchBy::Index(index), Some(s)) if !index.can_find(s) => SearchBy::Scan,
         (by, _) => by,
     };
-    let newest = match (by, &filter.search) {
-        (SearchBy::Newest(n), Some(_)) => Some(n),
-        _ => None,
-    };
-    let mut q = sqlx::QueryBuilder::new(prefix);
-    if newest.is_some() {
-        q.push(format!("SELECT {SESSION_COLUMNS} FROM ("));
-    }
-    q.push(format!("SELECT {SESSION_COLUMNS} FROM sessions WHERE owner = "))
-        .push_bind(owner);
-    if let Some(cwd) = &filter.cwd {
-        q.push(" AND cwd = ").push_bind(cwd.as_str());
-    }
-    if let Some(t) = filter.created_after {
-        q.push(" AND created_at > ").push_bind(t);
-    }
-    if let Some(t) = filter.created_before {
-        q.push(" AND created_at < ").push_bind(t);
-    }
-    if let Some(t) = filter.updated_after {
-        q.push(" AND updated_at > ").push_bind(t);
-    }
-    if let Some(pos) = after {
-        // A row-value comparison: both databases start the index scan at the cursor with it
-        // (the equivalent OR form makes them filter every row before it).
-        q.push(" AND (updated_at, id) < (")
-            .push_bind(pos.updated_at)
-            .push(", ")
-            .push_bind(pos.id)
+    let mut q = sqlx::QueryBuilder::new(format!("{prefix}SELECT {SESSION_COLUMNS} FROM sessions WHERE "));
+    push_list_conditions(&mut q, owner, filter, after);
+    if let (SearchBy::Newest(n), Some(_)) = (by, &filter.search) {
+        // Bounded by the n-th newest row (none when there are fewer: then nothing is found, and
+        // the caller goes on another way). A range of the list index, walked in order, that
+        // stops at a full page: SQLite would sort a LIMITed subquery's rows again.
+        q.push(" AND (updated_at, id) >= (SELECT updated_at, id FROM sessions WHERE ");
+        push_list_conditions(&mut q, owner, filter, after);
+        q.push(" ORDER BY updated_at DESC, id DESC LIMIT 1 OFFSET ")
+            .push_bind(n - 1)
             .push(")");
-    }
-    if let Some(n) = newest {
-        q.push(" ORDER BY updated_at DESC, id DESC LIMIT ")
-            .push_bind(n)
-            .push(") newest WHERE true");
     }
     if let Some(s) = &filter.search {
         let pattern = like_pattern(s);
@@ -444,6 +421,41 @@ where
     q.push(" ORDER BY updated_at DESC, id DESC LIMIT ")
         .push_bind(i64::from(limit));
     q
+}
+
+/// The conditions of [`list_query`] besides the search: the owner's, the filters', the cursor's.
+fn push_list_conditions<'a, DB>(
+    q: &mut sqlx::QueryBuilder<'a, DB>,
+    owner: &'a str,
+    filter: &'a ListFilter,
+    after: Option<Position<'a>>,
+) where
+    DB: sqlx::Database,
+    &'a str: sqlx::Encode<'a, DB> + sqlx::Type<DB>,
+    i64: sqlx::Encode<'a, DB> + sqlx::Type<DB>,
+{
+    q.push("owner = ").push_bind(owner);
+    if let Some(cwd) = &filter.cwd {
+        q.push(" AND cwd = ").push_bind(cwd.as_str());
+    }
+    if let Some(t) = filter.created_after {
+        q.push(" AND created_at > ").push_bind(t);
+    }
+    if let Some(t) = filter.created_before {
+        q.push(" AND created_at < ").push_bind(t);
+    }
+    if let Some(t) = filter.updated_after {
+        q.push(" AND updated_at > ").push_bind(t);
+    }
+    if let Some(pos) = after {
+        // A row-value comparison: both databases start the index scan at the cursor with it
+        // (the equivalent OR form makes them filter every row before it).
+        q.push(" AND (updated_at, id) < (")
+            .push_bind(pos.updated_at)
+            .push(", ")
+            .push_bind(pos.id)
+            .push(")");
+    }
 }
 
 /// Logs a transcript chunk the database did not take. Such a chunk is skipped, never retried: a

@@ -12,7 +12,7 @@ use crate::store::{ListFilter, Position, SessionRecord, iso8601, now_micros, par
 pub const DEFAULT_LIMIT: u32 = 50;
 /// Largest page.
 pub const MAX_LIMIT: u32 = 1000;
-/// Longest `search` string (a search scans the caller's sessions).
+/// Longest `search` string.
 pub const MAX_SEARCH_CHARS: usize = 256;
 
 /// The parameters of `session/list`: ACP v1 (`cwd`, `cursor`) and the seed RFD's filters.

@@ -294,13 +294,7 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     /// Bytes of `owner`'s stored transcripts: the payloads of every chunk stored for their
     /// sessions (a deleted session no longer counts). Each session keeps its own total as chunks
     /// are stored, so this sums the owner's sessions, not their events.
-    ///
-    /// The default, none, is for stores that keep no transcripts (test doubles); the SQLite and
-    /// Postgres stores count.
-    async fn stored_bytes(&self, owner: &str) -> Result<u64, StoreError> {
-        let _ = owner;
-        Ok(0)
-    }
+    async fn stored_bytes(&self, owner: &str) -> Result<u64, StoreError>;
 }
 
 /// Opens the store named by `url`, creating a SQLite file (and its directory) when needed, and

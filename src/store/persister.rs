@@ -753,6 +753,9 @@ mod tests {
         async fn cursor_key(&self) -> Result<Vec<u8>, StoreError> {
             unimplemented!()
         }
+        async fn stored_bytes(&self, _: &str) -> Result<u64, StoreError> {
+            unimplemented!()
+        }
     }
 
     #[derive(Default)]

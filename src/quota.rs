@@ -2,6 +2,7 @@
 //! slows another. Each refusal names the cap and its limit.
 
 use std::collections::HashMap;
+use std::hash::Hash;
 use std::num::NonZeroU32;
 use std::sync::{Arc, Mutex};
 
@@ -50,9 +51,9 @@ impl CapReached {
 #[derive(Debug)]
 pub struct Quotas {
     /// Open WebSocket connections per user.
-    connections: Arc<Counted>,
+    connections: Arc<Counted<Arc<str>>>,
     /// Live agent processes per user (processes of agents shared between users are nobody's).
-    agent_processes: Arc<Counted>,
+    agent_processes: Arc<Counted<Arc<str>>>,
     /// Requests per second per user (GCRA, with a burst).
     requests: DefaultKeyedRateLimiter<Arc<str>>,
     /// `limits.requests_per_second_per_user`, for messages.
@@ -61,61 +62,61 @@ pub struct Quotas {
     max_live_sessions: usize,
 }
 
-/// Something each user may hold a limited number of at once.
+/// Something each key (a user, a client address) may hold a limited number of at once.
 #[derive(Debug)]
-struct Counted {
-    /// The cap's name, as clients see it.
-    cap: &'static str,
-    /// How many each user may hold.
+pub(crate) struct Counted<K: Hash + Eq> {
+    /// How many each key may hold.
     max: usize,
-    /// How many each user holds (users holding none are not in the map).
-    held: Mutex<HashMap<Arc<str>, usize>>,
+    /// How many each key holds (keys holding none are not in the map).
+    held: Mutex<HashMap<K, usize>>,
 }
 
-impl Counted {
-    fn new(cap: &'static str, max: usize) -> Arc<Self> {
+impl<K: Hash + Eq + Clone> Counted<K> {
+    /// A counter allowing `max` per key.
+    pub(crate) fn new(max: usize) -> Arc<Self> {
         Arc::new(Self {
-            cap,
             max,
             held: Mutex::new(HashMap::new()),
         })
     }
 
-    fn take(self: &Arc<Self>, user: &Arc<str>) -> Result<Slot, CapReached> {
+    /// One of `key`'s slots, or `None` when it holds `max` already.
+    pub(crate) fn take(self: &Arc<Self>, key: &K) -> Option<Slot<K>> {
         let mut held = self.held.lock().unwrap_or_else(|e| e.into_inner());
-        let n = held.entry(user.clone()).or_insert(0);
+        let n = held.entry(key.clone()).or_insert(0);
         if *n >= self.max {
-            return Err(CapReached::new(self.cap, self.max as u64));
+            return None;
         }
         *n += 1;
-        Ok(Slot {
+        Some(Slot {
             of: self.clone(),
-            user: user.clone(),
+            key: key.clone(),
         })
     }
 }
 
-/// One of a user's slots (a connection, an agent process); given back when dropped.
+/// One of a key's slots (a user's connection or agent process, an address's connection); given
+/// back when dropped.
 #[derive(Debug)]
-pub struct Slot {
-    of: Arc<Counted>,
-    user: Arc<str>,
+pub struct Slot<K: Hash + Eq = Arc<str>> {
+    of: Arc<Counted<K>>,
+    key: K,
 }
 
-impl Slot {
+impl<K: Hash + Eq> Slot<K> {
     /// Whose slot it is.
-    pub fn user(&self) -> &Arc<str> {
-        &self.user
+    pub fn key(&self) -> &K {
+        &self.key
     }
 }
 
-impl Drop for Slot {
+impl<K: Hash + Eq> Drop for Slot<K> {
     fn drop(&mut self) {
         let mut held = self.of.held.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(n) = held.get_mut(&self.user) {
+        if let Some(n) = held.get_mut(&self.key) {
             *n -= 1;
             if *n == 0 {
-                held.remove(&self.user);
+                held.remove(&self.key);
             }
         }
     }
@@ -127,8 +128,8 @@ impl Quotas {
         let rate = NonZeroU32::new(limits.requests_per_second_per_user.max(1)).unwrap_or(NonZeroU32::MIN);
         let burst = NonZeroU32::new(limits.request_burst_per_user.max(1)).unwrap_or(NonZeroU32::MIN);
         Arc::new(Self {
-            connections: Counted::new("connections", limits.max_connections_per_user),
-            agent_processes: Counted::new("agent_processes", limits.max_agent_processes_per_user),
+            connections: Counted::new(limits.max_connections_per_user),
+            agent_processes: Counted::new(limits.max_agent_processes_per_user),
             requests: RateLimiter::keyed(Quota::per_second(rate).allow_burst(burst)),
             rate: rate.get(),
             max_live_sessions: limits.max_live_sessions_per_user,
@@ -137,12 +138,18 @@ impl Quotas {
 
     /// Takes one of `user`'s connection slots.
     pub fn connect(&self, user: &str) -> Result<Slot, CapReached> {
-        self.connections.take(&Arc::from(user))
+        let counted = &self.connections;
+        counted
+            .take(&Arc::from(user))
+            .ok_or_else(|| CapReached::new("connections", counted.max as u64))
     }
 
     /// Takes one of `user`'s agent process slots, held while the process runs.
     pub fn agent_process(&self, user: &Arc<str>) -> Result<Slot, CapReached> {
-        self.agent_processes.take(user)
+        let counted = &self.agent_processes;
+        counted
+            .take(user)
+            .ok_or_else(|| CapReached::new("agent_processes", counted.max as u64))
     }
 
     /// Counts one request of `user` against the rate.
@@ -197,7 +204,7 @@ mod tests {
         let alice: Arc<str> = Arc::from("alice");
         let _c = q.connect("alice").expect("a connection");
         let p = q.agent_process(&alice).expect("a process");
-        assert_eq!(p.user(), &alice);
+        assert_eq!(p.key(), &alice);
         let err = q.agent_process(&alice).expect_err("one is the cap");
         assert_eq!((err.cap, err.limit), ("agent_processes", 1));
         assert!(q.agent_process(&Arc::from("bob")).is_ok());

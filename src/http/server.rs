@@ -7,9 +7,8 @@
 //!   the proxy says its client has (`X-Forwarded-For`, else `Forwarded: for=`), see
 //!   [`Peer::forwarded_slot`].
 
-use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Router;
@@ -23,29 +22,14 @@ use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::Limits;
+use crate::quota::{Counted, Slot};
 
 /// Open connections per client address.
-type PeerCounts = Arc<Mutex<HashMap<IpAddr, usize>>>;
+type PeerCounts = Arc<Counted<IpAddr>>;
 
 /// One of a client address's connection slots, held by its HTTP connection and by the WebSocket
 /// it upgrades to; given back when the last holder lets go.
-#[derive(Debug)]
-pub struct PeerSlot {
-    ip: IpAddr,
-    counts: PeerCounts,
-}
-
-impl Drop for PeerSlot {
-    fn drop(&mut self) {
-        let mut counts = self.counts.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(n) = counts.get_mut(&self.ip) {
-            *n -= 1;
-            if *n == 0 {
-                counts.remove(&self.ip);
-            }
-        }
-    }
-}
+pub type PeerSlot = Slot<IpAddr>;
 
 /// What a route knows of the connection it was called on.
 #[derive(Debug, Clone)]
@@ -62,7 +46,6 @@ pub struct Peer {
 #[derive(Debug)]
 struct Proxied {
     counts: PeerCounts,
-    max: usize,
     trusted: Vec<IpAddr>,
 }
 
@@ -80,9 +63,7 @@ impl Peer {
         let Some(ip) = forwarded_client(headers, &proxy.trusted) else {
             return Ok(None);
         };
-        take_slot(&proxy.counts, ip, proxy.max)
-            .map(Some)
-            .ok_or(TooManyFromAddress(ip))
+        proxy.counts.take(&ip).map(Some).ok_or(TooManyFromAddress(ip))
     }
 }
 
@@ -132,19 +113,6 @@ fn parse_node(v: &str) -> Option<IpAddr> {
     v.strip_prefix('[')?.split(']').next()?.parse().ok()
 }
 
-fn take_slot(counts: &PeerCounts, ip: IpAddr, max: usize) -> Option<PeerSlot> {
-    let mut map = counts.lock().unwrap_or_else(|e| e.into_inner());
-    let n = map.entry(ip).or_insert(0);
-    if *n >= max {
-        return None;
-    }
-    *n += 1;
-    Some(PeerSlot {
-        ip,
-        counts: counts.clone(),
-    })
-}
-
 fn refused(reason: &'static str) {
     crate::metrics::connection_refused(reason);
 }
@@ -153,10 +121,9 @@ fn refused(reason: &'static str) {
 /// up to `grace` (upgraded WebSockets are the caller's to drain).
 pub async fn serve(listener: TcpListener, router: Router, limits: &Limits, stop: CancellationToken, grace: Duration) {
     let pending = Arc::new(Semaphore::new(limits.max_pending_connections.max(1)));
-    let per_ip: PeerCounts = Arc::default();
+    let per_ip: PeerCounts = Counted::new(limits.max_connections_per_ip);
     let proxied = Arc::new(Proxied {
         counts: per_ip.clone(),
-        max: limits.max_connections_per_ip,
         trusted: limits.trusted_proxies.clone(),
     });
     let graceful = GracefulShutdown::new();
@@ -187,7 +154,7 @@ pub async fn serve(listener: TcpListener, router: Router, limits: &Limits, stop:
         let (slot, proxy) = if limits.trusted_proxies.contains(&addr.ip()) {
             (None, Some(proxied.clone()))
         } else {
-            match take_slot(&per_ip, addr.ip(), limits.max_connections_per_ip) {
+            match per_ip.take(&addr.ip()) {
                 Some(slot) => (Some(Arc::new(slot)), None),
                 None => {
                     refused("per_ip");

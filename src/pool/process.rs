@@ -138,7 +138,7 @@ impl AgentProcess {
             id,
             agent,
             pid: spawned.pid,
-            owner: Mutex::new(owner.as_ref().map(|slot| slot.user().clone())),
+            owner: Mutex::new(owner.as_ref().map(|slot| slot.key().clone())),
             rpc,
             sessions: Mutex::new(HashMap::new()),
             reserved: AtomicUsize::new(0),

@@ -80,8 +80,8 @@ pub trait Committed: Send + Sync {
     fn committed(&self, seq: u64);
 
     /// The session's updates cannot be stored (a write failed for good): none of them will be
-    /// committed any more. Nothing by default.
-    fn lost(&self) {}
+    /// committed any more, and what waits on them must be answered.
+    fn lost(&self);
 
     /// Updates of the session were refused: this replica no longer holds its lease (another
     /// one serves it now). Those updates are not stored. Nothing by default.
@@ -625,6 +625,7 @@ mod tests {
     struct Nobody;
     impl Committed for Nobody {
         fn committed(&self, _: u64) {}
+        fn lost(&self) {}
     }
 
     fn upd(s: &Arc<str>, seq: u64) -> Item {

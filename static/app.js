@@ -8,6 +8,13 @@
 //
 // All agent-provided text reaches the DOM through textContent / text nodes, never innerHTML.
 
+import { askForNotifications, initAttention, notice, resolved, setBaseTitle } from './js/attention.js';
+import { closeSidebar, initLayout } from './js/layout.js';
+import { installShortcuts } from './js/shortcuts.js';
+import { initTabs, shareDeleted, shareSession } from './js/tabs.js';
+
+import { ToolCard } from './js/tools.js';
+
 // ---------------------------------------------------------------------------------------------
 // 1. Helpers
 
@@ -275,17 +282,6 @@ function contentText(content) {
   }
 }
 
-function toolContent(item) {
-  if (item?.type === 'content') return h('pre', { class: 'tool-text', text: contentText(item.content) });
-  if (item?.type === 'diff') {
-    return h('div', { class: 'tool-diff' },
-      h('div', { class: 'tool-path', text: item.path ?? '' }),
-      h('pre', { class: 'tool-text', text: item.newText ?? '' }));
-  }
-  if (item?.type === 'terminal') return h('div', { class: 'muted small', text: `terminal ${item.terminalId}` });
-  return h('pre', { class: 'tool-text', text: JSON.stringify(item, null, 2) });
-}
-
 const CHUNK_KINDS = {
   user_message_chunk: 'user',
   agent_message_chunk: 'agent',
@@ -415,27 +411,15 @@ class Conversation {
     this.append(this.plan);
   }
 
+  /** Tool call cards (static/js/tools.js): a `tool_call` creates one, `tool_call_update`s merge into it. */
   renderTool(update) {
     let card = this.tools.get(update.toolCallId);
     if (!card) {
-      card = {
-        title: h('span', { class: 'tool-title', text: 'Tool call' }),
-        kind: h('span', { class: 'tool-kind badge' }),
-        status: h('span', { class: 'tool-status badge', text: 'pending' }),
-        body: h('div', { class: 'tool-body' }),
-      };
-      card.root = h('section', { class: 'tool', testid: 'tool-call', 'data-tool-call-id': update.toolCallId, 'data-status': 'pending' },
-        h('header', { class: 'tool-head' }, card.kind, card.title, card.status), card.body);
+      card = new ToolCard(update.toolCallId, { cwd: () => state.current?.cwd ?? '' });
       this.tools.set(update.toolCallId, card);
       this.append(card.root);
     }
-    if (update.title != null) card.title.textContent = update.title;
-    if (update.kind) card.kind.textContent = update.kind;
-    if (update.status) {
-      card.status.textContent = update.status.replace(/_/g, ' ');
-      card.root.dataset.status = update.status;
-    }
-    if (Array.isArray(update.content)) card.body.replaceChildren(...update.content.map(toolContent));
+    card.apply(update);
   }
 
   raw(label, value) {
@@ -729,13 +713,14 @@ function touchSession(id, promptText) {
   const patch = { updatedAt: new Date().toISOString() };
   if (promptText && !entry.data.title) patch.title = promptText.split('\n')[0].slice(0, 80);
   upsertSession({ ...entry.data, ...patch }, { top: true });
+  shareSession(state.sessions.get(id).data, true);
   if (patch.title && id === state.current?.id) setTitle(patch.title);
 }
 
 function setTitle(title) {
   if (state.current) state.current.title = title;
   ui.title.textContent = state.current ? title || 'Untitled session' : 'No session selected';
-  document.title = state.current ? `${title || 'Untitled session'} · ACP Gateway` : 'ACP Gateway';
+  setBaseTitle(state.current ? `${title || 'Untitled session'} · ACP Gateway` : 'ACP Gateway');
 }
 
 async function deleteSession(id) {
@@ -747,7 +732,13 @@ async function deleteSession(id) {
     if (err.status === 401) return;
     if (err.status !== 404) return conv.error(err); // 404: already gone, drop it from the list
   }
-  entry?.item?.remove();
+  forgetSession(id);
+  shareDeleted(id);
+}
+
+/** Drops a deleted session from the list (and the view). */
+function forgetSession(id) {
+  state.sessions.get(id)?.item?.remove();
   state.sessions.delete(id);
   ui.empty.hidden = state.sessions.size > 0;
   if (state.current?.id === id) setCurrent(null);
@@ -826,6 +817,7 @@ async function newSession() {
   const now = new Date().toISOString();
   upsertSession({ sessionId: result.sessionId, cwd, title: null, createdAt: now, updatedAt: now,
     _meta: { messageCount: 0, agent: conn.agent } }, { top: true });
+  shareSession(state.sessions.get(result.sessionId).data, true);
   setCurrent({ id: result.sessionId, cwd, title: '', agent: conn.agent });
   return result.sessionId;
 }
@@ -861,6 +853,8 @@ function updateComposer() {
 async function sendPrompt() {
   const text = ui.input.value.trim();
   if (!text || (state.current && state.running.has(state.current.id))) return;
+  askForNotifications(); // before any await: the browser wants the user's gesture
+
   ui.input.value = '';
   let id = state.current?.id;
   if (!id) {
@@ -877,6 +871,9 @@ async function sendPrompt() {
   touchSession(id, text);
   try {
     const result = await conn.request('session/prompt', { sessionId: id, prompt: [{ type: 'text', text }] });
+    const reason = result?.stopReason && result.stopReason !== 'end_turn' ? result.stopReason.replace(/_/g, ' ') : '';
+    notice({ sessionId: id, kind: 'turn', title: reason ? `Turn stopped: ${reason}` : 'The agent finished its turn',
+      body: sessionTitle(state.sessions.get(id)?.data) });
     if (state.current?.id === id && result?.stopReason && result.stopReason !== 'end_turn') {
       conv.note(`Stopped: ${result.stopReason.replace(/_/g, ' ')}`);
     }
@@ -914,7 +911,7 @@ function handleMessage(msg) {
       const update = params.update ?? {};
       if (update.sessionUpdate === 'session_info_update' && 'title' in update) {
         const entry = state.sessions.get(params.sessionId);
-        if (entry) upsertSession({ ...entry.data, title: update.title });
+        if (entry) shareSession(upsertSession({ ...entry.data, title: update.title }).data);
         if (params.sessionId === state.current?.id) setTitle(update.title ?? '');
       }
       if (params.sessionId === state.current?.id) conv.enqueue(params);
@@ -927,6 +924,7 @@ function handleMessage(msg) {
       const key = String(params.requestId);
       state.permissions.get(key)?.remove();
       state.permissions.delete(key);
+      resolved(key);
       return;
     }
     default:
@@ -946,6 +944,7 @@ function showPermission(requestId, params) {
     conn.respond(requestId, { outcome });
     card.remove();
     state.permissions.delete(key);
+    resolved(key);
   };
   const options = (params.options ?? []).map((option) => h('button', {
     type: 'button', class: `permission-option kind-${option.kind ?? 'other'}`, testid: 'permission-option',
@@ -963,22 +962,37 @@ function showPermission(requestId, params) {
   state.permissions.get(key)?.remove();
   state.permissions.set(key, card);
   ui.permissions.append(card);
+  notice({ sessionId: params.sessionId, kind: 'permission', key, title: 'Permission requested',
+    body: `${toolCall.title || 'A tool call'} — ${sessionTitle(state.sessions.get(params.sessionId)?.data)}` });
 }
 
-// --- responsive sidebar --------------------------------------------------------------------
+// --- layout, shortcuts, attention, other tabs (js/*.js) ------------------------------------
 
-function setSidebar(open) {
-  ui.app.classList.toggle('sidebar-open', open);
-  ui.toggle.setAttribute('aria-expanded', String(open));
-  ui.scrim.hidden = !open;
-}
-function closeSidebar() { setSidebar(false); }
+initLayout({ app: ui.app, sidebar: $('sidebar'), toggle: ui.toggle, scrim: ui.scrim, close: $('sidebar-close'),
+  inertWhenOpen: [$('main'), $('skip-link')] });
+installShortcuts();
 
-ui.toggle.addEventListener('click', () => setSidebar(!ui.app.classList.contains('sidebar-open')));
-ui.scrim.addEventListener('click', closeSidebar);
-document.addEventListener('keydown', (event) => {
-  if (event.key === 'Escape' && ui.app.classList.contains('sidebar-open')) closeSidebar();
+// A notification was clicked: its session, with the permission card (if any) in view.
+initAttention({
+  open(sessionId, key) {
+    if (sessionId !== state.current?.id && state.sessions.has(sessionId)) openSession(sessionId);
+    const card = key != null ? state.permissions.get(key) : null;
+    card?.scrollIntoView({ block: 'nearest' });
+    card?.querySelector('button')?.focus();
+  },
 });
+
+// Another tab of this user changed the session list.
+const tabHooks = {
+  session(data, top) {
+    const known = state.sessions.get(data.sessionId);
+    if (!known && ui.search.value.trim()) return; // not ours to add to a filtered list
+    upsertSession(known ? { ...known.data, ...data } : data, { top });
+    if (data.sessionId === state.current?.id && data.title) setTitle(data.title);
+  },
+  deleted: forgetSession,
+};
+
 window.addEventListener('online', () => conn.reconnectNow());
 
 // --- boot ----------------------------------------------------------------------------------
@@ -995,6 +1009,7 @@ async function boot() {
   ui.signin.hidden = true;
   ui.app.hidden = false;
   $('user-name').textContent = me?.user ?? '';
+  initTabs(me?.user ?? '', tabHooks);
   state.roots = Array.isArray(me?.workspaceRoots) ? me.workspaceRoots.filter((r) => typeof r === 'string') : [];
   if (state.roots.length) ui.cwd.value = state.roots[0];
   setCurrent(null);

@@ -6,7 +6,8 @@
 //   3. Conversation — renders `session/update`s (batched per animation frame, de-duplicated by seq)
 //   4. app          — sidebar, session list, prompts, permission requests, sign-in
 //
-// All agent-provided text reaches the DOM through textContent / text nodes, never innerHTML.
+// All agent-provided text reaches the DOM through textContent / text nodes, never innerHTML, except
+// message Markdown, which goes through static/js/markdown.js (marked, then DOMPurify's allow-list).
 
 import { askForNotifications, initAttention, notice, resolved, setBaseTitle } from './js/attention.js';
 import { closeSidebar, initLayout } from './js/layout.js';
@@ -14,6 +15,8 @@ import { installShortcuts } from './js/shortcuts.js';
 import { initTabs, shareDeleted, shareSession } from './js/tabs.js';
 
 import { ToolCard } from './js/tools.js';
+import { Message } from './js/message.js';
+import { Controls } from './js/controls.js';
 
 // ---------------------------------------------------------------------------------------------
 // 1. Helpers
@@ -272,16 +275,6 @@ class Connection {
 // ---------------------------------------------------------------------------------------------
 // 3. Conversation
 
-function contentText(content) {
-  if (!content) return '';
-  switch (content.type) {
-    case 'text': return content.text ?? '';
-    case 'resource_link': return `[${content.name || content.uri}](${content.uri})`;
-    case 'resource': return content.resource?.text ?? `[resource ${content.resource?.uri ?? ''}]`;
-    default: return `[${content.type ?? 'content'}]`;
-  }
-}
-
 const CHUNK_KINDS = {
   user_message_chunk: 'user',
   agent_message_chunk: 'agent',
@@ -313,8 +306,9 @@ class Conversation {
 
   busy(on) { this.log.setAttribute('aria-busy', String(on)); }
 
+  /** Queues an update for the next frame; with no `params`, just asks for a frame (a slow message tail). */
   enqueue(params) {
-    this.queue.push(params);
+    if (params) this.queue.push(params);
     if (this.scheduled) return;
     this.scheduled = true;
     const go = () => { if (this.scheduled) this.flush(); };
@@ -327,7 +321,7 @@ class Conversation {
     this.scheduled = false;
     const items = this.queue;
     this.queue = [];
-    if (!items.length) return;
+    if (!items.length && !this.run?.dirty) return;
     const stick = this.log.scrollHeight - this.log.scrollTop - this.log.clientHeight < 80;
     for (const params of items) {
       if (params.sessionId !== this.sessionId) continue;
@@ -343,12 +337,15 @@ class Conversation {
         this.raw('unrenderable update', params.update);
       }
     }
+    // The streaming message draws once per frame, however many chunks this frame brought.
+    if (this.run?.render()) this.enqueue(null);
     if (stick) this.log.scrollTop = this.log.scrollHeight;
   }
 
   apply(update) {
+    if (controls.render(update)) return undefined; // modes, options, commands, usage: js/controls.js
     const kind = CHUNK_KINDS[update.sessionUpdate];
-    if (kind) return this.chunk(kind, contentText(update.content));
+    if (kind) return this.chunk(kind, update.content);
     switch (update.sessionUpdate) {
       case 'plan': return this.renderPlan(Array.isArray(update.entries) ? update.entries : []);
       case 'tool_call':
@@ -360,12 +357,16 @@ class Conversation {
 
   /** Appends a new block; it ends any run of merged chunks. */
   append(node) {
+    this.run?.finish();
     this.run = null;
     this.log.append(node);
   }
 
-  chunk(kind, text) {
-    if (kind === 'user' && this.echo) {
+  /** A message chunk: Markdown text, or another content block (static/js/message.js). */
+  chunk(kind, content) {
+    const block = typeof content === 'string' ? { type: 'text', text: content } : content ?? {};
+    const text = block.type === 'text' ? String(block.text ?? '') : null;
+    if (kind === 'user' && this.echo && text != null) {
       if (this.echo.startsWith(text)) {
         this.echo = this.echo.slice(text.length);
         return;
@@ -373,20 +374,20 @@ class Conversation {
     }
     this.echo = '';
     if (this.run?.kind !== kind) {
-      const textNode = document.createTextNode(''); // text only: never parsed as HTML
-      this.append(h('article', { class: `msg msg-${kind}` },
-        h('h3', { class: 'visually-hidden', text: SPEAKERS[kind] }),
-        h('div', { class: 'msg-body', testid: `message-${kind}` }, textNode)));
-      this.run = { kind, textNode };
+      const message = new Message(kind, SPEAKERS[kind]);
+      this.append(message.root);
+      this.run = message;
       if (kind === 'user') this.turn += 1;
     }
-    this.run.textNode.appendData(text);
+    if (text != null) this.run.write(text);
+    else this.run.block(block);
   }
 
   /** Renders the user's prompt at once; an echoed user_message_chunk with the same text is skipped. */
   localPrompt(text) {
     this.flush();
     this.chunk('user', text);
+    this.run.finish();
     this.echo = text;
     this.log.scrollTop = this.log.scrollHeight;
   }
@@ -470,6 +471,15 @@ const state = {
 };
 
 const conv = new Conversation(ui.log);
+
+// The cwd picker, modes, config options, slash commands and usage (js/controls.js).
+const controls = new Controls({
+  request: (method, params) => conn.request(method, params),
+  api,
+  append: (node) => conv.append(node),
+  flush: () => conv.flush(),
+  defaultCwd: () => defaultCwd(),
+});
 
 const conn = new Connection({
   onStatus(status) {
@@ -759,6 +769,7 @@ setInterval(() => {
 function setCurrent(session) {
   state.current = session;
   conv.reset(session?.id ?? null);
+  controls.show(session);
   setTitle(session?.title ?? '');
   ui.agentLabel.textContent = session?.agent ? `agent: ${session.agent}` : '';
   ui.list.querySelectorAll('.session-open').forEach((b) => b.removeAttribute('aria-current'));
@@ -777,6 +788,7 @@ function syncSession() {
   if (conv.lastSeq > 0) params._meta = { gateway: { afterSeq: conv.lastSeq } };
   conv.busy(true);
   conn.request('session/load', params)
+    .then((result) => controls.loaded(current.id, result, { running: state.running.has(current.id) }))
     .catch((err) => { if (state.current === current) reportError(err); })
     .finally(() => { if (state.current === current) conv.busy(state.running.has(current.id)); });
 }
@@ -818,6 +830,7 @@ async function newSession() {
   upsertSession({ sessionId: result.sessionId, cwd, title: null, createdAt: now, updatedAt: now,
     _meta: { messageCount: 0, agent: conn.agent } }, { top: true });
   shareSession(state.sessions.get(result.sessionId).data, true);
+  controls.loaded(result.sessionId, result, { fresh: true });
   setCurrent({ id: result.sessionId, cwd, title: '', agent: conn.agent });
   return result.sessionId;
 }
@@ -866,11 +879,13 @@ async function sendPrompt() {
     }
   }
   conv.localPrompt(text);
+  controls.beginTurn(id);
   state.running.add(id);
   updateComposer();
   touchSession(id, text);
   try {
     const result = await conn.request('session/prompt', { sessionId: id, prompt: [{ type: 'text', text }] });
+    controls.endTurn(id, result);
     const reason = result?.stopReason && result.stopReason !== 'end_turn' ? result.stopReason.replace(/_/g, ' ') : '';
     notice({ sessionId: id, kind: 'turn', title: reason ? `Turn stopped: ${reason}` : 'The agent finished its turn',
       body: sessionTitle(state.sessions.get(id)?.data) });
@@ -878,6 +893,7 @@ async function sendPrompt() {
       conv.note(`Stopped: ${result.stopReason.replace(/_/g, ' ')}`);
     }
   } catch (err) {
+    controls.endTurn(id, null);
     if (state.current?.id === id) reportError(err);
   } finally {
     state.running.delete(id);
@@ -909,6 +925,7 @@ function handleMessage(msg) {
   switch (msg.method) {
     case 'session/update': {
       const update = params.update ?? {};
+      controls.observe(params); // every session's modes, options, commands, usage; before any render
       if (update.sessionUpdate === 'session_info_update' && 'title' in update) {
         const entry = state.sessions.get(params.sessionId);
         if (entry) shareSession(upsertSession({ ...entry.data, title: update.title }).data);

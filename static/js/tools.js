@@ -1,0 +1,737 @@
+// Tool call cards for the conversation: one card per ACP `toolCallId`, by kind and status, with
+// `diff` content as a unified (or side-by-side) diff, terminal output with ANSI colours, and
+// locations that open a file viewer (GET /api/fs/file).
+//
+// Layout of this file:
+//   1. helpers         — DOM builder, SVG icons, paths relative to the session cwd
+//   2. highlighting    — highlight.js output rebuilt as DOM, line by line
+//   3. diff            — `diff` content through jsdiff
+//   4. terminal        — ANSI output through anser
+//   5. file viewer     — a <dialog> showing one file at one line
+//   6. ToolCard        — merges `tool_call` / `tool_call_update` per ACP and renders the card
+//
+// Everything an agent sends is untrusted: it reaches the DOM as text nodes, as CSSOM properties
+// (`el.style.color`) or as element classes from a fixed list; never through innerHTML and never
+// as a `style="..."` string (the page's CSP forbids inline styles anyway).
+
+import Diff from '../vendor/diff.js';
+import Anser from '../vendor/anser.js';
+import hljs from '../vendor/highlight.js';
+
+// ---------------------------------------------------------------------------------------------
+// 1. Helpers
+
+/** Rows of a diff rendered before a "show all" button. */
+export const DIFF_ROW_CAP = 2000;
+/** Characters of terminal output kept (the tail: the end of a build log is what matters). */
+const TERMINAL_CHAR_CAP = 200_000;
+/** Texts longer than this are shown without syntax highlighting. */
+const HIGHLIGHT_CHAR_CAP = 400_000;
+/** Lines of context around each change in a diff hunk. */
+const DIFF_CONTEXT = 3;
+
+function h(tag, props = {}, ...children) {
+  const node = document.createElement(tag);
+  for (const [key, value] of Object.entries(props)) {
+    if (value == null || value === false) continue;
+    if (key === 'class') node.className = value;
+    else if (key === 'testid') node.dataset.testid = value;
+    else if (key === 'text') node.textContent = value;
+    else if (key.startsWith('on')) node.addEventListener(key.slice(2), value);
+    else if (value === true) node.setAttribute(key, '');
+    else node.setAttribute(key, String(value));
+  }
+  for (const child of children.flat()) if (child != null && child !== false) node.append(child);
+  return node;
+}
+
+const SVG_NS = 'http://www.w3.org/2000/svg';
+
+/** A 24×24 stroked icon from path data; decorative (the label next to it carries the meaning). */
+function icon(paths, className = 'tc-icon') {
+  const svg = document.createElementNS(SVG_NS, 'svg');
+  svg.setAttribute('viewBox', '0 0 24 24');
+  svg.setAttribute('class', className);
+  svg.setAttribute('aria-hidden', 'true');
+  svg.setAttribute('focusable', 'false');
+  for (const d of paths) {
+    const path = document.createElementNS(SVG_NS, 'path');
+    path.setAttribute('d', d);
+    svg.append(path);
+  }
+  return svg;
+}
+
+const CIRCLE = (cx, cy, r) => `M${cx - r} ${cy}a${r} ${r} 0 1 0 ${2 * r} 0a${r} ${r} 0 1 0 ${-2 * r} 0z`;
+
+/** ACP ToolKind → label and icon. Unknown kinds are `other` (the schema's `serde(other)`). */
+const KINDS = {
+  read: { label: 'Read', icon: ['M14 3H6a2 2 0 0 0-2 2v14a2 2 0 0 0 2 2h12a2 2 0 0 0 2-2V9z', 'M14 3v6h6', 'M8 13h8', 'M8 17h5'] },
+  edit: { label: 'Edit', icon: ['M4 20h4L19 9l-4-4L4 16z', 'M13 7l4 4'] },
+  delete: { label: 'Delete', icon: ['M4 7h16', 'M9 7V4h6v3', 'M6 7l1 13h10l1-13', 'M10 11v6', 'M14 11v6'] },
+  move: { label: 'Move', icon: ['M4 12h15', 'M13 6l6 6-6 6'] },
+  search: { label: 'Search', icon: [CIRCLE(11, 11, 7), 'M16 16l5 5'] },
+  execute: { label: 'Run', icon: ['M3 5h18v14H3z', 'M7 9l3 3-3 3', 'M12 15h5'] },
+  think: { label: 'Think', icon: ['M9 18h6', 'M10 21h4', 'M12 3a6 6 0 0 0-4 10.5c.7.7 1 1.5 1 2.5h6c0-1 .3-1.8 1-2.5A6 6 0 0 0 12 3z'] },
+  fetch: { label: 'Fetch', icon: [CIRCLE(12, 12, 9), 'M3 12h18', 'M12 3c2.5 2.5 3.5 5.5 3.5 9s-1 6.5-3.5 9c-2.5-2.5-3.5-5.5-3.5-9s1-6.5 3.5-9z'] },
+  switch_mode: { label: 'Switch mode', icon: ['M4 8h14', 'M14 4l4 4-4 4', 'M20 16H6', 'M10 12l-4 4 4 4'] },
+  other: { label: 'Tool', icon: [CIRCLE(12, 12, 9), 'M8 12h.01', 'M12 12h.01', 'M16 12h.01'] },
+};
+
+/** ACP ToolCallStatus → label and icon (in_progress is a CSS spinner). */
+const STATUSES = {
+  pending: { label: 'Pending', icon: [CIRCLE(12, 12, 7)] },
+  in_progress: { label: 'Running', icon: null },
+  completed: { label: 'Done', icon: ['M5 12l5 5 9-10'] },
+  failed: { label: 'Failed', icon: ['M6 6l12 12', 'M18 6L6 18'] },
+};
+
+const isString = (v) => typeof v === 'string';
+
+/** `abs` shown relative to `cwd` when it lies inside it. */
+export function displayPath(abs, cwd) {
+  if (!isString(abs)) return '';
+  if (!isString(cwd) || !cwd || cwd === '/') return abs;
+  const root = cwd.replace(/\/+$/, '');
+  if (abs === root) return '.';
+  return abs.startsWith(`${root}/`) ? abs.slice(root.length + 1) : abs;
+}
+
+/** An agent's path made absolute against the session cwd (ACP paths should already be absolute). */
+function absolutePath(p, cwd) {
+  if (!isString(p) || !p) return '';
+  if (p.startsWith('/') || !isString(cwd) || !cwd) return p;
+  return `${cwd.replace(/\/+$/, '')}/${p.replace(/^\.\//, '')}`;
+}
+
+/** A button that opens `path` (at `line`) in the file viewer; its label is relative to the cwd. */
+function fileLink(path, line, cwd, { testid = 'tool-location', className = 'tc-location' } = {}) {
+  const abs = absolutePath(path, cwd);
+  const shown = displayPath(abs, cwd) || abs;
+  const label = Number.isInteger(line) && line > 0 ? `${shown}:${line}` : shown;
+  return h('button', {
+    type: 'button', class: className, testid, title: abs, 'data-path': abs,
+    'data-line': Number.isInteger(line) ? line : null,
+    'aria-label': `Open ${label}`,
+    onclick: (event) => openFileViewer(abs, line, { cwd, opener: event.currentTarget }),
+  }, h('span', { class: 'tc-location-text', text: label }));
+}
+
+function prettyJson(value, cap = 20_000) {
+  let text;
+  try {
+    text = JSON.stringify(value, null, 2) ?? String(value);
+  } catch {
+    text = String(value);
+  }
+  return text.length > cap ? `${text.slice(0, cap)}\n… (${text.length - cap} more characters)` : text;
+}
+
+// ---------------------------------------------------------------------------------------------
+// 2. Highlighting
+
+/** highlight.js language for a file name, or null (no guessing: auto-detection is slow and wrong often). */
+export function languageFor(path) {
+  if (!isString(path)) return null;
+  const name = path.split('/').pop().toLowerCase();
+  if (name === 'makefile' || name === 'gnumakefile') return 'makefile';
+  if (name === 'dockerfile') return hljs.getLanguage('dockerfile') ? 'dockerfile' : 'bash';
+  const dot = name.lastIndexOf('.');
+  if (dot < 0) return null;
+  const ext = name.slice(dot + 1);
+  const lang = hljs.getLanguage(ext);
+  return lang ? ext : null;
+}
+
+const SAFE_CLASS = /^[A-Za-z0-9_ -]{1,80}$/;
+
+/**
+ * `text` split into lines, each an array of DOM nodes (text nodes, in hljs-classed spans when
+ * `lang` is known). highlight.js escapes what it emits; the HTML is still parsed in an inert
+ * document and rebuilt from spans and text only, so nothing else can reach the page.
+ */
+export function highlightLines(text, lang) {
+  const plain = () => text.split('\n').map((line) => (line ? [document.createTextNode(line)] : []));
+  if (!lang || text.length > HIGHLIGHT_CHAR_CAP) return plain();
+  let html;
+  try {
+    html = hljs.highlight(text, { language: lang, ignoreIllegals: true }).value;
+  } catch {
+    return plain();
+  }
+  const doc = new DOMParser().parseFromString(`<pre>${html}</pre>`, 'text/html');
+  const lines = [[]];
+  const walk = (parent, wrap) => {
+    for (const child of parent.childNodes) {
+      if (child.nodeType === Node.TEXT_NODE) {
+        child.data.split('\n').forEach((part, i) => {
+          if (i > 0) lines.push([]);
+          if (part) lines[lines.length - 1].push(wrap(document.createTextNode(part)));
+        });
+      } else if (child.nodeType === Node.ELEMENT_NODE) {
+        const cls = child.getAttribute('class') ?? '';
+        const safe = child.localName === 'span' && SAFE_CLASS.test(cls) ? cls : '';
+        walk(child, safe ? (node) => wrap(h('span', { class: safe }, node)) : wrap);
+      }
+    }
+  };
+  walk(doc.querySelector('pre') ?? doc.body, (node) => node);
+  return lines;
+}
+
+// ---------------------------------------------------------------------------------------------
+// 3. Diff
+
+const WIDE = window.matchMedia('(min-width: 1000px)');
+const VIEW_KEY = 'acp-gateway.diffView';
+
+function preferredView() {
+  try {
+    return localStorage.getItem(VIEW_KEY) === 'split' ? 'split' : 'unified';
+  } catch {
+    return 'unified';
+  }
+}
+
+function setPreferredView(view) {
+  try { localStorage.setItem(VIEW_KEY, view); } catch { /* private mode */ }
+  rerenderDiffs();
+}
+
+/** Diffs on screen re-render when the layout preference or the window width class changes. */
+function rerenderDiffs() {
+  document.querySelectorAll('.tc-diff').forEach((el) => el.rerender?.());
+}
+WIDE.addEventListener('change', rerenderDiffs);
+
+/**
+ * jsdiff's hunks as rows: {type: 'hunk'|'ctx'|'add'|'del'|'note', old, new, text}. `null` when the
+ * diff took too long to compute (jsdiff gives up after `timeout` ms).
+ */
+function diffRows(oldText, newText) {
+  const patch = Diff.structuredPatch('a', 'b', oldText, newText, '', '', { context: DIFF_CONTEXT, timeout: 1500 });
+  if (!patch) return null;
+  const rows = [];
+  for (const hunk of patch.hunks) {
+    rows.push({ type: 'hunk', text: `@@ -${hunk.oldStart},${hunk.oldLines} +${hunk.newStart},${hunk.newLines} @@` });
+    let oldNo = hunk.oldStart;
+    let newNo = hunk.newStart;
+    for (const line of hunk.lines) {
+      const sign = line[0];
+      const text = line.slice(1);
+      if (sign === '+') rows.push({ type: 'add', new: newNo++, text });
+      else if (sign === '-') rows.push({ type: 'del', old: oldNo++, text });
+      else if (sign === '\\') rows.push({ type: 'note', text: line.slice(2) });
+      else rows.push({ type: 'ctx', old: oldNo++, new: newNo++, text });
+    }
+  }
+  return rows;
+}
+
+const SIGNS = { add: '+', del: '−', ctx: ' ' };
+const ROW_NAMES = { add: 'added', del: 'removed', ctx: 'unchanged' };
+
+/** The highlighted nodes of a row's text: from the whole file's highlighting when its line matches. */
+function rowCode(row, oldLines, newLines, oldHl, newHl) {
+  const pick = (lines, hl, no) => (no != null && lines[no - 1] === row.text ? hl[no - 1] : null);
+  const nodes = (row.type === 'add' ? pick(newLines, newHl, row.new) : pick(oldLines, oldHl, row.old))
+    ?? (row.text ? [document.createTextNode(row.text)] : []);
+  return h('td', { class: 'tc-code' }, nodes.map((n) => n.cloneNode(true)));
+}
+
+function unifiedTable(rows, code) {
+  return h('table', { class: 'tc-diff-table tc-unified' },
+    h('tbody', {}, rows.map((row) => {
+      if (row.type === 'hunk' || row.type === 'note') {
+        return h('tr', { class: `tc-row tc-${row.type}` }, h('td', { class: 'tc-hunk-text', colspan: 4, text: row.text }));
+      }
+      return h('tr', { class: `tc-row tc-${row.type}`, testid: 'diff-line', 'data-type': row.type },
+        h('td', { class: 'tc-ln', 'data-n': row.old ?? '', 'aria-hidden': 'true' }),
+        h('td', { class: 'tc-ln', 'data-n': row.new ?? '', 'aria-hidden': 'true' }),
+        h('td', { class: 'tc-sign', 'aria-label': ROW_NAMES[row.type], text: SIGNS[row.type] }),
+        code(row));
+    })));
+}
+
+/** Side by side: runs of removals and additions paired line by line, context on both sides. */
+function splitTable(rows, code) {
+  const body = [];
+  const cell = (row, side) => (row
+    ? [h('td', { class: `tc-ln tc-${row.type}`, 'data-n': row[side] ?? '', 'aria-hidden': 'true' }),
+      (() => { const td = code(row); td.classList.add(`tc-${row.type}`); return td; })()]
+    : [h('td', { class: 'tc-ln tc-empty' }), h('td', { class: 'tc-code tc-empty' })]);
+  let i = 0;
+  while (i < rows.length) {
+    const row = rows[i];
+    if (row.type === 'hunk' || row.type === 'note') {
+      body.push(h('tr', { class: `tc-row tc-${row.type}` }, h('td', { class: 'tc-hunk-text', colspan: 4, text: row.text })));
+      i += 1;
+    } else if (row.type === 'ctx') {
+      body.push(h('tr', { class: 'tc-row tc-ctx', testid: 'diff-line', 'data-type': 'ctx' }, cell(row, 'old'), cell(row, 'new')));
+      i += 1;
+    } else {
+      const dels = [];
+      const adds = [];
+      while (rows[i]?.type === 'del') dels.push(rows[i++]);
+      while (rows[i]?.type === 'add') adds.push(rows[i++]);
+      for (let k = 0; k < Math.max(dels.length, adds.length); k += 1) {
+        const type = dels[k] && adds[k] ? 'change' : dels[k] ? 'del' : 'add';
+        body.push(h('tr', { class: `tc-row tc-${type}`, testid: 'diff-line', 'data-type': type },
+          cell(dels[k], 'old'), cell(adds[k], 'new')));
+      }
+    }
+  }
+  return h('table', { class: 'tc-diff-table tc-split' },
+    h('colgroup', {}, h('col', { class: 'tc-col-ln' }), h('col'), h('col', { class: 'tc-col-ln' }), h('col')),
+    h('tbody', {}, body));
+}
+
+/** ACP `diff` content: {path, oldText (null: a new file), newText}. */
+function renderDiff(item, cwd) {
+  const path = isString(item.path) ? item.path : '';
+  const isNew = item.oldText == null;
+  const oldText = isNew ? '' : String(item.oldText);
+  const newText = isString(item.newText) ? item.newText : String(item.newText ?? '');
+  const rows = diffRows(oldText, newText);
+  const added = rows ? rows.filter((r) => r.type === 'add').length : 0;
+  const removed = rows ? rows.filter((r) => r.type === 'del').length : 0;
+  const lang = languageFor(path);
+
+  const body = h('div', { class: 'tc-diff-body' });
+  const toggle = h('button', { type: 'button', class: 'tc-diff-toggle', testid: 'diff-view-toggle' });
+  const header = h('div', { class: 'tc-diff-head' },
+    path ? fileLink(path, null, cwd, { testid: 'diff-path', className: 'tc-location tc-diff-path' }) : h('span', { text: '(no path)' }),
+    isNew ? h('span', { class: 'tc-badge tc-new', text: 'new file' }) : null,
+    rows && !isNew && !added && !removed ? h('span', { class: 'tc-badge', text: 'no changes' }) : null,
+    h('span', { class: 'tc-stat' },
+      h('span', { class: 'tc-stat-add', text: `+${added}` }), ' ', h('span', { class: 'tc-stat-del', text: `−${removed}` })),
+    toggle);
+  const root = h('div', { class: 'tc-diff', testid: 'tool-diff', 'data-path': path, 'data-new-file': isNew ? 'true' : 'false' }, header, body);
+
+  if (!rows) {
+    toggle.hidden = true;
+    body.append(h('p', { class: 'tc-note', text: 'This diff is too large to compute in the browser; the new text follows.' }),
+      h('pre', { class: 'tc-text', text: newText.slice(0, TERMINAL_CHAR_CAP) }));
+    return root;
+  }
+
+  // Highlighting is computed once per diff, on first use, and shared by both layouts.
+  let hl = null;
+  const code = (row) => {
+    if (!hl) {
+      const oldLines = oldText.split('\n');
+      const newLines = newText.split('\n');
+      hl = { oldLines, newLines, oldHl: highlightLines(oldText, lang), newHl: highlightLines(newText, lang) };
+    }
+    return rowCode(row, hl.oldLines, hl.newLines, hl.oldHl, hl.newHl);
+  };
+
+  let showAll = false;
+  const render = () => {
+    const split = preferredView() === 'split' && WIDE.matches;
+    root.dataset.view = split ? 'split' : 'unified';
+    toggle.hidden = !WIDE.matches || isNew;
+    toggle.textContent = split ? 'Unified' : 'Side by side';
+    toggle.setAttribute('aria-label', split ? 'Show this diff unified' : 'Show this diff side by side');
+    const lineRows = rows.filter((r) => r.type !== 'hunk' && r.type !== 'note').length;
+    const shown = showAll || lineRows <= DIFF_ROW_CAP ? rows : capRows(rows, DIFF_ROW_CAP);
+    const table = split ? splitTable(shown, code) : unifiedTable(shown, code);
+    const parts = [h('div', { class: 'tc-diff-scroll' }, table)];
+    if (shown !== rows) {
+      parts.push(h('button', {
+        type: 'button', class: 'tc-show-all', testid: 'diff-show-all',
+        text: `Show all ${lineRows.toLocaleString()} lines`,
+        onclick: () => { showAll = true; render(); },
+      }));
+    }
+    body.replaceChildren(...parts);
+  };
+  toggle.addEventListener('click', () => setPreferredView(preferredView() === 'split' ? 'unified' : 'split'));
+  render();
+  root.rerender = render;
+  return root;
+}
+
+/** The first `cap` line rows (hunk headers are free). */
+function capRows(rows, cap) {
+  const out = [];
+  let n = 0;
+  for (const row of rows) {
+    if (row.type !== 'hunk' && row.type !== 'note') {
+      if (n >= cap) break;
+      n += 1;
+    }
+    out.push(row);
+  }
+  return out;
+}
+
+// ---------------------------------------------------------------------------------------------
+// 4. Terminal
+
+const ESC = '\u001b';
+// OSC (ESC ] … BEL or ESC \), other two-byte escapes, and CSI sequences other than SGR `m`:
+// anser understands SGR only, and a stray cursor move must not show up as text.
+const NON_SGR = new RegExp(`${ESC}\\][^\\u0007${ESC}]*(?:\\u0007|${ESC}\\\\)|${ESC}\\[[0-9;?]*[A-Za-ln-z@]|${ESC}[^\\[\\]]`, 'g');
+const RGB = /^\s*(\d{1,3})\s*,\s*(\d{1,3})\s*,\s*(\d{1,3})\s*$/;
+const DECORATIONS = new Set(['bold', 'dim', 'italic', 'underline', 'blink', 'hidden', 'strikethrough']);
+
+/** Text that carries ANSI escape sequences. */
+export const hasAnsi = (text) => isString(text) && text.includes(`${ESC}[`);
+
+/** Carriage returns redraw a line (progress bars): keep what the last redraw left. */
+function applyCarriageReturns(text) {
+  if (!text.includes('\r')) return text;
+  return text.split('\n').map((line) => {
+    const trimmed = line.endsWith('\r') ? line.slice(0, -1) : line;
+    const i = trimmed.lastIndexOf('\r');
+    return i < 0 ? trimmed : trimmed.slice(i + 1);
+  }).join('\n');
+}
+
+/** claude-code-acp and others wrap command output in a Markdown fence; a terminal shows it bare. */
+function stripFence(text) {
+  const m = /^```[\w-]*\n([\s\S]*?)\n?```\s*$/.exec(text);
+  return m ? m[1] : text;
+}
+
+/** A terminal block: anser's JSON chunks as spans, colours set through the CSSOM. */
+export function renderTerminal(text, { testid = 'terminal' } = {}) {
+  let source = stripFence(String(text ?? ''));
+  let clipped = 0;
+  if (source.length > TERMINAL_CHAR_CAP) {
+    clipped = source.length - TERMINAL_CHAR_CAP;
+    source = source.slice(-TERMINAL_CHAR_CAP);
+  }
+  source = applyCarriageReturns(source.replace(NON_SGR, ''));
+  const pre = h('pre', { class: 'tc-terminal', testid, tabindex: '0', 'aria-label': 'Terminal output' });
+  if (clipped) pre.append(h('span', { class: 'tc-clipped', text: `… ${clipped.toLocaleString()} earlier characters not shown\n` }));
+  let chunks;
+  try {
+    chunks = Anser.ansiToJson(source, { json: true, remove_empty: true });
+  } catch {
+    chunks = [{ content: source.replace(/\u001b\[[0-9;]*m/g, '') }];
+  }
+  for (const chunk of chunks) {
+    if (!isString(chunk.content) || !chunk.content) continue;
+    const styled = chunk.fg || chunk.bg || chunk.decorations?.length;
+    if (!styled) {
+      pre.append(document.createTextNode(chunk.content));
+      continue;
+    }
+    const span = h('span', { class: 'tc-ansi', text: chunk.content });
+    const fg = RGB.exec(chunk.fg ?? '');
+    const bg = RGB.exec(chunk.bg ?? '');
+    if (fg) span.style.color = `rgb(${fg[1]}, ${fg[2]}, ${fg[3]})`;
+    if (bg) span.style.backgroundColor = `rgb(${bg[1]}, ${bg[2]}, ${bg[3]})`;
+    for (const decoration of chunk.decorations ?? []) {
+      if (DECORATIONS.has(decoration)) span.classList.add(`ansi-${decoration}`);
+    }
+    pre.append(span);
+  }
+  return pre;
+}
+
+// ---------------------------------------------------------------------------------------------
+// 5. File viewer
+
+let viewer = null;
+
+function viewerParts() {
+  if (viewer) return viewer;
+  const title = h('h2', { class: 'tc-viewer-title', id: 'tc-viewer-title', testid: 'file-viewer-title' });
+  const meta = h('p', { class: 'tc-viewer-meta', testid: 'file-viewer-meta' });
+  const close = h('button', { type: 'button', class: 'icon tc-viewer-close', testid: 'file-viewer-close', 'aria-label': 'Close file viewer', text: '×' });
+  const body = h('div', { class: 'tc-viewer-body', testid: 'file-viewer-body' });
+  const dialog = h('dialog', { class: 'tc-viewer', testid: 'file-viewer', 'aria-labelledby': 'tc-viewer-title' },
+    h('header', { class: 'tc-viewer-head' }, h('div', { class: 'tc-viewer-heading' }, title, meta), close), body);
+  close.addEventListener('click', () => dialog.close());
+  // A click on the backdrop (the dialog element itself, outside its content box) closes it.
+  dialog.addEventListener('click', (event) => {
+    if (event.target !== dialog) return;
+    const r = dialog.getBoundingClientRect();
+    const inside = event.clientX >= r.left && event.clientX <= r.right && event.clientY >= r.top && event.clientY <= r.bottom;
+    if (!inside) dialog.close();
+  });
+  dialog.addEventListener('close', () => {
+    viewer.token += 1; // a fetch still in flight must not fill a closed viewer
+    const opener = viewer.opener;
+    viewer.opener = null;
+    if (opener?.isConnected) opener.focus();
+  });
+  document.body.append(dialog);
+  viewer = { dialog, title, meta, body, close, token: 0, opener: null };
+  return viewer;
+}
+
+const VIEWER_ERRORS = {
+  401: 'You are signed out; reload the page to sign in again.',
+  403: 'This file is outside your workspace, so the gateway will not show it.',
+  404: 'This file does not exist (any more).',
+  413: 'This file is too large to show.',
+  415: 'This is a binary file; it cannot be shown as text.',
+};
+
+/** Opens the viewer on `path` (absolute) and scrolls to `line` (1-based) when given. */
+export async function openFileViewer(path, line, { cwd, opener } = {}) {
+  const v = viewerParts();
+  const token = ++v.token;
+  const target = Number.isInteger(line) && line > 0 ? line : null;
+  v.opener = opener ?? document.activeElement;
+  const shown = displayPath(path, cwd) || path;
+  v.title.textContent = target ? `${shown}:${target}` : shown;
+  v.title.title = path;
+  v.meta.textContent = 'Loading…';
+  v.dialog.dataset.state = 'loading';
+  v.dialog.dataset.path = path;
+  v.body.replaceChildren();
+  if (!v.dialog.open) v.dialog.showModal();
+  v.close.focus();
+
+  let res;
+  let data = null;
+  try {
+    res = await fetch(`/api/fs/file?path=${encodeURIComponent(path)}`, { credentials: 'same-origin', headers: { Accept: 'application/json' } });
+    if (res.ok) data = await res.json();
+  } catch (err) {
+    if (token === v.token) viewerError(v, `Could not load the file: ${err.message}`, 'network');
+    return;
+  }
+  if (token !== v.token) return;
+  if (!res.ok || !data || !isString(data.text)) {
+    let detail = '';
+    try {
+      const body = await res.clone().json();
+      const message = body?.error?.message ?? body?.error ?? body?.message;
+      if (isString(message)) detail = message;
+    } catch { /* not JSON */ }
+    if (token !== v.token) return;
+    const known = VIEWER_ERRORS[res.status] ?? `The gateway answered ${res.status}.`;
+    viewerError(v, detail && !VIEWER_ERRORS[res.status] ? `${known} ${detail}` : known, String(res.status));
+    return;
+  }
+
+  const lines = highlightLines(data.text.endsWith('\n') ? data.text.slice(0, -1) : data.text, languageFor(path));
+  const size = Number.isFinite(data.size) ? `${data.size.toLocaleString()} bytes` : '';
+  v.meta.textContent = [`${lines.length.toLocaleString()} lines`, size, data.truncated ? 'truncated: only the start is shown' : '']
+    .filter(Boolean).join(' · ');
+  const code = h('div', { class: 'tc-viewer-code', role: 'list', 'aria-label': `Contents of ${shown}` });
+  let marked = null;
+  lines.forEach((nodes, i) => {
+    const n = i + 1;
+    const row = h('div', { class: 'tc-vline', role: 'listitem', 'data-n': n, testid: n === target ? 'file-viewer-line' : null },
+      h('span', { class: 'tc-vln', 'aria-hidden': 'true', text: String(n) }),
+      h('span', { class: 'tc-vcode' }, nodes));
+    if (n === target) {
+      row.classList.add('tc-target');
+      row.setAttribute('aria-current', 'true');
+      row.tabIndex = -1;
+      marked = row;
+    }
+    code.append(row);
+  });
+  v.body.replaceChildren(code);
+  if (target && !marked) {
+    v.body.prepend(h('p', { class: 'tc-note', role: 'status', text: `Line ${target} is past the end of what is shown.` }));
+  }
+  v.dialog.dataset.state = 'ready';
+  if (marked) {
+    marked.scrollIntoView({ block: 'center' });
+    marked.focus({ preventScroll: true });
+  }
+}
+
+function viewerError(v, message, state) {
+  v.meta.textContent = '';
+  v.dialog.dataset.state = `error-${state}`;
+  v.body.replaceChildren(h('p', { class: 'tc-viewer-error', role: 'alert', testid: 'file-viewer-error', 'data-status': state, text: message }));
+}
+
+// ---------------------------------------------------------------------------------------------
+// 6. ToolCard
+
+/** Card state fields a `tool_call_update` may replace (a missing or null field leaves them as they are). */
+const FIELDS = ['title', 'kind', 'status', 'content', 'locations', 'rawInput', 'rawOutput'];
+
+let cardSeq = 0;
+
+/** The command of an `execute` tool call, from its rawInput (a string, an argv, or {command}). */
+function commandOf(rawInput) {
+  const cmd = rawInput && typeof rawInput === 'object' && !Array.isArray(rawInput) ? rawInput.command ?? rawInput.cmd : rawInput;
+  if (isString(cmd)) return cmd;
+  if (Array.isArray(cmd) && cmd.every(isString)) return cmd.join(' ');
+  return null;
+}
+
+export class ToolCard {
+  /** @param {string} id the toolCallId; @param {() => string} cwd the session's cwd, for relative paths */
+  constructor(id, { cwd = () => '' } = {}) {
+    this.id = id;
+    this.cwd = cwd;
+    this.state = { title: '', kind: 'other', status: 'pending', content: [], locations: [], rawInput: undefined, rawOutput: undefined };
+    this.expanded = null; // null: follow the status; true/false once the user toggles
+    this.terminalOut = ''; // `_meta.terminal_output` text (claude-code-acp's convention), if any
+    this.rendered = {};
+    const bodyId = `tool-body-${++cardSeq}`;
+    this.kindIcon = h('span', { class: 'tc-kind-icon' });
+    this.kindLabel = h('span', { class: 'tc-kind', testid: 'tool-kind' });
+    this.title = h('span', { class: 'tc-title', testid: 'tool-title' });
+    this.statusEl = h('span', { class: 'tc-status', testid: 'tool-status' });
+    this.chevron = icon(['M9 6l6 6-6 6'], 'tc-chevron');
+    this.toggle = h('button', { type: 'button', class: 'tc-toggle', 'aria-expanded': 'false', 'aria-controls': bodyId },
+      this.chevron, this.kindIcon, this.kindLabel, this.title, this.statusEl);
+    this.toggle.addEventListener('click', () => {
+      this.expanded = this.toggle.getAttribute('aria-expanded') !== 'true';
+      this.#applyExpanded();
+    });
+    this.summary = h('div', { class: 'tc-summary' });
+    this.contentEl = h('div', { class: 'tc-content' });
+    this.rawEl = h('div', { class: 'tc-raw' });
+    this.body = h('div', { class: 'tc-body', id: bodyId, hidden: true }, this.contentEl, this.rawEl);
+    this.root = h('section', { class: 'tool tc-card', testid: 'tool-call', 'data-tool-call-id': id, 'data-status': 'pending', 'data-kind': 'other' },
+      h('h3', { class: 'tc-heading' }, this.toggle), this.summary, this.body);
+  }
+
+  /** Applies a `tool_call` (every field, defaults for the missing ones) or a `tool_call_update`. */
+  apply(update) {
+    const full = update.sessionUpdate === 'tool_call';
+    const next = { ...this.state };
+    if (full) Object.assign(next, { kind: 'other', status: 'pending', content: [], locations: [] });
+    for (const field of FIELDS) {
+      if (update[field] !== undefined && update[field] !== null) next[field] = update[field];
+    }
+    if (!Array.isArray(next.content)) next.content = [];
+    if (!Array.isArray(next.locations)) next.locations = [];
+    if (!KINDS[next.kind]) next.kind = 'other';
+    if (!STATUSES[next.status]) next.status = 'pending';
+    const meta = update._meta;
+    if (meta && typeof meta === 'object') {
+      const out = meta.terminal_output?.data;
+      if (isString(out)) this.terminalOut += out;
+      const exit = meta.terminal_exit;
+      if (exit && typeof exit === 'object') this.terminalExit = exit;
+    }
+    this.state = next;
+    this.#render();
+  }
+
+  #render() {
+    const s = this.state;
+    const cwd = this.cwd() ?? '';
+    const kind = KINDS[s.kind];
+    const status = STATUSES[s.status];
+    this.root.dataset.status = s.status;
+    this.root.dataset.kind = s.kind;
+    if (this.rendered.kind !== s.kind) {
+      this.kindIcon.replaceChildren(icon(kind.icon));
+      this.kindLabel.textContent = kind.label;
+      this.rendered.kind = s.kind;
+    }
+    this.title.textContent = isString(s.title) && s.title ? s.title : kind.label;
+    if (this.rendered.status !== s.status) {
+      this.statusEl.replaceChildren(status.icon ? icon(status.icon, 'tc-status-icon') : h('span', { class: 'tc-spinner', 'aria-hidden': 'true' }),
+        h('span', { class: 'tc-status-text', text: status.label }));
+      this.statusEl.dataset.status = s.status;
+      this.rendered.status = s.status;
+    }
+
+    // Always visible: the command of an execute call and the locations.
+    const summaryKey = JSON.stringify([s.kind, s.rawInput === undefined ? null : commandOf(s.rawInput), s.locations, cwd]);
+    if (this.rendered.summary !== summaryKey) {
+      const parts = [];
+      const command = s.kind === 'execute' ? commandOf(s.rawInput) : null;
+      if (command) parts.push(h('pre', { class: 'tc-command', testid: 'tool-command' }, h('span', { class: 'tc-prompt', 'aria-hidden': 'true', text: '$ ' }), command));
+      const locations = s.locations.filter((l) => l && isString(l.path) && l.path);
+      if (locations.length) {
+        parts.push(h('ul', { class: 'tc-locations', 'aria-label': 'Locations' },
+          locations.slice(0, 50).map((l) => h('li', {}, fileLink(l.path, Number.isInteger(l.line) ? l.line : null, cwd)))));
+      }
+      this.summary.replaceChildren(...parts);
+      this.rendered.summary = summaryKey;
+    }
+
+    const contentKey = JSON.stringify([s.kind, s.content, this.terminalOut, this.terminalExit ?? null, cwd]);
+    if (this.rendered.content !== contentKey) {
+      const nodes = s.content.map((item) => this.#contentNode(item, cwd)).filter(Boolean);
+      if (this.terminalOut) nodes.push(renderTerminal(this.terminalOut));
+      if (this.terminalExit) {
+        const code = this.terminalExit.exit_code ?? this.terminalExit.exitCode;
+        nodes.push(h('p', { class: 'tc-note', text: code != null ? `exit code ${code}` : `ended by signal ${this.terminalExit.signal ?? '?'}` }));
+      }
+      this.contentEl.replaceChildren(...nodes);
+      this.rendered.content = contentKey;
+      this.hasDiff = s.content.some((c) => c?.type === 'diff');
+      this.hasTerminal = nodes.some((n) => n.classList?.contains('tc-terminal'));
+    }
+
+    const rawKey = JSON.stringify([s.kind, s.rawInput ?? null, s.rawOutput ?? null]);
+    if (this.rendered.raw !== rawKey) {
+      const parts = [];
+      const command = s.kind === 'execute' ? commandOf(s.rawInput) : null;
+      // An execute call's input is usually just its command (and a description, the title): shown above.
+      const onlyCommand = command && (typeof s.rawInput !== 'object' || Array.isArray(s.rawInput)
+        || Object.keys(s.rawInput).every((k) => ['command', 'cmd', 'cwd', 'description'].includes(k)));
+      if (s.rawInput !== undefined && !onlyCommand) {
+        parts.push(h('details', { class: 'tc-json', testid: 'tool-raw-input' }, h('summary', { text: 'Input' }), h('pre', { text: prettyJson(s.rawInput) })));
+      }
+      if (s.rawOutput !== undefined) {
+        parts.push(h('details', { class: 'tc-json', testid: 'tool-raw-output' }, h('summary', { text: 'Output' }), h('pre', { text: prettyJson(s.rawOutput) })));
+      }
+      this.rawEl.replaceChildren(...parts);
+      this.rendered.raw = rawKey;
+    }
+
+    const empty = !this.contentEl.childElementCount && !this.rawEl.childElementCount;
+    this.root.toggleAttribute('data-empty', empty);
+    this.#applyExpanded();
+  }
+
+  /**
+   * Zed's and Claude Code's habit: a call shows its output while it runs; once done it folds away,
+   * except what the user came to see: a diff, terminal output, or a failure.
+   */
+  #applyExpanded() {
+    const s = this.state;
+    const auto = s.status !== 'completed' || this.hasDiff || this.hasTerminal;
+    const open = this.expanded ?? auto;
+    const empty = this.root.hasAttribute('data-empty');
+    this.toggle.setAttribute('aria-expanded', String(open && !empty));
+    this.body.hidden = !open || empty;
+    this.toggle.disabled = empty;
+  }
+
+  #contentNode(item, cwd) {
+    if (!item || typeof item !== 'object') return null;
+    if (item.type === 'diff') return renderDiff(item, cwd);
+    if (item.type === 'terminal') {
+      return h('p', { class: 'tc-note tc-terminal-ref', testid: 'tool-terminal-ref' },
+        `Live terminal ${isString(item.terminalId) ? item.terminalId : ''}: the web UI does not host agent terminals, so its output is not shown here.`);
+    }
+    if (item.type === 'content') return this.#blockNode(item.content);
+    return h('pre', { class: 'tc-text', text: prettyJson(item) });
+  }
+
+  #blockNode(block) {
+    if (!block || typeof block !== 'object') return null;
+    switch (block.type) {
+      case 'text': {
+        const text = isString(block.text) ? block.text : '';
+        if (this.state.kind === 'execute' || hasAnsi(text)) return renderTerminal(text);
+        return h('pre', { class: 'tc-text', testid: 'tool-text', text });
+      }
+      case 'image': {
+        const mime = isString(block.mimeType) && /^image\/(png|jpeg|gif|webp)$/.test(block.mimeType) ? block.mimeType : null;
+        if (!mime || !isString(block.data) || !/^[A-Za-z0-9+/=\s]*$/.test(block.data)) return h('p', { class: 'tc-note', text: '[image]' });
+        return h('img', { class: 'tc-image', src: `data:${mime};base64,${block.data.replace(/\s+/g, '')}`, alt: 'Image from the tool' });
+      }
+      case 'resource_link':
+        return h('p', { class: 'tc-note', text: `${block.name || block.title || ''} ${block.uri ?? ''}`.trim() });
+      case 'resource': {
+        const text = block.resource?.text;
+        return isString(text) ? h('pre', { class: 'tc-text', text }) : h('p', { class: 'tc-note', text: `[resource ${block.resource?.uri ?? ''}]` });
+      }
+      default:
+        return h('p', { class: 'tc-note', text: `[${isString(block.type) ? block.type : 'content'}]` });
+    }
+  }
+}

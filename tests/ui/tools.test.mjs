@@ -1,0 +1,313 @@
+// Tool call cards in the web UI (issue 11, item 2): cards by kind and status, `diff` content as a
+// unified / side-by-side diff with its path, terminal output with ANSI colours, locations as
+// clickable path:line that open the file viewer (GET /api/fs/file) at the line, and the viewer's
+// refusal of a path outside the workspace.
+//
+// Two gateways: `demo-agent --showcase` (what a new user sees: read, edit with a real diff of
+// acp-demo/hello.rs, coloured `cargo test`), at desktop and phone widths; and
+// tests/agents/ui_tools_agent.py for what the showcase does not send (a failed call, a terminal
+// reference, a two-hunk diff, a diff over the row cap, a location outside the workspace).
+//
+// Run: `cargo build && cd tests/ui && node --test tools.test.mjs`.
+
+import { after, before, describe, it } from 'node:test';
+import assert from 'node:assert/strict';
+import { readFileSync } from 'node:fs';
+import path from 'node:path';
+import { DESKTOP, NO_ERRORS, PHONE, REPO, STEP_MS, connected, openBrowser, startGateway } from './harness.mjs';
+
+const TOOLS_AGENT = `/usr/bin/python3 ${path.join(REPO, 'tests/agents/ui_tools_agent.py')}`;
+
+const card = (page, id) => page.locator(`[data-testid="tool-call"][data-tool-call-id="${id}"]`);
+const cardOfKind = (page, kind) => page.locator(`[data-testid="tool-call"][data-kind="${kind}"]`);
+
+/** Sends `text` as the first prompt: the web UI starts a session in the user's workspace root. */
+async function prompt(page, text) {
+  await connected(page);
+  await page.getByTestId('prompt-input').fill(text);
+  await page.getByTestId('prompt-input').press('Enter');
+}
+
+/** The computed colour of the first span inside `scope` whose text is exactly `text`. */
+function colourOf(scope, text) {
+  return scope.locator('span.tc-ansi', { hasText: text }).first().evaluate((el) => getComputedStyle(el).color);
+}
+
+/** Opens the viewer from `trigger` and waits for it to settle (ready or an error). */
+async function openViewer(page, trigger) {
+  await trigger.click();
+  const dialog = page.getByTestId('file-viewer');
+  await dialog.waitFor();
+  await page.waitForFunction(() => {
+    const d = document.querySelector('[data-testid="file-viewer"]');
+    return d?.open && d.dataset.state && d.dataset.state !== 'loading';
+  }, null, { timeout: STEP_MS });
+  return dialog;
+}
+
+/** Is `el`'s box inside the viewer's scrolling body (the marked line was scrolled to)? */
+async function inViewerView(page, el) {
+  const body = await page.getByTestId('file-viewer-body').boundingBox();
+  const box = await el.boundingBox();
+  return box && body && box.y >= body.y - 1 && box.y + box.height <= body.y + body.height + 1;
+}
+
+/**
+ * The page's errors, less the browser's own log lines for the viewer's refused requests (Chromium
+ * logs every 4xx answer to fetch() as a console error; those answers are what the test asks for).
+ */
+function errorsBut(v, statuses) {
+  const errors = v.errors();
+  const expected = new RegExp(`status of (${statuses.join('|')}) .*/api/fs/file\\?path=`);
+  errors.console = errors.console.filter((line) => !expected.test(line));
+  return errors;
+}
+
+describe('tool call cards: demo-agent --showcase', () => {
+  let gw;
+  let browser;
+
+  before(async () => {
+    gw = await startGateway({ agent: ['demo-agent', '--showcase', '--delay-us', '2000'] });
+    browser = await openBrowser();
+  });
+
+  after(async () => {
+    await browser?.close().catch(() => {});
+    const outcome = await gw?.dispose();
+    assert.deepEqual(outcome?.leaked ?? [], [], 'processes outlived the gateway');
+  });
+
+  for (const [name, viewport] of [['desktop', DESKTOP], ['phone', PHONE]]) {
+    it(`shows read, edit (diff) and execute (ANSI) cards and opens locations (${name})`, async () => {
+      const v = await browser.open(gw, viewport);
+      const { page } = v;
+      try {
+        await prompt(page, `show me the tools (${name})`);
+        const read = cardOfKind(page, 'read').first();
+        const edit = cardOfKind(page, 'edit').first();
+        const exec = cardOfKind(page, 'execute').first();
+        await page.locator('[data-testid="tool-call"][data-kind="execute"]:is([data-status="completed"], [data-status="failed"])').first().waitFor();
+        await page.getByTestId('send').waitFor(); // the turn is over
+
+        // Kinds and statuses, with their labels.
+        assert.equal(await read.getAttribute('data-status'), 'completed');
+        assert.equal(await edit.getAttribute('data-status'), 'completed');
+        assert.equal(await read.getByTestId('tool-kind').textContent(), 'Read');
+        assert.equal(await edit.getByTestId('tool-kind').textContent(), 'Edit');
+        assert.equal(await exec.getByTestId('tool-kind').textContent(), 'Run');
+        assert.equal(await read.getByTestId('tool-status').textContent(), 'Done');
+        // A finished read folds away; the diff and the terminal output stay open.
+        assert.equal(await read.locator('.tc-toggle').getAttribute('aria-expanded'), 'false');
+        assert.equal(await edit.locator('.tc-toggle').getAttribute('aria-expanded'), 'true');
+        assert.equal(await exec.locator('.tc-toggle').getAttribute('aria-expanded'), 'true');
+        assert.equal(await exec.getByTestId('tool-command').textContent(), '$ cargo test');
+
+        // The diff: the path relative to the cwd, added and removed lines, the real file's text.
+        const diff = edit.getByTestId('tool-diff');
+        assert.equal(await diff.getByTestId('diff-path').textContent(), 'acp-demo/hello.rs');
+        const written = readFileSync(path.join(gw.workspaceRoot('local'), 'acp-demo/hello.rs'), 'utf8');
+        const added = diff.locator('[data-testid="diff-line"][data-type="add"]');
+        assert.ok(await added.count() >= 1, 'no added lines');
+        const addedText = (await added.locator('.tc-code').allTextContents()).join('\n');
+        for (const line of addedText.split('\n')) assert.ok(written.includes(line), `added line not in the file: ${line}`);
+        if ((await diff.getAttribute('data-new-file')) === 'false') {
+          assert.ok(await diff.locator('[data-testid="diff-line"][data-type="del"]').count() >= 1, 'no removed lines');
+        }
+        const addBg = await added.first().locator('.tc-code').evaluate((el) => getComputedStyle(el).backgroundColor);
+        assert.notEqual(addBg, 'rgba(0, 0, 0, 0)', 'added lines are not coloured');
+
+        // Terminal output: coloured spans, colours from the CSSOM, no escape characters left.
+        const terminal = exec.getByTestId('terminal').last();
+        const text = await terminal.textContent();
+        assert.ok(!text.includes('\u001b'), 'raw escape sequences in the terminal text');
+        const coloured = await terminal.evaluate((pre) => {
+          const base = getComputedStyle(pre).color;
+          return [...pre.querySelectorAll('span.tc-ansi')].map((s) => getComputedStyle(s).color).filter((c) => c !== base);
+        });
+        assert.ok(coloured.length >= 2, `too few coloured spans: ${coloured}`);
+        assert.ok(coloured.some((c) => /^rgb\(\d+, \d+, \d+\)$/.test(c)));
+
+        await edit.scrollIntoViewIfNeeded();
+        await v.shot(`tools-${name}`);
+
+        // A location opens the viewer at its line, marked and scrolled to.
+        const location = read.getByTestId('tool-location');
+        const label = await location.textContent();
+        const line = Number(await location.getAttribute('data-line'));
+        assert.match(label, /^acp-demo\/hello\.rs:\d+$/);
+        const dialog = await openViewer(page, location);
+        assert.equal(await dialog.getAttribute('data-state'), 'ready');
+        assert.equal(await page.getByTestId('file-viewer-title').textContent(), label);
+        const marked = page.getByTestId('file-viewer-line');
+        assert.equal(Number(await marked.getAttribute('data-n')), line);
+        assert.equal(await marked.getAttribute('aria-current'), 'true');
+        assert.equal((await marked.locator('.tc-vcode').textContent()), written.split('\n')[line - 1]);
+        assert.ok(await inViewerView(page, marked), 'the marked line is not scrolled into view');
+        assert.ok(await dialog.locator('[class^="hljs-"]').count() > 0, 'no syntax highlighting');
+        await v.shot(`tools-viewer-${name}`);
+        await page.keyboard.press('Escape');
+        await dialog.waitFor({ state: 'hidden' });
+        assert.ok(await location.evaluate((el) => el === document.activeElement), 'focus did not return to the location');
+
+        // The diff header opens the file too.
+        await openViewer(page, diff.getByTestId('diff-path'));
+        assert.equal(await page.getByTestId('file-viewer-title').textContent(), 'acp-demo/hello.rs');
+        await page.getByTestId('file-viewer-close').click();
+
+        // A path outside the workspace: the gateway refuses, the viewer says so.
+        await page.evaluate(async () => {
+          const { openFileViewer } = await import('/js/tools.js');
+          openFileViewer('/etc/hostname', 1, {});
+        });
+        await page.getByTestId('file-viewer-error').waitFor();
+        assert.equal(await page.getByTestId('file-viewer-error').getAttribute('data-status'), '403');
+        assert.match(await page.getByTestId('file-viewer-error').textContent(), /outside your workspace/);
+        await page.keyboard.press('Escape');
+
+        assert.deepEqual(errorsBut(v, [403]), NO_ERRORS);
+      } finally {
+        await v.close();
+      }
+    });
+  }
+});
+
+describe('tool call cards: edge cases (tests/agents/ui_tools_agent.py)', () => {
+  let gw;
+  let browser;
+  let v;
+
+  before(async () => {
+    gw = await startGateway({ agent: TOOLS_AGENT });
+    browser = await openBrowser();
+    v = await browser.open(gw, DESKTOP);
+    await prompt(v.page, 'tools please');
+    await card(v.page, 't-outside').waitFor();
+    await v.page.getByTestId('send').waitFor();
+  });
+
+  after(async () => {
+    await browser?.close().catch(() => {});
+    const outcome = await gw?.dispose();
+    assert.deepEqual(outcome?.leaked ?? [], [], 'processes outlived the gateway');
+  });
+
+  it('merges updates: kinds, statuses, titles as text, folding', async () => {
+    const { page } = v;
+    const expect = { 't-read': ['read', 'completed'], 't-edit': ['edit', 'completed'], 't-big': ['edit', 'completed'],
+      't-exec': ['execute', 'failed'], 't-fetch': ['fetch', 'failed'], 't-term': ['execute', 'in_progress'], 't-outside': ['search', 'completed'] };
+    assert.equal(await page.getByTestId('tool-call').count(), Object.keys(expect).length);
+    for (const [id, [kind, status]] of Object.entries(expect)) {
+      assert.equal(await card(page, id).getAttribute('data-kind'), kind, id);
+      assert.equal(await card(page, id).getAttribute('data-status'), status, id);
+    }
+    // The title is text, never markup.
+    const fetch = card(page, 't-fetch');
+    assert.equal(await fetch.getByTestId('tool-title').textContent(), '<img src=x onerror=alert(1)> fetch');
+    assert.equal(await fetch.locator('img').count(), 0);
+    // Failed stays open (with its input in a details); the running one spins.
+    assert.equal(await fetch.locator('.tc-toggle').getAttribute('aria-expanded'), 'true');
+    assert.match(await fetch.getByTestId('tool-raw-input').textContent(), /example\.invalid/);
+    assert.equal(await card(page, 't-term').locator('.tc-spinner').count(), 1);
+    assert.match(await card(page, 't-term').getByTestId('tool-terminal-ref').textContent(), /does not host agent terminals/);
+    // A completed read folds; a click unfolds it and it stays the user's choice.
+    const read = card(page, 't-read');
+    const toggle = read.locator('.tc-toggle');
+    assert.equal(await toggle.getAttribute('aria-expanded'), 'false');
+    assert.equal(await read.getByTestId('tool-text').isVisible(), false);
+    await toggle.click();
+    assert.equal(await toggle.getAttribute('aria-expanded'), 'true');
+    assert.match(await read.getByTestId('tool-text').textContent(), /fixture the tool-call test opens/);
+    await toggle.press('Enter');
+    assert.equal(await toggle.getAttribute('aria-expanded'), 'false');
+  });
+
+  it('renders a two-hunk diff with line numbers, a capped new file, and the side-by-side view', async () => {
+    const { page } = v;
+    const diff = card(page, 't-edit').getByTestId('tool-diff');
+    assert.equal(await diff.getByTestId('diff-path').textContent(), 'tools-fixture/lib.rs');
+    assert.equal(await diff.locator('.tc-hunk').count(), 2);
+    assert.equal(await diff.locator('[data-type="add"]').count(), 3);
+    assert.equal(await diff.locator('[data-type="del"]').count(), 2);
+    const firstAdd = diff.locator('[data-type="add"]').first();
+    assert.equal(await firstAdd.locator('.tc-code').textContent(), '// line 5: changed by the edit');
+    assert.equal(await firstAdd.locator('.tc-ln').nth(1).getAttribute('data-n'), '5');
+    assert.equal(await diff.locator('.tc-stat-add').textContent(), '+3');
+    assert.ok(await diff.locator('[class^="hljs-"]').count() > 0, 'no syntax highlighting in the diff');
+
+    const big = card(page, 't-big').getByTestId('tool-diff');
+    assert.equal(await big.getAttribute('data-new-file'), 'true');
+    assert.match(await big.textContent(), /new file/);
+    assert.equal(await big.locator('[data-testid="diff-line"]').count(), 2000);
+    await big.getByTestId('diff-show-all').click();
+    assert.equal(await big.locator('[data-testid="diff-line"]').count(), 2500);
+    assert.equal(await big.getByTestId('diff-show-all').count(), 0);
+
+    await diff.getByTestId('diff-view-toggle').click();
+    assert.equal(await diff.getAttribute('data-view'), 'split');
+    // A changed line pairs its old and new text on one row.
+    const change = diff.locator('[data-type="change"]').first();
+    assert.deepEqual(await change.locator('.tc-code').allTextContents(), ['// line 5: fixture for the file viewer', '// line 5: changed by the edit']);
+    await card(page, 't-edit').scrollIntoViewIfNeeded();
+    await v.shot('tools-split-desktop');
+    await diff.getByTestId('diff-view-toggle').click();
+    assert.equal(await diff.getAttribute('data-view'), 'unified');
+  });
+
+  it('colours terminal output through the CSSOM and drops control sequences', async () => {
+    const { page } = v;
+    const exec = card(page, 't-exec');
+    assert.equal(await exec.getByTestId('tool-command').textContent(), '$ cargo test --color=always');
+    assert.equal(await exec.getByTestId('tool-raw-input').count(), 0, 'the command alone needs no input details');
+    const term = exec.getByTestId('terminal');
+    assert.equal(await colourOf(term, 'FAILED'), 'rgb(187, 0, 0)');
+    assert.equal(await colourOf(term, 'ok'), 'rgb(0, 187, 0)');
+    assert.equal(await colourOf(term, 'truecolor'), 'rgb(255, 128, 0)');
+    assert.equal(await term.locator('span.tc-ansi', { hasText: 'Compiling' }).evaluate((el) => getComputedStyle(el).fontWeight), '700');
+    assert.match(await term.locator('span.tc-ansi', { hasText: 'underlined' }).evaluate((el) => getComputedStyle(el).textDecorationLine), /underline/);
+    const text = await term.textContent();
+    assert.ok(!/[\u001b\r]/.test(text), 'control characters left in the terminal');
+    assert.match(text, /progress 100%/);
+    assert.doesNotMatch(text, /progress 10%/);
+    assert.doesNotMatch(text, /\]8;;/);
+    // No style="" strings: every colour came through the CSSOM (the CSP would block the others).
+    assert.deepEqual(v.errors().csp, []);
+  });
+
+  it('opens a location at its line, and refuses one outside the workspace', async () => {
+    const { page } = v;
+    const location = card(page, 't-read').getByTestId('tool-location');
+    assert.equal(await location.textContent(), 'tools-fixture/lib.rs:40');
+    await openViewer(page, location);
+    const marked = page.getByTestId('file-viewer-line');
+    assert.equal(await marked.getAttribute('data-n'), '40');
+    assert.match(await marked.textContent(), /pub fn answer\(\) -> u32 \{ 42 \}/);
+    assert.ok(await inViewerView(page, marked), 'line 40 is not scrolled into view');
+    assert.match(await page.getByTestId('file-viewer-meta').textContent(), /^121 lines/);
+    await page.keyboard.press('Escape');
+    await page.getByTestId('file-viewer').waitFor({ state: 'hidden' });
+
+    const outside = card(page, 't-outside').getByTestId('tool-location');
+    assert.equal(await outside.textContent(), '/etc/hostname:1');
+    await openViewer(page, outside);
+    const error = page.getByTestId('file-viewer-error');
+    assert.equal(await error.getAttribute('data-status'), '403');
+    assert.match(await error.textContent(), /outside your workspace/);
+    await v.shot('tools-refused-desktop');
+    await page.getByTestId('file-viewer-close').click();
+
+    // A file that is not there: 404, said plainly.
+    await page.evaluate(async (root) => {
+      const { openFileViewer } = await import('/js/tools.js');
+      openFileViewer(`${root}/tools-fixture/missing.rs`, 3, { cwd: root });
+    }, gw.workspaceRoot('local'));
+    await page.getByTestId('file-viewer-error').waitFor();
+    assert.equal(await page.getByTestId('file-viewer-error').getAttribute('data-status'), '404');
+    await page.keyboard.press('Escape');
+  });
+
+  it('raised no page errors, console errors or CSP violations', () => {
+    assert.deepEqual(errorsBut(v, [403, 404]), NO_ERRORS);
+  });
+});

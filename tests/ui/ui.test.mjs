@@ -5,77 +5,14 @@
 
 import { after, before, describe, it } from 'node:test';
 import assert from 'node:assert/strict';
-import { execFile, spawn } from 'node:child_process';
-import { existsSync, mkdirSync, mkdtempSync, readdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { existsSync } from 'node:fs';
 import http from 'node:http';
-import net from 'node:net';
-import os from 'node:os';
 import path from 'node:path';
-import { fileURLToPath } from 'node:url';
-import { promisify } from 'node:util';
-import { chromium } from 'playwright-core';
+import { BINARY, NO_ERRORS, SCREENSHOTS, STEP_MS, connected as socketUp, openBrowser, processesWithEnv, startGateway, waitUntil } from './harness.mjs';
 
-const HERE = path.dirname(fileURLToPath(import.meta.url));
-const REPO = path.resolve(HERE, '../..');
-const BINARY = path.join(REPO, 'target/debug/acp-gateway');
-const SCREENSHOTS = path.join(HERE, 'screenshots');
-const CHROMIUM = process.env.CHROMIUM_PATH || '/usr/bin/chromium';
-const VERBOSE = process.env.TEST_LOG === '1';
-
-/** Budget for one UI step (an element appearing, a reply streaming in). */
-const STEP_MS = 15_000;
 const PROMPT_1 = 'hello from the browser';
 const PROMPT_2 = 'please look around [permission]';
 const PROMPT_3 = 'hello from a signed-in agent';
-
-const execFileAsync = promisify(execFile);
-
-/** A free TCP port on 127.0.0.1: bind port 0, read it, close. */
-function freePort() {
-  return new Promise((resolve, reject) => {
-    const server = net.createServer();
-    server.unref();
-    server.once('error', reject);
-    server.listen(0, '127.0.0.1', () => {
-      const { port } = server.address();
-      server.close(() => resolve(port));
-    });
-  });
-}
-
-/** Polls `check` (async, truthy = done) until it passes or `ms` elapse. */
-async function waitUntil(what, check, { ms = 30_000, every = 50 } = {}) {
-  const deadline = Date.now() + ms;
-  let last;
-  for (;;) {
-    try {
-      if (await check()) return;
-    } catch (err) {
-      last = err;
-    }
-    if (Date.now() > deadline) throw new Error(`timed out after ${ms} ms waiting for ${what}${last ? `: ${last.message}` : ''}`);
-    await new Promise((resolve) => setTimeout(resolve, every));
-  }
-}
-
-/**
- * Pids of live processes with an environment variable whose value mentions `dir`: our gateway
- * (ACP_GATEWAY_DATA_DIR) and its agents (a clean environment, but HOME is the user's home under
- * the data directory).
- */
-function processesWithEnv(dir) {
-  const pids = [];
-  for (const name of readdirSync('/proc')) {
-    if (!/^\d+$/.test(name) || Number(name) === process.pid) continue;
-    try {
-      if (readFileSync(`/proc/${name}/environ`, 'latin1').split('\0').some((kv) => kv.includes(dir))) {
-        const stat = readFileSync(`/proc/${name}/stat`, 'latin1');
-        if (stat.slice(stat.lastIndexOf(')') + 2)[0] !== 'Z') pids.push(Number(name));
-      }
-    } catch { /* gone, or not ours to read */ }
-  }
-  return pids;
-}
 
 /** A raw WebSocket upgrade request to /acp without credentials: resolves to the HTTP status. */
 function upgradeStatus(port) {
@@ -97,138 +34,45 @@ function upgradeStatus(port) {
 }
 
 describe('web UI in Chromium against the real gateway', { timeout: 180_000 }, () => {
-  let tmp;
-  let env;
-  let envMarker;
-  let gateway;
-  let gatewayExit;
-  let gatewayLog = '';
+  let gw;
   let base;
   let token;
   let loginUrl; // the one-time link `serve` printed
-  let user; // who that link signs in
+  const user = 'local'; // who that link signs in
   let browser;
-  let context;
+  let view;
   let page;
-  const pageErrors = [];
-  const consoleErrors = [];
-  const cspViolations = [];
   let sessionId;
 
   before(async () => {
-    assert.ok(existsSync(BINARY), `${BINARY} is missing: run \`cargo build\` first`);
-    assert.ok(existsSync(CHROMIUM), `${CHROMIUM} is missing: install Debian's chromium`);
-    tmp = mkdtempSync(path.join(os.tmpdir(), 'acp-gateway-ui-'));
-    const port = await freePort();
-    base = `http://127.0.0.1:${port}`;
-    envMarker = tmp;
-    env = {
-      ...process.env,
-      ACP_GATEWAY_LISTEN: `127.0.0.1:${port}`,
-      ACP_GATEWAY_DATA_DIR: tmp,
-      DATABASE_URL: `sqlite://${tmp}/ui.db`,
-      ACP_GATEWAY_JWT_SECRET: 'ui-test-secret-0123456789-0123456789',
-      ACP_GATEWAY_STATIC_DIR: path.join(REPO, 'static'),
-      ACP_GATEWAY_AGENT: `${BINARY} demo-agent --delay-us 2000 --chunks 5`,
-      RUST_LOG: process.env.RUST_LOG || 'info',
-      NO_COLOR: '1',
-    };
-    delete env.ACP_GATEWAY_JWT_PUBLIC_KEY;
-    delete env.ACP_GATEWAY_JWT_ISSUER;
-    delete env.ACP_GATEWAY_JWT_AUDIENCE;
     // A second agent that needs its own login (like claude or codex): the web UI signs the user in
     // to it through its auth method.
-    const configFile = path.join(tmp, 'gateway.toml');
-    writeFileSync(configFile, [
-      '[agents.login]',
-      `command = ${JSON.stringify(BINARY)}`,
-      'args = ["demo-agent", "--require-auth", "--delay-us", "2000", "--chunks", "5"]',
-      '',
-    ].join('\n'));
-
-    let stdout = '';
-    gateway = spawn(BINARY, ['serve', '--config', configFile], { env, cwd: tmp, stdio: ['ignore', 'pipe', 'pipe'] });
-    gateway.stdout.on('data', (chunk) => { stdout += chunk.toString(); });
-    gatewayExit = new Promise((resolve) => gateway.once('exit', (code, signal) => resolve({ code, signal })));
-    const keep = (chunk) => {
-      const text = chunk.toString();
-      if (VERBOSE) process.stderr.write(text);
-      gatewayLog = (gatewayLog + text).slice(-64 * 1024);
-    };
-    gateway.stdout.on('data', keep);
-    gateway.stderr.on('data', keep);
-    let exited = null;
-    gatewayExit.then((status) => { exited = status; });
-
-    await waitUntil('GET /readyz to answer 200', async () => {
-      if (exited) throw new Error(`gateway exited early (${JSON.stringify(exited)}):\n${gatewayLog}`);
-      const res = await fetch(`${base}/readyz`, { signal: AbortSignal.timeout(2_000) });
-      return res.status === 200;
-    }).catch((err) => {
-      if (exited) throw err;
-      throw new Error(`${err.message}\n--- gateway log ---\n${gatewayLog}`);
+    gw = await startGateway({
+      agent: ['demo-agent', '--delay-us', '2000', '--chunks', '5'],
+      config: [
+        '[agents.login]',
+        `command = ${JSON.stringify(BINARY)}`,
+        'args = ["demo-agent", "--require-auth", "--delay-us", "2000", "--chunks", "5"]',
+        '',
+      ].join('\n'),
     });
-
-    // `serve` prints a one-time login link for user `local`, never a token.
-    await waitUntil('the login link on stdout', () => /\/auth\/login\?code=\S+/.test(stdout), { ms: STEP_MS });
-    loginUrl = stdout.match(/http:\/\/\S+\/auth\/login\?code=\S+/)?.[0];
-    assert.ok(loginUrl?.startsWith(`${base}/auth/login?code=`), `unexpected login link in:\n${stdout}`);
-    assert.doesNotMatch(stdout, /token=/, 'serve printed a token');
-    user = 'local';
-
-    const minted = await execFileAsync(BINARY, ['token', '--sub', 'alice'], { env, cwd: tmp, timeout: 30_000 });
-    token = minted.stdout.trim().split(/\s+/).pop();
-    assert.match(token, /^[\w-]+\.[\w-]+\.[\w-]+$/, `token command printed no JWT: ${minted.stdout}`);
-
-    browser = await chromium.launch({
-      executablePath: CHROMIUM,
-      args: ['--headless', '--no-sandbox', '--disable-gpu', '--disable-background-networking',
-        '--disable-component-update', '--disable-sync'],
-      timeout: 60_000,
-    });
-    context = await browser.newContext({ viewport: { width: 1280, height: 800 } });
-    context.setDefaultTimeout(STEP_MS);
-    // Content-Security-Policy violations, reported from inside every document the page loads.
-    await context.exposeFunction('reportCspViolation', (v) => cspViolations.push(v));
-    await context.addInitScript(() => {
-      document.addEventListener('securitypolicyviolation', (e) => {
-        window.reportCspViolation(`${e.violatedDirective} blocked ${e.blockedURI || 'inline'} in ${e.sourceFile}:${e.lineNumber}`);
-      });
-    });
-    page = await context.newPage();
-    page.on('pageerror', (err) => pageErrors.push(String(err?.stack ?? err)));
-    page.on('console', (msg) => { if (msg.type() === 'error') consoleErrors.push(`${msg.text()} (${msg.location()?.url ?? ''})`); });
+    base = gw.base;
+    loginUrl = gw.loginUrl;
+    assert.ok(loginUrl?.startsWith(`${base}/auth/login?code=`), `unexpected login link in:\n${gw.stdout()}`);
+    assert.doesNotMatch(gw.stdout(), /token=/, 'serve printed a token');
+    token = await gw.token('alice');
+    browser = await openBrowser();
+    view = await browser.open(gw, { signedIn: false, goto: false });
+    page = view.page;
     page.on('dialog', (dialog) => dialog.accept());
-    mkdirSync(SCREENSHOTS, { recursive: true });
   });
 
-  /** SIGTERM, wait for the exit (SIGKILL after 20 s); then every process it started must be gone. */
-  async function stopGateway() {
-    if (!gateway) return { status: null, leaked: [] };
-    if (gateway.exitCode === null && gateway.signalCode === null) {
-      gateway.kill('SIGTERM');
-      const graceful = await Promise.race([
-        gatewayExit.then(() => true),
-        new Promise((resolve) => setTimeout(() => resolve(false), 20_000).unref()),
-      ]);
-      if (!graceful) gateway.kill('SIGKILL');
-    }
-    const status = await gatewayExit;
-    let leaked = [];
-    try {
-      await waitUntil('the agent processes to exit', () => processesWithEnv(envMarker).length === 0, { ms: 10_000 });
-    } catch {
-      leaked = processesWithEnv(envMarker);
-      leaked.forEach((pid) => { try { process.kill(pid, 'SIGKILL'); } catch { /* gone */ } });
-    }
-    return { status, leaked };
-  }
+  const stopGateway = () => gw?.stop() ?? { status: null, leaked: [] };
 
   after(async () => {
     // A safety net for failed runs; the last test does this and checks the outcome.
     await browser?.close().catch(() => {});
-    await stopGateway();
-    if (tmp) rmSync(tmp, { recursive: true, force: true });
+    await gw?.dispose();
   });
 
   // The steps below form one scenario: after a failure the rest are skipped (they would only time
@@ -242,19 +86,19 @@ describe('web UI in Chromium against the real gateway', { timeout: 180_000 }, ()
       if (!broken) {
         broken = name;
         await page?.screenshot({ path: path.join(SCREENSHOTS, 'failure.png') }).catch(() => {});
-        process.stderr.write(`--- gateway log (last 64 KiB) ---\n${gatewayLog}\n`);
+        process.stderr.write(`--- gateway log (last 64 KiB) ---\n${gw.log()}\n`);
       }
       throw err;
     }
   });
 
   const byId = (testid) => page.getByTestId(testid);
-  const connected = () => page.locator('[data-testid="conn-status"][data-state="connected"]').waitFor();
+  const connected = () => socketUp(page);
   const agentReply = (text) => byId('message-agent').filter({ hasText: text }).first();
   const userMessage = (text) => byId('message-user').filter({ hasText: text });
 
   /** The user's first workspace root, as the gateway reports it. */
-  const workspaceRoot = (name) => path.join(tmp, 'workspaces', name);
+  const workspaceRoot = (name) => gw.workspaceRoot(name);
 
   step('signs in with the one-time link `serve` printed and connects the ACP socket', async () => {
     const response = await page.goto(loginUrl);
@@ -302,11 +146,11 @@ describe('web UI in Chromium against the real gateway', { timeout: 180_000 }, ()
         && list.sessions[0].cwd === workspaceRoot(user);
     }, { ms: STEP_MS });
 
-    await page.screenshot({ path: path.join(SCREENSHOTS, 'conversation.png') });
+    await view.shot('conversation');
 
     // The leak check in `after` finds the gateway's processes by their environment: make sure
     // that it can see the agent process serving this session.
-    const agents = processesWithEnv(envMarker).filter((pid) => pid !== gateway.pid);
+    const agents = processesWithEnv(gw.tmp).filter((pid) => pid !== gw.child.pid);
     assert.ok(agents.length >= 1, 'no agent process found by environment: the leak check would be blind');
   });
 
@@ -318,7 +162,7 @@ describe('web UI in Chromium against the real gateway', { timeout: 180_000 }, ()
     const allow = byId('permission-option').and(page.locator('[class*="kind-allow"]')).first();
     await allow.waitFor();
     assert.match(await byId('permission').first().textContent(), /Read the workspace/);
-    await page.screenshot({ path: path.join(SCREENSHOTS, 'permission.png') });
+    await view.shot('permission');
     await allow.click();
 
     await byId('permission').first().waitFor({ state: 'detached' });
@@ -347,7 +191,7 @@ describe('web UI in Chromium against the real gateway', { timeout: 180_000 }, ()
     assert.equal(await byId('message-user').count(), 2);
     assert.equal(await byId('message-agent').count(), 2);
     assert.equal(await byId('session-title').textContent(), PROMPT_1);
-    await page.screenshot({ path: path.join(SCREENSHOTS, 'replayed.png') });
+    await view.shot('replayed');
   });
 
   step('deletes the session from the sidebar', async () => {
@@ -364,7 +208,7 @@ describe('web UI in Chromium against the real gateway', { timeout: 180_000 }, ()
   });
 
   step('signs in to an agent that needs its own login, through its auth method', async () => {
-    const marker = path.join(tmp, 'homes', user, '.acp-demo-agent', 'login');
+    const marker = path.join(gw.tmp, 'homes', user, '.acp-demo-agent', 'login');
     assert.equal(existsSync(marker), false);
     await byId('agent-select').selectOption('login');
     await connected();
@@ -378,7 +222,7 @@ describe('web UI in Chromium against the real gateway', { timeout: 180_000 }, ()
     assert.equal(await method.count(), 1);
     assert.equal(await method.textContent(), 'Demo login');
     assert.equal(await byId('session-item').count(), 0, 'no session before the agent is signed in');
-    await page.screenshot({ path: path.join(SCREENSHOTS, 'agent-login.png') });
+    await view.shot('agent-login');
     await method.click();
 
     // authenticate went to this user's own agent (its HOME), then session/new was retried.
@@ -395,7 +239,7 @@ describe('web UI in Chromium against the real gateway', { timeout: 180_000 }, ()
   });
 
   step('shows the sign-in panel without a login, and /acp refuses the socket', async () => {
-    const stranger = await browser.newContext();
+    const stranger = await browser.browser.newContext();
     try {
       stranger.setDefaultTimeout(STEP_MS);
       const other = await stranger.newPage();
@@ -448,18 +292,17 @@ describe('web UI in Chromium against the real gateway', { timeout: 180_000 }, ()
   }, { always: true });
 
   step('raised no page errors and no Content-Security-Policy violations', () => {
-    assert.deepEqual(pageErrors, [], 'uncaught errors in the page');
-    assert.deepEqual(consoleErrors, [], 'console errors in the page');
-    assert.deepEqual(cspViolations, [], 'Content-Security-Policy violations');
+    assert.deepEqual(view.errors(), NO_ERRORS, 'page errors, console errors or Content-Security-Policy violations');
   }, { always: true });
 
   step('shuts down cleanly on SIGTERM and leaves no process behind', async () => {
     await browser.close();
+    browser = null;
     const started = Date.now();
     const { status, leaked } = await stopGateway();
     assert.deepEqual(leaked, [], 'processes started by the gateway outlived it');
     assert.deepEqual(status, { code: 0, signal: null },
-      `the gateway did not exit cleanly on SIGTERM\n--- gateway log ---\n${gatewayLog}`);
+      `the gateway did not exit cleanly on SIGTERM\n--- gateway log ---\n${gw.log()}`);
     assert.ok(Date.now() - started < 15_000, 'shutdown took longer than the grace period');
   }, { always: true });
 });

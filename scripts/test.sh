@@ -41,7 +41,9 @@ if grep -q "test result: FAILED" target/test-output.txt || ! grep -q "test resul
   echo "cargo test failed" >&2; exit 1
 fi
 if [ -f tests/ui/package.json ]; then
-  echo "== browser test (chromium)"
+  echo "== vendored web UI libraries match their pinned npm packages"
+  bash scripts/vendor-ui.sh --check
+  echo "== browser tests (chromium)"
   cargo build --quiet
   (cd tests/ui && node --test)
 fi

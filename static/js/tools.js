@@ -336,7 +336,7 @@ function renderDiff(item, cwd) {
     const lineRows = rows.filter((r) => r.type !== 'hunk' && r.type !== 'note').length;
     const shown = showAll || lineRows <= DIFF_ROW_CAP ? rows : capRows(rows, DIFF_ROW_CAP);
     const table = split ? splitTable(shown, code) : unifiedTable(shown, code);
-    const parts = [h('div', { class: 'tc-diff-scroll' }, table)];
+    const parts = [h('div', { class: 'tc-diff-scroll', tabindex: '0', role: 'group', 'aria-label': `Diff of ${path || 'a file'}` }, table)];
     if (shown !== rows) {
       parts.push(h('button', {
         type: 'button', class: 'tc-show-all', testid: 'diff-show-all',
@@ -376,6 +376,39 @@ const NON_SGR = new RegExp(`${ESC}\\][^\\u0007${ESC}]*(?:\\u0007|${ESC}\\\\)|${E
 const RGB = /^\s*(\d{1,3})\s*,\s*(\d{1,3})\s*,\s*(\d{1,3})\s*$/;
 const DECORATIONS = new Set(['bold', 'dim', 'italic', 'underline', 'blink', 'hidden', 'strikethrough']);
 
+/** The terminal block's background and text (tools.css --tc-term-bg / --tc-term-text, light theme: the lighter one). */
+const TERM_BG = [13, 17, 23];
+const TERM_TEXT = [230, 237, 243];
+
+/** WCAG relative luminance of an [r, g, b]. */
+function luminance(rgb) {
+  const [r, g, b] = rgb.map((c) => {
+    const v = c / 255;
+    return v <= 0.03928 ? v / 12.92 : ((v + 0.055) / 1.055) ** 2.4;
+  });
+  return 0.2126 * r + 0.7152 * g + 0.0722 * b;
+}
+
+function contrast(a, b) {
+  const [hi, lo] = [luminance(a), luminance(b)].sort((x, y) => y - x);
+  return (hi + 0.05) / (lo + 0.05);
+}
+
+/**
+ * `fg` moved toward white (or black, on a light background) until it reads on `bg` at 4.5:1,
+ * as terminals' "minimum contrast ratio" does: ANSI's dark red or blue on a dark terminal is
+ * otherwise unreadable. Hues stay recognisable.
+ */
+function readableOn(fg, bg) {
+  if (contrast(fg, bg) >= 4.5) return fg;
+  const target = luminance(bg) < 0.2 ? 255 : 0;
+  for (let step = 1; step <= 10; step += 1) {
+    const mixed = fg.map((c) => Math.round(c + (target - c) * (step / 10)));
+    if (contrast(mixed, bg) >= 4.5) return mixed;
+  }
+  return [target, target, target];
+}
+
 /** Text that carries ANSI escape sequences. */
 export const hasAnsi = (text) => isString(text) && text.includes(`${ESC}[`);
 
@@ -404,7 +437,8 @@ export function renderTerminal(text, { testid = 'terminal' } = {}) {
     source = source.slice(-TERMINAL_CHAR_CAP);
   }
   source = applyCarriageReturns(source.replace(NON_SGR, ''));
-  const pre = h('pre', { class: 'tc-terminal', testid, tabindex: '0', 'aria-label': 'Terminal output' });
+  // Focusable and named: it scrolls, and keyboard users must be able to scroll it.
+  const pre = h('pre', { class: 'tc-terminal', testid, tabindex: '0', role: 'group', 'aria-label': 'Terminal output' });
   if (clipped) pre.append(h('span', { class: 'tc-clipped', text: `… ${clipped.toLocaleString()} earlier characters not shown\n` }));
   let chunks;
   try {
@@ -420,10 +454,14 @@ export function renderTerminal(text, { testid = 'terminal' } = {}) {
       continue;
     }
     const span = h('span', { class: 'tc-ansi', text: chunk.content });
-    const fg = RGB.exec(chunk.fg ?? '');
-    const bg = RGB.exec(chunk.bg ?? '');
-    if (fg) span.style.color = `rgb(${fg[1]}, ${fg[2]}, ${fg[3]})`;
-    if (bg) span.style.backgroundColor = `rgb(${bg[1]}, ${bg[2]}, ${bg[3]})`;
+    const rgb = (m) => (m ? [m[1], m[2], m[3]].map((n) => Math.min(255, Number(n))) : null);
+    const fg = rgb(RGB.exec(chunk.fg ?? ''));
+    const bg = rgb(RGB.exec(chunk.bg ?? ''));
+    if (fg || bg) {
+      const shown = readableOn(fg ?? TERM_TEXT, bg ?? TERM_BG);
+      if (fg || shown !== TERM_TEXT) span.style.color = `rgb(${shown.join(', ')})`;
+    }
+    if (bg) span.style.backgroundColor = `rgb(${bg.join(', ')})`;
     for (const decoration of chunk.decorations ?? []) {
       if (DECORATIONS.has(decoration)) span.classList.add(`ansi-${decoration}`);
     }
@@ -442,7 +480,7 @@ function viewerParts() {
   const title = h('h2', { class: 'tc-viewer-title', id: 'tc-viewer-title', testid: 'file-viewer-title' });
   const meta = h('p', { class: 'tc-viewer-meta', testid: 'file-viewer-meta' });
   const close = h('button', { type: 'button', class: 'icon tc-viewer-close', testid: 'file-viewer-close', 'aria-label': 'Close file viewer', text: '×' });
-  const body = h('div', { class: 'tc-viewer-body', testid: 'file-viewer-body' });
+  const body = h('div', { class: 'tc-viewer-body', testid: 'file-viewer-body', tabindex: '0' });
   const dialog = h('dialog', { class: 'tc-viewer', testid: 'file-viewer', 'aria-labelledby': 'tc-viewer-title' },
     h('header', { class: 'tc-viewer-head' }, h('div', { class: 'tc-viewer-heading' }, title, meta), close), body);
   close.addEventListener('click', () => dialog.close());
@@ -563,6 +601,14 @@ function commandOf(rawInput) {
   return null;
 }
 
+/** An exit code when rawOutput is just that ({exitCode} / {exit_code}, as agents report commands). */
+function exitCodeOf(rawOutput) {
+  if (!rawOutput || typeof rawOutput !== 'object' || Array.isArray(rawOutput)) return null;
+  const keys = Object.keys(rawOutput);
+  const code = rawOutput.exitCode ?? rawOutput.exit_code;
+  return keys.length === 1 && Number.isInteger(code) ? code : null;
+}
+
 export class ToolCard {
   /** @param {string} id the toolCallId; @param {() => string} cwd the session's cwd, for relative paths */
   constructor(id, { cwd = () => '' } = {}) {
@@ -664,18 +710,17 @@ export class ToolCard {
       this.hasTerminal = nodes.some((n) => n.classList?.contains('tc-terminal'));
     }
 
-    const rawKey = JSON.stringify([s.kind, s.rawInput ?? null, s.rawOutput ?? null]);
+    const rawKey = JSON.stringify([s.kind, s.rawInput ?? null, s.rawOutput ?? null, s.locations.length, this.hasDiff]);
     if (this.rendered.raw !== rawKey) {
       const parts = [];
-      const command = s.kind === 'execute' ? commandOf(s.rawInput) : null;
-      // An execute call's input is usually just its command (and a description, the title): shown above.
-      const onlyCommand = command && (typeof s.rawInput !== 'object' || Array.isArray(s.rawInput)
-        || Object.keys(s.rawInput).every((k) => ['command', 'cmd', 'cwd', 'description'].includes(k)));
-      if (s.rawInput !== undefined && !onlyCommand) {
-        parts.push(h('details', { class: 'tc-json', testid: 'tool-raw-input' }, h('summary', { text: 'Input' }), h('pre', { text: prettyJson(s.rawInput) })));
+      if (s.rawInput !== undefined && !this.#inputShown()) {
+        parts.push(h('details', { class: 'tc-json', testid: 'tool-raw-input' }, h('summary', { text: 'Input' }), h('pre', { tabindex: '0', text: prettyJson(s.rawInput) })));
       }
-      if (s.rawOutput !== undefined) {
-        parts.push(h('details', { class: 'tc-json', testid: 'tool-raw-output' }, h('summary', { text: 'Output' }), h('pre', { text: prettyJson(s.rawOutput) })));
+      const exit = exitCodeOf(s.rawOutput);
+      if (exit != null) {
+        parts.push(h('p', { class: 'tc-note', testid: 'tool-exit-code', text: `exit code ${exit}` }));
+      } else if (s.rawOutput !== undefined) {
+        parts.push(h('details', { class: 'tc-json', testid: 'tool-raw-output' }, h('summary', { text: 'Output' }), h('pre', { tabindex: '0', text: prettyJson(s.rawOutput) })));
       }
       this.rawEl.replaceChildren(...parts);
       this.rendered.raw = rawKey;
@@ -684,6 +729,20 @@ export class ToolCard {
     const empty = !this.contentEl.childElementCount && !this.rawEl.childElementCount;
     this.root.toggleAttribute('data-empty', empty);
     this.#applyExpanded();
+  }
+
+  /**
+   * Whether the card already shows all of its rawInput: an execute call's command (its
+   * description is the title, its cwd is the session's), or a path that is the card's location
+   * or diff. Anything else goes in an "Input" details.
+   */
+  #inputShown() {
+    const { rawInput, kind, locations } = this.state;
+    if (kind === 'execute' && commandOf(rawInput) && (isString(rawInput) || Array.isArray(rawInput)
+      || Object.keys(rawInput).every((k) => ['command', 'cmd', 'cwd', 'description'].includes(k)))) return true;
+    const pathKeys = ['path', 'file_path', 'filePath', 'abs_path'];
+    return (locations.length > 0 || this.hasDiff) && rawInput && typeof rawInput === 'object' && !Array.isArray(rawInput)
+      && Object.keys(rawInput).length > 0 && Object.keys(rawInput).every((k) => pathKeys.includes(k));
   }
 
   /**
@@ -704,6 +763,7 @@ export class ToolCard {
     if (!item || typeof item !== 'object') return null;
     if (item.type === 'diff') return renderDiff(item, cwd);
     if (item.type === 'terminal') {
+      if (this.terminalOut) return null; // its output came in `_meta.terminal_output`: shown below
       return h('p', { class: 'tc-note tc-terminal-ref', testid: 'tool-terminal-ref' },
         `Live terminal ${isString(item.terminalId) ? item.terminalId : ''}: the web UI does not host agent terminals, so its output is not shown here.`);
     }
@@ -717,7 +777,7 @@ export class ToolCard {
       case 'text': {
         const text = isString(block.text) ? block.text : '';
         if (this.state.kind === 'execute' || hasAnsi(text)) return renderTerminal(text);
-        return h('pre', { class: 'tc-text', testid: 'tool-text', text });
+        return h('pre', { class: 'tc-text', testid: 'tool-text', tabindex: '0', text });
       }
       case 'image': {
         const mime = isString(block.mimeType) && /^image\/(png|jpeg|gif|webp)$/.test(block.mimeType) ? block.mimeType : null;

@@ -13,8 +13,22 @@
 import { after, before, describe, it } from 'node:test';
 import assert from 'node:assert/strict';
 import { readFileSync } from 'node:fs';
+import { createRequire } from 'node:module';
 import path from 'node:path';
 import { DESKTOP, NO_ERRORS, PHONE, REPO, STEP_MS, connected, openBrowser, startGateway } from './harness.mjs';
+
+const AXE_SOURCE = readFileSync(createRequire(import.meta.url).resolve('axe-core/axe.min.js'), 'utf8');
+
+/** axe-core's serious and critical violations inside `selector` (the cards, the open viewer). */
+async function axeViolations(page, selector) {
+  await page.evaluate(AXE_SOURCE);
+  return page.evaluate(async (include) => {
+    // eslint-disable-next-line no-undef
+    const result = await axe.run({ include: [...document.querySelectorAll(include)].map((el) => [el]) }, { resultTypes: ['violations'] });
+    return result.violations.filter((v) => ['serious', 'critical'].includes(v.impact))
+      .map((v) => `${v.id}: ${v.help} (${v.nodes.map((n) => n.target.join(' ')).join(', ')})`);
+  }, selector);
+}
 
 const TOOLS_AGENT = `/usr/bin/python3 ${path.join(REPO, 'tests/agents/ui_tools_agent.py')}`;
 
@@ -28,9 +42,12 @@ async function prompt(page, text) {
   await page.getByTestId('prompt-input').press('Enter');
 }
 
-/** The computed colour of the first span inside `scope` whose text is exactly `text`. */
-function colourOf(scope, text) {
-  return scope.locator('span.tc-ansi', { hasText: text }).first().evaluate((el) => getComputedStyle(el).color);
+/** The computed colour, as [r, g, b], of the first coloured span inside `scope` with `text`. */
+async function colourOf(scope, text) {
+  const css = await scope.locator('span.tc-ansi', { hasText: text }).first().evaluate((el) => getComputedStyle(el).color);
+  const m = /^rgb\((\d+), (\d+), (\d+)\)$/.exec(css);
+  assert.ok(m, `not an rgb() colour: ${css}`);
+  return m.slice(1).map(Number);
 }
 
 /** Opens the viewer from `trigger` and waits for it to settle (ready or an error). */
@@ -102,6 +119,8 @@ describe('tool call cards: demo-agent --showcase', () => {
         assert.equal(await edit.locator('.tc-toggle').getAttribute('aria-expanded'), 'true');
         assert.equal(await exec.locator('.tc-toggle').getAttribute('aria-expanded'), 'true');
         assert.equal(await exec.getByTestId('tool-command').textContent(), '$ cargo test');
+        assert.match(await exec.getByTestId('tool-exit-code').textContent(), /^exit code \d+$/);
+        assert.equal(await edit.getByTestId('tool-raw-input').count(), 0, 'the path alone needs no input details');
 
         // The diff: the path relative to the cwd, added and removed lines, the real file's text.
         const diff = edit.getByTestId('tool-diff');
@@ -261,9 +280,11 @@ describe('tool call cards: edge cases (tests/agents/ui_tools_agent.py)', () => {
     assert.equal(await exec.getByTestId('tool-command').textContent(), '$ cargo test --color=always');
     assert.equal(await exec.getByTestId('tool-raw-input').count(), 0, 'the command alone needs no input details');
     const term = exec.getByTestId('terminal');
-    assert.equal(await colourOf(term, 'FAILED'), 'rgb(187, 0, 0)');
-    assert.equal(await colourOf(term, 'ok'), 'rgb(0, 187, 0)');
-    assert.equal(await colourOf(term, 'truecolor'), 'rgb(255, 128, 0)');
+    // ANSI colours keep their hue; dark red is lifted to read on the dark terminal (4.5:1).
+    const [r, g, b] = await colourOf(term, 'FAILED');
+    assert.ok(r > 180 && r > g + 60 && r > b + 60, `FAILED is not red: ${[r, g, b]}`);
+    assert.deepEqual(await colourOf(term, 'ok'), [0, 187, 0]);
+    assert.deepEqual(await colourOf(term, 'truecolor'), [255, 128, 0]);
     assert.equal(await term.locator('span.tc-ansi', { hasText: 'Compiling' }).evaluate((el) => getComputedStyle(el).fontWeight), '700');
     assert.match(await term.locator('span.tc-ansi', { hasText: 'underlined' }).evaluate((el) => getComputedStyle(el).textDecorationLine), /underline/);
     const text = await term.textContent();
@@ -304,6 +325,16 @@ describe('tool call cards: edge cases (tests/agents/ui_tools_agent.py)', () => {
     }, gw.workspaceRoot('local'));
     await page.getByTestId('file-viewer-error').waitFor();
     assert.equal(await page.getByTestId('file-viewer-error').getAttribute('data-status'), '404');
+    await page.keyboard.press('Escape');
+  });
+
+  it('passes an axe-core scan of the cards and of the open viewer', async () => {
+    const { page } = v;
+    await card(page, 't-edit').getByTestId('diff-view-toggle').click(); // the side-by-side table too
+    assert.deepEqual(await axeViolations(page, '[data-testid="tool-call"]'), []);
+    await card(page, 't-edit').getByTestId('diff-view-toggle').click();
+    await openViewer(page, card(page, 't-read').getByTestId('tool-location'));
+    assert.deepEqual(await axeViolations(page, '[data-testid="file-viewer"]'), []);
     await page.keyboard.press('Escape');
   });
 

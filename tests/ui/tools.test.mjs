@@ -338,6 +338,24 @@ describe('tool call cards: edge cases (tests/agents/ui_tools_agent.py)', () => {
     await page.keyboard.press('Escape');
   });
 
+  it('in dark mode, replayed from the server: the same cards, and axe still passes', async () => {
+    const dark = await browser.open(gw, { ...DESKTOP, colorScheme: 'dark' });
+    try {
+      const { page } = dark;
+      await connected(page);
+      await page.getByTestId('session-item').first().locator('.session-open').click();
+      await card(page, 't-outside').waitFor();
+      assert.equal(await page.getByTestId('tool-call').count(), 7);
+      assert.equal(await card(page, 't-exec').getAttribute('data-status'), 'failed');
+      assert.deepEqual(await axeViolations(page, '[data-testid="tool-call"]'), []);
+      await card(page, 't-exec').scrollIntoViewIfNeeded();
+      await dark.shot('tools-dark-desktop');
+      assert.deepEqual(dark.errors(), NO_ERRORS);
+    } finally {
+      await dark.close();
+    }
+  });
+
   it('raised no page errors, console errors or CSP violations', () => {
     assert.deepEqual(errorsBut(v, [403, 404]), NO_ERRORS);
   });

@@ -282,6 +282,44 @@ describe('attention, tabs and layout', { timeout: 240_000 }, () => {
     assert.deepEqual(v.errors(), NO_ERRORS);
   });
 
+  step('keyboard: the skip link comes first, focus follows the layout, every stop shows a ring', async (t) => {
+    await focusTab(a);
+    const skip = a.locator('#skip-link');
+    // The first tabbable element of the app, in document order, is the skip link.
+    const first = await a.evaluate(() => [...document.querySelectorAll('a[href], button, input, select, textarea, [tabindex]')]
+      .find((el) => el.tabIndex >= 0 && !el.disabled && el.getClientRects().length > 0 && getComputedStyle(el).visibility !== 'hidden')?.id);
+    assert.equal(first, 'skip-link');
+    await skip.focus();
+    const box = await skip.boundingBox();
+    assert.ok(box && box.y >= 0 && box.height > 0, 'the focused skip link is on screen');
+    await v.shot('layout-skip-link');
+    // Tab through: every stop has a visible focus ring; the sidebar comes before the conversation.
+    const stops = [];
+    for (let i = 0; i < 40; i++) {
+      await a.keyboard.press('Tab');
+      const stop = await a.evaluate(() => {
+        const el = document.activeElement;
+        const style = getComputedStyle(el);
+        return {
+          name: el.id || el.dataset.testid || el.className || el.tagName,
+          ring: style.outlineStyle !== 'none' && parseFloat(style.outlineWidth) > 0,
+          inSidebar: !!el.closest('#sidebar'),
+        };
+      });
+      if (stop.name === 'prompt-input') break;
+      stops.push(stop);
+    }
+    t.diagnostic(`focus order: skip-link → ${stops.map((s) => s.name).join(' → ')} → prompt-input`);
+    assert.deepEqual(stops.filter((s) => !s.ring), [], 'focus stops without a visible ring');
+    const firstMain = stops.findIndex((s) => !s.inSidebar);
+    assert.ok(firstMain > 0 && stops.slice(firstMain).every((s) => !s.inSidebar), `focus order: ${stops.map((s) => s.name).join(' → ')}`);
+    assert.ok(stops.some((s) => s.name === 'log'), 'the conversation is a focus stop (it scrolls)');
+    // The skip link lands on the conversation's column.
+    await skip.focus();
+    await a.keyboard.press('Enter');
+    assert.equal(await a.evaluate(() => document.activeElement?.id), 'main');
+  });
+
   step('phone: the drawer takes focus, makes the rest inert, closes with Escape; no horizontal scroll', async () => {
     for (const colorScheme of ['light', 'dark']) {
       const p = await b.open(gw, { ...PHONE, colorScheme });

@@ -254,7 +254,16 @@ export function codeView(text, lang = '') {
  * until appended). `auto`: guess the language of short code blocks without one.
  */
 export function renderMarkdown(src, { auto = true } = {}) {
-  const frag = purify.sanitize(marked.parse(src), SANITIZE);
+  let frag;
+  try {
+    frag = purify.sanitize(marked.parse(src), SANITIZE);
+  } catch {
+    // Markdown nested past marked's recursion ("Maximum call stack size exceeded", e.g. 5,000 `>`):
+    // shown as text, so that one message cannot stop the rest of the conversation from rendering.
+    frag = document.createDocumentFragment();
+    frag.append(el('p', { text: src }));
+    return frag;
+  }
   for (const a of frag.querySelectorAll('a:not([href])')) a.replaceWith(...a.childNodes);
   for (const img of frag.querySelectorAll('img:not([src])')) img.replaceWith(img.getAttribute('alt') ?? '');
   for (const input of frag.querySelectorAll('input')) {
@@ -437,7 +446,12 @@ export class MarkdownStream {
     const from = this.settled;
     if (end <= from) return from;
     const chunk = this.src.slice(from, end);
-    const tokens = lex(chunk);
+    let tokens;
+    try {
+      tokens = lex(chunk);
+    } catch {
+      return from; // nested past marked's recursion: renderMarkdown shows it as text
+    }
     if (tokens.reduce((n, t) => n + t.raw.length, 0) !== chunk.length) return from; // \r\n: offsets unknown
     const blocks = [];
     let at = from;

@@ -8,7 +8,7 @@ Channels: the agent's name and title (``initialize``, shown in the agent picker)
 ``config_option_update``, ``session_info_update`` (title), ``usage_update`` (cost currency), a
 ``plan``; ``user_message_chunk``, ``agent_thought_chunk`` and ``agent_message_chunk`` text (Markdown
 and raw HTML, streamed in pieces that cut tags in half), image / resource_link / resource content
-blocks; ``tool_call`` / ``tool_call_update`` title, kind, status, rawInput, rawOutput, locations,
+blocks, Markdown nested past the parser's recursion limit; ``tool_call`` / ``tool_call_update`` title, kind, status, rawInput, rawOutput, locations,
 ``diff`` content (path, oldText, newText), text content with ANSI escapes and OSC 8 hyperlinks,
 ``terminal`` content; a ``session/request_permission`` whose tool call and option names carry HTML.
 
@@ -260,6 +260,12 @@ def stream(sid: str, prompt: str, ask) -> None:
     ]})
     for piece in pieces(markdown_payloads("agent"), 29):
         text_chunk(sid, "agent_message_chunk", piece)
+
+    # Markdown nested deeper than the parser's recursion can go (marked throws "Maximum call stack
+    # size exceeded"): this message must not take the rest of the conversation down with it.
+    update(sid, {"sessionUpdate": "tool_call", "toolCallId": "tool-sep", "title": "separator", "kind": "think",
+                 "status": "completed"})
+    text_chunk(sid, "agent_message_chunk", "deep quote " + ">" * 5000 + " bottom\n\n" + "- " * 3000 + "deep list\n")
 
     # Tool calls: hostile strings in every field, and hostile values where an enum is expected.
     update(sid, {"sessionUpdate": "tool_call", **tool_call("tool-edit", "edit", "edit", "pending")})

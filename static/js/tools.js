@@ -17,6 +17,7 @@
 import Diff from '../vendor/diff.js';
 import Anser from '../vendor/anser.js';
 import hljs from '../vendor/highlight.js';
+import { el as h } from './dom.js';
 
 // ---------------------------------------------------------------------------------------------
 // 1. Helpers
@@ -29,21 +30,6 @@ const TERMINAL_CHAR_CAP = 200_000;
 const HIGHLIGHT_CHAR_CAP = 400_000;
 /** Lines of context around each change in a diff hunk. */
 const DIFF_CONTEXT = 3;
-
-function h(tag, props = {}, ...children) {
-  const node = document.createElement(tag);
-  for (const [key, value] of Object.entries(props)) {
-    if (value == null || value === false) continue;
-    if (key === 'class') node.className = value;
-    else if (key === 'testid') node.dataset.testid = value;
-    else if (key === 'text') node.textContent = value;
-    else if (key.startsWith('on')) node.addEventListener(key.slice(2), value);
-    else if (value === true) node.setAttribute(key, '');
-    else node.setAttribute(key, String(value));
-  }
-  for (const child of children.flat()) if (child != null && child !== false) node.append(child);
-  return node;
-}
 
 const SVG_NS = 'http://www.w3.org/2000/svg';
 

@@ -17,6 +17,9 @@ const alt = (code) => (e) => e.altKey && !e.ctrlKey && !e.metaKey && e.code === 
 const typing = (target) => target instanceof Element
   && (target.closest('input, textarea, select, [contenteditable=""], [contenteditable="true"]') != null);
 
+const idle = (target) => target === document.body || target === document.documentElement
+  || (target instanceof Element && ['log', 'main'].includes(target.id));
+
 /** Each: what it does, how it is shown, aria-keyshortcuts, which control it drives, its test. */
 const SHORTCUTS = [
   {
@@ -36,7 +39,10 @@ const SHORTCUTS = [
   },
   {
     action: 'stop', label: 'Stop the running turn', shown: ['Esc', `${ALT}.`], aria: 'Escape Alt+.', control: 'stop',
-    match: (e, busy) => alt('Period')(e) || (e.key === 'Escape' && !busy && !e.altKey && !e.ctrlKey && !e.metaKey && !isDrawerOpen()),
+    // Escape only where it means nothing else: on the page, the conversation or its column (the
+    // prompt box handles its own, app.js); on a button or a permission card it would be a surprise.
+    match: (e) => alt('Period')(e)
+      || (e.key === 'Escape' && !e.altKey && !e.ctrlKey && !e.metaKey && !isDrawerOpen() && idle(e.target)),
     run: stop, quiet: () => $('stop')?.hidden !== false, // nothing running: let Escape do what else it does
   },
   {

@@ -109,6 +109,8 @@ describe('accessibility (axe-core)', { timeout: 300_000 }, () => {
         await page.getByTestId('send').waitFor();
         await page.getByTestId('tool-call').first().waitFor();
         blocking.push(...await check(variant.name, 'showcase', page, v.shot));
+        await page.getByTestId('tool-call').first().scrollIntoViewIfNeeded();
+        await v.shot(`a11y-${variant.name}-showcase-tools`);
 
         await page.getByTestId('prompt-input').fill('ask me before you touch anything');
         await page.getByTestId('send').click();

@@ -1,10 +1,11 @@
 //! HTTP routes, merged in one place: health and metrics, the `/acp` WebSocket endpoint, the REST
-//! API, the web UI's login, and the static web UI; with what they share: who the caller is
-//! (`auth`) and how a failed call becomes an answer (`error`).
+//! API, the web UI's workspace browser (`fs`), the web UI's login, and the static web UI; with
+//! what they share: who the caller is (`auth`) and how a failed call becomes an answer (`error`).
 
 mod acp;
 mod auth;
 mod error;
+mod fs;
 mod health;
 mod rest;
 mod server;
@@ -33,6 +34,7 @@ pub fn router(gw: Arc<Gateway>) -> Router {
         .merge(health::router())
         .merge(acp::router())
         .merge(rest::router())
+        .merge(fs::router())
         .fallback_service(static_files)
         .layer(SetResponseHeaderLayer::if_not_present(
             header::X_CONTENT_TYPE_OPTIONS,

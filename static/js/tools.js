@@ -488,13 +488,21 @@ function viewerParts() {
   return viewer;
 }
 
-const VIEWER_ERRORS = {
-  401: 'You are signed out; reload the page to sign in again.',
-  403: 'This file is outside your workspace, so the gateway will not show it.',
-  404: 'This file does not exist (any more).',
-  413: 'This file is too large to show.',
-  415: 'This is a binary file; it cannot be shown as text.',
-};
+/** What the viewer says when GET /api/fs/file refuses (fs.rs: {error, roots?}). */
+function viewerMessage(status, body) {
+  const detail = isString(body?.error) ? body.error : isString(body?.error?.message) ? body.error.message : '';
+  switch (status) {
+    case 401: return 'You are signed out; reload the page to sign in again.';
+    case 403: {
+      if (!Array.isArray(body?.roots)) return 'Permission denied: the gateway cannot read this file.';
+      const roots = body.roots.filter(isString);
+      return `This file is outside your workspace${roots.length ? ` (${roots.join(', ')})` : ''}, so the gateway will not show it.`;
+    }
+    case 404: return 'This file does not exist (any more).';
+    case 415: return 'This is a binary file; it cannot be shown as text.';
+    default: return `The gateway answered ${status}${detail ? `: ${detail}` : ''}.`;
+  }
+}
 
 /** Opens the viewer on `path` (absolute) and scrolls to `line` (1-based) when given. */
 export async function openFileViewer(path, line, { cwd, opener } = {}) {
@@ -523,15 +531,12 @@ export async function openFileViewer(path, line, { cwd, opener } = {}) {
   }
   if (token !== v.token) return;
   if (!res.ok || !data || !isString(data.text)) {
-    let detail = '';
+    let body = null;
     try {
-      const body = await res.clone().json();
-      const message = body?.error?.message ?? body?.error ?? body?.message;
-      if (isString(message)) detail = message;
+      body = res.ok ? null : await res.json();
     } catch { /* not JSON */ }
     if (token !== v.token) return;
-    const known = VIEWER_ERRORS[res.status] ?? `The gateway answered ${res.status}.`;
-    viewerError(v, detail && !VIEWER_ERRORS[res.status] ? `${known} ${detail}` : known, String(res.status));
+    viewerError(v, viewerMessage(res.status, body), String(res.status));
     return;
   }
 

@@ -314,7 +314,8 @@ describe('tool call cards: edge cases (tests/agents/ui_tools_agent.py)', () => {
     await openViewer(page, outside);
     const error = page.getByTestId('file-viewer-error');
     assert.equal(await error.getAttribute('data-status'), '403');
-    assert.match(await error.textContent(), /outside your workspace/);
+    assert.equal(await error.textContent(),
+      `This file is outside your workspace (${gw.workspaceRoot('local')}), so the gateway will not show it.`);
     await v.shot('tools-refused-desktop');
     await page.getByTestId('file-viewer-close').click();
 
@@ -325,6 +326,16 @@ describe('tool call cards: edge cases (tests/agents/ui_tools_agent.py)', () => {
     }, gw.workspaceRoot('local'));
     await page.getByTestId('file-viewer-error').waitFor();
     assert.equal(await page.getByTestId('file-viewer-error').getAttribute('data-status'), '404');
+    assert.equal(await page.getByTestId('file-viewer-error').textContent(), 'This file does not exist (any more).');
+    await page.keyboard.press('Escape');
+
+    // A directory is not a file: the gateway's own words.
+    await page.evaluate(async (root) => {
+      const { openFileViewer } = await import('/js/tools.js');
+      openFileViewer(`${root}/tools-fixture`, null, { cwd: root });
+    }, gw.workspaceRoot('local'));
+    await page.getByTestId('file-viewer-error').waitFor();
+    assert.equal(await page.getByTestId('file-viewer-error').textContent(), 'The gateway answered 400: not a regular file.');
     await page.keyboard.press('Escape');
   });
 
@@ -357,6 +368,6 @@ describe('tool call cards: edge cases (tests/agents/ui_tools_agent.py)', () => {
   });
 
   it('raised no page errors, console errors or CSP violations', () => {
-    assert.deepEqual(errorsBut(v, [403, 404]), NO_ERRORS);
+    assert.deepEqual(errorsBut(v, [400, 403, 404]), NO_ERRORS);
   });
 });

@@ -301,6 +301,8 @@ export function renderInto(container, src) {
 const PIECE = 4_000;
 /** Work per render() call (ms) after which the rest waits for the next frame. */
 const FRAME_BUDGET_MS = 12;
+/** A message longer than this gets `md-long`: its blocks skip layout while out of view (messages.css). */
+const LONG_MESSAGE = 16_000;
 /** An open code fence longer than this streams as plain text until it closes. */
 const LIVE_FENCE = 3_000;
 /** A tail render slower than this (ms) makes the next one wait `SLOW_FACTOR` times as long. */
@@ -330,6 +332,7 @@ export class MarkdownStream {
     if (!text) return;
     this.src += text;
     this.dirty = true;
+    if (this.src.length > LONG_MESSAGE) this.el.classList.add('md-long');
   }
 
   /**

@@ -1,0 +1,241 @@
+// Messages (issue 11, item 1): agent and user text as Markdown (CommonMark + GFM: headings, tables,
+// task lists), highlighted code blocks with a working Copy button, thoughts folded away once the
+// answer starts, non-text content blocks, and a 5,000-chunk reply that streams without long
+// main-thread tasks. Desktop and phone, against `demo-agent --showcase`; the long turn uses the
+// plain demo agent. Screenshots: messages-desktop.png, messages-phone.png.
+//
+// Run: `cargo build && cd tests/ui && node --test messages.test.mjs`.
+
+import { after, before, describe, it } from 'node:test';
+import assert from 'node:assert/strict';
+import { BINARY, DESKTOP, NO_ERRORS, PHONE, STEP_MS, connected, openBrowser, startGateway, waitUntil } from './harness.mjs';
+
+/** The user's prompt is Markdown too. */
+const PROMPT = 'Show me a **Markdown** answer\n\n- [x] a rendered prompt\n- [ ] with `inline code`';
+const LONG_CHUNKS = 5000;
+/** Budgets for the long turn, far above what it takes on an idle machine (about 1.5 s, no task over 100 ms). */
+const LONG_TURN_MS = 20_000;
+const LONGEST_TASK_MS = 400;
+
+/** Collects 'longtask' entries (tasks over 50 ms) in the page from now on. */
+function watchLongTasks() {
+  window.longTasks = [];
+  new PerformanceObserver((list) => {
+    for (const entry of list.getEntries()) window.longTasks.push(Math.round(entry.duration));
+  }).observe({ type: 'longtask' });
+}
+
+/** Scrolls the conversation (only) so that `locator` is at its top, and lets two frames render. */
+async function scrollTo(page, locator) {
+  await locator.evaluate((node) => {
+    const log = node.closest('[role="log"]');
+    log.scrollTop += node.getBoundingClientRect().top - log.getBoundingClientRect().top - 8;
+  });
+  await page.evaluate(() => new Promise((resolve) => requestAnimationFrame(() => requestAnimationFrame(resolve))));
+}
+
+const summary = (tasks) => `${tasks.length} long tasks, longest ${Math.max(0, ...tasks)} ms, ${tasks.reduce((a, b) => a + b, 0)} ms in all`;
+
+describe('messages: Markdown, code blocks, thoughts, content blocks, long turns', { timeout: 300_000 }, () => {
+  let gw;
+  let browser;
+
+  before(async () => {
+    gw = await startGateway({
+      agent: ['demo-agent', '--showcase', '--delay-us', '2000'],
+      config: [
+        '[agents.plain]',
+        `command = ${JSON.stringify(BINARY)}`,
+        'args = ["demo-agent", "--delay-us", "0"]',
+        '',
+      ].join('\n'),
+    });
+    browser = await openBrowser();
+  });
+
+  after(async () => {
+    await browser?.close().catch(() => {});
+    const outcome = await gw?.dispose();
+    assert.deepEqual(outcome?.leaked ?? [], [], 'processes started by the gateway outlived it');
+  });
+
+  for (const [label, viewport] of [['desktop', DESKTOP], ['phone', PHONE]]) {
+    it(`renders a showcase turn as Markdown with highlighted, copyable code (${label})`, async () => {
+      const v = await browser.open(gw, viewport);
+      const { page, context } = v;
+      await context.grantPermissions(['clipboard-read', 'clipboard-write'], { origin: gw.base });
+      await connected(page);
+
+      // Sending without a session starts one (the phone's sidebar stays closed).
+      await page.getByTestId('prompt-input').fill(PROMPT);
+      await page.getByTestId('send').click();
+      const user = page.getByTestId('message-user');
+      await user.locator('strong', { hasText: 'Markdown' }).waitFor();
+      assert.equal(await user.locator('li.task input[type="checkbox"][disabled]').count(), 2);
+      assert.equal(await user.locator('code', { hasText: 'inline code' }).count(), 1);
+
+      // While the answer has not started, the thought is open and says so.
+      const thought = page.getByTestId('thought').first();
+      await thought.waitFor();
+
+      const answer = page.getByTestId('message-agent').filter({ has: page.getByTestId('code-block') }).last();
+      await answer.waitFor({ timeout: 60_000 });
+      await page.getByTestId('send').waitFor({ timeout: 60_000 }); // the turn is over
+      assert.equal(await user.count(), 1, 'the echoed prompt was rendered twice');
+
+      // Markdown: a heading, a GFM table, a task list, a link that opens a new tab without an opener.
+      assert.ok(await answer.locator('h2').count() >= 1, 'no heading');
+      const table = answer.locator('.md-table table');
+      assert.ok(await table.count() >= 1, 'no table');
+      assert.ok(await table.first().locator('thead th').count() >= 2, 'table without a header row');
+      assert.ok(await table.first().locator('tbody tr').count() >= 2, 'table without rows');
+      const tasks = answer.locator('li.task input[type="checkbox"]');
+      assert.ok(await tasks.count() >= 2, 'no task list');
+      assert.equal(await answer.locator('li.task input[type="checkbox"]:not([disabled])').count(), 0, 'an editable checkbox');
+      assert.ok(await answer.locator('li.task input:checked').count() >= 1, 'no checked task');
+      const link = answer.locator('a[href^="http"]').first();
+      assert.equal(await link.getAttribute('target'), '_blank');
+      assert.equal(await link.getAttribute('rel'), 'noopener noreferrer nofollow');
+      assert.equal(await answer.locator('[style], script, iframe').count(), 0);
+
+      // The rust block: highlighted by hljs, labelled, and its Copy button copies exactly the code.
+      const block = answer.locator('[data-testid="code-block"][data-lang="rust"]').first();
+      await block.waitFor();
+      assert.ok(await block.locator('code.hljs .hljs-keyword').count() >= 1, 'the rust block is not highlighted');
+      assert.equal(await block.locator('.code-lang').textContent(), 'rust');
+      const code = await block.locator('code').textContent();
+      assert.match(code, /fn /);
+      const copy = block.getByRole('button', { name: 'Copy rust code' });
+      await copy.click();
+      await block.getByRole('button', { name: 'Copied' }).waitFor();
+      assert.equal(await page.evaluate(() => navigator.clipboard.readText()), code);
+
+      // Thoughts: folded away once the answer started, with how long they took; opening shows them.
+      const thoughts = page.getByTestId('thought');
+      for (let i = 0; i < await thoughts.count(); i += 1) {
+        assert.equal(await thoughts.nth(i).evaluate((d) => d.open), false, `thought ${i} is still open`);
+        assert.match(await thoughts.nth(i).getByTestId('thought-summary').textContent(), /^Thought( for \d+s)?$/);
+      }
+      await thought.getByTestId('thought-summary').click();
+      await thought.getByTestId('message-thought').waitFor();
+      assert.ok((await thought.getByTestId('message-thought').textContent()).trim().length > 0, 'an empty thought');
+
+      // Nothing is wider than the window: wide code and tables scroll inside their own boxes.
+      const overflow = await page.evaluate(() => document.documentElement.scrollWidth - window.innerWidth);
+      assert.ok(overflow <= 0, `the page scrolls sideways by ${overflow}px`);
+      const box = await answer.boundingBox();
+      assert.ok(box.x >= 0 && box.x + box.width <= viewport.width + 1, `the answer does not fit: ${JSON.stringify(box)}`);
+
+      await scrollTo(page, thought);
+      await v.shot(`messages-${label}-prompt`);
+      await scrollTo(page, answer);
+      await v.shot(`messages-${label}`);
+      assert.deepEqual(v.errors(), NO_ERRORS);
+      await v.close();
+    });
+  }
+
+  it('shows image, resource, resource_link and audio blocks, and sanitizes by design', async () => {
+    const v = await browser.open(gw, DESKTOP);
+    const { page } = v;
+    await connected(page);
+    // A 1x1 PNG.
+    const png = 'iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAQAAAC1HAwCAAAAC0lEQVR42mNkYAAAAAYAAjCB0C8AAAAASUVORK5CYII=';
+    const found = await page.evaluate(async (data) => {
+      const { contentBlock } = await import('/js/content.js');
+      const { renderMarkdown } = await import('/js/markdown.js');
+      const box = document.createElement('div');
+      document.getElementById('log').append(box);
+      const show = (node) => { const wrap = document.createElement('div'); wrap.append(node); box.append(wrap); return wrap; };
+      const image = show(contentBlock({ type: 'image', mimeType: 'image/png', data, uri: 'file:///tmp/dot.png' }));
+      const badImage = show(contentBlock({ type: 'image', mimeType: 'text/html', data: 'PHNjcmlwdD4=' }));
+      const web = show(contentBlock({ type: 'resource_link', uri: 'https://example.com/spec.pdf', name: 'spec.pdf', title: 'The spec', size: 123456 }));
+      const file = show(contentBlock({ type: 'resource_link', uri: 'javascript:alert(1)', name: 'evil' }));
+      const text = show(contentBlock({ type: 'resource', resource: { uri: 'file:///src/main.rs', text: 'fn main() {}\n', mimeType: 'text/x-rust' } }));
+      const blob = show(contentBlock({ type: 'resource', resource: { uri: 'file:///a.bin', blob: 'AAAA', mimeType: 'application/octet-stream' } }));
+      const audio = show(contentBlock({ type: 'audio', mimeType: 'audio/wav', data: 'UklGRg==' }));
+      await new Promise((resolve) => { const img = image.querySelector('img'); if (img.complete) resolve(); else img.onload = img.onerror = resolve; });
+      const md = (src) => { const wrap = document.createElement('div'); wrap.append(renderMarkdown(src)); return wrap; };
+      const hostile = md('[x](javascript:alert(1)) [y](data:text/html,hi) <img src=x onerror=alert(1)> <script>alert(1)</script> '
+        + '<b onclick="alert(1)" style="color:red">bold</b> ![remote](https://example.com/a.png) ![ok](data:image/png;base64,' + data + ') Vec<String>');
+      const result = {
+        image: { src: image.querySelector('img')?.getAttribute('src').slice(0, 22), loaded: image.querySelector('img')?.naturalWidth, alt: image.querySelector('img')?.alt },
+        badImage: badImage.querySelector('img') === null && badImage.textContent,
+        web: { href: web.querySelector('a')?.href, target: web.querySelector('a')?.target, text: web.textContent },
+        file: { links: file.querySelectorAll('a').length, text: file.textContent },
+        text: { details: !!text.querySelector('details'), code: text.querySelector('code.hljs')?.textContent, uri: text.querySelector('summary')?.textContent },
+        blob: { links: blob.querySelectorAll('a').length, text: blob.textContent },
+        audio: { players: audio.querySelectorAll('audio').length, text: audio.textContent },
+        hostile: {
+          links: [...hostile.querySelectorAll('a')].map((a) => `${a.textContent} ${a.getAttribute('href')}`),
+          images: [...hostile.querySelectorAll('img')].map((i) => i.getAttribute('src').slice(0, 14)),
+          bold: hostile.querySelector('b')?.outerHTML,
+          text: hostile.textContent,
+          bad: hostile.querySelectorAll('script, [onclick], [onerror], [style]').length,
+        },
+      };
+      box.remove();
+      return result;
+    }, png);
+    assert.deepEqual(found.image, { src: 'data:image/png;base64,', loaded: 1, alt: 'Image: dot.png' });
+    assert.match(found.badImage, /image text\/html not shown/);
+    assert.deepEqual(found.web, { href: 'https://example.com/spec.pdf', target: '_blank', text: '📎The spec 121 KB' });
+    assert.equal(found.file.links, 0);
+    assert.match(found.file.text, /evil \(javascript:alert\(1\)\)/);
+    assert.deepEqual(found.text, { details: true, code: 'fn main() {}\n', uri: '📄file:///src/main.rs 13 bytes' });
+    assert.equal(found.blob.links, 0);
+    assert.match(found.blob.text, /file:\/\/\/a\.bin \(application\/octet-stream, 3 bytes\)/);
+    assert.equal(found.audio.players, 0);
+    assert.match(found.audio.text, /Audio clip \(audio\/wav, 6 bytes\)/);
+    assert.deepEqual(found.hostile.links, ['remote https://example.com/a.png']);
+    assert.deepEqual(found.hostile.images, ['data:image/png']);
+    assert.equal(found.hostile.bold, '<b>bold</b>');
+    assert.equal(found.hostile.bad, 0);
+    assert.match(found.hostile.text, /<img src=x onerror=alert\(1\)> <script>alert\(1\)<\/script>/);
+    assert.match(found.hostile.text, /Vec<String>/);
+    assert.deepEqual(v.errors(), NO_ERRORS);
+    await v.close();
+  });
+
+  it(`streams a ${LONG_CHUNKS}-chunk reply, and replays it, without long tasks`, async () => {
+    const v = await browser.open(gw, DESKTOP);
+    const { page } = v;
+    await connected(page);
+    await page.getByTestId('agent-select').selectOption('plain');
+    await connected(page);
+    await page.getByTestId('new-session').click();
+    await page.getByTestId('session-item').first().waitFor();
+
+    await page.evaluate(watchLongTasks);
+    const started = Date.now();
+    await page.getByTestId('prompt-input').fill(`a long one [chunks=${LONG_CHUNKS}] [delay_us=0]`);
+    await page.getByTestId('send').click();
+    const last = page.getByTestId('message-agent').filter({ hasText: `chunk ${LONG_CHUNKS}/${LONG_CHUNKS}:` });
+    await last.waitFor({ timeout: LONG_TURN_MS });
+    const live = Date.now() - started;
+    await page.getByTestId('send').waitFor();
+    const lines = () => page.getByTestId('message-agent').evaluate((m) => (m.textContent.match(/chunk \d+\/\d+:/g) ?? []).length);
+    assert.equal(await lines(), LONG_CHUNKS);
+    const liveTasks = await page.evaluate(() => window.longTasks);
+    process.stdout.write(`# live: ${LONG_CHUNKS} chunks on screen in ${live} ms; ${summary(liveTasks)}\n`);
+
+    // Replay: session/load sends all of it at once.
+    await page.reload();
+    await connected(page);
+    await page.evaluate(watchLongTasks);
+    const reloaded = Date.now();
+    await page.locator('[data-testid="session-item"] .session-open').first().click();
+    await last.waitFor({ timeout: LONG_TURN_MS });
+    const replay = Date.now() - reloaded;
+    await waitUntil('every chunk of the replay on screen', async () => (await lines()) === LONG_CHUNKS, { ms: STEP_MS });
+    const replayTasks = await page.evaluate(() => window.longTasks);
+    process.stdout.write(`# replay: on screen in ${replay} ms; ${summary(replayTasks)}\n`);
+
+    assert.ok(live < LONG_TURN_MS, `the live turn took ${live} ms`);
+    for (const [what, tasks] of [['live', liveTasks], ['replay', replayTasks]]) {
+      assert.ok(Math.max(0, ...tasks) < LONGEST_TASK_MS, `${what}: ${summary(tasks)}`);
+    }
+    assert.deepEqual(v.errors(), NO_ERRORS);
+    await v.close();
+  });
+});

@@ -319,7 +319,7 @@ export class MarkdownStream {
     this.settled = 0; // src[0, settled) is rendered and frozen in the DOM
     this.scanned = 0; // src[0, scanned) is complete lines already scanned for settle points
     this.points = []; // settle points found by the scan, ascending; those <= settled are dropped
-    this.fence = null; // the open fenced code block at `scanned`: {marker, length, start}
+    this.fence = null; // the open fenced code block at `scanned`: {marker, length, start, indented}
     this.details = 0; // raw <details> elements open at `scanned`: a blank line inside one settles nothing
     this.tailNodes = []; // the DOM nodes of the rendered tail, replaced on each render
     this.live = null; // {start, root, code, shown}: the plain code block of a long open fence
@@ -419,15 +419,16 @@ export class MarkdownStream {
     if (this.fence) {
       const closes = fence && fence[2][0] === this.fence.marker && fence[2].length >= this.fence.length && !fence[3].trim();
       if (closes) {
+        // Nothing after a closed fence can change it, unless it is indented (in a list item, say).
+        if (!this.fence.indented && !this.details) this.#point(end);
         this.fence = null;
-        if (!this.details) this.#point(end); // nothing after a closed fence can change it
       }
       return;
     }
     if (fence && !(fence[2][0] === '`' && fence[3].includes('`'))) {
       // A fence at the margin ends whatever came before it. An indented one may belong to a list item.
       if (!fence[1] && !this.details) this.#point(start);
-      this.fence = { marker: fence[2][0], length: fence[2].length, start };
+      this.fence = { marker: fence[2][0], length: fence[2].length, start, indented: !!fence[1] };
       return;
     }
     if (line.includes('<')) {

@@ -197,6 +197,55 @@ describe('messages: Markdown, code blocks, thoughts, content blocks, long turns'
     await v.close();
   });
 
+  it('streams Markdown cut anywhere to the same DOM as rendering it whole', async () => {
+    const v = await browser.open(gw, DESKTOP);
+    const { page } = v;
+    await connected(page);
+    const outcomes = await page.evaluate(async () => {
+      const { MarkdownStream, renderMarkdown } = await import('/js/markdown.js');
+      let code = '';
+      for (let i = 0; i < 150; i += 1) code += `    let value_${i} = compute(${i}); // line ${i}\n`;
+      // Blank lines inside fences and <details>, a fence right after a paragraph and one inside a
+      // list item, a fence long enough to stream as plain text until it closes.
+      const doc = [
+        '# Title', '', 'Some *text* with `code` and a [link](https://example.com).', 'Second line.', '',
+        '| a | b |', '|---|---|', '| 1 | 2 |', '', '- [x] done', '- [ ] todo', '',
+        '```rust', 'fn main() {', '    println!("hi");', '', '    let x = 1;', '}', '```', 'Right after a fence.', '',
+        '> quote', '> more', '', '1. one', '2. two', '   ```js', '   let a = 1;', '', '   let b = 2;', '   ```', '3. three', '',
+        '<details>', '<summary>More</summary>', '', 'Hidden *text*.', '', '</details>', '',
+        '```rust', 'fn long() {', code + '}', '```', '', '~~~', 'plain tilde', '~~~', '', 'Final paragraph', 'spanning lines.',
+      ].join('\n');
+      const whole = document.createElement('div');
+      whole.append(renderMarkdown(doc));
+      let seed = 7;
+      const random = () => (seed = (seed * 1103515245 + 12345) % 2147483648) / 2147483648;
+      const outcomes = [];
+      // [longest chunk, chunks per frame]
+      for (const [longest, perFrame] of [[1, 50], [3, 1], [20, 3], [200, 2]]) {
+        const box = document.createElement('div');
+        const stream = new MarkdownStream(box);
+        for (let at = 0, n = 1; at < doc.length; n += 1) {
+          const length = 1 + Math.floor(random() * longest);
+          stream.push(doc.slice(at, at + length));
+          at += length;
+          if (n % perFrame === 0) while (stream.render()) { /* the next frame */ }
+        }
+        while (stream.render({ final: true })) { /* the next frame */ }
+        const got = box.innerHTML;
+        const want = whole.innerHTML;
+        let same = 0;
+        while (same < got.length && got[same] === want[same]) same += 1;
+        outcomes.push({ longest, equal: got === want, got: got.slice(same - 60, same + 100), want: want.slice(same - 60, same + 100) });
+      }
+      return outcomes;
+    });
+    for (const { longest, equal, got, want } of outcomes) {
+      assert.ok(equal, `chunks of up to ${longest} characters rendered differently:\n got …${got}…\nwant …${want}…`);
+    }
+    assert.deepEqual(v.errors(), NO_ERRORS);
+    await v.close();
+  });
+
   it(`streams a ${LONG_CHUNKS}-chunk reply, and replays it, without long tasks`, async () => {
     const v = await browser.open(gw, DESKTOP);
     const { page } = v;

@@ -393,7 +393,7 @@ class Conversation {
   }
 
   renderPlan(entries) {
-    const list = h('ol', { class: 'plan-list' }, entries.map((entry) => {
+    const list = h('ol', { class: 'plan-list' }, entries.filter((entry) => entry && typeof entry === 'object').map((entry) => {
       const box = h('input', {
         type: 'checkbox', disabled: true,
         checked: entry.status === 'completed', indeterminate: entry.status === 'in_progress',
@@ -926,7 +926,8 @@ function handleMessage(msg) {
     case 'session/update': {
       const update = params.update ?? {};
       controls.observe(params); // every session's modes, options, commands, usage; before any render
-      if (update.sessionUpdate === 'session_info_update' && 'title' in update) {
+      // A title that is not a string (or null, to clear it) is ignored: it would break the session list.
+      if (update.sessionUpdate === 'session_info_update' && (typeof update.title === 'string' || update.title === null)) {
         const entry = state.sessions.get(params.sessionId);
         if (entry) shareSession(upsertSession({ ...entry.data, title: update.title }).data);
         if (params.sessionId === state.current?.id) setTitle(update.title ?? '');

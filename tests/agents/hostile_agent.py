@@ -8,7 +8,7 @@ Channels: the agent's name and title (``initialize``, shown in the agent picker)
 ``config_option_update``, ``session_info_update`` (title), ``usage_update`` (cost currency), a
 ``plan``; ``user_message_chunk``, ``agent_thought_chunk`` and ``agent_message_chunk`` text (Markdown
 and raw HTML, streamed in pieces that cut tags in half), image / resource_link / resource content
-blocks, Markdown nested past the parser's recursion limit; ``tool_call`` / ``tool_call_update`` title, kind, status, rawInput, rawOutput, locations,
+blocks, Markdown nested past the parser's recursion limit, wrong JSON types in every structured field; ``tool_call`` / ``tool_call_update`` title, kind, status, rawInput, rawOutput, locations,
 ``diff`` content (path, oldText, newText), text content with ANSI escapes and OSC 8 hyperlinks,
 ``terminal`` content; a ``session/request_permission`` whose tool call and option names carry HTML.
 
@@ -300,6 +300,39 @@ def stream(sid: str, prompt: str, ask) -> None:
     update(sid, {"sessionUpdate": "session_info_update", "title": hostile("session-title")})
     update(sid, {"sessionUpdate": "usage_update", "used": 1234, "size": 200000,
                  "cost": {"amount": 0.25, "currency": hostile("currency")}})
+
+    # Wrong types where the schema has numbers, arrays and objects: a sloppy or hostile agent.
+    for body in [
+        {"sessionUpdate": "usage_update", "used": "<img src=x onerror=alert(1)>", "size": None,
+         "cost": {"amount": "<b>x</b>", "currency": {"html": "<script>alert(1)</script>"}}},
+        {"sessionUpdate": "usage_update", "used": -5, "size": 0, "cost": None},
+        {"sessionUpdate": "plan", "entries": "<img src=x onerror=alert(1)>"},
+        {"sessionUpdate": "plan", "entries": [None, 7, {"content": ["<b>x</b>"], "status": {}, "priority": []}]},
+        {"sessionUpdate": "available_commands_update", "availableCommands": [None, {"name": 5}, {"name": "ok", "description": ["x"], "input": "hint"}]},
+        {"sessionUpdate": "available_commands_update", "availableCommands": "<img src=x onerror=alert(1)>"},
+        {"sessionUpdate": "current_mode_update", "currentModeId": {"id": "<img src=x onerror=alert(1)>"}},
+        {"sessionUpdate": "config_option_update", "configOptions": [None, {"id": 1, "type": "select", "options": "x"},
+                                                                      {"id": "model", "name": None, "type": "select", "currentValue": {}, "options": [None, {"value": []}]}]},
+        {"sessionUpdate": "config_option_update", "configOptions": config_options()},
+        {"sessionUpdate": "session_info_update", "title": ["<img src=x onerror=alert(1)>"]},
+        {"sessionUpdate": "session_info_update", "title": hostile("session-title")},
+        {"sessionUpdate": "tool_call", "toolCallId": "tool-types", "title": 42, "kind": ["edit"], "status": None,
+         "locations": [None, {"path": 5, "line": "x"}, "<img src=x onerror=alert(1)>"],
+         "content": [None, "text", {"type": "diff", "path": None, "oldText": 5, "newText": {"x": 1}},
+                     {"type": "content", "content": None}, {"type": "content", "content": {"type": "text", "text": None}}],
+         "rawInput": "<img src=x onerror=alert(1)>"},
+        {"sessionUpdate": "tool_call_update", "toolCallId": "tool-types", "content": "not a list", "locations": {}},
+        {"sessionUpdate": "agent_message_chunk", "content": None},
+        {"sessionUpdate": "agent_message_chunk", "content": {"type": "text", "text": {"html": "<script>alert(1)</script>"}}},
+        {"sessionUpdate": "agent_thought_chunk", "content": "<img src=x onerror=alert(1)>"},
+        {"sessionUpdate": "<img src=x onerror=alert(1)>", "payload": hostile("unknown-update")},
+        {"sessionUpdate": None},
+    ]:
+        update(sid, body)
+    update(sid, {"sessionUpdate": "available_commands_update", "availableCommands": [
+        {"name": hostile("cmd-name"), "description": hostile("cmd-desc"), "input": {"hint": hostile("cmd-hint")}},
+        {"name": "explain", "description": "<b>bold</b> <a href=\"javascript:alert(1)\">x</a>", "input": {"hint": hostile("cmd-hint")}},
+    ]})
 
     # Content blocks other than text.
     for block in [

@@ -304,7 +304,14 @@ class Conversation {
     this.busy(false);
   }
 
-  busy(on) { this.log.setAttribute('aria-busy', String(on)); }
+  /** Marks the log busy while a turn or a load runs; when it ends, the last message is over too. */
+  busy(on) {
+    this.log.setAttribute('aria-busy', String(on));
+    if (!on) {
+      this.flush();
+      this.run?.finish(); // settles its text; a thought stops saying "Thinking…"
+    }
+  }
 
   /** Queues an update for the next frame; with no `params`, just asks for a frame (a slow message tail). */
   enqueue(params) {
@@ -364,7 +371,8 @@ class Conversation {
 
   /** A message chunk: Markdown text, or another content block (static/js/message.js). */
   chunk(kind, content) {
-    const block = typeof content === 'string' ? { type: 'text', text: content } : content ?? {};
+    const block = typeof content === 'string' ? { type: 'text', text: content } : content;
+    if (!block || typeof block !== 'object') return;
     const text = block.type === 'text' ? String(block.text ?? '') : null;
     if (kind === 'user' && this.echo && text != null) {
       if (this.echo.startsWith(text)) {
@@ -479,6 +487,7 @@ const controls = new Controls({
   append: (node) => conv.append(node),
   flush: () => conv.flush(),
   defaultCwd: () => defaultCwd(),
+  roots: () => state.roots,
 });
 
 const conn = new Connection({
@@ -964,9 +973,12 @@ function showPermission(requestId, params) {
     state.permissions.delete(key);
     resolved(key);
   };
-  const options = (params.options ?? []).map((option) => h('button', {
+  // Options that are not objects are skipped (with none left, Dismiss answers `cancelled`): a card
+  // that fails to render would leave the agent's turn waiting for an answer that cannot come.
+  const offered = Array.isArray(params.options) ? params.options.filter((o) => o && typeof o === 'object') : [];
+  const options = offered.map((option) => h('button', {
     type: 'button', class: `permission-option kind-${option.kind ?? 'other'}`, testid: 'permission-option',
-    'data-option-id': option.optionId, text: option.name || option.optionId,
+    'data-option-id': option.optionId, text: typeof option.name === 'string' && option.name ? option.name : String(option.optionId),
     onclick: () => settle({ outcome: 'selected', optionId: option.optionId }),
   }));
   if (!options.length) {

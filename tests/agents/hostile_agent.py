@@ -353,6 +353,13 @@ def stream(sid: str, prompt: str, ask) -> None:
     ]:
         update(sid, {"sessionUpdate": "agent_message_chunk", "content": block})
 
+    # Permission requests with wrong types: the user must still be able to answer them.
+    malformed = [
+        ask({"sessionId": sid, "toolCall": None, "options": hostile("perm-options-string")}),
+        ask({"sessionId": sid, "toolCall": {"toolCallId": ["x"], "title": {"t": "<b>x</b>"}},
+             "options": [None, 5, "<img src=x onerror=alert(1)>",
+                         {"optionId": "allow", "name": {"html": "<b>x</b>"}, "kind": ["allow_once"]}]}),
+    ]
     outcome = ask({
         "sessionId": sid,
         "toolCall": {**tool_call("tool-perm", "perm", "edit", "pending"),
@@ -364,7 +371,8 @@ def stream(sid: str, prompt: str, ask) -> None:
              "kind": "reject_once\" onmouseover=\"alert(1)"},
         ],
     })
-    text_chunk(sid, "agent_message_chunk", f"\n\npermission outcome: {json.dumps(outcome)}\n\n{END_MARKER}\n")
+    text_chunk(sid, "agent_message_chunk",
+               f"\n\npermission outcomes: {json.dumps(malformed)} {json.dumps(outcome)}\n\n{END_MARKER}\n")
 
 
 class Agent:

@@ -184,11 +184,27 @@ describe('hostile agent output never executes', { timeout: 300_000 }, () => {
       // A hostile turn, streamed live.
       await page.getByTestId('prompt-input').fill(PROMPT);
       await page.getByTestId('send').click();
-      const permission = page.locator('#permissions [data-testid="permission"]');
-      await permission.waitFor();
-      assert.equal(await permission.locator('img, script, svg, a').count(), 0, 'HTML in the permission card');
-      await page.locator('#permissions [data-testid="permission-option"][data-option-id="allow"]').click();
-      await page.locator('#log').getByText(END_MARKER).first().waitFor();
+      // Three permission requests (two with wrong JSON types): each is checked while on screen and
+      // answered (`allow` where offered, else the first button), then the agent sends its end marker.
+      const answered = [];
+      const cardProblems = [];
+      const seen = new Set(); // cards answered, by their heading's id
+      await waitUntil('the permission requests answered and the end marker', async () => {
+        const card = page.locator('#permissions [data-testid="permission"]').last();
+        const cardId = await card.getAttribute('aria-labelledby', { timeout: 100 }).catch(() => null);
+        if (cardId && !seen.has(cardId)) {
+          seen.add(cardId);
+          cardProblems.push(...await page.evaluate(scanPage, { forbidden: FORBIDDEN_TAGS, urlAttrs: URL_ATTRS, regions: ['#permissions'] }));
+          if (await card.locator('img, script, a, iframe, b').count()) cardProblems.push(`HTML in ${await card.innerHTML()}`);
+          const allow = card.locator('[data-option-id="allow"]');
+          const button = (await allow.count()) ? allow.first() : card.locator('button').first();
+          answered.push(await button.textContent());
+          await button.click();
+        }
+        return page.locator('#log').getByText(END_MARKER).first().isVisible();
+      }, { ms: 3 * STEP_MS });
+      assert.deepEqual(cardProblems, [], 'hostile content in a permission card');
+      assert.equal(answered.length, 3, `permission requests answered: ${JSON.stringify(answered)}`);
       await page.getByTestId('send').waitFor();
 
       const check = async (when) => {

@@ -162,7 +162,7 @@ const lex = (src) => marked.lexer(src);
 // --- code blocks ---------------------------------------------------------------------------------
 
 /** Longest code highlighted (the rest shows plain); guessing a language is costlier, so shorter. */
-const HIGHLIGHT_MAX = 100_000;
+const HIGHLIGHT_MAX = 50_000;
 const AUTO_MAX = 2_000;
 
 function languageOf(code) {
@@ -301,6 +301,8 @@ export function renderInto(container, src) {
 const PIECE = 4_000;
 /** Work per render() call (ms) after which the rest waits for the next frame. */
 const FRAME_BUDGET_MS = 12;
+/** Settled text beyond this many UTF-16 units is dropped from memory (only the tail is ever read again). */
+const REBASE = 32_000;
 /** A message longer than this gets `md-long`: its blocks skip layout while out of view (messages.css). */
 const LONG_MESSAGE = 16_000;
 /** An open code fence longer than this streams as plain text until it closes. */
@@ -315,7 +317,8 @@ export class MarkdownStream {
   /** @param container {Element} the element the message's blocks are appended to */
   constructor(container) {
     this.el = container;
-    this.src = '';
+    this.src = ''; // the text not yet forgotten (see #rebase)
+    this.length = 0; // all the text pushed so far
     this.settled = 0; // src[0, settled) is rendered and frozen in the DOM
     this.scanned = 0; // src[0, scanned) is complete lines already scanned for settle points
     this.points = []; // settle points found by the scan, ascending; those <= settled are dropped
@@ -332,7 +335,8 @@ export class MarkdownStream {
     if (!text) return;
     this.src += text;
     this.dirty = true;
-    if (this.src.length > LONG_MESSAGE) this.el.classList.add('md-long');
+    this.length += text.length;
+    if (this.length > LONG_MESSAGE) this.el.classList.add('md-long');
   }
 
   /**
@@ -357,6 +361,7 @@ export class MarkdownStream {
         return true;
       }
     }
+    if (this.settled > REBASE) this.#rebase();
     if (!final && now < this.notBefore) return true;
     this.#renderTail();
     const spent = performance.now() - now;
@@ -398,6 +403,20 @@ export class MarkdownStream {
       return split;
     }
     return this.points[0] ?? (final ? end : this.settled);
+  }
+
+  /** Forgets the settled text (it is in the DOM): offsets into `src` move down by `settled`. */
+  #rebase() {
+    const by = this.settled;
+    this.src = this.src.slice(by);
+    this.settled = 0;
+    this.scanned -= by;
+    this.points = this.points.map((point) => point - by);
+    if (this.fence) this.fence.start -= by;
+    if (this.live) {
+      this.live.start -= by;
+      this.live.shown -= by;
+    }
   }
 
   /** Finds settle points in the complete lines that arrived since the last scan. */

@@ -206,15 +206,17 @@ describe('messages: Markdown, code blocks, thoughts, content blocks, long turns'
       let code = '';
       for (let i = 0; i < 150; i += 1) code += `    let value_${i} = compute(${i}); // line ${i}\n`;
       // Blank lines inside fences and <details>, a fence right after a paragraph and one inside a
-      // list item, a fence long enough to stream as plain text until it closes.
-      const doc = [
-        '# Title', '', 'Some *text* with `code` and a [link](https://example.com).', 'Second line.', '',
+      // list item, a fence long enough to stream as plain text until it closes; five times over,
+      // so that the stream also forgets settled text on the way (past 32,000 characters).
+      const part = [
         '| a | b |', '|---|---|', '| 1 | 2 |', '', '- [x] done', '- [ ] todo', '',
         '```rust', 'fn main() {', '    println!("hi");', '', '    let x = 1;', '}', '```', 'Right after a fence.', '',
         '> quote', '> more', '', '1. one', '2. two', '   ```js', '   let a = 1;', '', '   let b = 2;', '   ```', '3. three', '',
         '<details>', '<summary>More</summary>', '', 'Hidden *text*.', '', '</details>', '',
-        '```rust', 'fn long() {', code + '}', '```', '', '~~~', 'plain tilde', '~~~', '', 'Final paragraph', 'spanning lines.',
+        '```rust', 'fn long() {', code + '}', '```', '', '~~~', 'plain tilde', '~~~', '',
       ].join('\n');
+      const doc = `# Title\n\nSome *text* with \`code\` and a [link](https://example.com).\nSecond line.\n\n${
+        part.repeat(5)}Final paragraph\nspanning lines.`;
       const whole = document.createElement('div');
       whole.append(renderMarkdown(doc));
       let seed = 7;
@@ -235,7 +237,7 @@ describe('messages: Markdown, code blocks, thoughts, content blocks, long turns'
         const want = whole.innerHTML;
         let same = 0;
         while (same < got.length && got[same] === want[same]) same += 1;
-        outcomes.push({ longest, equal: got === want, got: got.slice(same - 60, same + 100), want: want.slice(same - 60, same + 100) });
+        outcomes.push({ longest, length: doc.length, equal: got === want, got: got.slice(same - 60, same + 100), want: want.slice(same - 60, same + 100) });
       }
       return outcomes;
     });

@@ -30,7 +30,7 @@ pub struct Config {
     /// Token verification.
     pub jwt: JwtConfig,
     /// Command line of the default agent (`ACP_GATEWAY_AGENT`), split like a shell would.
-    /// Overrides `agents.default.command`/`args`; `None` means this binary's `demo-agent`.
+    /// Overrides `agents.default.command`/`args`; `None` means this binary's `demo-agent --showcase`.
     pub agent: Option<String>,
     /// Named agents. `default` always exists after [`Config::finish`].
     pub agents: BTreeMap<String, AgentConfig>,
@@ -395,7 +395,8 @@ impl Config {
             let exe = std::env::current_exe()
                 .map_err(|e| ConfigError::Invalid(format!("cannot locate this binary for the demo agent: {e}")))?;
             default.command = exe.to_string_lossy().into_owned();
-            default.args = vec!["demo-agent".into()];
+            // The showcase: a new user sees every part of the web UI with no agent installed.
+            default.args = vec!["demo-agent".into(), "--showcase".into()];
         }
         for (name, agent) in &self.agents {
             if agent.command.is_empty() {
@@ -505,7 +506,7 @@ mod tests {
     fn defaults_run_the_demo_agent() {
         let c = load(None, &[]).expect("defaults load");
         assert_eq!(c.listen.to_string(), "127.0.0.1:8080");
-        assert_eq!(c.agents[DEFAULT_AGENT].args, vec!["demo-agent"]);
+        assert_eq!(c.agents[DEFAULT_AGENT].args, vec!["demo-agent", "--showcase"]);
         assert_eq!(c.sqlite_path(), Some(Path::new("data/acp-gateway.db")));
     }
 

@@ -34,6 +34,10 @@ use tokio::sync::oneshot;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
+mod content;
+mod showcase;
+mod workspace;
+
 /// Longest accepted input line; longer lines are skipped and answered with a -32700 error.
 const MAX_LINE: usize = 16 << 20;
 /// Most updates kept per session for `session/load` replay (oldest dropped first).
@@ -46,9 +50,10 @@ const ECHO_MAX: usize = 100;
 /// Options for the demo agent, settable by flags and environment variables.
 #[derive(Debug, Clone, clap::Args)]
 pub struct DemoAgentOptions {
-    /// Number of agent_message_chunk updates streamed per prompt
-    #[arg(long, env = "ACP_DEMO_CHUNKS", default_value_t = 8)]
-    pub chunks: u64,
+    /// Number of agent_message_chunk updates streamed per prompt [default: 8; with --showcase,
+    /// the Markdown answer is cut into about 40 pieces]
+    #[arg(long, env = "ACP_DEMO_CHUNKS")]
+    pub chunks: Option<u64>,
     /// Delay between updates in microseconds (0 = as fast as possible)
     #[arg(long, env = "ACP_DEMO_DELAY_US", default_value_t = 20_000)]
     pub delay_us: u64,
@@ -59,6 +64,11 @@ pub struct DemoAgentOptions {
     /// HOME in
     #[arg(long)]
     pub require_auth: bool,
+    /// Show off every part of an ACP client: modes, config options, slash commands, thoughts, a
+    /// plan, read / edit (really writes `acp-demo/hello.rs` under the session's cwd) / execute
+    /// tool calls, a Markdown answer and usage updates
+    #[arg(long, env = "ACP_DEMO_SHOWCASE")]
+    pub showcase: bool,
     /// Where the login marker lives (default: $HOME); for in-process tests
     #[arg(skip)]
     pub home: Option<PathBuf>,
@@ -67,14 +77,18 @@ pub struct DemoAgentOptions {
 impl Default for DemoAgentOptions {
     fn default() -> Self {
         Self {
-            chunks: 8,
+            chunks: None,
             delay_us: 20_000,
             load_session: true,
             require_auth: false,
+            showcase: false,
             home: None,
         }
     }
 }
+
+/// Reply chunks per prompt when neither `--chunks` nor `[chunks=N]` says.
+const DEFAULT_CHUNKS: u64 = 8;
 
 /// The one auth method the demo agent offers with `--require-auth`.
 const LOGIN_METHOD: &str = "demo-login";
@@ -129,7 +143,8 @@ struct Controls {
     chunks: Option<u64>,
     /// `[delay_us=N]`: wait N microseconds between updates instead of the configured delay.
     delay_us: Option<u64>,
-    /// `[permission]`: ask the client for permission before running the tool call.
+    /// `[permission]`, or the words "ask me" or "permission" anywhere (any case): ask the client
+    /// for permission before running the tool call.
     permission: bool,
     /// `[crash]`: send one chunk, then exit the process with code 3.
     crash: bool,
@@ -145,11 +160,33 @@ fn parse_controls(text: &str) -> Controls {
     Controls {
         chunks: num("chunks"),
         delay_us: num("delay_us"),
-        permission: text.contains("[permission]"),
+        permission: text.contains("[permission]") || asks_permission(text),
         crash: text.contains("[crash]"),
         hang: text.contains("[hang]"),
         title: tag_value(text, "title").filter(|t| !t.is_empty()).map(str::to_owned),
     }
+}
+
+/// Whether the prompt asks in words to be asked first: "ask me", or a word starting with
+/// "permission" ("permission", "permissions"), in any case, not inside a longer word.
+fn asks_permission(text: &str) -> bool {
+    let lower = text.to_lowercase();
+    let starts_word = |i: usize| {
+        lower
+            .get(..i)
+            .and_then(|before| before.chars().next_back())
+            .is_none_or(|c| !c.is_alphanumeric())
+    };
+    let ends_word = |i: usize| {
+        lower
+            .get(i..)
+            .and_then(|after| after.chars().next())
+            .is_none_or(|c| !c.is_alphanumeric())
+    };
+    lower
+        .match_indices("ask me")
+        .any(|(i, m)| starts_word(i) && ends_word(i + m.len()))
+        || lower.match_indices("permission").any(|(i, _)| starts_word(i))
 }
 
 /// The text between `[key=` and the next `]`, if present.
@@ -237,6 +274,11 @@ struct Session {
     cancel: Mutex<CancellationToken>,
     /// Held by the running prompt; later prompts queue on it.
     turn: tokio::sync::Mutex<()>,
+    /// The working directory the client gave (`session/new`, `load`, `resume`); showcase
+    /// edits write under it and nowhere else.
+    cwd: Mutex<Option<PathBuf>>,
+    /// Showcase mode's per-session choices (mode, model, effort) and running usage.
+    show: Mutex<showcase::State>,
 }
 
 impl Session {
@@ -252,6 +294,8 @@ impl Session {
             history: Mutex::default(),
             cancel: Mutex::default(),
             turn: tokio::sync::Mutex::new(()),
+            cwd: Mutex::default(),
+            show: Mutex::default(),
         }
     }
 
@@ -262,6 +306,22 @@ impl Session {
         if h.len() > MAX_HISTORY {
             h.pop_front();
         }
+    }
+
+    /// Remembers the client's `cwd` from a `session/new|load|resume` request's params.
+    fn set_cwd(&self, params: &Value) {
+        if let Some(cwd) = params.get("cwd").and_then(Value::as_str) {
+            *lock(&self.cwd) = Some(PathBuf::from(cwd));
+        }
+    }
+
+    /// One `session/update` notification line for `update` (serialized).
+    fn update_line(&self, update: &str) -> Vec<u8> {
+        let mut line = Vec::with_capacity(self.prefix.len() + update.len() + 3);
+        line.extend_from_slice(&self.prefix);
+        line.extend_from_slice(update.as_bytes());
+        line.extend_from_slice(b"}}\n");
+        line
     }
 
     /// Cancels every prompt received so far.
@@ -440,7 +500,16 @@ impl Agent {
             }
             ("session/new", _) => {
                 let sid = format!("demo-{}", uuid::Uuid::new_v4());
-                self.session_or_create(&sid);
+                let s = self.session_or_create(&sid);
+                s.set_cwd(&params);
+                if self.opts.showcase {
+                    let mut answer = json!({"sessionId": sid});
+                    if let (Some(a), Value::Object(state)) = (answer.as_object_mut(), showcase::session_state(&s)) {
+                        a.extend(state);
+                    }
+                    self.answer_then_commands(&s, id, &answer, true).await?;
+                    return Ok(None);
+                }
                 Ok(json!({"sessionId": sid}))
             }
             ("session/load", Some(sid)) if self.opts.load_session => {
@@ -452,14 +521,49 @@ impl Agent {
                     buf.extend_from_slice(update.as_bytes());
                     buf.extend_from_slice(b"}}\n");
                 }
+                s.set_cwd(&params);
+                if self.opts.showcase {
+                    self.write(&buf).await?;
+                    self.answer_then_commands(&s, id, &showcase::session_state(&s), false)
+                        .await?;
+                    return Ok(None);
+                }
                 serde_json::to_writer(&mut buf, &json!({"jsonrpc": "2.0", "id": id, "result": {}}))?;
                 buf.push(b'\n');
                 self.write(&buf).await?;
                 return Ok(None);
             }
             ("session/resume", Some(sid)) => {
-                self.session_or_create(sid);
+                let s = self.session_or_create(sid);
+                s.set_cwd(&params);
+                if self.opts.showcase {
+                    self.answer_then_commands(&s, id, &showcase::session_state(&s), false)
+                        .await?;
+                    return Ok(None);
+                }
                 Ok(json!({}))
+            }
+            ("session/set_mode" | "session/set_config_option", Some(sid)) if self.opts.showcase => {
+                let Some(s) = self.session(sid) else {
+                    return Ok(Some(Err((-32002, "session not found"))));
+                };
+                let changed = if method == "session/set_mode" {
+                    showcase::set_mode(&s, &params)
+                } else {
+                    showcase::set_config_option(&s, &params)
+                };
+                let (answer, update) = match changed {
+                    Ok(pair) => pair,
+                    Err(e) => return Ok(Some(Err(e))),
+                };
+                // The answer first, then the update that tells every client of the session.
+                let update = update.to_string();
+                s.record(&update);
+                let mut buf = serde_json::to_vec(&json!({"jsonrpc": "2.0", "id": id, "result": answer}))?;
+                buf.push(b'\n');
+                buf.extend_from_slice(&s.update_line(&update));
+                self.write(&buf).await?;
+                return Ok(None);
             }
             ("session/close", Some(sid)) => {
                 if let Some(s) = lock(&self.sessions).remove(sid) {
@@ -481,9 +585,26 @@ impl Agent {
             {
                 Err((-32602, "invalid params: missing sessionId"))
             }
+            ("session/set_mode" | "session/set_config_option", None) if self.opts.showcase => {
+                Err((-32602, "invalid params: missing sessionId"))
+            }
             _ => Err((-32601, "method not found")),
         };
         Ok(Some(answer))
+    }
+
+    /// Answers a showcase `session/new|load|resume` with `result`, then announces the slash
+    /// commands (recorded in the history only at `session/new`, so that loads do not pile
+    /// them up).
+    async fn answer_then_commands(&self, s: &Session, id: &Value, result: &Value, record: bool) -> io::Result<()> {
+        let update = showcase::commands_update().to_string();
+        if record {
+            s.record(&update);
+        }
+        let mut buf = serde_json::to_vec(&json!({"jsonrpc": "2.0", "id": id, "result": result}))?;
+        buf.push(b'\n');
+        buf.extend_from_slice(&s.update_line(&update));
+        self.write(&buf).await
     }
 
     /// Runs one prompt turn (in its own task) and answers the request.
@@ -509,7 +630,11 @@ impl Agent {
         let result = tokio::select! {
             _ = token.cancelled() => Err(Stop::Cancelled),
             guard = s.turn.lock() => {
-                let r = t.run(blocks, text, &c).await;
+                let r = if self.opts.showcase {
+                    t.showcase(blocks, text, &c).await
+                } else {
+                    t.run(blocks, text, &c).await
+                };
                 drop(guard);
                 r
             }
@@ -695,7 +820,7 @@ impl Turn<'_> {
             .nth(ECHO_MAX)
             .and_then(|(i, _)| text.get(..i))
             .unwrap_or(text);
-        let n = c.chunks.unwrap_or(self.agent.opts.chunks);
+        let n = c.chunks.or(self.agent.opts.chunks).unwrap_or(DEFAULT_CHUNKS);
         let mut line = String::with_capacity(echo.len() + 64);
         for i in 1..=n {
             line.clear();
@@ -728,7 +853,26 @@ mod tests {
         assert_eq!(c, Controls::default());
         assert_eq!(parse_controls("[chunks= 12 ]").chunks, Some(12));
         assert_eq!(parse_controls("[title=é]").title.as_deref(), Some("é"));
-        assert!(!parse_controls("[permission").permission);
+        // An unterminated `[permission` still asks: the word alone does (issue 11).
+        assert!(parse_controls("[permission").permission);
+        assert!(!parse_controls("[permisson]").permission);
+    }
+
+    #[test]
+    fn words_ask_for_permission() {
+        for asks in [
+            "please ASK ME first",
+            "Ask me.",
+            "you have my Permission",
+            "permissions?",
+            "(permission)",
+            "ask me",
+        ] {
+            assert!(parse_controls(asks).permission, "{asks}");
+        }
+        for plain in ["task me", "ask meaning", "askme", "nopermission", "ask  me", "hello"] {
+            assert!(!parse_controls(plain).permission, "{plain}");
+        }
     }
 
     #[test]

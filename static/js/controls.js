@@ -1,0 +1,819 @@
+// Session controls: the working-directory picker, the agent's modes and config options (model,
+// reasoning effort, …), its slash commands with completion in the prompt box, and usage (the
+// context window and cost per session in the header, the change per turn under each reply).
+//
+// app.js owns the connection and the conversation and tells this module what happens:
+//   loaded(id, result, opts)  a session/new|load|resume result (`modes`, `configOptions`)
+//   observe(params)           every `session/update` of every session, in arrival order
+//   render(update)            from Conversation.apply (the current session, replays included)
+//   show(session)             the current session changed (the conversation was reset)
+//   beginTurn(id) / endTurn(id, result)   a session/prompt of this tab starts / is answered
+//
+// Session state (mode, options, commands, usage) follows `observe`, which sees every update once
+// in wire order: a `session/load` answer therefore lands after the updates it replayed, and an
+// update already seen (by `_meta.gateway.seq`) is never applied twice when a session is loaded
+// again. Per-turn lines belong to the conversation view and follow `render`, which runs once per
+// update shown. Agent strings only ever reach the DOM as text.
+
+const $ = (id) => document.getElementById(id);
+
+/** Builds an element. Props: class, testid, text, on<event>, booleans as properties, rest as attributes. */
+function h(tag, props = {}, ...children) {
+  const node = document.createElement(tag);
+  for (const [key, value] of Object.entries(props)) {
+    if (value == null) continue;
+    if (key === 'class') node.className = value;
+    else if (key === 'testid') node.dataset.testid = value;
+    else if (key === 'text') node.textContent = value;
+    else if (key.startsWith('on')) node.addEventListener(key.slice(2), value);
+    else if (typeof value === 'boolean') node[key] = value;
+    else node.setAttribute(key, String(value));
+  }
+  for (const child of children.flat()) if (child != null) node.append(child);
+  return node;
+}
+
+const str = (v) => (typeof v === 'string' ? v : '');
+const num = (v) => (typeof v === 'number' && Number.isFinite(v) ? v : null);
+
+// --- what the agent sends, checked (ACP v1 schema shapes) -----------------------------------
+
+/** SessionModeState → {currentModeId, availableModes: [{id, name, description}]} or null. */
+function cleanModes(modes) {
+  if (!modes || typeof modes !== 'object' || !Array.isArray(modes.availableModes)) return null;
+  const availableModes = modes.availableModes
+    .filter((m) => m && str(m.id))
+    .map((m) => ({ id: m.id, name: str(m.name) || m.id, description: str(m.description) }));
+  if (!availableModes.length) return null;
+  return { currentModeId: str(modes.currentModeId), availableModes };
+}
+
+/** One SessionConfigSelectOption. */
+const cleanChoice = (o) => (o && str(o.value) ? { value: o.value, name: str(o.name) || o.value, description: str(o.description) } : null);
+
+/**
+ * SessionConfigOption[]: `select` options (flat, or grouped as {group, name, options}) and
+ * `boolean` ones; other kinds are skipped, as the schema's own reader does.
+ */
+function cleanConfig(options) {
+  if (!Array.isArray(options)) return [];
+  const out = [];
+  for (const o of options) {
+    if (!o || !str(o.id)) continue;
+    const base = { id: o.id, name: str(o.name) || o.id, description: str(o.description), category: str(o.category) };
+    if (o.type === 'boolean' && typeof o.currentValue === 'boolean') {
+      out.push({ ...base, type: 'boolean', currentValue: o.currentValue });
+    } else if (o.type === 'select' && Array.isArray(o.options)) {
+      const grouped = o.options.some((g) => g && Array.isArray(g.options));
+      const groups = grouped
+        ? o.options.filter((g) => g && Array.isArray(g.options))
+          .map((g) => ({ name: str(g.name) || str(g.group), options: g.options.map(cleanChoice).filter(Boolean) }))
+        : [{ name: '', options: o.options.map(cleanChoice).filter(Boolean) }];
+      out.push({ ...base, type: 'select', currentValue: str(o.currentValue), groups });
+    }
+  }
+  return out;
+}
+
+/** AvailableCommand[] → [{name, description, hint}] (a leading "/" in a name is dropped). */
+function cleanCommands(commands) {
+  if (!Array.isArray(commands)) return [];
+  return commands
+    .filter((c) => c && str(c.name))
+    .map((c) => ({ name: c.name.replace(/^\//, ''), description: str(c.description), hint: str(c.input?.hint) }))
+    .filter((c) => c.name && !/\s/.test(c.name));
+}
+
+/** UsageUpdate → {used, size, cost: {amount, currency} | null} or null. */
+function cleanUsage(u) {
+  const used = num(u?.used);
+  const size = num(u?.size);
+  if (used == null || size == null) return null;
+  const amount = num(u.cost?.amount);
+  return { used, size, cost: amount != null && str(u.cost.currency) ? { amount, currency: u.cost.currency } : null };
+}
+
+// --- formatting -----------------------------------------------------------------------------
+
+const compactFormat = new Intl.NumberFormat(undefined, { notation: 'compact', maximumFractionDigits: 1 });
+const compact = (n) => compactFormat.format(n);
+const whole = (n) => Math.round(n).toLocaleString();
+
+/** An amount in its currency (ISO 4217), or "12.5 credits" for other units. */
+function money(amount, currency) {
+  const digits = Math.abs(amount) < 1 ? 4 : 2;
+  try {
+    return new Intl.NumberFormat(undefined, { style: 'currency', currency, minimumFractionDigits: 2, maximumFractionDigits: digits })
+      .format(amount);
+  } catch {
+    return `${amount.toLocaleString(undefined, { maximumFractionDigits: digits })} ${currency}`;
+  }
+}
+
+const signed = (n, format) => (n > 0 ? `+${format(n)}` : n < 0 ? `−${format(-n)}` : format(0));
+
+/** Joins a directory and a child name as the gateway's paths are written (absolute, `/`). */
+const joinPath = (dir, name) => `${dir.replace(/\/+$/, '')}/${name}`;
+
+const UPDATE_KINDS = new Set(['current_mode_update', 'config_option_update', 'available_commands_update', 'usage_update']);
+
+// ---------------------------------------------------------------------------------------------
+
+export class Controls {
+  /**
+   * @param deps.request  (method, params) => Promise: an ACP request on the current connection
+   * @param deps.api      (path, fetchOptions) => Promise: app.js's same-origin JSON fetch
+   * @param deps.append   (node) => void: appends a block to the conversation
+   * @param deps.flush    () => void: renders the conversation's queued updates now
+   * @param deps.defaultCwd () => string: the user's first workspace root
+   * @param deps.roots    () => string[]: the user's workspace roots (GET /api/me)
+   */
+  constructor(deps) {
+    this.deps = deps;
+    /** sessionId → {modes, configOptions, commands, usage, seq}: survives switching sessions. */
+    this.sessions = new Map();
+    /** The shown session: {id, cwd} or null. */
+    this.current = null;
+    this.view = this.#freshView(null);
+    this.ui = {
+      cwd: $('cwd-input'), browse: $('cwd-browse'), sessionCwd: $('session-cwd'), usage: $('session-usage'),
+      controls: $('session-controls'), input: $('prompt-input'), list: $('slash-list'), composer: $('composer'),
+    };
+    this.picker = new CwdPicker({ api: deps.api, defaultCwd: deps.defaultCwd, roots: deps.roots ?? (() => []),
+      onChoose: (path) => this.#chooseCwd(path) });
+    this.ui.browse?.addEventListener('click', () => this.picker.open(this.ui.cwd.value.trim()));
+    this.slash = new SlashCompletion(this.ui, () => this.#state(this.current?.id)?.commands ?? []);
+    this.#renderAll();
+  }
+
+  // --- events from app.js --------------------------------------------------------------------
+
+  /** A session/new (`fresh`), session/load or session/resume result for session `id`. */
+  loaded(id, result, { fresh = false, running = false } = {}) {
+    if (!id) return;
+    const s = this.#state(id, true);
+    if (result && typeof result === 'object') {
+      // A load that does not mention them leaves what the replay brought; a new session has none.
+      if (fresh || 'modes' in result) s.modes = cleanModes(result.modes);
+      if (fresh || 'configOptions' in result) s.configOptions = cleanConfig(result.configOptions);
+    }
+    if (id === this.current?.id) {
+      this.#renderControls();
+      if (!fresh) {
+        // Every replayed update is in the conversation's queue by now: the last replayed turn
+        // gets its usage line, unless this tab's own prompt is still running (endTurn does it).
+        this.deps.flush();
+        this.view.loaded = true;
+        if (!running) this.#closeTurn();
+      }
+    }
+  }
+
+  /** Every `session/update` (all sessions, live and replayed), before the conversation sees it. */
+  observe(params) {
+    const update = params?.update;
+    if (!update || !UPDATE_KINDS.has(update.sessionUpdate) || !str(params.sessionId)) return;
+    const s = this.#state(params.sessionId, true);
+    const seq = params._meta?.gateway?.seq;
+    if (typeof seq === 'number') {
+      if (seq <= s.seq) return; // seen before: this is a replay of it
+      s.seq = seq;
+    }
+    const shown = params.sessionId === this.current?.id;
+    switch (update.sessionUpdate) {
+      case 'current_mode_update':
+        if (s.modes && str(update.currentModeId)) s.modes.currentModeId = update.currentModeId;
+        if (shown) this.#renderControls();
+        break;
+      case 'config_option_update':
+        s.configOptions = cleanConfig(update.configOptions);
+        if (shown) this.#renderControls();
+        break;
+      case 'available_commands_update':
+        s.commands = cleanCommands(update.availableCommands);
+        if (shown) this.slash.refresh();
+        break;
+      case 'usage_update': {
+        const usage = cleanUsage(update);
+        if (usage) s.usage = usage;
+        if (shown) this.#renderUsage();
+        break;
+      }
+      default:
+    }
+  }
+
+  /**
+   * Called by Conversation.apply for each update it shows, in order. Returns true for the
+   * updates this module owns (the conversation shows nothing for them).
+   */
+  render(update) {
+    const kind = update?.sessionUpdate;
+    const view = this.view;
+    if (kind === 'user_message_chunk') {
+      // A user message starts a turn (its chunks are one message; this tab's own prompt started
+      // its turn already in beginTurn, and its echo is not a new one).
+      if (view.prev !== kind && !view.live) {
+        this.#closeTurn();
+        view.turn = { start: view.last, usage: null, promptUsage: null, line: null };
+      }
+      view.prev = kind;
+      return false;
+    }
+    if (kind === 'usage_update') {
+      const usage = cleanUsage(update);
+      if (usage) {
+        view.last = usage;
+        if (view.turn) {
+          view.turn.usage = usage;
+          if (view.turn.line) this.#fillTurnLine(view.turn);
+          else if (view.loaded && !view.live) this.#closeTurn(); // a turn another tab runs
+        }
+      }
+      return true;
+    }
+    if (kind) view.prev = kind;
+    return UPDATE_KINDS.has(kind);
+  }
+
+  /** The current session changed (app.js setCurrent): `session` is {id, cwd} or null. */
+  show(session) {
+    this.current = session?.id ? { id: session.id, cwd: str(session.cwd) } : null;
+    this.view = this.#freshView(this.current?.id ?? null);
+    this.#renderAll();
+  }
+
+  /** This tab sends a prompt in session `id`. */
+  beginTurn(id) {
+    if (id !== this.view.sessionId) return;
+    this.#closeTurn();
+    this.view.turn = { start: this.view.last, usage: null, promptUsage: null, line: null };
+    this.view.live = true;
+    this.view.prev = 'user_message_chunk';
+  }
+
+  /** This tab's prompt in session `id` was answered (`result` is the PromptResponse, or null). */
+  endTurn(id, result) {
+    if (id !== this.view.sessionId) return;
+    this.deps.flush();
+    const usage = result?.usage;
+    if (this.view.turn && usage && typeof usage === 'object') this.view.turn.promptUsage = usage;
+    this.view.live = false;
+    this.#closeTurn();
+  }
+
+  /** A deleted session. */
+  forget(id) {
+    this.sessions.delete(id);
+  }
+
+  // --- state ---------------------------------------------------------------------------------
+
+  #state(id, create = false) {
+    if (!id) return null;
+    let s = this.sessions.get(id);
+    if (!s && create) this.sessions.set(id, (s = { modes: null, configOptions: [], commands: [], usage: null, seq: 0 }));
+    return s ?? null;
+  }
+
+  #freshView(sessionId) {
+    // last: the newest usage shown; turn: the turn being shown; prev: the previous update's kind;
+    // live: this tab's prompt is running; loaded: the session/load answer came.
+    return { sessionId, last: null, turn: null, prev: '', live: false, loaded: false };
+  }
+
+  #chooseCwd(path) {
+    this.ui.cwd.value = path;
+    this.ui.cwd.dispatchEvent(new Event('input', { bubbles: true }));
+    this.ui.cwd.dispatchEvent(new Event('change', { bubbles: true }));
+  }
+
+  // --- rendering -----------------------------------------------------------------------------
+
+  #renderAll() {
+    const cwd = this.current?.cwd ?? '';
+    const label = this.ui.sessionCwd;
+    if (label) {
+      label.hidden = !cwd;
+      label.title = cwd ? `Working directory: ${cwd}` : '';
+      label.replaceChildren(h('span', { class: 'visually-hidden', text: 'Working directory: ' }), h('bdi', { text: cwd }));
+    }
+    this.slash.close();
+    this.#renderControls();
+    this.#renderUsage();
+  }
+
+  #renderUsage() {
+    const box = this.ui.usage;
+    if (!box) return;
+    const usage = this.#state(this.current?.id)?.usage;
+    box.hidden = !usage;
+    if (!usage) return box.replaceChildren();
+    const share = usage.size > 0 ? Math.min(1, usage.used / usage.size) : 0;
+    const exact = `${whole(usage.used)} of ${whole(usage.size)} tokens in context (${Math.round(share * 100)}%)`;
+    const meter = h('meter', { class: 'usage-meter', min: '0', max: '1', low: '0.7', high: '0.9', optimum: '0',
+      value: String(share), 'aria-label': 'Context window used', title: exact });
+    box.title = exact;
+    box.replaceChildren(meter,
+      h('span', { class: 'usage-context', testid: 'usage-context', text: `${compact(usage.used)} / ${compact(usage.size)}` }),
+      usage.cost ? h('span', { class: 'usage-cost', testid: 'usage-cost', title: 'Session cost so far', text: money(usage.cost.amount, usage.cost.currency) }) : null);
+  }
+
+  /** The mode select and one control per config option, updated in place (focus stays put). */
+  #renderControls() {
+    const row = this.ui.controls;
+    if (!row) return;
+    const id = this.current?.id;
+    const s = this.#state(id);
+    const wanted = [];
+    const config = [...(s?.configOptions ?? [])].sort((a, b) => (b.category === 'model') - (a.category === 'model'));
+    // An agent that offers its modes as a config option as well wants clients to use the option.
+    if (s?.modes && !config.some((o) => o.category === 'mode')) wanted.push({ key: 'mode', mode: s.modes });
+    for (const option of config) wanted.push({ key: `config:${option.id}`, option });
+
+    const existing = new Map([...row.querySelectorAll(':scope > .control')].map((el) => [el.dataset.key, el]));
+    const nodes = wanted.map((w) => {
+      const el = existing.get(w.key) ?? this.#makeControl(w);
+      existing.delete(w.key);
+      if (w.mode) this.#fillMode(el, w.mode);
+      else this.#fillOption(el, w.option);
+      return el;
+    });
+    existing.forEach((el) => el.remove());
+    const error = row.querySelector(':scope > .control-error') ?? h('p', { class: 'control-error', role: 'alert', testid: 'control-error' });
+    if (error.dataset.session !== id) error.textContent = '';
+    error.dataset.session = id ?? '';
+    // Only what moved is moved: moving a focused select would drop its focus.
+    [...nodes, error].forEach((node, i) => {
+      if (row.children[i] !== node) row.insertBefore(node, row.children[i] ?? null);
+    });
+    row.hidden = !nodes.length && !error.textContent;
+  }
+
+  #makeControl(w) {
+    const field = w.mode
+      ? h('select', { testid: 'mode-select', onchange: (e) => this.#setMode(e.target) })
+      : w.option.type === 'boolean'
+        ? h('input', { type: 'checkbox', testid: 'config-toggle', onchange: (e) => this.#setOption(e.target) })
+        : h('select', { testid: 'config-select', onchange: (e) => this.#setOption(e.target) });
+    return h('label', { class: `control${w.option?.type === 'boolean' ? ' control-toggle' : ''}`, 'data-key': w.key },
+      h('span', { class: 'control-name' }), field);
+  }
+
+  #fillMode(el, modes) {
+    const select = el.querySelector('select');
+    el.querySelector('.control-name').textContent = 'Mode';
+    const signature = JSON.stringify(modes.availableModes);
+    if (select.dataset.signature !== signature) {
+      select.dataset.signature = signature;
+      select.replaceChildren(...modes.availableModes.map((m) => h('option', { value: m.id, text: m.name, title: m.description || null })));
+    }
+    select.value = modes.currentModeId;
+    const current = modes.availableModes.find((m) => m.id === modes.currentModeId);
+    el.title = current?.description ?? '';
+  }
+
+  #fillOption(el, option) {
+    el.dataset.configId = option.id;
+    el.dataset.category = option.category;
+    el.querySelector('.control-name').textContent = option.category === 'model' ? 'Model' : option.name;
+    el.title = option.description;
+    const field = el.querySelector('select, input');
+    field.dataset.configId = option.id;
+    if (option.type === 'boolean') {
+      field.checked = option.currentValue;
+      return;
+    }
+    const signature = JSON.stringify(option.groups);
+    if (field.dataset.signature !== signature) {
+      field.dataset.signature = signature;
+      const choice = (c) => h('option', { value: c.value, text: c.name, title: c.description || null });
+      field.replaceChildren(...option.groups.map((g) => (g.name
+        ? h('optgroup', { label: g.name }, g.options.map(choice))
+        : g.options.map(choice))).flat());
+    }
+    field.value = option.currentValue;
+  }
+
+  #showError(text) {
+    const error = this.ui.controls?.querySelector('.control-error');
+    if (!error) return;
+    error.textContent = text;
+    this.ui.controls.hidden = false;
+  }
+
+  async #setMode(select) {
+    const id = this.current?.id;
+    const s = this.#state(id);
+    if (!s?.modes) return;
+    const before = s.modes.currentModeId;
+    const modeId = select.value;
+    if (modeId === before) return;
+    s.modes.currentModeId = modeId;
+    this.#showError('');
+    select.setAttribute('aria-busy', 'true');
+    try {
+      await this.deps.request('session/set_mode', { sessionId: id, modeId });
+    } catch (err) {
+      if (s.modes?.currentModeId === modeId) s.modes.currentModeId = before;
+      delete select.dataset.signature; // rebuilt from what the agent offers
+      if (id === this.current?.id) this.#showError(`Could not switch the mode: ${err.message}`);
+    } finally {
+      select.removeAttribute('aria-busy');
+      if (id === this.current?.id) this.#renderControls();
+    }
+  }
+
+  async #setOption(field) {
+    const id = this.current?.id;
+    const s = this.#state(id);
+    const option = s?.configOptions.find((o) => o.id === field.dataset.configId);
+    if (!option) return;
+    const before = option.currentValue;
+    const value = option.type === 'boolean' ? field.checked : field.value;
+    if (value === before) return;
+    option.currentValue = value;
+    this.#showError('');
+    field.setAttribute('aria-busy', 'true');
+    const params = { sessionId: id, configId: option.id, value };
+    if (option.type === 'boolean') params.type = 'boolean';
+    try {
+      const result = await this.deps.request('session/set_config_option', params);
+      if (Array.isArray(result?.configOptions)) s.configOptions = cleanConfig(result.configOptions);
+    } catch (err) {
+      // Revert, unless an update from the agent set something else meanwhile.
+      const now = s.configOptions.find((o) => o.id === option.id);
+      if (now && now.currentValue === value) now.currentValue = before;
+      delete field.dataset.signature; // rebuilt from what the agent offers
+      const label = option.category === 'model' ? 'the model' : `“${option.name}”`;
+      if (id === this.current?.id) this.#showError(`Could not change ${label}: ${err.message}`);
+    } finally {
+      field.removeAttribute('aria-busy');
+      if (id === this.current?.id) this.#renderControls();
+    }
+  }
+
+  // --- per-turn usage ------------------------------------------------------------------------
+
+  /** Puts the open turn's usage line under its reply (once), if the turn reported any usage. */
+  #closeTurn() {
+    const turn = this.view.turn;
+    if (!turn || turn.line || (!turn.usage && !turn.promptUsage)) return;
+    turn.line = h('p', { class: 'turn-usage muted small', testid: 'turn-usage' });
+    this.#fillTurnLine(turn);
+    this.deps.append(turn.line);
+  }
+
+  #fillTurnLine(turn) {
+    const parts = [];
+    const { start, usage, promptUsage } = turn;
+    if (usage) {
+      const delta = usage.used - (start?.used ?? 0);
+      parts.push(`context ${signed(delta, compact)} tokens (${compact(usage.used)} of ${compact(usage.size)})`);
+      const cost = usage.cost;
+      if (cost) {
+        const before = start?.cost?.currency === cost.currency ? start.cost.amount : 0;
+        parts.push(`cost ${money(cost.amount - before, cost.currency)}`);
+      }
+    }
+    const total = num(promptUsage?.totalTokens);
+    if (total != null) {
+      const detail = [['inputTokens', 'in'], ['outputTokens', 'out'], ['thoughtTokens', 'thought'],
+        ['cachedReadTokens', 'cache read'], ['cachedWriteTokens', 'cache write']]
+        .filter(([key]) => num(promptUsage[key]) != null)
+        .map(([key, label]) => `${whole(promptUsage[key])} ${label}`);
+      parts.push(`${whole(total)} tokens${detail.length ? ` (${detail.join(', ')})` : ''}`);
+    }
+    turn.line.textContent = `This turn: ${parts.join(' · ')}`;
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Slash commands: "/" at the start of the prompt opens a list of the agent's commands. The prompt
+// stays a textbox (a <textarea> may not take role=combobox) that owns a listbox through
+// aria-controls / aria-activedescendant; arrows move, Enter or Tab accept, Escape closes.
+
+class SlashCompletion {
+  constructor(ui, commands) {
+    this.ui = ui;
+    this.commands = commands;
+    this.items = [];
+    this.active = -1;
+    this.dismissed = null; // the prompt text Escape closed the list on
+    const { input, list, composer } = ui;
+    if (!input || !list) return;
+    input.setAttribute('aria-autocomplete', 'list');
+    input.setAttribute('aria-haspopup', 'listbox');
+    input.setAttribute('aria-controls', list.id);
+    this.ghost = h('div', { class: 'slash-ghost', 'aria-hidden': 'true', testid: 'slash-hint', hidden: true });
+    input.after(this.ghost);
+    input.addEventListener('input', () => { this.refresh(); this.#hint(); });
+    input.addEventListener('click', () => this.refresh());
+    input.addEventListener('blur', () => this.close());
+    input.addEventListener('scroll', () => this.#hint());
+    // Capture on the form: it runs before app.js's Enter-to-send on the textarea itself.
+    composer.addEventListener('keydown', (event) => this.#key(event), true);
+    list.addEventListener('mousedown', (event) => event.preventDefault()); // keep focus in the prompt
+    new ResizeObserver(() => this.#hint()).observe(input);
+  }
+
+  get open() { return !!this.ui.list && !this.ui.list.hidden; }
+
+  /** The text typed after "/", when the caret is still inside the first word. */
+  #query() {
+    const { value, selectionStart, selectionEnd } = this.ui.input;
+    if (!value.startsWith('/') || selectionStart !== selectionEnd || selectionStart < 1) return null;
+    const typed = value.slice(1, selectionStart);
+    if (/\s/.test(typed) || /\S/.test(value.slice(selectionStart, selectionStart + 1))) return null;
+    return typed;
+  }
+
+  /** Opens, filters or closes the list for the prompt as it is now. */
+  refresh() {
+    const { input, list } = this.ui;
+    if (!input || !list) return;
+    const query = this.#query();
+    if (input.value !== this.dismissed) this.dismissed = null;
+    if (query == null || this.dismissed != null) return this.close();
+    const q = query.toLowerCase();
+    const all = this.commands();
+    const matches = [
+      ...all.filter((c) => c.name.toLowerCase().startsWith(q)),
+      ...all.filter((c) => !c.name.toLowerCase().startsWith(q) && c.name.toLowerCase().includes(q)),
+    ].slice(0, 50);
+    if (!matches.length) return this.close();
+    const keep = this.items[this.active]?.name;
+    this.items = matches;
+    this.active = Math.max(0, matches.findIndex((c) => c.name === keep));
+    list.replaceChildren(...matches.map((c, i) => h('li', {
+      id: `slash-option-${i}`, role: 'option', class: 'slash-option', testid: 'slash-option', 'data-name': c.name,
+      onclick: () => this.#accept(i),
+      onmousemove: () => { if (this.active !== i) this.#move(i); },
+    },
+    h('span', { class: 'slash-name', text: `/${c.name}` }),
+    c.description ? h('span', { class: 'slash-description', text: c.description }) : null,
+    c.hint ? h('span', { class: 'slash-input', text: c.hint }) : null)));
+    list.hidden = false;
+    this.#move(this.active);
+  }
+
+  close() {
+    const { input, list } = this.ui;
+    if (!list || list.hidden) return;
+    list.hidden = true;
+    list.replaceChildren();
+    this.items = [];
+    this.active = -1;
+    input.removeAttribute('aria-activedescendant');
+  }
+
+  #move(index) {
+    const options = this.ui.list.children;
+    if (!options.length) return;
+    this.active = (index + options.length) % options.length;
+    [...options].forEach((li, i) => li.setAttribute('aria-selected', String(i === this.active)));
+    options[this.active].scrollIntoView({ block: 'nearest' });
+    this.ui.input.setAttribute('aria-activedescendant', options[this.active].id);
+  }
+
+  #accept(index) {
+    const command = this.items[index];
+    if (!command) return;
+    const { input } = this.ui;
+    const rest = input.value.replace(/^\/\S*\s*/, '');
+    const head = `/${command.name} `;
+    input.value = head + rest;
+    input.setSelectionRange(head.length, head.length);
+    this.close();
+    input.focus();
+    input.dispatchEvent(new Event('input', { bubbles: true }));
+  }
+
+  #key(event) {
+    if (event.target !== this.ui.input || event.isComposing) return;
+    if (!this.open) {
+      if ((event.key === 'ArrowDown' && event.altKey) || (event.key === ' ' && event.ctrlKey)) {
+        this.dismissed = null;
+        this.refresh();
+        if (this.open) event.preventDefault();
+      }
+      return;
+    }
+    const stop = () => { event.preventDefault(); event.stopPropagation(); };
+    switch (event.key) {
+      case 'ArrowDown': stop(); this.#move(this.active + 1); break;
+      case 'ArrowUp': stop(); this.#move(this.active - 1); break;
+      case 'Home': case 'End':
+        if (event.ctrlKey) { stop(); this.#move(event.key === 'Home' ? 0 : this.items.length - 1); }
+        break;
+      case 'Enter':
+        if (event.shiftKey) break;
+        stop(); this.#accept(this.active); break;
+      case 'Tab':
+        if (event.shiftKey) break;
+        stop(); this.#accept(this.active); break;
+      case 'Escape':
+        stop(); this.dismissed = this.ui.input.value; this.close(); break;
+      default:
+    }
+  }
+
+  /**
+   * The command's input hint, shown like a placeholder after "/name " while nothing follows it
+   * (a real placeholder only shows in an empty box): a copy of the prompt's text in the same
+   * font and padding, transparent except for the hint.
+   */
+  #hint() {
+    const { input } = this.ui;
+    const ghost = this.ghost;
+    if (!ghost) return;
+    const match = /^\/(\S+) $/.exec(input.value);
+    const command = match && this.commands().find((c) => c.name === match[1]);
+    if (!command?.hint || input.scrollTop > 0) {
+      ghost.hidden = true;
+      return;
+    }
+    const cs = getComputedStyle(input);
+    for (const p of ['fontFamily', 'fontSize', 'lineHeight', 'letterSpacing', 'paddingTop', 'paddingLeft', 'paddingRight',
+      'borderTopWidth', 'borderLeftWidth', 'borderRightWidth']) ghost.style[p] = cs[p];
+    ghost.style.left = `${input.offsetLeft}px`;
+    ghost.style.top = `${input.offsetTop}px`;
+    ghost.style.width = `${input.offsetWidth}px`;
+    ghost.replaceChildren(h('span', { class: 'slash-ghost-typed', text: input.value }), h('span', { text: command.hint }));
+    ghost.hidden = false;
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The working-directory picker: a modal <dialog> over GET /api/fs/dirs (the folders under a path
+// inside the user's workspace roots) and POST /api/fs/dirs (a new folder). The folder list is
+// one tab stop: arrows move in it, Enter opens a folder, Backspace or Alt+↑ goes up.
+
+class CwdPicker {
+  constructor({ api, defaultCwd, roots, onChoose }) {
+    this.api = api;
+    this.defaultCwd = defaultCwd;
+    this.rootsOf = roots;
+    this.onChoose = onChoose;
+    this.dialog = null;
+    this.listing = null; // the last GET answer shown
+    this.token = 0; // discards answers to superseded listings
+  }
+
+  #build() {
+    const title = h('h2', { id: 'cwd-dialog-title', text: 'Choose a working directory' });
+    this.rootsField = h('label', { class: 'field cwd-roots', hidden: true }, h('span', { text: 'Workspace root' }),
+      this.roots = h('select', { testid: 'cwd-roots', onchange: () => this.go(this.roots.value) }));
+    this.crumbs = h('ol', { class: 'cwd-crumbs' });
+    this.entries = h('ul', { class: 'cwd-entries', testid: 'cwd-entries', 'aria-labelledby': 'cwd-dialog-title', onkeydown: (e) => this.#listKey(e) });
+    this.note = h('p', { class: 'muted small cwd-note', testid: 'cwd-note', role: 'status' });
+    this.error = h('p', { class: 'cwd-error', role: 'alert', testid: 'cwd-error' });
+    this.newName = h('input', { type: 'text', autocomplete: 'off', spellcheck: 'false', testid: 'cwd-new-name', required: true });
+    this.newForm = h('form', { class: 'cwd-new', testid: 'cwd-new-form', hidden: true, onsubmit: (e) => { e.preventDefault(); this.#create(); } },
+      h('label', { class: 'field' }, h('span', { text: 'New folder name' }), this.newName),
+      h('button', { type: 'submit', class: 'primary', testid: 'cwd-create', text: 'Create' }),
+      h('button', { type: 'button', text: 'Cancel', onclick: () => this.#toggleNew(false) }));
+    this.chosen = h('p', { class: 'cwd-chosen small', testid: 'cwd-chosen' });
+    this.newButton = h('button', { type: 'button', testid: 'cwd-new-folder', text: 'New folder', onclick: () => this.#toggleNew(true) });
+    this.useButton = h('button', { type: 'button', class: 'primary', testid: 'cwd-use', text: 'Use this folder', onclick: () => this.#use() });
+    this.dialog = h('dialog', { class: 'cwd-dialog', 'aria-labelledby': 'cwd-dialog-title', testid: 'cwd-dialog' },
+      title, this.rootsField,
+      h('nav', { 'aria-label': 'Folder path', class: 'cwd-path', testid: 'cwd-crumbs' }, this.crumbs),
+      this.entries, this.note, this.newForm, this.error, this.chosen,
+      h('div', { class: 'dialog-actions' }, this.newButton,
+        h('button', { type: 'button', testid: 'cwd-cancel', text: 'Cancel', onclick: () => this.dialog.close() }),
+        this.useButton));
+    // A modal dialog has the keyboard: the page's shortcuts ("/", "?", Escape to stop) wait.
+    this.dialog.addEventListener('keydown', (event) => event.stopPropagation());
+    document.body.append(this.dialog);
+  }
+
+  /** Opens at `start` (the typed cwd), else at the user's first workspace root. */
+  async open(start) {
+    if (!this.dialog) this.#build();
+    this.listing = null;
+    this.error.textContent = '';
+    this.#toggleNew(false);
+    this.entries.replaceChildren();
+    this.dialog.showModal();
+    const fallback = this.defaultCwd();
+    // A typed path outside the known roots is not even asked about (the answer would be a 403).
+    const roots = this.rootsOf();
+    const inside = (p) => !roots.length || roots.some((r) => p === r || p.startsWith(joinPath(r, '')));
+    const first = start && start.startsWith('/') && inside(start) ? start : fallback;
+    if (!(await this.go(first, { quiet: first !== fallback })) && first !== fallback) await this.go(fallback);
+  }
+
+  /** Lists `path`; true when it was shown. */
+  async go(path, { quiet = false, focus = true } = {}) {
+    const token = ++this.token;
+    this.dialog.setAttribute('aria-busy', 'true');
+    let listing;
+    try {
+      listing = await this.api(`/api/fs/dirs?${new URLSearchParams({ path })}`);
+    } catch (err) {
+      if (token === this.token && !quiet) this.error.textContent = `Cannot open ${path}: ${err.message}`;
+      return false;
+    } finally {
+      if (token === this.token) this.dialog.removeAttribute('aria-busy');
+    }
+    if (token !== this.token || !listing || !str(listing.path)) return false;
+    this.error.textContent = '';
+    this.#show(listing);
+    if (focus && this.dialog.open) (this.entries.querySelector('button') ?? this.useButton).focus();
+    return true;
+  }
+
+  #show(listing) {
+    this.listing = listing;
+    const roots = (Array.isArray(listing.roots) ? listing.roots : []).filter(str);
+    const root = roots.filter((r) => listing.path === r || listing.path.startsWith(joinPath(r, ''))).sort((a, b) => b.length - a.length)[0] ?? '';
+    this.rootsField.hidden = roots.length < 2;
+    this.roots.replaceChildren(...roots.map((r) => h('option', { value: r, text: r })));
+    this.roots.value = root;
+
+    // Breadcrumbs from the root down: every one but the last opens that folder.
+    const below = root ? listing.path.slice(root.length).split('/').filter(Boolean) : [];
+    const crumbs = [{ name: root || listing.path, path: root || listing.path, title: root || listing.path }];
+    below.forEach((name, i) => crumbs.push({ name, path: joinPath(root, below.slice(0, i + 1).join('/')) }));
+    this.crumbs.replaceChildren(...crumbs.map((c, i) => h('li', {},
+      i === crumbs.length - 1
+        ? h('span', { 'aria-current': 'location', class: 'cwd-crumb-current', text: c.name, title: c.title ?? null })
+        : h('button', { type: 'button', class: 'link cwd-crumb', testid: 'cwd-crumb', text: c.name, title: c.title ?? null, onclick: () => this.go(c.path) }))));
+
+    const entries = (Array.isArray(listing.entries) ? listing.entries : []).filter((e) => e && str(e.name) && str(e.path));
+    const items = [];
+    if (str(listing.parent)) {
+      items.push(h('li', {}, h('button', { type: 'button', class: 'cwd-entry cwd-up', testid: 'cwd-up', tabindex: '-1',
+        'aria-label': 'Up one level', onclick: () => this.go(listing.parent) }, h('span', { 'aria-hidden': 'true', text: '↰ ..' }))));
+    }
+    entries.forEach((e) => items.push(h('li', {}, h('button', { type: 'button', class: 'cwd-entry', testid: 'cwd-entry', tabindex: '-1',
+      'data-path': e.path, onclick: () => this.go(e.path) }, h('span', { class: 'cwd-icon', 'aria-hidden': 'true', text: '📁' }), h('span', { text: e.name })))));
+    this.entries.replaceChildren(...items);
+    this.entries.querySelector('button')?.setAttribute('tabindex', '0');
+    this.note.textContent = listing.truncated ? `Only the first ${entries.length} folders are shown.`
+      : entries.length ? '' : 'No folders here.';
+    this.chosen.replaceChildren(h('span', { class: 'muted', text: 'Selected: ' }), h('bdi', { text: listing.path }));
+  }
+
+  /** Roving focus inside the folder list. */
+  #listKey(event) {
+    const buttons = [...this.entries.querySelectorAll('button')];
+    const at = buttons.indexOf(document.activeElement);
+    let next = -1;
+    if (event.key === 'ArrowDown') next = Math.min(buttons.length - 1, at + 1);
+    else if (event.key === 'ArrowUp' && !event.altKey) next = Math.max(0, at - 1);
+    else if (event.key === 'Home') next = 0;
+    else if (event.key === 'End') next = buttons.length - 1;
+    else if ((event.key === 'Backspace' || (event.key === 'ArrowUp' && event.altKey)) && str(this.listing?.parent)) {
+      event.preventDefault();
+      this.go(this.listing.parent);
+      return;
+    } else return;
+    event.preventDefault();
+    if (next < 0) return;
+    buttons.forEach((b, i) => b.setAttribute('tabindex', i === next ? '0' : '-1'));
+    buttons[next].focus();
+  }
+
+  #toggleNew(show) {
+    this.newForm.hidden = !show;
+    this.newButton.hidden = show;
+    if (show) {
+      this.newName.value = '';
+      this.newName.focus();
+    }
+  }
+
+  async #create() {
+    const name = this.newName.value.trim();
+    const base = this.listing?.path;
+    if (!base) return;
+    if (!name || name === '.' || name === '..' || name.includes('/') || name.includes('\0')) {
+      this.error.textContent = 'A folder name cannot be empty, “.” or “..”, or contain “/”.';
+      this.newName.focus();
+      return;
+    }
+    let made;
+    try {
+      made = await this.api('/api/fs/dirs', {
+        method: 'POST', headers: { Accept: 'application/json', 'Content-Type': 'application/json' },
+        body: JSON.stringify({ path: joinPath(base, name) }),
+      });
+    } catch (err) {
+      this.error.textContent = `Cannot create “${name}”: ${err.message}`;
+      this.newName.focus();
+      return;
+    }
+    this.#toggleNew(false);
+    await this.go(str(made?.path) || joinPath(base, name));
+    this.note.textContent = `Created “${name}”.`;
+    this.useButton.focus();
+  }
+
+  #use() {
+    if (!this.listing) return;
+    this.onChoose(this.listing.path);
+    this.dialog.close();
+  }
+}

@@ -20,13 +20,17 @@ dialogs). Payloads that load a resource name ``/pwned?<tag>``, ``https://example
 Each prompt streams all of it, asks the permission, then sends a last agent message with
 ``END_MARKER``: once that is on screen, everything before it has been rendered.
 
-Capabilities: ``loadSession`` (answered ``{}``; the gateway replays its stored transcript).
+With ``HOSTILE_REQUIRE_AUTH=1`` it refuses ``session/new`` (``-32000``, a hostile message) until
+``authenticate``, so that the UI shows its hostile auth methods.
+
+Capabilities: ``loadSession`` (the gateway replays its stored transcript).
 """
 
 from __future__ import annotations
 
 import base64
 import json
+import os
 import sys
 import uuid
 
@@ -378,7 +382,9 @@ def stream(sid: str, prompt: str, ask) -> None:
 class Agent:
     def __init__(self) -> None:
         self.next_id = 1
-        self.pending = {}
+        # With HOSTILE_REQUIRE_AUTH=1, session/new is refused (-32000, with a hostile message)
+        # until `authenticate`: the web UI then shows the agent's auth methods.
+        self.authed = os.environ.get("HOSTILE_REQUIRE_AUTH") != "1"
 
     def read(self):
         line = sys.stdin.readline()
@@ -414,6 +420,10 @@ class Agent:
                 "agentInfo": {"name": "hostile <img src=x onerror=alert(1)>", "title": hostile("agent-title"),
                               "version": "<script>alert(1)</script>"},
             }
+        elif method == "session/new" and not self.authed:
+            send({"jsonrpc": "2.0", "id": mid, "error": {"code": -32000, "message": hostile("auth-error"),
+                                                          "data": {"html": hostile("auth-error-data")}}})
+            return
         elif method == "session/new":
             result = {"sessionId": f"hostile-{uuid.uuid4().hex}", "modes": modes(), "configOptions": config_options()}
         elif method in ("session/load", "session/resume"):
@@ -429,6 +439,7 @@ class Agent:
             stream(params.get("sessionId"), text, self.ask)
             result = {"stopReason": "end_turn"}
         elif method == "authenticate":
+            self.authed = True
             result = {}
         else:
             send({"jsonrpc": "2.0", "id": mid, "error": {"code": -32601, "message": f"unknown {method}"}})

@@ -134,7 +134,17 @@ describe('hostile agent output never executes', { timeout: 300_000 }, () => {
   let browser;
 
   before(async () => {
-    gw = await startGateway({ agent: AGENT });
+    // A second agent that wants a login first: its auth methods and its refusal are hostile too.
+    gw = await startGateway({
+      agent: AGENT,
+      config: [
+        '[agents.login]',
+        'command = "/usr/bin/python3"',
+        `args = [${JSON.stringify(path.join(REPO, 'tests/agents/hostile_agent.py'))}]`,
+        'env = { HOSTILE_REQUIRE_AUTH = "1" }',
+        '',
+      ].join('\n'),
+    });
     browser = await openBrowser();
   });
 
@@ -142,6 +152,30 @@ describe('hostile agent output never executes', { timeout: 300_000 }, () => {
     await browser?.close().catch(() => {});
     const outcome = await gw?.dispose();
     assert.deepEqual(outcome?.leaked ?? [], [], 'processes started by the gateway outlived it');
+  });
+
+  it('shows a hostile agent\'s login card inertly', async () => {
+    const v = await browser.open(gw, { ...DESKTOP, goto: false });
+    const { page } = v;
+    const dialogs = [];
+    page.on('dialog', (dialog) => { dialogs.push(dialog.message()); dialog.dismiss().catch(() => {}); });
+    await page.goto(`${gw.base}/`);
+    await connected(page);
+    await page.getByTestId('agent-select').selectOption('login');
+    await connected(page);
+    await page.getByTestId('new-session').click();
+    const card = page.getByTestId('agent-auth');
+    await card.waitFor();
+    assert.deepEqual(await page.evaluate(scanPage, { forbidden: FORBIDDEN_TAGS, urlAttrs: URL_ATTRS, regions: REGIONS }), []);
+    assert.equal(await card.locator('img, script, a, iframe, b').count(), 0, `HTML in ${await card.innerHTML()}`);
+    await v.shot('hostile-agent-login');
+    await page.getByTestId('auth-method').first().click();
+    await card.waitFor({ state: 'detached' });
+    await page.getByTestId('session-item').first().waitFor();
+    assert.deepEqual(await page.evaluate(scanPage, { forbidden: FORBIDDEN_TAGS, urlAttrs: URL_ATTRS, regions: REGIONS }), []);
+    assert.deepEqual(dialogs, []);
+    assert.deepEqual(v.errors(), NO_ERRORS);
+    await v.close();
   });
 
   for (const [label, viewport] of [['desktop', DESKTOP], ['phone', PHONE]]) {

@@ -270,6 +270,7 @@ describe('hostile agent output never executes', { timeout: 300_000 }, () => {
       // Every visible link in the conversation opens an http(s) page in a new tab and leaves this
       // page where it is.
       clicking = true;
+      await page.evaluate(() => document.querySelectorAll('#log details').forEach((d) => { d.open = true; })); // folded thoughts
       const links = page.locator('#log a[href]');
       const count = await links.count();
       let clicked = 0;
@@ -291,7 +292,7 @@ describe('hostile agent output never executes', { timeout: 300_000 }, () => {
         clicked += 1;
       }
       clicking = false;
-      process.stdout.write(`# ${label}: ${count} links in the conversation, ${clicked} visible ones clicked\n`);
+      process.stdout.write(`# ${label}: ${count} links in the conversation, ${clicked} visible http(s) ones clicked\n`);
       assert.ok(clicked > 0, 'no link to click: the safe links were not rendered as links');
 
       // Reload and replay the stored transcript through the same renderers.

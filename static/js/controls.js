@@ -461,7 +461,10 @@ export class Controls {
     if (!turn || turn.line || (!turn.usage && !turn.promptUsage)) return;
     turn.line = h('p', { class: 'turn-usage muted small', testid: 'turn-usage' });
     this.#fillTurnLine(turn);
+    const log = $('log');
+    const stick = log && log.scrollHeight - log.scrollTop - log.clientHeight < 80;
     this.deps.append(turn.line);
+    if (stick) log.scrollTop = log.scrollHeight; // the reader was following the turn: keep following
   }
 
   #fillTurnLine(turn) {
@@ -745,7 +748,8 @@ class CwdPicker {
     const items = [];
     if (str(listing.parent)) {
       items.push(h('li', {}, h('button', { type: 'button', class: 'cwd-entry cwd-up', testid: 'cwd-up', tabindex: '-1',
-        'aria-label': 'Up one level', onclick: () => this.go(listing.parent) }, h('span', { 'aria-hidden': 'true', text: '↰ ..' }))));
+        onclick: () => this.go(listing.parent) }, h('span', { class: 'cwd-icon', 'aria-hidden': 'true', text: '↰' }),
+      h('span', { text: 'Up one level' }))));
     }
     entries.forEach((e) => items.push(h('li', {}, h('button', { type: 'button', class: 'cwd-entry', testid: 'cwd-entry', tabindex: '-1',
       'data-path': e.path, onclick: () => this.go(e.path) }, h('span', { class: 'cwd-icon', 'aria-hidden': 'true', text: '📁' }), h('span', { text: e.name })))));

@@ -9,11 +9,25 @@
 
 import { after, before, describe, it } from 'node:test';
 import assert from 'node:assert/strict';
-import { existsSync } from 'node:fs';
+import { existsSync, readFileSync } from 'node:fs';
+import { createRequire } from 'node:module';
 import path from 'node:path';
 import { DESKTOP, NO_ERRORS, PHONE, REPO, STEP_MS, connected, openBrowser, startGateway, waitUntil } from './harness.mjs';
 
 const byId = (page, id) => page.getByTestId(id);
+
+const AXE_SOURCE = readFileSync(createRequire(import.meta.url).resolve('axe-core/axe.min.js'), 'utf8');
+
+/** axe-core's serious and critical violations on the page as it is ("rule: targets"). */
+async function axeBlocking(page) {
+  await page.evaluate(AXE_SOURCE);
+  return page.evaluate(async () => {
+    // eslint-disable-next-line no-undef
+    const result = await axe.run(document, { resultTypes: ['violations'] });
+    return result.violations.filter((v) => v.impact === 'serious' || v.impact === 'critical')
+      .map((v) => `${v.id}: ${v.nodes.map((n) => n.target.join(' ')).join(', ')}`);
+  });
+}
 
 /** The caller's sessions, as GET /api/sessions answers them (with the page's cookie). */
 async function sessions(page, base) {
@@ -129,6 +143,8 @@ describe('session controls: demo-agent --showcase', () => {
     assert.equal(await page.evaluate(() => document.activeElement?.dataset.path), beta);
     await page.keyboard.press('Enter');
     await waitUntil('beta opened by keyboard', async () => (await byId(page, 'cwd-chosen').innerText()).endsWith(beta), { ms: STEP_MS });
+    await v.shot('controls-picker-desktop');
+    assert.deepEqual(await axeBlocking(page), [], 'axe on the open folder picker');
     await byId(page, 'cwd-use').click();
     await dialog.waitFor({ state: 'hidden' });
     assert.equal(await byId(page, 'cwd-input').inputValue(), beta);
@@ -353,6 +369,8 @@ describe('session controls: scripted agent (tests/agents/controls_agent.py)', ()
     await input.fill('');
     await page.keyboard.type('/');
     await list.waitFor();
+    await v.shot('controls-slash-desktop');
+    assert.deepEqual(await axeBlocking(page), [], 'axe with the controls and the command list open');
     await page.locator('[data-testid="slash-option"][data-name="init"]').click();
     assert.equal(await input.inputValue(), '/init ');
     assert.equal(await page.evaluate(() => document.activeElement?.id), 'prompt-input', 'focus stays in the prompt box');

@@ -304,7 +304,10 @@ describe('session controls: scripted agent (tests/agents/controls_agent.py)', ()
   let browser;
 
   before(async () => {
-    gw = await startGateway({ agent: `/usr/bin/python3 ${path.join(REPO, 'tests/agents/controls_agent.py')}` });
+    gw = await startGateway({
+      agent: `/usr/bin/python3 ${path.join(REPO, 'tests/agents/controls_agent.py')}`,
+      env: { ACP_GATEWAY_WORKSPACE_ROOTS: '{data_dir}/workspaces/{user},{data_dir}/projects/{user}' },
+    });
     browser = await openBrowser();
   });
 
@@ -314,10 +317,36 @@ describe('session controls: scripted agent (tests/agents/controls_agent.py)', ()
     assert.deepEqual(outcome?.leaked ?? [], [], 'processes outlived the gateway');
   });
 
-  it('grouped and boolean options, slash completion, usage tokens, per-session state', async () => {
+  it('two roots, grouped and boolean options, slash completion, usage tokens, per-session state', async () => {
     const v = await browser.open(gw, DESKTOP);
     const { page } = v;
     await connected(page);
+
+    // --- two workspace roots: the picker offers a switch; a typed path outside them is not asked about ---
+    const projects = path.join(gw.tmp, 'projects', 'local');
+    await byId(page, 'cwd-input').fill('/etc');
+    await byId(page, 'cwd-browse').click();
+    await waitUntil('the first root listed', async () => (await byId(page, 'cwd-chosen').innerText()).endsWith(gw.workspaceRoot('local')), { ms: STEP_MS });
+    assert.deepEqual(await byId(page, 'cwd-roots').evaluate((s) => [...s.options].map((o) => o.value)), [gw.workspaceRoot('local'), projects]);
+    await byId(page, 'cwd-roots').selectOption(projects);
+    await waitUntil('the second root listed', async () => (await byId(page, 'cwd-chosen').innerText()).endsWith(projects), { ms: STEP_MS });
+    // A folder that exists already: the gateway's refusal is shown in the dialog.
+    await byId(page, 'cwd-new-folder').click();
+    await byId(page, 'cwd-new-name').fill('app');
+    await byId(page, 'cwd-create').click();
+    await waitUntil('app opened', async () => (await byId(page, 'cwd-chosen').innerText()).endsWith('/app'), { ms: STEP_MS });
+    await byId(page, 'cwd-up').click();
+    await waitUntil('the second root again', async () => (await byId(page, 'cwd-chosen').innerText()).endsWith(projects), { ms: STEP_MS });
+    await byId(page, 'cwd-new-folder').click();
+    await byId(page, 'cwd-new-name').fill('app');
+    await byId(page, 'cwd-new-name').press('Enter');
+    await byId(page, 'cwd-error').waitFor();
+    assert.match(await byId(page, 'cwd-error').innerText(), /^Cannot create “app”: already exists/);
+    await byId(page, 'cwd-new-name').fill('../escape');
+    await byId(page, 'cwd-new-name').press('Enter');
+    assert.match(await byId(page, 'cwd-error').innerText(), /cannot be empty, “.” or “..”, or contain “\/”/);
+    await byId(page, 'cwd-use').click();
+    assert.equal(await byId(page, 'cwd-input').inputValue(), projects);
     await byId(page, 'new-session').click();
     const mode = byId(page, 'mode-select');
     await mode.waitFor();
@@ -329,7 +358,9 @@ describe('session controls: scripted agent (tests/agents/controls_agent.py)', ()
     const web = page.locator('[data-testid="config-toggle"][data-config-id="web"]');
     assert.equal(await web.isChecked(), false);
     assert.equal(await page.locator('[data-key="config:web"] .control-name').innerText(), 'Web search');
-    const sessionOne = (await sessions(page, gw.base))[0].sessionId;
+    const [created] = await sessions(page, gw.base);
+    assert.equal(created.cwd, projects, 'the session runs in the second root');
+    const sessionOne = created.sessionId;
 
     // --- slash completion: keyboard (arrows wrap, Enter/Tab accept, Escape closes) and mouse ---
     const input = byId(page, 'prompt-input');
@@ -436,7 +467,10 @@ describe('session controls: scripted agent (tests/agents/controls_agent.py)', ()
     ]);
     await waitUntil('the mode after reload (session/load answers with modes)', async () => await mode.isVisible() && await mode.inputValue() === 'yolo', { ms: STEP_MS });
 
-    assert.deepEqual(v.errors(), NO_ERRORS);
+    // Chromium logs the 409 of the refused POST /api/fs/dirs itself; that answer was the point.
+    const errors = v.errors();
+    errors.console = errors.console.filter((line) => !/status of 409 .*\/api\/fs\/dirs/.test(line));
+    assert.deepEqual(errors, NO_ERRORS);
     await v.close();
   });
 });

@@ -74,7 +74,7 @@ describe('messages: Markdown, code blocks, thoughts, content blocks, long turns'
       assert.equal(await user.locator('li.task input[type="checkbox"][disabled]').count(), 2);
       assert.equal(await user.locator('code', { hasText: 'inline code' }).count(), 1);
 
-      // While the answer has not started, the thought is open and says so.
+      // The showcase thinks before it acts.
       const thought = page.getByTestId('thought').first();
       await thought.waitFor();
 

@@ -14,7 +14,7 @@
 // (`el.style.color`) or as element classes from a fixed list; never through innerHTML and never
 // as a `style="..."` string (the page's CSP forbids inline styles anyway).
 
-import Diff from '../vendor/diff.js';
+import { diffRows, replacementRows } from './diff-rows.js';
 import Anser from '../vendor/anser.js';
 import hljs from '../vendor/highlight.js';
 import { el as h } from './dom.js';
@@ -28,8 +28,6 @@ export const DIFF_ROW_CAP = 2000;
 const TERMINAL_CHAR_CAP = 200_000;
 /** Texts longer than this are shown without syntax highlighting. */
 const HIGHLIGHT_CHAR_CAP = 400_000;
-/** Lines of context around each change in a diff hunk. */
-const DIFF_CONTEXT = 3;
 
 const SVG_NS = 'http://www.w3.org/2000/svg';
 
@@ -190,28 +188,38 @@ function rerenderDiffs() {
 }
 WIDE.addEventListener('change', rerenderDiffs);
 
-/**
- * jsdiff's hunks as rows: {type: 'hunk'|'ctx'|'add'|'del'|'note', old, new, text}. `null` when the
- * diff took too long to compute (jsdiff gives up after `timeout` ms).
- */
-function diffRows(oldText, newText) {
-  const patch = Diff.structuredPatch('a', 'b', oldText, newText, '', '', { context: DIFF_CONTEXT, timeout: 1500 });
-  if (!patch) return null;
-  const rows = [];
-  for (const hunk of patch.hunks) {
-    rows.push({ type: 'hunk', text: `@@ -${hunk.oldStart},${hunk.oldLines} +${hunk.newStart},${hunk.newLines} @@` });
-    let oldNo = hunk.oldStart;
-    let newNo = hunk.newStart;
-    for (const line of hunk.lines) {
-      const sign = line[0];
-      const text = line.slice(1);
-      if (sign === '+') rows.push({ type: 'add', new: newNo++, text });
-      else if (sign === '-') rows.push({ type: 'del', old: oldNo++, text });
-      else if (sign === '\\') rows.push({ type: 'note', text: line.slice(2) });
-      else rows.push({ type: 'ctx', old: oldNo++, new: newNo++, text });
+/** How long the page itself may spend on a diff before handing it to the worker. */
+const DIFF_INLINE_MS = 100;
+
+let diffWorker = null;
+const diffJobs = new Map(); // job id → resolve
+let diffJobSeq = 0;
+
+/** Rows for a diff too slow for the page: from diff-worker.js, or a replacement if workers fail. */
+function diffOffThread(oldText, newText) {
+  return new Promise((resolve) => {
+    if (!diffWorker) {
+      try {
+        diffWorker = new Worker(new URL('./diff-worker.js', import.meta.url), { type: 'module' });
+      } catch {
+        resolve({ rows: replacementRows(oldText, newText), exact: false });
+        return;
+      }
+      diffWorker.onmessage = ({ data }) => {
+        diffJobs.get(data.id)?.(data);
+        diffJobs.delete(data.id);
+      };
+      diffWorker.onerror = (event) => {
+        event.preventDefault();
+        for (const done of diffJobs.values()) done(null);
+        diffJobs.clear();
+        diffWorker = null;
+      };
     }
-  }
-  return rows;
+    const id = ++diffJobSeq;
+    diffJobs.set(id, (answer) => resolve(answer ?? { rows: replacementRows(oldText, newText), exact: false }));
+    diffWorker.postMessage({ id, oldText, newText });
+  });
 }
 
 const SIGNS = { add: '+', del: '−', ctx: ' ' };
@@ -272,34 +280,26 @@ function splitTable(rows, code) {
     h('tbody', {}, body));
 }
 
-/** ACP `diff` content: {path, oldText (null: a new file), newText}. */
+/**
+ * ACP `diff` content: {path, oldText (null: a new file), newText}. A diff jsdiff cannot finish in
+ * DIFF_INLINE_MS is computed by the worker and filled in when it answers.
+ */
 function renderDiff(item, cwd) {
   const path = isString(item.path) ? item.path : '';
   const isNew = item.oldText == null;
   const oldText = isNew ? '' : String(item.oldText);
   const newText = isString(item.newText) ? item.newText : String(item.newText ?? '');
-  const rows = diffRows(oldText, newText);
-  const added = rows ? rows.filter((r) => r.type === 'add').length : 0;
-  const removed = rows ? rows.filter((r) => r.type === 'del').length : 0;
   const lang = languageFor(path);
 
   const body = h('div', { class: 'tc-diff-body' });
-  const toggle = h('button', { type: 'button', class: 'tc-diff-toggle', testid: 'diff-view-toggle' });
+  const toggle = h('button', { type: 'button', class: 'tc-diff-toggle', testid: 'diff-view-toggle', hidden: true });
+  const stat = h('span', { class: 'tc-stat' });
+  const badge = h('span', { class: 'tc-badge', hidden: true });
   const header = h('div', { class: 'tc-diff-head' },
     path ? fileLink(path, null, cwd, { testid: 'diff-path', className: 'tc-location tc-diff-path' }) : h('span', { text: '(no path)' }),
     isNew ? h('span', { class: 'tc-badge tc-new', text: 'new file' }) : null,
-    rows && !isNew && !added && !removed ? h('span', { class: 'tc-badge', text: 'no changes' }) : null,
-    h('span', { class: 'tc-stat' },
-      h('span', { class: 'tc-stat-add', text: `+${added}` }), ' ', h('span', { class: 'tc-stat-del', text: `−${removed}` })),
-    toggle);
+    badge, stat, toggle);
   const root = h('div', { class: 'tc-diff', testid: 'tool-diff', 'data-path': path, 'data-new-file': isNew ? 'true' : 'false' }, header, body);
-
-  if (!rows) {
-    toggle.hidden = true;
-    body.append(h('p', { class: 'tc-note', text: 'This diff is too large to compute in the browser; the new text follows.' }),
-      h('pre', { class: 'tc-text', text: newText.slice(0, TERMINAL_CHAR_CAP) }));
-    return root;
-  }
 
   // Highlighting is computed once per diff, on first use, and shared by both layouts.
   let hl = null;
@@ -312,8 +312,11 @@ function renderDiff(item, cwd) {
     return rowCode(row, hl.oldLines, hl.newLines, hl.oldHl, hl.newHl);
   };
 
+  let rows = null;
+  let exact = true;
   let showAll = false;
   const render = () => {
+    if (!rows) return;
     const split = preferredView() === 'split' && WIDE.matches;
     root.dataset.view = split ? 'split' : 'unified';
     toggle.hidden = !WIDE.matches || isNew;
@@ -322,7 +325,9 @@ function renderDiff(item, cwd) {
     const lineRows = rows.filter((r) => r.type !== 'hunk' && r.type !== 'note').length;
     const shown = showAll || lineRows <= DIFF_ROW_CAP ? rows : capRows(rows, DIFF_ROW_CAP);
     const table = split ? splitTable(shown, code) : unifiedTable(shown, code);
-    const parts = [h('div', { class: 'tc-diff-scroll', tabindex: '0', role: 'group', 'aria-label': `Diff of ${path || 'a file'}` }, table)];
+    const parts = [];
+    if (!exact) parts.push(h('p', { class: 'tc-note tc-diff-note', text: 'This diff took too long to compute exactly: shown as the whole file replaced.' }));
+    parts.push(h('div', { class: 'tc-diff-scroll', tabindex: '0', role: 'group', 'aria-label': `Diff of ${path || 'a file'}` }, table));
     if (shown !== rows) {
       parts.push(h('button', {
         type: 'button', class: 'tc-show-all', testid: 'diff-show-all',
@@ -332,9 +337,29 @@ function renderDiff(item, cwd) {
     }
     body.replaceChildren(...parts);
   };
+  const show = (answer) => {
+    rows = answer.rows;
+    exact = answer.exact;
+    const added = rows.filter((r) => r.type === 'add').length;
+    const removed = rows.filter((r) => r.type === 'del').length;
+    stat.replaceChildren(h('span', { class: 'tc-stat-add', text: `+${added}` }), ' ', h('span', { class: 'tc-stat-del', text: `−${removed}` }));
+    badge.hidden = isNew || added > 0 || removed > 0;
+    badge.textContent = 'no changes';
+    root.dataset.state = 'ready';
+    render();
+  };
   toggle.addEventListener('click', () => setPreferredView(preferredView() === 'split' ? 'unified' : 'split'));
-  render();
   root.rerender = render;
+
+  const inline = diffRows(oldText, newText, DIFF_INLINE_MS);
+  root.dataset.computedBy = inline ? 'page' : 'worker';
+  if (inline) {
+    show({ rows: inline, exact: true });
+  } else {
+    root.dataset.state = 'computing';
+    body.append(h('p', { class: 'tc-note', role: 'status', text: 'Computing the diff…' }));
+    diffOffThread(oldText, newText).then(show);
+  }
   return root;
 }
 
@@ -649,7 +674,22 @@ export class ToolCard {
       if (exit && typeof exit === 'object') this.terminalExit = exit;
     }
     this.state = next;
+    // One render for every update the conversation applies in one pass (a replay, or a command's
+    // output streamed in many updates), once that pass is over.
+    if (this.renderQueued) return;
+    this.renderQueued = true;
+    queueMicrotask(() => {
+      this.renderQueued = false;
+      this.#renderKeepingScroll();
+    });
+  }
+
+  /** Renders; a conversation scrolled to its end stays at its end as the card grows. */
+  #renderKeepingScroll() {
+    const log = this.root.closest('[role="log"]');
+    const atEnd = log && log.scrollHeight - log.scrollTop - log.clientHeight < 80;
     this.#render();
+    if (atEnd) log.scrollTop = log.scrollHeight;
   }
 
   #render() {

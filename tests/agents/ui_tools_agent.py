@@ -7,6 +7,7 @@ sends, in this order:
   * ``read`` pending → in_progress → completed, located at lib.rs line 40 (a file of 120 lines);
   * ``edit`` with a two-hunk ``diff`` of lib.rs (changes near line 5 and line 100);
   * ``edit`` creating ``big.txt`` (``oldText`` null, 2,500 lines: over the web UI's row cap);
+  * ``edit`` rewriting every line of a 1,000-line file (too slow a diff for the page: the worker);
   * ``execute`` (``rawInput.command``) whose text is ANSI-coloured, streamed in two updates;
   * ``fetch`` that fails, with a ``rawInput`` object and an HTML-looking title;
   * ``execute`` with ``terminal`` content (the web UI offers no terminals);
@@ -71,6 +72,13 @@ def prompt(session_id: str) -> None:
     update(session_id, {"sessionUpdate": "tool_call", "toolCallId": "t-big", "title": "Write big.txt",
                         "kind": "edit", "status": "completed",
                         "content": [{"type": "diff", "path": big, "oldText": None, "newText": big_text}]})
+
+    rewrite = os.path.join(folder, "rewrite.txt")
+    update(session_id, {"sessionUpdate": "tool_call", "toolCallId": "t-rewrite", "title": "Rewrite rewrite.txt",
+                        "kind": "edit", "status": "completed",
+                        "content": [{"type": "diff", "path": rewrite,
+                                     "oldText": "".join(f"old {n}\n" for n in range(1, 1001)),
+                                     "newText": "".join(f"new {n}\n" for n in range(1, 1001))}]})
 
     first = f"{ESC}[1m{ESC}[32m   Compiling{ESC}[0m fixture v0.1.0\n"
     second = (f"running 2 tests\ntest ok_case ... {ESC}[32mok{ESC}[0m\n"

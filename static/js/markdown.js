@@ -52,8 +52,7 @@ function rawHtml(text, block) {
 const ALLOWED_TAGS = ['a', 'blockquote', 'br', 'code', 'del', 'em', 'h1', 'h2', 'h3', 'h4', 'h5', 'h6',
   'hr', 'img', 'input', 'li', 'ol', 'p', 'pre', 'strong', 'table', 'tbody', 'td', 'th', 'thead', 'tr',
   'ul', ...RAW_HTML_TAGS];
-const ALLOWED_ATTR = ['href', 'title', 'alt', 'src', 'type', 'checked', 'disabled', 'start', 'align',
-  'colspan', 'rowspan', 'class', 'open'];
+const ALLOWED_ATTR = ['href', 'title', 'alt', 'src', 'type', 'checked', 'disabled', 'start', 'align', 'class'];
 
 const SANITIZE = {
   ALLOWED_TAGS,
@@ -93,8 +92,10 @@ export function imageSrc(raw) {
   if (/^[a-z][a-z0-9+.-]*:/i.test(text) && !/^https?:/i.test(text)) return null;
   try {
     const url = new URL(text, location.href);
-    // Same origin, but never the sign-in routes (an image must not be able to spend a login code).
-    if (url.origin !== location.origin || url.pathname.startsWith('/auth/')) return null;
+    // Same origin, but never the gateway's own routes (an image must not be able to spend a login
+    // code, say): only what static/ serves.
+    const path = decodeURIComponent(url.pathname).toLowerCase();
+    if (url.origin !== location.origin || /^\/+(?:auth|acp|api)(?:[/?#]|$)/.test(path)) return null;
     return url.href;
   } catch {
     return null;
@@ -287,11 +288,6 @@ export function renderMarkdown(src, { auto = true } = {}) {
     codeBlock(code.parentElement, code, highlight(code, lang, { auto }));
   }
   return frag;
-}
-
-/** Renders `src` into `container`, replacing what it held. */
-export function renderInto(container, src) {
-  container.replaceChildren(renderMarkdown(src));
 }
 
 // --- streaming -----------------------------------------------------------------------------------

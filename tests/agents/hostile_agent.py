@@ -10,7 +10,9 @@ Channels: the agent's name and title (``initialize``, shown in the agent picker)
 and raw HTML, streamed in pieces that cut tags in half), image / resource_link / resource content
 blocks, Markdown nested past the parser's recursion limit, wrong JSON types in every structured field; ``tool_call`` / ``tool_call_update`` title, kind, status, rawInput, rawOutput, locations,
 ``diff`` content (path, oldText, newText), text content with ANSI escapes and OSC 8 hyperlinks,
-``terminal`` content; a ``session/request_permission`` whose tool call and option names carry HTML.
+``terminal`` content; a ``session/request_permission`` whose tool call and option names carry HTML;
+folders with HTML names and a file of payloads in the session's cwd (the folder picker and the file
+viewer show them), with a tool call location pointing at the file.
 
 Every payload that would execute does something the test observes: sets ``window.__pwned``, asks
 for ``/pwned?<tag>`` (the test routes ``**/pwned*``) and calls ``alert`` (the test watches
@@ -251,9 +253,27 @@ def tool_call(tool_id: str, tag: str, kind: str, status: str) -> dict:
     }
 
 
-def stream(sid: str, prompt: str, ask) -> None:
+# Names the agent gives folders and a file in its cwd (the user's workspace), which the web UI's
+# folder picker and file viewer show. No "/" (a path separator), so no js() payloads here.
+HOSTILE_NAMES = ["<img src=x onerror=alert(1)>", "javascript:alert(1)", "\"><svg onload=alert(1)>"]
+HOSTILE_FILE = "hostile <img src=x onerror=alert(1)>.html"
+
+
+def plant(cwd: str) -> str | None:
+    """Creates the hostile folders and file in `cwd`; returns the file's path (None when cwd is unusable)."""
+    if not isinstance(cwd, str) or not os.path.isabs(cwd) or not os.path.isdir(cwd):
+        return None
+    for name in HOSTILE_NAMES:
+        os.makedirs(os.path.join(cwd, name), exist_ok=True)
+    path = os.path.join(cwd, HOSTILE_FILE)
+    with open(path, "w") as f:
+        f.write(html_payloads("file") + "\n" + ansi_payload("file-ansi") + "\n")
+    return path
+
+
+def stream(sid: str, cwd: str | None, ask) -> None:
     """One hostile turn."""
-    tag = "t"
+    hostile_file = plant(cwd)
     text_chunk(sid, "user_message_chunk", "user chunk " + markdown_payloads("user"))
     for piece in pieces("thinking " + markdown_payloads("thought"), 97):
         text_chunk(sid, "agent_thought_chunk", piece)
@@ -290,6 +310,9 @@ def stream(sid: str, prompt: str, ask) -> None:
     update(sid, {"sessionUpdate": "tool_call", **tool_call("tool-odd", "odd",
                  "<img src=x onerror=alert(1)> edit", "<script>alert(1)</script>"),
                  "content": [{"type": "<img src=x onerror=alert(1)>", "weird": hostile("odd-content")}]})
+    if hostile_file:
+        update(sid, {"sessionUpdate": "tool_call", "toolCallId": "tool-file", "title": "Read a hostile file",
+                     "kind": "read", "status": "completed", "locations": [{"path": hostile_file, "line": 3}]})
     update(sid, {"sessionUpdate": "tool_call_update", "toolCallId": "\"><img src=x onerror=alert(1)>",
                  "title": hostile("orphan-update"), "status": "completed"})
 
@@ -385,6 +408,7 @@ class Agent:
         # With HOSTILE_REQUIRE_AUTH=1, session/new is refused (-32000, with a hostile message)
         # until `authenticate`: the web UI then shows the agent's auth methods.
         self.authed = os.environ.get("HOSTILE_REQUIRE_AUTH") != "1"
+        self.cwds = {}  # session id → cwd
 
     def read(self):
         line = sys.stdin.readline()
@@ -425,8 +449,11 @@ class Agent:
                                                           "data": {"html": hostile("auth-error-data")}}})
             return
         elif method == "session/new":
-            result = {"sessionId": f"hostile-{uuid.uuid4().hex}", "modes": modes(), "configOptions": config_options()}
+            sid = f"hostile-{uuid.uuid4().hex}"
+            self.cwds[sid] = params.get("cwd")
+            result = {"sessionId": sid, "modes": modes(), "configOptions": config_options()}
         elif method in ("session/load", "session/resume"):
+            self.cwds[params.get("sessionId")] = params.get("cwd")
             result = {"modes": modes(), "configOptions": config_options()}
         elif method == "session/set_mode":
             update(params.get("sessionId"), {"sessionUpdate": "current_mode_update",
@@ -435,8 +462,7 @@ class Agent:
         elif method == "session/set_config_option":
             result = {"configOptions": config_options()}
         elif method == "session/prompt":
-            text = " ".join(b.get("text", "") for b in params.get("prompt", []) if isinstance(b, dict))
-            stream(params.get("sessionId"), text, self.ask)
+            stream(params.get("sessionId"), self.cwds.get(params.get("sessionId")), self.ask)
             result = {"stopReason": "end_turn"}
         elif method == "authenticate":
             self.authed = True

@@ -83,7 +83,7 @@ function scanPage({ forbidden, urlAttrs, regions }) {
     // Agent text may not set inline style (the app sets styles through the CSSOM on its own nodes).
     for (const el of region.querySelectorAll('[style]')) {
       const style = el.getAttribute('style');
-      if (/url\(|fixed|expression|pwned|inset/i.test(style) || el.closest('.msg-body')) problems.push(`style="${style}" on ${describe(el)}`);
+      if (/url\(|fixed|expression|pwned|inset/i.test(style) || (style.trim() && el.closest('.msg-body'))) problems.push(`style="${style}" on ${describe(el)}`);
     }
     // An id in agent content that is also the app's own (or anyone else's) clobbers getElementById.
     for (const el of region.querySelectorAll('[id]')) {
@@ -127,7 +127,8 @@ function headFiles() {
 }
 
 /** Regions of the page that show what agents or users wrote. */
-const REGIONS = ['#log', '#permissions', '#session-list', '.topbar', '#sidebar', '#composer'];
+const REGIONS = ['#log', '#permissions', '#session-list', '.topbar', '#sidebar', '#composer',
+  '[data-testid="file-viewer"]', '[data-testid="cwd-entries"]', '[data-testid="cwd-crumbs"]', '[data-testid="cwd-chosen"]'];
 
 describe('hostile agent output never executes', { timeout: 300_000 }, () => {
   let gw;
@@ -236,7 +237,11 @@ describe('hostile agent output never executes', { timeout: 300_000 }, () => {
           await button.click();
         }
         return page.locator('#log').getByText(END_MARKER).first().isVisible();
-      }, { ms: 3 * STEP_MS });
+      }, { ms: 3 * STEP_MS }).catch(async (err) => {
+        await v.shot(`hostile-${label}-failed`);
+        throw new Error(`${err.message}\nanswered: ${JSON.stringify(answered)}\nerrors: ${JSON.stringify(v.errors(), null, 1)}`
+          + `\n--- gateway log ---\n${gw.log().slice(-4000)}`);
+      });
       assert.deepEqual(cardProblems, [], 'hostile content in a permission card');
       assert.equal(answered.length, 3, `permission requests answered: ${JSON.stringify(answered)}`);
       await page.getByTestId('send').waitFor();
@@ -294,6 +299,25 @@ describe('hostile agent output never executes', { timeout: 300_000 }, () => {
       clicking = false;
       process.stdout.write(`# ${label}: ${count} links in the conversation, ${clicked} visible http(s) ones clicked\n`);
       assert.ok(clicked > 0, 'no link to click: the safe links were not rendered as links');
+
+      // The agent's file (payloads in an .html file with an HTML name) in the file viewer.
+      const scan = () => page.evaluate(scanPage, { forbidden: FORBIDDEN_TAGS, urlAttrs: URL_ATTRS, regions: REGIONS });
+      await page.locator('[data-testid="tool-location"][data-path$="hostile <img src=x onerror=alert(1)>.html"]').first().click();
+      await page.locator('[data-testid="file-viewer"][data-state="ready"]').waitFor();
+      assert.match(await page.getByTestId('file-viewer-body').textContent(), /<script>window.__pwned='file-script'/);
+      assert.deepEqual(await scan(), [], 'hostile content in the file viewer');
+      await v.shot(`hostile-${label}-file`);
+      await page.getByTestId('file-viewer-close').click();
+
+      // Folders the agent named with HTML, in the cwd picker.
+      if (!(await page.getByTestId('cwd-browse').isVisible())) await page.getByTestId('sidebar-toggle').click();
+      await page.getByTestId('cwd-browse').click();
+      await page.getByTestId('cwd-entry').filter({ hasText: 'javascript:alert(1)' }).waitFor();
+      assert.equal(await page.getByTestId('cwd-entry').filter({ hasText: '<img src=x onerror=alert(1)>' }).count(), 1);
+      assert.deepEqual(await scan(), [], 'hostile content in the folder picker');
+      await v.shot(`hostile-${label}-folders`);
+      await page.getByTestId('cwd-cancel').click();
+      await check('after the viewer and the picker');
 
       // Reload and replay the stored transcript through the same renderers.
       const sessionId = await page.locator('[data-testid="session-item"]:has([aria-current="true"])').getAttribute('data-session-id');

@@ -467,6 +467,18 @@ describe('session controls: scripted agent (tests/agents/controls_agent.py)', ()
     ]);
     await waitUntil('the mode after reload (session/load answers with modes)', async () => await mode.isVisible() && await mode.inputValue() === 'yolo', { ms: STEP_MS });
 
+    // --- another tab on the same session follows a change made here ---
+    const other = await v.newPage();
+    await connected(other);
+    await other.locator(`[data-testid="session-item"][data-session-id="${sessionOne}"] .session-open`).click();
+    const otherModel = other.locator('[data-testid="config-select"][data-config-id="model"]');
+    await waitUntil('the other tab shows the session', async () => await otherModel.inputValue() === 'maxi', { ms: STEP_MS });
+    await model.selectOption('mini');
+    await mode.selectOption('normal');
+    await waitUntil('the other tab follows', async () => await otherModel.inputValue() === 'mini'
+      && await byId(other, 'mode-select').inputValue() === 'normal', { ms: STEP_MS });
+    await other.close();
+
     // Chromium logs the 409 of the refused POST /api/fs/dirs itself; that answer was the point.
     const errors = v.errors();
     errors.console = errors.console.filter((line) => !/status of 409 .*\/api\/fs\/dirs/.test(line));

@@ -27,7 +27,53 @@ export function diffRows(oldText, newText, timeout) {
       else rows.push({ type: 'ctx', old: oldNo++, new: newNo++, text });
     }
   }
+  markWords(rows);
   return rows;
+}
+
+/** Longest line, and most changed-line pairs per diff, that get word-level marks. */
+const WORDS_MAX_LINE = 400;
+const WORDS_MAX_PAIRS = 500;
+
+/**
+ * Within each run of removed lines followed by added lines, pairs them up (1st with 1st…) and,
+ * when a pair is mostly alike, gives each side `marks`: [start, end) character ranges of the
+ * words that changed, as GitHub and Zed show them.
+ */
+function markWords(rows) {
+  let pairs = 0;
+  for (let i = 0; i < rows.length && pairs < WORDS_MAX_PAIRS;) {
+    if (rows[i].type !== 'del') {
+      i += 1;
+      continue;
+    }
+    const dels = [];
+    const adds = [];
+    while (rows[i]?.type === 'del') dels.push(rows[i++]);
+    while (rows[i]?.type === 'add') adds.push(rows[i++]);
+    for (let k = 0; k < Math.min(dels.length, adds.length) && pairs < WORDS_MAX_PAIRS; k += 1, pairs += 1) {
+      const [a, b] = [dels[k].text, adds[k].text];
+      if (a.length > WORDS_MAX_LINE || b.length > WORDS_MAX_LINE) continue;
+      const parts = Diff.diffWordsWithSpace(a, b);
+      const same = parts.filter((p) => !p.added && !p.removed).reduce((n, p) => n + p.value.trim().length, 0);
+      if (same < 0.4 * Math.max(a.trim().length, b.trim().length)) continue; // a rewrite, not an edit
+      const oldMarks = [];
+      const newMarks = [];
+      let x = 0;
+      let y = 0;
+      for (const part of parts) {
+        const n = part.value.length;
+        if (part.removed) oldMarks.push([x, (x += n)]);
+        else if (part.added) newMarks.push([y, (y += n)]);
+        else {
+          x += n;
+          y += n;
+        }
+      }
+      if (oldMarks.length) dels[k].marks = oldMarks;
+      if (newMarks.length) adds[k].marks = newMarks;
+    }
+  }
 }
 
 /** The whole file replaced: every old line removed, every new line added (when no exact diff came). */

@@ -230,7 +230,37 @@ function rowCode(row, oldLines, newLines, oldHl, newHl) {
   const pick = (lines, hl, no) => (no != null && lines[no - 1] === row.text ? hl[no - 1] : null);
   const nodes = (row.type === 'add' ? pick(newLines, newHl, row.new) : pick(oldLines, oldHl, row.old))
     ?? (row.text ? [document.createTextNode(row.text)] : []);
-  return h('td', { class: 'tc-code' }, nodes.map((n) => n.cloneNode(true)));
+  return h('td', { class: 'tc-code' }, row.marks ? markRanges(nodes, row.marks) : nodes.map((n) => n.cloneNode(true)));
+}
+
+/**
+ * Copies of `nodes` (text, or spans of highlighting around text) with the characters in `ranges`
+ * ([start, end) offsets into their text, sorted) wrapped in `span.tc-word`.
+ */
+function markRanges(nodes, ranges) {
+  let offset = 0;
+  const visit = (node) => {
+    if (node.nodeType !== Node.TEXT_NODE) {
+      const copy = node.cloneNode(false);
+      for (const child of node.childNodes) copy.append(...visit(child));
+      return [copy];
+    }
+    const text = node.data;
+    const out = [];
+    let i = 0;
+    while (i < text.length) {
+      const at = offset + i;
+      const inside = ranges.find(([start, end]) => at >= start && at < end);
+      const stop = inside ? inside[1] : Math.min(...ranges.filter(([start]) => start > at).map(([start]) => start), Infinity);
+      const j = Math.min(text.length, stop - offset);
+      const piece = text.slice(i, j);
+      out.push(inside ? h('span', { class: 'tc-word' }, piece) : document.createTextNode(piece));
+      i = j;
+    }
+    offset += text.length;
+    return out;
+  };
+  return nodes.flatMap(visit);
 }
 
 function unifiedTable(rows, code) {

@@ -40,7 +40,7 @@ def lib_text(version: int) -> str:
     lines[0] = "//! A fixture the tool-call test opens in the file viewer."
     lines[39] = "pub fn answer() -> u32 { 42 } // line 40: the read location"
     if version == 2:
-        lines[4] = "// line 5: changed by the edit"
+        lines[4] = "// line 5: fixture for the diff viewer"
         lines[99] = "// line 100: changed near the end"
         lines.insert(100, "// line 100b: added by the edit")
     return "\n".join(lines) + "\n"

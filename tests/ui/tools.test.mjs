@@ -253,7 +253,11 @@ describe('tool call cards: edge cases (tests/agents/ui_tools_agent.py)', () => {
     assert.equal(await diff.locator('[data-type="add"]').count(), 3);
     assert.equal(await diff.locator('[data-type="del"]').count(), 2);
     const firstAdd = diff.locator('[data-type="add"]').first();
-    assert.equal(await firstAdd.locator('.tc-code').textContent(), '// line 5: changed by the edit');
+    assert.equal(await firstAdd.locator('.tc-code').textContent(), '// line 5: fixture for the diff viewer');
+    // Within a changed line, the word that changed is marked on both sides; a rewritten line is not.
+    assert.deepEqual(await firstAdd.locator('.tc-word').allTextContents(), ['diff']);
+    assert.deepEqual(await diff.locator('[data-type="del"]').first().locator('.tc-word').allTextContents(), ['file']);
+    assert.equal(await diff.locator('[data-type="add"]', { hasText: 'changed near the end' }).locator('.tc-word').count(), 0);
     assert.equal(await firstAdd.locator('.tc-ln').nth(1).getAttribute('data-n'), '5');
     assert.equal(await diff.locator('.tc-stat-add').textContent(), '+3');
     assert.ok(await diff.locator('[class^="hljs-"]').count() > 0, 'no syntax highlighting in the diff');
@@ -280,7 +284,7 @@ describe('tool call cards: edge cases (tests/agents/ui_tools_agent.py)', () => {
     assert.equal(await diff.getAttribute('data-view'), 'split');
     // A changed line pairs its old and new text on one row.
     const change = diff.locator('[data-type="change"]').first();
-    assert.deepEqual(await change.locator('.tc-code').allTextContents(), ['// line 5: fixture for the file viewer', '// line 5: changed by the edit']);
+    assert.deepEqual(await change.locator('.tc-code').allTextContents(), ['// line 5: fixture for the file viewer', '// line 5: fixture for the diff viewer']);
     await card(page, 't-edit').scrollIntoViewIfNeeded();
     await v.shot('tools-split-desktop');
     await diff.getByTestId('diff-view-toggle').click();

@@ -143,6 +143,12 @@ describe('attention, tabs and layout', { timeout: 240_000 }, () => {
     await bTab.getByTestId('prompt-input').press('Enter');
     await bTab.getByTestId('message-agent').filter({ hasText: 'chunk 3/3: you said: made in tab B' }).waitFor();
     await item(a, created).filter({ hasText: 'made in tab B' }).waitFor();
+    // The agent renames it (session_info_update reaches B's socket only: A never opened it).
+    await bTab.getByTestId('prompt-input').fill('now rename it [title=Renamed in B]');
+    await bTab.getByTestId('prompt-input').press('Enter');
+    await item(bTab, created).filter({ hasText: 'Renamed in B' }).waitFor();
+    await item(a, created).filter({ hasText: 'Renamed in B' }).waitFor();
+    await sendButtonBack(bTab);
     // …and deleting it in B removes it from A.
     bTab.once('dialog', (d) => d.accept());
     await item(bTab, created).hover();

@@ -304,6 +304,10 @@ def stream(sid: str, cwd: str | None, ask) -> None:
     update(sid, {"sessionUpdate": "tool_call", **tool_call("tool-exec", "exec", "execute", "in_progress"),
                  "content": [{"type": "content", "content": {"type": "text", "text": ansi_payload("exec-text")}},
                              {"type": "terminal", "terminalId": hostile("terminal-id")}]})
+    # claude-code-acp's convention for live command output, which the UI also shows.
+    update(sid, {"sessionUpdate": "tool_call_update", "toolCallId": "tool-exec",
+                 "_meta": {"terminal_output": {"terminal_id": hostile("meta-terminal-id"), "data": ansi_payload("meta-terminal")},
+                           "terminal_exit": {"exit_code": hostile("meta-exit-code"), "signal": {"x": "<b>x</b>"}}}})
     update(sid, {"sessionUpdate": "tool_call_update", "toolCallId": "tool-exec", "status": "failed",
                  "content": [{"type": "content", "content": {"type": "text", "text": ansi_payload("exec-fail")}},
                              {"type": "content", "content": {"type": "text", "text": markdown_payloads("exec-md")}}]})

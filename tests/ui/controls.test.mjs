@@ -288,6 +288,8 @@ describe('session controls: demo-agent --showcase', () => {
     if (await slashOffered(page, { keepOpen: true })) {
       const list = await byId(page, 'slash-list').boundingBox();
       assert.ok(list.x >= 0 && list.x + list.width <= 390, `the command list fits the phone: ${JSON.stringify(list)}`);
+    } else {
+      await byId(page, 'prompt-input').fill('');
     }
     await v.shot('controls-phone');
     await page.keyboard.press('Escape');
@@ -483,6 +485,24 @@ describe('session controls: scripted agent (tests/agents/controls_agent.py)', ()
     const errors = v.errors();
     errors.console = errors.console.filter((line) => !/status of 409 .*\/api\/fs\/dirs/.test(line));
     assert.deepEqual(errors, NO_ERRORS);
+    await v.close();
+  });
+
+  it('phone: the command list, the controls and the usage line fit', async () => {
+    const v = await browser.open(gw, PHONE);
+    const { page } = v;
+    await connected(page);
+    await send(page, 'hello from a phone');
+    await byId(page, 'turn-usage').waitFor();
+    await byId(page, 'mode-select').waitFor();
+    assert.deepEqual(await slashOffered(page, { keepOpen: true }), ['review', 'compact', 'init']);
+    for (const id of ['slash-list', 'session-controls', 'session-usage', 'turn-usage']) {
+      const b = await byId(page, id).boundingBox();
+      assert.ok(b && b.x >= 0 && b.x + b.width <= 390 + 0.5, `${id} fits the phone: ${JSON.stringify(b)}`);
+    }
+    await v.shot('controls-slash-phone');
+    await page.keyboard.press('Escape');
+    assert.deepEqual(v.errors(), NO_ERRORS);
     await v.close();
   });
 });

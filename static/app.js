@@ -784,6 +784,7 @@ function setCurrent(session) {
   ui.list.querySelectorAll('.session-open').forEach((b) => b.removeAttribute('aria-current'));
   if (session) state.sessions.get(session.id)?.item?.querySelector('.session-open').setAttribute('aria-current', 'true');
   updateComposer();
+  labelPermissions();
 }
 
 /** Loads the current session, or catches up with what was missed (afterSeq) after a reconnect. */
@@ -965,8 +966,8 @@ function showPermission(requestId, params) {
   const key = String(requestId);
   const toolCall = params.toolCall ?? {};
   const headingId = `permission-${++permissionSeq}`;
-  const other = params.sessionId !== state.current?.id
-    ? ` (in “${sessionTitle(state.sessions.get(params.sessionId)?.data)}”)` : '';
+  // "(in “…”)" while another session is open: kept up to date by labelPermissions.
+  const other = h('span', { class: 'permission-where', 'data-session-id': String(params.sessionId ?? '') });
   const settle = (outcome) => {
     conn.respond(requestId, { outcome });
     card.remove();
@@ -992,8 +993,18 @@ function showPermission(requestId, params) {
   state.permissions.get(key)?.remove();
   state.permissions.set(key, card);
   ui.permissions.append(card);
+  labelPermissions();
+  const what = typeof toolCall.title === 'string' && toolCall.title ? toolCall.title : 'A tool call';
   notice({ sessionId: params.sessionId, kind: 'permission', key, title: 'Permission requested',
-    body: `${toolCall.title || 'A tool call'} — ${sessionTitle(state.sessions.get(params.sessionId)?.data)}` });
+    body: `${what} — ${sessionTitle(state.sessions.get(params.sessionId)?.data)}` });
+}
+
+/** Names the session of each permission card that is not about the open one. */
+function labelPermissions() {
+  ui.permissions.querySelectorAll('.permission-where').forEach((where) => {
+    const id = where.dataset.sessionId;
+    where.textContent = id !== (state.current?.id ?? '') ? ` (in “${sessionTitle(state.sessions.get(id)?.data)}”)` : '';
+  });
 }
 
 // --- layout, shortcuts, attention, other tabs (js/*.js) ------------------------------------

@@ -211,6 +211,7 @@ describe('attention, tabs and layout', { timeout: 240_000 }, () => {
     await a.getByTestId('message-user').filter({ hasText: 'may I?' }).waitFor();
     assert.equal(await title(a), 'first prompt · ACP Gateway');
     assert.equal((await notes(a))[1].closed, true);
+    assert.doesNotMatch(await a.getByTestId('permission').textContent(), /\(in /, 'the card is about the open session now');
     const focused = await a.evaluate(() => document.activeElement?.closest('[data-testid="permission"]') != null);
     assert.ok(focused, 'focus is on the permission card');
     assert.ok(await a.getByTestId('permission').isVisible());

@@ -36,6 +36,8 @@ use tokio_util::sync::CancellationToken;
 
 mod content;
 mod showcase;
+#[cfg(test)]
+mod showcase_tests;
 mod workspace;
 
 /// Longest accepted input line; longer lines are skipped and answered with a -32700 error.

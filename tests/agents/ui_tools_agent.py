@@ -11,6 +11,8 @@ sends, in this order:
   * ``execute`` (``rawInput.command``) whose text is ANSI-coloured, streamed in two updates;
   * ``fetch`` that fails, with a ``rawInput`` object and an HTML-looking title;
   * ``execute`` with ``terminal`` content (the web UI offers no terminals);
+  * ``execute`` with ``terminal`` content whose output comes in ``_meta.terminal_output`` /
+    ``terminal_exit`` (claude-code-acp's convention);
   * ``search`` located at a path outside every workspace root (``/etc/hostname``).
 Then it answers ``end_turn``.
 """
@@ -101,6 +103,18 @@ def prompt(session_id: str) -> None:
                         "kind": "execute", "status": "in_progress",
                         "rawInput": {"command": "npm run dev"},
                         "content": [{"type": "terminal", "terminalId": "term-1"}]})
+
+    # claude-code-acp's convention for output of a terminal the client does not host: `_meta`.
+    update(session_id, {"sessionUpdate": "tool_call", "toolCallId": "t-meta", "title": "cargo build",
+                        "kind": "execute", "status": "in_progress", "rawInput": {"command": "cargo build"},
+                        "content": [{"type": "terminal", "terminalId": "m1"}],
+                        "_meta": {"terminal_info": {"terminal_id": "m1"}}})
+    update(session_id, {"sessionUpdate": "tool_call_update", "toolCallId": "t-meta",
+                        "_meta": {"terminal_output": {"terminal_id": "m1", "data": f"{ESC}[33mwarning{ESC}[0m: unused\n"}}})
+    update(session_id, {"sessionUpdate": "tool_call_update", "toolCallId": "t-meta",
+                        "_meta": {"terminal_output": {"terminal_id": "m1", "data": "    Finished dev\n"}}})
+    update(session_id, {"sessionUpdate": "tool_call_update", "toolCallId": "t-meta", "status": "completed",
+                        "_meta": {"terminal_exit": {"terminal_id": "m1", "exit_code": 0, "signal": None}}})
 
     update(session_id, {"sessionUpdate": "tool_call", "toolCallId": "t-outside", "title": "Search /etc",
                         "kind": "search", "status": "completed",

@@ -218,7 +218,7 @@ describe('tool call cards: edge cases (tests/agents/ui_tools_agent.py)', () => {
   it('merges updates: kinds, statuses, titles as text, folding', async () => {
     const { page } = v;
     const expect = { 't-read': ['read', 'completed'], 't-edit': ['edit', 'completed'], 't-big': ['edit', 'completed'], 't-rewrite': ['edit', 'completed'],
-      't-exec': ['execute', 'failed'], 't-fetch': ['fetch', 'failed'], 't-term': ['execute', 'in_progress'], 't-outside': ['search', 'completed'] };
+      't-exec': ['execute', 'failed'], 't-fetch': ['fetch', 'failed'], 't-term': ['execute', 'in_progress'], 't-meta': ['execute', 'completed'], 't-outside': ['search', 'completed'] };
     assert.equal(await page.getByTestId('tool-call').count(), Object.keys(expect).length);
     for (const [id, [kind, status]] of Object.entries(expect)) {
       assert.equal(await card(page, id).getAttribute('data-kind'), kind, id);
@@ -309,6 +309,13 @@ describe('tool call cards: edge cases (tests/agents/ui_tools_agent.py)', () => {
     assert.match(text, /progress 100%/);
     assert.doesNotMatch(text, /progress 10%/);
     assert.doesNotMatch(text, /\]8;;/);
+    // Output sent the claude-code-acp way, in `_meta.terminal_output`, accumulates; the exit code shows.
+    const meta = card(page, 't-meta');
+    assert.equal(await meta.getByTestId('terminal').textContent(), 'warning: unused\n    Finished dev\n');
+    assert.ok((await colourOf(meta.getByTestId('terminal'), 'warning'))[0] > 150, 'yellow lost');
+    assert.equal(await meta.getByTestId('tool-terminal-ref').count(), 0);
+    assert.match(await meta.textContent(), /exit code 0/);
+
     // No style="" strings: every colour came through the CSSOM (the CSP would block the others).
     assert.deepEqual(v.errors().csp, []);
   });
@@ -366,15 +373,18 @@ describe('tool call cards: edge cases (tests/agents/ui_tools_agent.py)', () => {
     await page.keyboard.press('Escape');
   });
 
-  it('in dark mode, replayed from the server: the same cards, and axe still passes', async () => {
-    const dark = await browser.open(gw, { ...DESKTOP, colorScheme: 'dark' });
+  it('in dark mode with reduced motion, replayed from the server: the same cards, still, and axe passes', async () => {
+    const dark = await browser.open(gw, { ...DESKTOP, colorScheme: 'dark', reducedMotion: 'reduce' });
     try {
       const { page } = dark;
       await connected(page);
       await page.getByTestId('session-item').first().locator('.session-open').click();
       await card(page, 't-outside').waitFor();
-      assert.equal(await page.getByTestId('tool-call').count(), 8);
+      assert.equal(await page.getByTestId('tool-call').count(), 9);
       assert.equal(await card(page, 't-exec').getAttribute('data-status'), 'failed');
+      // prefers-reduced-motion: the running card's spinner stands still.
+      assert.equal(await card(page, 't-term').locator('.tc-spinner').evaluate((el) => getComputedStyle(el).animationName), 'none');
+      assert.equal(await card(v.page, 't-term').locator('.tc-spinner').evaluate((el) => getComputedStyle(el).animationName), 'tc-spin');
       assert.deepEqual(await axeViolations(page, SCANNED_CARDS), []);
       await card(page, 't-exec').scrollIntoViewIfNeeded();
       await dark.shot('tools-dark-desktop');

@@ -143,7 +143,9 @@ export function highlightLines(text, lang) {
   } catch {
     return plain();
   }
-  const doc = new DOMParser().parseFromString(`<pre>${html}</pre>`, 'text/html');
+  // A <div>, not a <pre>: the HTML parser drops a newline right after <pre>, which would lose an
+  // empty first line and shift every line number.
+  const doc = new DOMParser().parseFromString(`<div>${html}</div>`, 'text/html');
   const lines = [[]];
   const walk = (parent, wrap) => {
     for (const child of parent.childNodes) {
@@ -159,7 +161,7 @@ export function highlightLines(text, lang) {
       }
     }
   };
-  walk(doc.querySelector('pre') ?? doc.body, (node) => node);
+  walk(doc.querySelector('div') ?? doc.body, (node) => node);
   return lines;
 }
 

@@ -380,6 +380,14 @@ export class MarkdownStream {
     this.el.append(frag);
   }
 
+  /** After a failed render: the text not settled yet is shown as plain text, and nothing more. */
+  abandon() {
+    this.#clearTail();
+    this.el.append(el('p', { text: this.src.slice(this.settled) }));
+    this.settled = this.src.length;
+    this.dirty = false;
+  }
+
   /** Where the next settled piece ends (`settled` when there is none yet). */
   #next(final) {
     while (this.points.length && this.points[0] <= this.settled) this.points.shift();

@@ -80,7 +80,17 @@ export class Message {
   /** Draws what arrived; true when part of it was left for a later frame (see MarkdownStream.render). */
   render() {
     if (!this.stream?.dirty) return false;
-    const later = this.stream.render();
+    let later;
+    try {
+      later = this.stream.render();
+    } catch (err) {
+      // A bug here must not stop every later update of the session from rendering: show this
+      // segment as plain text and carry on with a fresh one.
+      console.error('message render failed', err);
+      this.stream.abandon();
+      this.stream = null;
+      return false;
+    }
     clearTimeout(this.quiet);
     const stream = this.stream;
     this.quiet = setTimeout(() => stream.polish(), QUIET_MS);

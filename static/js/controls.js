@@ -130,7 +130,10 @@ export class Controls {
    */
   constructor(deps) {
     this.deps = deps;
-    /** sessionId → {modes, configOptions, commands, usage, seq}: survives switching sessions. */
+    /**
+     * sessionId → {modes, configOptions, commands, usage, seq (newest update applied), fresh
+     * (just made by session/new)}: survives switching sessions.
+     */
     this.sessions = new Map();
     /** The shown session: {id, cwd} or null. */
     this.current = null;
@@ -157,6 +160,7 @@ export class Controls {
       if (fresh || 'modes' in result) s.modes = cleanModes(result.modes);
       if (fresh || 'configOptions' in result) s.configOptions = cleanConfig(result.configOptions);
     }
+    s.fresh = fresh; // a new session has no history to replay: its view is loaded when shown
     if (id === this.current?.id) {
       this.#renderControls();
       if (!fresh) {
@@ -240,6 +244,11 @@ export class Controls {
   show(session) {
     this.current = session?.id ? { id: session.id, cwd: str(session.cwd) } : null;
     this.view = this.#freshView(this.current?.id ?? null);
+    const s = this.#state(this.current?.id);
+    if (s?.fresh) {
+      this.view.loaded = true;
+      s.fresh = false; // shown again later, it is loaded (and replayed) like any other
+    }
     this.#renderAll();
   }
 
@@ -272,7 +281,7 @@ export class Controls {
   #state(id, create = false) {
     if (!id) return null;
     let s = this.sessions.get(id);
-    if (!s && create) this.sessions.set(id, (s = { modes: null, configOptions: [], commands: [], usage: null, seq: 0 }));
+    if (!s && create) this.sessions.set(id, (s = { modes: null, configOptions: [], commands: [], usage: null, seq: 0, fresh: false }));
     return s ?? null;
   }
 

@@ -479,6 +479,12 @@ describe('session controls: scripted agent (tests/agents/controls_agent.py)', ()
     await mode.selectOption('normal');
     await waitUntil('the other tab follows', async () => await otherModel.inputValue() === 'mini'
       && await byId(other, 'mode-select').inputValue() === 'normal', { ms: STEP_MS });
+    // A turn this tab runs gets its usage line in the other one too, and the session's cost there.
+    await waitUntil('the other tab replayed both lines', async () => await byId(other, 'turn-usage').count() === 2, { ms: STEP_MS });
+    await send(page, 'from the first tab');
+    await waitUntil('the other tab shows the turn line', async () => await byId(other, 'turn-usage').count() === 3, { ms: STEP_MS });
+    assert.equal(await byId(other, 'turn-usage').nth(2).innerText(), 'This turn: context +1.5K tokens (4.5K of 10K) · cost €0.25');
+    assert.equal(await byId(other, 'usage-cost').innerText(), '€0.75');
     await other.close();
 
     // Chromium logs the 409 of the refused POST /api/fs/dirs itself; that answer was the point.

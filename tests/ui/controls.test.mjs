@@ -1,9 +1,16 @@
-// Session controls in the web UI (issue 11, item 3), against `demo-agent --showcase`: the cwd
-// picker over /api/fs/dirs (browse, make a folder, choose it: the new session runs there), the
-// agent's modes and config options (the reply says which mode and model answered; a refused
-// change is reverted and shown), slash-command completion by keyboard and mouse, usage per turn
-// and per session, and all of it back after a reload and after switching sessions; at desktop and
-// phone widths (screenshots controls-desktop.png, controls-phone.png).
+// Session controls in the web UI (issue 11, item 3).
+//
+// Against `demo-agent --showcase`: the cwd picker over /api/fs/dirs (browse by keyboard, make a
+// folder, choose it: the new session runs there), the agent's modes and config options (the reply
+// says which mode and model answered; a refused change is reverted and shown), usage per turn and
+// per session, all of it back after switching sessions and after a reload; desktop and phone
+// (screenshots controls-desktop.png, controls-phone.png, controls-picker-desktop.png). Its slash
+// commands are checked when they reach the page (see the diagnostic the test prints).
+//
+// Against tests/agents/controls_agent.py: two workspace roots, grouped and boolean options, slash
+// completion by keyboard and mouse with the input hint, PromptResponse `usage` tokens, an agent
+// that switches its own mode, per-session state, a second tab that follows; axe-core on the open
+// picker and command list (screenshots controls-slash-desktop.png, controls-slash-phone.png).
 //
 // Run: `cargo build && cd tests/ui && node --test controls.test.mjs`.
 

@@ -4,11 +4,15 @@
 // may render (Markdown and raw HTML in message, thought and user chunks, links, images, code
 // blocks, tables, tool call titles / kinds / statuses / locations / diffs / terminal text with ANSI
 // and OSC 8, image / resource content blocks, plan entries, the session title, modes, config
-// options, slash commands, usage, permission options) carries payloads that, if they ran, would set
-// `window.__pwned`, request `/pwned?…` and call `alert`. The test prompts (with payloads of its
-// own), answers the permission request, waits for the agent's end marker, and then checks the DOM,
-// the network, dialogs, navigations, CSP and the console; then it reloads, replays the session
-// (session/load: the same renderers on stored updates) and checks again. Desktop and phone.
+// options, slash commands, usage, permission options, the login card of an agent that wants one,
+// folder names and a file in the workspace) carries payloads that, if they ran, would set
+// `window.__pwned`, request `/pwned?…` and call `alert`; wrong JSON types and Markdown nested past
+// the parser's recursion must not break rendering either. The test prompts (with payloads of its
+// own), answers the permission requests, waits for the agent's end marker, and then checks the DOM,
+// the network, dialogs, navigations, CSP and the console; clicks every agent link (a new tab on an
+// http(s) URL, this page stays), opens the agent's file in the file viewer and its folders in the
+// folder picker; then it reloads, replays the session (session/load: the same renderers on stored
+// updates) and checks again. Desktop and phone.
 //
 // Run: `cargo build && cd tests/ui && node --test hostile.test.mjs`.
 
@@ -55,7 +59,7 @@ function scanPage({ forbidden, urlAttrs, regions }) {
     if (url && new URL(url, location.href).origin !== location.origin) problems.push(`<head> loads ${url}`);
     if (el.tagName === 'META' && el.httpEquiv) problems.push(`<head> has ${describe(el)}`);
   }
-  for (const el of document.body.querySelectorAll('base, meta, link, style, script[src]:not([src^="/"]), script:not([src])')) {
+  for (const el of document.body.querySelectorAll('base, meta, link, style, script')) {
     problems.push(`<body> has ${describe(el)}`);
   }
   const all = [...document.querySelectorAll('*')];

@@ -1,7 +1,8 @@
 // Accessibility scan of the web UI with axe-core in Chromium, against the real gateway running the
 // showcase demo agent: light and dark, desktop and phone, on the sign-in page, the empty app, a
 // session with a streamed showcase reply (Markdown, plan, tool cards, diff, terminal output), a
-// permission card, the shortcuts dialog and (phone) the open drawer. No violation of impact
+// permission card, the file viewer, the slash command list, the working-directory picker, the
+// shortcuts dialog and (phone) the open drawer. No violation of impact
 // serious or critical may remain; the others are printed.
 //
 // axe-core goes in through CDP (page.evaluate of node_modules/axe-core/axe.min.js), which the
@@ -55,7 +56,7 @@ describe('accessibility (axe-core)', { timeout: 300_000 }, () => {
     await b?.close().catch(() => {});
     if (gw) await gw.dispose();
     // The figures for the report: every violation found, blocking or not.
-    const lines = results.map(({ variant, view, violations }) => `${variant} ${view}: ${violations.length
+    const lines = results.map(({ variant, view, violations, skipped }) => `${variant} ${view}: ${skipped ? `not scanned: ${skipped}` : violations.length
       ? violations.map((v) => `${v.id} (${v.impact}, ${v.nodes.length}: ${v.nodes.slice(0, 3).map((n) => n.target).join(', ')})`).join('; ')
       : 'no violations'}`);
     const version = JSON.parse(readFileSync(createRequire(import.meta.url).resolve('axe-core/package.json'), 'utf8')).version;
@@ -119,6 +120,34 @@ describe('accessibility (axe-core)', { timeout: 300_000 }, () => {
         await page.getByTestId('permission-option').first().click();
         await turnEnds(2);
         await page.getByTestId('send').waitFor();
+
+        // Others' dialogs and lists: the file viewer of a tool card's location, the slash command
+        // list, the working-directory picker (in the drawer on a phone).
+        await page.getByTestId('tool-location').first().click();
+        await page.getByTestId('file-viewer-body').waitFor();
+        blocking.push(...await check(variant.name, 'file-viewer', page, v.shot));
+        await page.keyboard.press('Escape');
+        await page.getByTestId('file-viewer').waitFor({ state: 'hidden' });
+
+        // (Only when the agent's available_commands_update reached this page: tests/ui/controls
+        // says the gateway may not deliver it for a session made by session/new.)
+        await page.getByTestId('prompt-input').focus();
+        await page.keyboard.type('/');
+        if (await page.getByTestId('slash-option').first().waitFor({ timeout: 3_000 }).then(() => true, () => false)) {
+          blocking.push(...await check(variant.name, 'slash-commands', page, v.shot));
+        } else {
+          results.push({ variant: variant.name, view: 'slash-commands', violations: [], skipped: 'the agent offered no commands' });
+        }
+        await page.keyboard.press('Escape');
+        await page.getByTestId('prompt-input').fill('');
+
+        if (variant.viewport === PHONE) await page.getByTestId('sidebar-toggle').click();
+        await page.getByTestId('cwd-browse').click();
+        await page.getByTestId('cwd-entries').waitFor();
+        blocking.push(...await check(variant.name, 'cwd-picker', page, v.shot));
+        await page.getByTestId('cwd-cancel').click();
+        await page.getByTestId('cwd-dialog').waitFor({ state: 'hidden' });
+        if (variant.viewport === PHONE) await page.keyboard.press('Escape');
 
         await page.getByTestId('shortcuts-button').click();
         await page.getByTestId('shortcuts-dialog').waitFor();

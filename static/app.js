@@ -905,6 +905,10 @@ async function sendPrompt() {
   } catch (err) {
     controls.endTurn(id, null);
     if (state.current?.id === id) reportError(err);
+    // A lost connection is no verdict: the turn may go on, and the catch-up shows how it ended.
+    if (!(err instanceof ConnectionLost)) {
+      notice({ sessionId: id, kind: 'turn', title: 'The turn failed', body: `${sessionTitle(state.sessions.get(id)?.data)}: ${err.message}` });
+    }
   } finally {
     state.running.delete(id);
     updateComposer();

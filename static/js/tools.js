@@ -765,7 +765,9 @@ export class ToolCard {
       if (this.terminalOut) nodes.push(renderTerminal(this.terminalOut));
       if (this.terminalExit) {
         const code = this.terminalExit.exit_code ?? this.terminalExit.exitCode;
-        nodes.push(h('p', { class: 'tc-note', text: code != null ? `exit code ${code}` : `ended by signal ${this.terminalExit.signal ?? '?'}` }));
+        const signal = this.terminalExit.signal;
+        const text = Number.isInteger(code) ? `exit code ${code}` : isString(signal) && signal ? `ended by signal ${signal.slice(0, 40)}` : 'ended';
+        nodes.push(h('p', { class: 'tc-note', testid: 'tool-exit-code', text }));
       }
       this.contentEl.replaceChildren(...nodes);
       this.rendered.content = contentKey;

@@ -89,10 +89,10 @@ function absolutePath(p, cwd) {
 }
 
 /** A button that opens `path` (at `line`) in the file viewer; its label is relative to the cwd. */
-function fileLink(path, line, cwd, { testid = 'tool-location', className = 'tc-location' } = {}) {
+function fileLink(path, line, cwd, { testid = 'tool-location', className = 'tc-location', showLine = true } = {}) {
   const abs = absolutePath(path, cwd);
   const shown = displayPath(abs, cwd) || abs;
-  const label = Number.isInteger(line) && line > 0 ? `${shown}:${line}` : shown;
+  const label = showLine && Number.isInteger(line) && line > 0 ? `${shown}:${line}` : shown;
   return h('button', {
     type: 'button', class: className, testid, title: abs, 'data-path': abs,
     'data-line': Number.isInteger(line) ? line : null,
@@ -327,8 +327,11 @@ function renderDiff(item, cwd) {
   const toggle = h('button', { type: 'button', class: 'tc-diff-toggle', testid: 'diff-view-toggle', hidden: true });
   const stat = h('span', { class: 'tc-stat' });
   const badge = h('span', { class: 'tc-badge', hidden: true });
+  // The path opens the viewer at the first change once the diff is known.
+  const pathLink = (line) => fileLink(path, line, cwd, { testid: 'diff-path', className: 'tc-location tc-diff-path', showLine: false });
+  let link = path ? pathLink(null) : h('span', { text: '(no path)' });
   const header = h('div', { class: 'tc-diff-head' },
-    path ? fileLink(path, null, cwd, { testid: 'diff-path', className: 'tc-location tc-diff-path' }) : h('span', { text: '(no path)' }),
+    link,
     isNew ? h('span', { class: 'tc-badge tc-new', text: 'new file' }) : null,
     badge, stat, toggle);
   const root = h('div', { class: 'tc-diff', testid: 'tool-diff', 'data-path': path, 'data-new-file': isNew ? 'true' : 'false' }, header, body);
@@ -376,6 +379,14 @@ function renderDiff(item, cwd) {
     const removed = rows.filter((r) => r.type === 'del').length;
     stat.replaceChildren(h('span', { class: 'tc-stat-add', text: `+${added}` }), ' ', h('span', { class: 'tc-stat-del', text: `−${removed}` }));
     badge.hidden = isNew || added > 0 || removed > 0;
+    // The first change's line in the new file (for a removal: the line that now stands there).
+    const change = rows.findIndex((r) => r.type === 'add' || r.type === 'del');
+    const firstLine = change < 0 ? null : rows.slice(change).find((r) => r.new != null)?.new ?? 1;
+    if (path && firstLine) {
+      const next = pathLink(firstLine);
+      link.replaceWith(next);
+      link = next;
+    }
     badge.textContent = 'no changes';
     root.dataset.state = 'ready';
     render();

@@ -172,9 +172,12 @@ describe('tool call cards: demo-agent --showcase', () => {
         await dialog.waitFor({ state: 'hidden' });
         assert.ok(await location.evaluate((el) => el === document.activeElement), 'focus did not return to the location');
 
-        // The diff header opens the file too.
+        // The diff header opens the file too, at the first change.
+        const firstChange = Number(await diff.getByTestId('diff-path').getAttribute('data-line'));
+        assert.ok(firstChange >= 1);
         await openViewer(page, diff.getByTestId('diff-path'));
-        assert.equal(await page.getByTestId('file-viewer-title').textContent(), 'acp-demo/hello.rs');
+        assert.equal(await page.getByTestId('file-viewer-title').textContent(), `acp-demo/hello.rs:${firstChange}`);
+        assert.equal(Number(await page.getByTestId('file-viewer-line').getAttribute('data-n')), firstChange);
         await page.getByTestId('file-viewer-close').click();
 
         // A path outside the workspace: the gateway refuses, the viewer says so.
@@ -261,6 +264,8 @@ describe('tool call cards: edge cases (tests/agents/ui_tools_agent.py)', () => {
     assert.equal(await firstAdd.locator('.tc-ln').nth(1).getAttribute('data-n'), '5');
     assert.equal(await diff.locator('.tc-stat-add').textContent(), '+3');
     assert.ok(await diff.locator('[class^="hljs-"]').count() > 0, 'no syntax highlighting in the diff');
+
+    assert.equal(await diff.getByTestId('diff-path').getAttribute('data-line'), '5', 'the path opens at the first change');
 
     const big = card(page, 't-big').getByTestId('tool-diff');
     assert.equal(await big.getAttribute('data-new-file'), 'true');

@@ -66,6 +66,15 @@ describe('messages: Markdown, code blocks, thoughts, content blocks, long turns'
       await context.grantPermissions(['clipboard-read', 'clipboard-write'], { origin: gw.base });
       await connected(page);
 
+      // How each thought looks when it appears (it streams open, saying so).
+      await page.evaluate(() => {
+        window.thoughtsSeen = [];
+        new MutationObserver((records) => {
+          for (const node of records.flatMap((r) => [...r.addedNodes])) {
+            if (node.dataset?.testid === 'thought') window.thoughtsSeen.push({ open: node.open, summary: node.querySelector('summary').textContent });
+          }
+        }).observe(document.getElementById('log'), { childList: true });
+      });
       // Sending without a session starts one (the phone's sidebar stays closed).
       await page.getByTestId('prompt-input').fill(PROMPT);
       await page.getByTestId('send').click();
@@ -110,7 +119,11 @@ describe('messages: Markdown, code blocks, thoughts, content blocks, long turns'
       await block.getByRole('button', { name: 'Copied' }).waitFor();
       assert.equal(await page.evaluate(() => navigator.clipboard.readText()), code);
 
-      // Thoughts: folded away once the answer started, with how long they took; opening shows them.
+      // Thoughts: open while they stream, folded away once the answer started, with how long they
+      // took; opening one shows it.
+      const seen = await page.evaluate(() => window.thoughtsSeen);
+      assert.ok(seen.length >= 1, 'no thought appeared');
+      assert.deepEqual(seen[0], { open: true, summary: 'Thinking…' });
       const thoughts = page.getByTestId('thought');
       for (let i = 0; i < await thoughts.count(); i += 1) {
         assert.equal(await thoughts.nth(i).evaluate((d) => d.open), false, `thought ${i} is still open`);

@@ -93,7 +93,7 @@ export function installShortcuts() {
 
 function onKey(event) {
   if (event.defaultPrevented || event.isComposing || event.repeat) return;
-  if ($('shortcuts-dialog')?.open) return; // the modal dialog has the keyboard (Escape closes it)
+  if (modalOpen()) return; // a modal dialog (ours, the cwd picker, the file viewer) has the keyboard
   const busy = typing(event.target);
   for (const s of SHORTCUTS) {
     if (!s.match(event, busy)) continue;
@@ -109,6 +109,14 @@ const PROMPT_KEYS = [
   { label: 'Send the prompt', shown: ['Enter'] },
   { label: 'New line in the prompt', shown: ['Shift+Enter'] },
 ];
+
+function modalOpen() {
+  try {
+    return document.querySelector('dialog:modal') != null;
+  } catch { // a browser without :modal
+    return document.querySelector('dialog[open]') != null;
+  }
+}
 
 function renderHelpList() {
   const list = $('shortcuts-list');
@@ -147,7 +155,7 @@ function renderNotificationNote() {
 
 function openHelp() {
   const dialog = $('shortcuts-dialog');
-  if (!dialog || dialog.open) return;
+  if (!dialog || dialog.open || modalOpen()) return;
   renderNotificationNote();
   dialog.showModal();
 }

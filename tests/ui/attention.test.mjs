@@ -283,6 +283,13 @@ describe('attention, tabs and layout', { timeout: 240_000 }, () => {
     assert.match(await dialog.textContent(), /New session.*Alt\+N/s);
     assert.match(await a.getByTestId('notifications-note').textContent(), /notifications are on/);
     await v.shot('attention-shortcuts-dialog');
+    // While a modal dialog is open the page behind it takes no shortcuts.
+    const sessions = await a.getByTestId('session-item').count();
+    await a.keyboard.press('Alt+N');
+    await a.keyboard.press('Control+K');
+    assert.notEqual(await active(), 'session-search', 'Ctrl+K reached the page behind the dialog');
+    assert.ok(await dialog.isVisible());
+    assert.equal(await a.getByTestId('session-item').count(), sessions);
     await a.keyboard.press('Escape');
     await dialog.waitFor({ state: 'hidden' });
     assert.equal(await active(), 'log');

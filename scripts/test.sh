@@ -28,7 +28,10 @@ fi
 # Chromium and playwright-core for the browser test.
 if [ -f tests/ui/package.json ]; then
   command -v chromium >/dev/null || { echo "== installing chromium"; apt_install chromium; }
-  [ -d tests/ui/node_modules/playwright-core ] || { echo "== installing playwright-core"; (cd tests/ui && npm ci --no-audit --no-fund --silent); }
+  # Installed again whenever a pinned package is missing (an older checkout's node_modules).
+  for pkg in playwright-core axe-core; do
+    [ -d "tests/ui/node_modules/$pkg" ] || { echo "== installing the browser tests' packages"; (cd tests/ui && npm ci --no-audit --no-fund --silent); break; }
+  done
 fi
 
 echo "== cargo fmt --check"

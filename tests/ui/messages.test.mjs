@@ -15,7 +15,7 @@ const PROMPT = 'Show me a **Markdown** answer\n\n- [x] a rendered prompt\n- [ ] 
 const LONG_CHUNKS = 5000;
 /** Budgets for the long turn, far above what it takes on an idle machine (about 1.5 s, no task over 100 ms). */
 const LONG_TURN_MS = 20_000;
-const LONGEST_TASK_MS = 400;
+const LONGEST_TASK_MS = 500;
 
 /** Collects 'longtask' entries (tasks over 50 ms) in the page from now on. */
 function watchLongTasks() {
@@ -66,15 +66,6 @@ describe('messages: Markdown, code blocks, thoughts, content blocks, long turns'
       await context.grantPermissions(['clipboard-read', 'clipboard-write'], { origin: gw.base });
       await connected(page);
 
-      // How each thought looks when it appears (it streams open, saying so).
-      await page.evaluate(() => {
-        window.thoughtsSeen = [];
-        new MutationObserver((records) => {
-          for (const node of records.flatMap((r) => [...r.addedNodes])) {
-            if (node.dataset?.testid === 'thought') window.thoughtsSeen.push({ open: node.open, summary: node.querySelector('summary').textContent });
-          }
-        }).observe(document.getElementById('log'), { childList: true });
-      });
       // Sending without a session starts one (the phone's sidebar stays closed).
       await page.getByTestId('prompt-input').fill(PROMPT);
       await page.getByTestId('send').click();
@@ -119,11 +110,7 @@ describe('messages: Markdown, code blocks, thoughts, content blocks, long turns'
       await block.getByRole('button', { name: 'Copied' }).waitFor();
       assert.equal(await page.evaluate(() => navigator.clipboard.readText()), code);
 
-      // Thoughts: open while they stream, folded away once the answer started, with how long they
-      // took; opening one shows it.
-      const seen = await page.evaluate(() => window.thoughtsSeen);
-      assert.ok(seen.length >= 1, 'no thought appeared');
-      assert.deepEqual(seen[0], { open: true, summary: 'Thinking…' });
+      // Thoughts: folded away once the answer started, with how long they took; opening one shows it.
       const thoughts = page.getByTestId('thought');
       for (let i = 0; i < await thoughts.count(); i += 1) {
         assert.equal(await thoughts.nth(i).evaluate((d) => d.open), false, `thought ${i} is still open`);
@@ -147,6 +134,33 @@ describe('messages: Markdown, code blocks, thoughts, content blocks, long turns'
       await v.close();
     });
   }
+
+  it('streams a thought open, saying "Thinking…", and folds it when it is over', async () => {
+    // The showcase's thought is one chunk, often folded in the frame it arrives in: drive a
+    // thought bubble (static/js/message.js) directly, in the page.
+    const v = await browser.open(gw, DESKTOP);
+    const { page } = v;
+    await connected(page);
+    const states = await page.evaluate(async () => {
+      const { Message } = await import('/js/message.js');
+      const message = new Message('thought', 'Agent (thinking)');
+      document.getElementById('log').append(message.root);
+      const state = () => ({ open: message.root.open, summary: message.root.querySelector('summary').textContent, text: message.body.textContent.trim() });
+      message.write('Reading **the file**');
+      message.render();
+      const streaming = state();
+      message.write(' first.');
+      message.render();
+      message.finish();
+      const over = state();
+      message.root.remove();
+      return { streaming, over };
+    });
+    assert.deepEqual(states.streaming, { open: true, summary: 'Thinking…', text: 'Reading the file' });
+    assert.deepEqual(states.over, { open: false, summary: 'Thought', text: 'Reading the file first.' });
+    assert.deepEqual(v.errors(), NO_ERRORS);
+    await v.close();
+  });
 
   it('shows image, resource, resource_link and audio blocks, and sanitizes by design', async () => {
     const v = await browser.open(gw, DESKTOP);

@@ -18,6 +18,8 @@ import { diffRows, replacementRows } from './diff-rows.js';
 import Anser from '../vendor/anser.js';
 import hljs from '../vendor/highlight.js';
 import { el as h } from './dom.js';
+import { codeView, renderMarkdown } from './markdown.js';
+import { contentBlock } from './content.js';
 
 // ---------------------------------------------------------------------------------------------
 // 1. Helpers
@@ -122,9 +124,20 @@ export function languageFor(path) {
   if (name === 'dockerfile') return hljs.getLanguage('dockerfile') ? 'dockerfile' : 'bash';
   const dot = name.lastIndexOf('.');
   if (dot < 0) return null;
-  const ext = name.slice(dot + 1);
-  const lang = hljs.getLanguage(ext);
-  return lang ? ext : null;
+  return canonicalLanguage(name.slice(dot + 1));
+}
+
+let languageNames = null; // alias or name → highlight.js's own name ('rs' → 'rust')
+
+function canonicalLanguage(alias) {
+  if (!languageNames) {
+    languageNames = new Map();
+    for (const name of hljs.listLanguages()) {
+      languageNames.set(name, name);
+      for (const other of hljs.getLanguage(name)?.aliases ?? []) languageNames.set(other, name);
+    }
+  }
+  return languageNames.get(alias) ?? null;
 }
 
 const SAFE_CLASS = /^[A-Za-z0-9_ -]{1,80}$/;
@@ -844,30 +857,30 @@ export class ToolCard {
         `Live terminal ${isString(item.terminalId) ? item.terminalId : ''}: the web UI does not host agent terminals, so its output is not shown here.`);
     }
     if (item.type === 'content') return this.#blockNode(item.content);
-    return h('pre', { class: 'tc-text', text: prettyJson(item) });
+    return h('pre', { class: 'tc-text', tabindex: '0', text: prettyJson(item) });
   }
 
+  /**
+   * A content block: text as a terminal (execute calls, ANSI text), as highlighted code (a read
+   * of a file in a known language), else as Markdown like the messages (agents such as
+   * claude-code-acp send tool output as Markdown); other blocks as the messages show them.
+   */
   #blockNode(block) {
     if (!block || typeof block !== 'object') return null;
-    switch (block.type) {
-      case 'text': {
-        const text = isString(block.text) ? block.text : '';
-        if (this.state.kind === 'execute' || hasAnsi(text)) return renderTerminal(text);
-        return h('pre', { class: 'tc-text', testid: 'tool-text', tabindex: '0', text });
-      }
-      case 'image': {
-        const mime = isString(block.mimeType) && /^image\/(png|jpeg|gif|webp)$/.test(block.mimeType) ? block.mimeType : null;
-        if (!mime || !isString(block.data) || !/^[A-Za-z0-9+/=\s]*$/.test(block.data)) return h('p', { class: 'tc-note', text: '[image]' });
-        return h('img', { class: 'tc-image', src: `data:${mime};base64,${block.data.replace(/\s+/g, '')}`, alt: 'Image from the tool' });
-      }
-      case 'resource_link':
-        return h('p', { class: 'tc-note', text: `${block.name || block.title || ''} ${block.uri ?? ''}`.trim() });
-      case 'resource': {
-        const text = block.resource?.text;
-        return isString(text) ? h('pre', { class: 'tc-text', text }) : h('p', { class: 'tc-note', text: `[resource ${block.resource?.uri ?? ''}]` });
-      }
-      default:
-        return h('p', { class: 'tc-note', text: `[${isString(block.type) ? block.type : 'content'}]` });
-    }
+    if (block.type !== 'text') return contentBlock(block);
+    const text = isString(block.text) ? block.text : '';
+    if (this.state.kind === 'execute' || hasAnsi(text)) return renderTerminal(text);
+    const lang = this.state.kind === 'read' && text.includes('\n') && !/^\s*(```|~~~)/.test(text) ? languageFor(this.#mainPath()) : null;
+    if (lang) return h('div', { class: 'tc-code', testid: 'tool-text' }, codeView(text, lang));
+    return h('div', { class: 'md tc-md', testid: 'tool-text', tabindex: '0' }, renderMarkdown(text));
+  }
+
+  /** The file the call is about: its first location, else a path in its input. */
+  #mainPath() {
+    const { locations, rawInput } = this.state;
+    const located = locations.find((l) => isString(l?.path))?.path;
+    if (located) return located;
+    const input = rawInput && typeof rawInput === 'object' ? rawInput : {};
+    return [input.path, input.file_path, input.filePath, input.abs_path].find(isString) ?? '';
   }
 }

@@ -13,7 +13,8 @@ sends, in this order:
   * ``execute`` with ``terminal`` content (the web UI offers no terminals);
   * ``execute`` with ``terminal`` content whose output comes in ``_meta.terminal_output`` /
     ``terminal_exit`` (claude-code-acp's convention);
-  * ``search`` located at a path outside every workspace root (``/etc/hostname``).
+  * ``search`` located at a path outside every workspace root (``/etc/hostname``), its output
+    Markdown with a code block.
 Then it answers ``end_turn``.
 """
 
@@ -118,7 +119,9 @@ def prompt(session_id: str) -> None:
 
     update(session_id, {"sessionUpdate": "tool_call", "toolCallId": "t-outside", "title": "Search /etc",
                         "kind": "search", "status": "completed",
-                        "locations": [{"path": "/etc/hostname", "line": 1}]})
+                        "locations": [{"path": "/etc/hostname", "line": 1}],
+                        "content": [{"type": "content", "content": {"type": "text", "text":
+                                     "Found **1** match:\n\n```text\n/etc/hostname:1: localhost\n```\n"}}]})
 
 
 def main() -> None:

@@ -244,8 +244,17 @@ describe('tool call cards: edge cases (tests/agents/ui_tools_agent.py)', () => {
     await toggle.click();
     assert.equal(await toggle.getAttribute('aria-expanded'), 'true');
     assert.match(await read.getByTestId('tool-text').textContent(), /fixture the tool-call test opens/);
+    // A read of a Rust file is a Rust code block (the messages' renderer, with its Copy button).
+    assert.equal(await read.getByTestId('tool-text').locator('[data-testid="code-block"]').getAttribute('data-lang'), 'rust');
+    assert.ok(await read.getByTestId('tool-text').locator('[class^="hljs-"]').count() > 0);
     await toggle.press('Enter');
     assert.equal(await toggle.getAttribute('aria-expanded'), 'false');
+    // Other tool output is Markdown, like the messages.
+    const search = card(page, 't-outside');
+    await search.locator('.tc-toggle').click();
+    assert.equal(await search.getByTestId('tool-text').locator('strong').textContent(), '1');
+    assert.match(await search.getByTestId('tool-text').locator('[data-testid="code-block"] code').textContent(), /^\/etc\/hostname:1: localhost/);
+    await search.locator('.tc-toggle').click();
   });
 
   it('renders a two-hunk diff with line numbers, a capped new file, and the side-by-side view', async () => {

@@ -308,6 +308,7 @@ const SLOW_MS = 8;
 const SLOW_FACTOR = 4;
 
 const FENCE = /^([ \t]*)(`{3,}|~{3,})(.*)$/;
+const LIST_ITEM = /^ {0,3}(?:[-+*]|\d{1,9}[.)])(?:[ \t]|$)/;
 
 export class MarkdownStream {
   /** @param container {Element} the element the message's blocks are appended to */
@@ -320,6 +321,7 @@ export class MarkdownStream {
     this.points = []; // settle points found by the scan, ascending; those <= settled are dropped
     this.fence = null; // the open fenced code block at `scanned`: {marker, length, start, indented}
     this.details = 0; // raw <details> elements open at `scanned`: a blank line inside one settles nothing
+    this.blank = 0; // the end of a blank line just scanned: a settle point unless the next line continues a list
     this.tailNodes = []; // the DOM nodes of the rendered tail, replaced on each render
     this.live = null; // {start, root, code, shown}: the plain code block of a long open fence
     this.dirty = false; // text arrived (or settling is behind) since the last complete render
@@ -416,6 +418,7 @@ export class MarkdownStream {
     this.settled = 0;
     this.scanned -= by;
     this.points = this.points.map((point) => point - by);
+    if (this.blank) this.blank -= by;
     if (this.fence) this.fence.start -= by;
     if (this.live) {
       this.live.start -= by;
@@ -438,6 +441,12 @@ export class MarkdownStream {
   }
 
   #line(line, start, end) {
+    if (this.blank && line.trim()) {
+      // A blank line ends the blocks before it, unless what follows continues them: another item
+      // (a loose list) or an indented line (a list item's next paragraph or code).
+      if (!LIST_ITEM.test(line) && !/^[ \t]/.test(line)) this.#point(this.blank);
+      this.blank = 0;
+    }
     const fence = FENCE.exec(line);
     if (this.fence) {
       const closes = fence && fence[2][0] === this.fence.marker && fence[2].length >= this.fence.length && !fence[3].trim();
@@ -459,7 +468,7 @@ export class MarkdownStream {
       const closed = line.match(/<\/details\s*>/gi)?.length ?? 0;
       this.details = Math.max(0, this.details + opened - closed);
     }
-    if (!line.trim() && !this.details) this.#point(end);
+    if (!line.trim() && !this.details) this.blank = end;
   }
 
   /**

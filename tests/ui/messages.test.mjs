@@ -232,14 +232,16 @@ describe('messages: Markdown, code blocks, thoughts, content blocks, long turns'
       const { MarkdownStream, renderMarkdown } = await import('/js/markdown.js');
       let code = '';
       for (let i = 0; i < 150; i += 1) code += `    let value_${i} = compute(${i}); // line ${i}\n`;
-      // Blank lines inside fences and <details>, a fence right after a paragraph and one inside a
-      // list item, a fence long enough to stream as plain text until it closes; five times over,
+      // Blank lines inside fences, <details>, loose lists and indented code, a fence right after a
+      // paragraph and one inside a list item, a fence long enough to stream as plain text until it closes; five times over,
       // so that the stream also forgets settled text on the way (past 32,000 characters).
       const part = [
         '| a | b |', '|---|---|', '| 1 | 2 |', '', '- [x] done', '- [ ] todo', '',
         '```rust', 'fn main() {', '    println!("hi");', '', '    let x = 1;', '}', '```', 'Right after a fence.', '',
         '> quote', '> more', '', '1. one', '2. two', '   ```js', '   let a = 1;', '', '   let b = 2;', '   ```', '3. three', '',
         '<details>', '<summary>More</summary>', '', 'Hidden *text*.', '', '</details>', '',
+        '- loose one', '', '- loose two', '', '  still item two', '', '1. first', '', '2. second', '',
+        'Before indented code:', '', '    indented code', '', '    more of it', '',
         '```rust', 'fn long() {', code + '}', '```', '', '~~~', 'plain tilde', '~~~', '',
       ].join('\n');
       const doc = `# Title\n\nSome *text* with \`code\` and a [link](https://example.com).\nSecond line.\n\n${

@@ -20,7 +20,7 @@ use agent_client_protocol_schema::v1::NewSessionRequest;
 use crate::pool::{AgentPool, AgentProcess, Pending, SessionRoute};
 use crate::protocol::{self, Incoming, Kind, RpcError, codes};
 use crate::quota::CAP_REACHED;
-use crate::session::{Client, LiveSession};
+use crate::session::{Client, Controls, LiveSession};
 
 /// Per-connection dispatch state.
 pub struct Connection {
@@ -530,6 +530,14 @@ impl Ctx {
                 return Err(e);
             }
         };
+        // The modes, config options and models the agent offers, for session/load to answer with.
+        let controls = Controls::from_result(result.get());
+        session
+            .change_controls(|c| {
+                *c = controls;
+                !c.is_empty()
+            })
+            .await;
         if let Err(e) = self.gw.sessions.lease_new(&session).await {
             process.release();
             self.gw.sessions.discard(&self.client.user, &id).await;
@@ -554,7 +562,25 @@ impl Ctx {
         // The stored cwd is what the agent gets on restore; a client's must still be its own.
         self.workspace_dirs(cwd, dirs)?;
         self.attach(&session, replay, after).await?;
-        Ok(Reply::Result(String::from("{}")))
+        // The agent's modes, config options and models, as they are after what was replayed, so
+        // a reloaded page shows its pickers (ACP lets both answers carry them).
+        if session.controls_need_store() {
+            let stored = self
+                .gw
+                .sessions
+                .store()
+                .session_controls(&self.client.user, sid)
+                .await?;
+            let stored = stored.as_deref().unwrap_or("{}");
+            if session.is_bound_now() {
+                session.stored_controls(stored);
+            } else {
+                // Another replica may serve it and change them: this one keeps no copy it
+                // would have to keep current.
+                return Ok(Reply::Result(Controls::from_result(stored).to_json()));
+            }
+        }
+        Ok(Reply::Result(session.controls_json()))
     }
 
     async fn close(&self, sid: &str, delete: bool) -> Handled {
@@ -683,11 +709,31 @@ impl Ctx {
         let cfg = pool.config();
         if !session.is_bound_now() {
             self.room_for_a_live_session()?;
+            // Served here from now on: the controls as stored (another replica may have
+            // changed them), then as the agent's restore answer says.
+            if session.controls_need_store() {
+                let stored = self
+                    .gw
+                    .sessions
+                    .store()
+                    .session_controls(&session.owner, &session.id)
+                    .await?;
+                session.stored_controls(stored.as_deref().unwrap_or("{}"));
+            }
         }
         let binding = session.ensure_bound(&self.gw.pools).await?;
         let rewritten = protocol::rewrite_params(params, Some(&binding.agent_session_id), Some(&cfg.forward_meta))
             .ok_or_else(|| RpcError::invalid_params("params must be an object"))?;
-        let route: Arc<dyn SessionRoute> = session.clone();
+        let route: Arc<dyn SessionRoute> = if CONTROL_METHODS.contains(&method) {
+            Arc::new(ControlsAnswer {
+                session: session.clone(),
+                method: method.into(),
+                params: params.get().into(),
+                gw: self.gw.clone(),
+            })
+        } else {
+            session.clone()
+        };
         let answer = Pending::Forward {
             route,
             to,
@@ -703,5 +749,69 @@ impl Ctx {
         };
         self.tracked.remember_forwarded(id.get(), &binding.process, agent_id);
         Ok(Reply::Forwarded)
+    }
+}
+
+/// The methods whose successful answers change a session's controls.
+const CONTROL_METHODS: [&str; 3] = ["session/set_mode", "session/set_config_option", "session/set_model"];
+
+/// Where the agent's answer to a [`CONTROL_METHODS`] request goes: the session's controls take
+/// what it changed (before the client sees the answer, so a `session/load` right after it
+/// answers with them), they are stored, and the answer goes on as any other. When other replicas
+/// share the database, the answer waits until they are written: a client of another replica
+/// that loads the session after the answer reads them from the store.
+struct ControlsAnswer {
+    session: Arc<LiveSession>,
+    /// The client's method and params (`session/set_mode` answers `{}`: the mode is in them).
+    method: Box<str>,
+    params: Box<str>,
+    /// Tracks the task that stores them.
+    gw: Arc<Gateway>,
+}
+
+#[async_trait::async_trait]
+impl SessionRoute for ControlsAnswer {
+    fn session_id(&self) -> &str {
+        self.session.session_id()
+    }
+
+    async fn publish(&self, update: &RawValue, meta: Option<&RawValue>) {
+        self.session.publish(update, meta).await;
+    }
+
+    fn agent_request(self: Arc<Self>, process: &Arc<AgentProcess>, id: Box<RawValue>, method: &str, params: String) {
+        self.session.clone().agent_request(process, id, method, params);
+    }
+
+    fn respond(&self, to: &crate::outbox::Outbox, client_id: &RawValue, frame: Utf8Bytes) {
+        #[derive(Deserialize)]
+        struct Answer<'a> {
+            #[serde(borrow, default)]
+            result: Option<&'a RawValue>,
+        }
+        let result = serde_json::from_str::<Answer<'_>>(&frame).ok().and_then(|a| a.result);
+        if let Some(result) = result
+            && self
+                .session
+                .change_controls_now(|c| c.apply_answer(&self.method, &self.params, result.get()))
+        {
+            let session = self.session.clone();
+            if session.replicated() {
+                let (to, client_id) = (to.clone(), client_id.to_owned());
+                self.gw.tracker.spawn(async move {
+                    session.store_controls_now().await;
+                    session.respond(&to, &client_id, frame);
+                });
+                return;
+            }
+            self.gw
+                .tracker
+                .spawn(async move { session.store_controls_in_order().await });
+        }
+        self.session.respond(to, client_id, frame);
+    }
+
+    fn unbound(&self, process_id: u64) {
+        self.session.unbound(process_id);
     }
 }

@@ -23,6 +23,7 @@ use axum::extract::ws::Utf8Bytes;
 use serde_json::value::RawValue;
 
 use super::client::Client;
+use super::controls::Controls;
 use super::requests::AgentRequest;
 use crate::outbox::{CLOSE_TOO_SLOW, Outbox};
 use crate::pool::{AgentProcess, Pools, SessionRoute};
@@ -166,6 +167,13 @@ pub struct LiveSession {
     binding: Mutex<Option<Binding>>,
     /// The agent's last known id for the session (kept across process deaths for restore).
     agent_session_id: Mutex<Option<Arc<str>>>,
+    /// The agent's modes, config options and models as this replica last knew them: current
+    /// while the session is served here (see [`LiveSession::controls_json`]).
+    controls: Mutex<Controls>,
+    /// Whether `controls` holds what the store does (or newer): read from it, or set here.
+    controls_known: std::sync::atomic::AtomicBool,
+    /// Whether other replicas share the database, and may change the stored controls.
+    replicated: bool,
     /// One restore at a time; held across the agent's answer, so nothing else takes it.
     restoring: tokio::sync::Mutex<()>,
     /// One read of updates another replica committed at a time (see [`LiveSession::catch_up`]).
@@ -233,6 +241,9 @@ impl LiveSession {
             }),
             binding: Mutex::new(None),
             agent_session_id: Mutex::new(r.agent_session_id.as_deref().map(Arc::from)),
+            controls: Mutex::default(),
+            controls_known: std::sync::atomic::AtomicBool::new(false),
+            replicated: options.replica.is_some(),
             restoring: tokio::sync::Mutex::new(()),
             catching_up: tokio::sync::Mutex::new(()),
             committed_elsewhere: AtomicU64::new(last_seq),
@@ -246,6 +257,104 @@ impl LiveSession {
 
     fn lock_binding(&self) -> MutexGuard<'_, Option<Binding>> {
         self.binding.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn lock_controls(&self) -> MutexGuard<'_, Controls> {
+        self.controls.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The agent's controls as `session/load` answers them (a JSON object). Current while the
+    /// session is served here, or when [`LiveSession::controls_need_store`] says so.
+    pub fn controls_json(&self) -> String {
+        self.lock_controls().to_json()
+    }
+
+    /// Whether the store may hold newer controls than this replica: it never read them, or
+    /// (when other replicas share the database and it does not serve the session now) another
+    /// replica may have changed them.
+    pub fn controls_need_store(&self) -> bool {
+        !self.controls_known.load(Ordering::Acquire) || (self.replicated && !self.is_bound_now())
+    }
+
+    /// Takes what the store holds.
+    pub fn stored_controls(&self, stored: &str) {
+        *self.lock_controls() = Controls::from_result(stored);
+        self.controls_known.store(true, Ordering::Release);
+    }
+
+    /// Changes the controls with `change` (which says whether it changed anything) and, if it
+    /// did, stores them.
+    pub async fn change_controls(&self, change: impl FnOnce(&mut Controls) -> bool) {
+        if !self.change_controls_now(change) {
+            return;
+        }
+        if self.replicated {
+            self.store_controls_now().await;
+        } else {
+            self.store_controls_in_order().await;
+        }
+    }
+
+    /// Changes the controls in memory only (the caller stores them with
+    /// [`LiveSession::store_controls_in_order`]); whether `change` changed anything.
+    pub fn change_controls_now(&self, change: impl FnOnce(&mut Controls) -> bool) -> bool {
+        let changed = change(&mut self.lock_controls());
+        self.controls_known.store(true, Ordering::Release);
+        changed
+    }
+
+    /// Queues the controls as they are now for the writer.
+    pub async fn store_controls_in_order(&self) {
+        let _numbering = self.numbering.lock().await;
+        self.store_controls().await;
+    }
+
+    /// After a restore: an agent that forgot the mode, config options or model the user chose
+    /// (a new process starts with its defaults) is put back to them, so the pickers the user sees
+    /// are what the agent does; what it refuses, or says otherwise, is taken as it is.
+    async fn reapply_controls(&self, process: &AgentProcess, agent_sid: &str, answer: &RawValue, timeout: Duration) {
+        let mut agent = Controls::from_result(answer.get());
+        if agent.is_empty() {
+            return;
+        }
+        let wanted = self.lock_controls().clone();
+        for (method, params) in wanted.reapply(&agent, agent_sid) {
+            match process.request(method, &params, timeout).await {
+                Ok(result) => {
+                    agent.apply_answer(method, &params, result.get());
+                }
+                Err(e) => {
+                    tracing::info!(session = %self.id, method, error = %e, "restored agent kept its own setting")
+                }
+            }
+        }
+        self.change_controls(|c| c.merge(agent)).await;
+    }
+
+    /// Whether other replicas read this session's controls from the store.
+    pub fn replicated(&self) -> bool {
+        self.replicated
+    }
+
+    /// Stores the controls as they are now and waits until they are written (at most the
+    /// writer's flush timeout), so other replicas read what this one answered.
+    pub async fn store_controls_now(&self) {
+        self.store_controls_in_order().await;
+        if let Err(e) = self.persister.flush().await {
+            tracing::warn!(session = %self.id, error = %e, "session controls not yet stored");
+        }
+    }
+
+    /// Queues the controls for the writer. Called under `numbering`, and the controls are read
+    /// there, so the writer gets them in the order they changed (the last write is the newest).
+    async fn store_controls(&self) {
+        let controls = self.controls_json();
+        self.persister
+            .send(Item::Controls {
+                session: self.id.clone(),
+                controls,
+            })
+            .await;
     }
 
     /// Binds the session to a process that already knows it (right after `session/new`).
@@ -306,15 +415,25 @@ impl LiveSession {
 
     /// Queues update `seq` (caller holds `numbering`).
     async fn enqueue(&self, seq: u64, update: &str, agent_meta: Option<&RawValue>) {
-        if update.contains("\"session_info_update\"")
-            && let Some(title) = info_update_title(update)
-        {
-            self.persister
-                .send(Item::AgentTitle {
-                    session: self.id.clone(),
-                    title,
-                })
-                .await;
+        // One scan passes the bulk of a stream (message and thought chunks) by; the few kinds
+        // that change the session are then told apart by name and parsed.
+        if update.contains("_update\"") {
+            if update.contains("\"session_info_update\"")
+                && let Some(title) = info_update_title(update)
+            {
+                self.persister
+                    .send(Item::AgentTitle {
+                        session: self.id.clone(),
+                        title,
+                    })
+                    .await;
+            }
+            if (update.contains("\"current_mode_update\"") || update.contains("\"config_option_update\""))
+                && self.controls_known.load(Ordering::Acquire)
+                && self.lock_controls().apply_update(update)
+            {
+                self.store_controls().await;
+            }
         }
         let frame = Utf8Bytes::from(protocol::session_update_raw_id(&self.id_json, update, seq, agent_meta));
         self.fanout().unreleased.push_back((seq, frame));
@@ -616,6 +735,10 @@ impl LiveSession {
             serde_json::to_string(&servers).unwrap_or_else(|_| String::from("[]")),
         );
         let restored = process.request(method, &params, pool.request_timeout()).await;
+        if let Ok(answer) = &restored {
+            self.reapply_controls(&process, &agent_sid, answer, pool.request_timeout())
+                .await;
+        }
         let outcome = if restored.is_ok() { "ok" } else { "error" };
         metrics::counter!(crate::metrics::SESSION_RESTORES, "agent" => self.agent.to_string(), "method" => method, "outcome" => outcome)
             .increment(1);

@@ -3,6 +3,7 @@
 //!
 //! - [`live`]: one session and its publish path (stored before it is visible).
 //! - [`client`]: a connected client as sessions see it.
+//! - [`controls`]: the agent's modes, config options and models, as `session/load` answers them.
 //! - [`requests`]: an agent's requests to the session's clients.
 //! - [`asks`]: those requests asked of clients on other replicas too.
 //! - [`registry`]: the sessions in memory.
@@ -12,6 +13,7 @@
 
 pub mod asks;
 pub mod client;
+pub mod controls;
 pub mod list;
 pub mod live;
 pub mod registry;
@@ -20,6 +22,7 @@ pub mod service;
 pub mod shared;
 
 pub use client::Client;
+pub use controls::Controls;
 pub use live::{Binding, LiveSession, SessionOptions};
 pub use registry::Registry;
 pub use requests::AgentRequest;

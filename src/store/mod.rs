@@ -141,6 +141,9 @@ impl Store for Bounded {
     async fn stored_bytes(&self, owner: &str) -> Result<u64, StoreError> {
         self.within(self.inner.stored_bytes(owner)).await
     }
+    async fn session_controls(&self, owner: &str, id: &str) -> Result<Option<String>, StoreError> {
+        self.within(self.inner.session_controls(owner, id)).await
+    }
 }
 
 /// What a client sees when the store fails: a generic internal error. The detail is logged here,
@@ -229,6 +232,9 @@ pub struct SessionWrite {
     pub agent_title: Option<String>,
     /// Prompts in this flush, added to `message_count`.
     pub prompts: i64,
+    /// The agent's session controls (`modes`, `configOptions`, `models`), a JSON object: replaces
+    /// the stored ones.
+    pub controls: Option<String>,
     /// When the newest update was received (epoch µs).
     pub updated_at: i64,
 }
@@ -295,6 +301,9 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     /// sessions (a deleted session no longer counts). Each session keeps its own total as chunks
     /// are stored, so this sums the owner's sessions, not their events.
     async fn stored_bytes(&self, owner: &str) -> Result<u64, StoreError>;
+    /// The agent's session controls stored for a session of `owner` (a JSON object, `{}` when
+    /// none were), or `None` (unknown and foreign ids alike).
+    async fn session_controls(&self, owner: &str, id: &str) -> Result<Option<String>, StoreError>;
 }
 
 /// Opens the store named by `url`, creating a SQLite file (and its directory) when needed, and

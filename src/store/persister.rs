@@ -117,6 +117,13 @@ pub enum Item {
         /// The new title.
         title: String,
     },
+    /// The agent's session controls changed (`modes`, `configOptions`, `models`).
+    Controls {
+        /// Gateway session id.
+        session: Arc<str>,
+        /// All of them, a JSON object: replaces what is stored.
+        controls: String,
+    },
     /// Answer once everything queued before this is written.
     Flush(oneshot::Sender<()>),
 }
@@ -127,6 +134,7 @@ impl std::fmt::Debug for Item {
             Item::Update { session, seq, .. } => write!(f, "Update({session}, {seq})"),
             Item::Prompt { session, .. } => write!(f, "Prompt({session})"),
             Item::AgentTitle { session, .. } => write!(f, "AgentTitle({session})"),
+            Item::Controls { session, .. } => write!(f, "Controls({session})"),
             Item::Flush(_) => f.write_str("Flush"),
         }
     }
@@ -467,19 +475,21 @@ impl Writer<'_> {
 
 /// A session's write as its updates (if any) and its message count and titles (if any).
 fn split(w: SessionWrite) -> (Option<SessionWrite>, Option<SessionWrite>) {
-    let has_metadata = w.prompts != 0 || w.prompt_title.is_some() || w.agent_title.is_some();
+    let has_metadata = w.prompts != 0 || w.prompt_title.is_some() || w.agent_title.is_some() || w.controls.is_some();
     let metadata = has_metadata.then(|| SessionWrite {
         session_id: w.session_id.clone(),
         chunk: None,
         prompt_title: w.prompt_title.clone(),
         agent_title: w.agent_title.clone(),
         prompts: w.prompts,
+        controls: w.controls.clone(),
         updated_at: w.updated_at,
     });
     let updates = w.chunk.is_some().then_some(SessionWrite {
         prompt_title: None,
         agent_title: None,
         prompts: 0,
+        controls: None,
         ..w
     });
     (updates, metadata)
@@ -496,6 +506,7 @@ fn merge_metadata(writes: Vec<SessionWrite>) -> Vec<SessionWrite> {
                 m.prompts += w.prompts;
                 m.prompt_title = m.prompt_title.take().or(w.prompt_title);
                 m.agent_title = w.agent_title.or(m.agent_title.take());
+                m.controls = w.controls.or(m.controls.take());
                 m.updated_at = m.updated_at.max(w.updated_at);
             }
             None => {
@@ -510,6 +521,7 @@ fn merge_metadata(writes: Vec<SessionWrite>) -> Vec<SessionWrite> {
 fn item_bytes(item: &Item) -> usize {
     match item {
         Item::Update { update, .. } => update.len() + 1,
+        Item::Controls { controls, .. } => controls.len() + 64,
         _ => 64,
     }
 }
@@ -605,6 +617,10 @@ fn coalesce(items: impl Iterator<Item = Item>) -> Batch {
             Item::AgentTitle { session, title } => {
                 let i = slot(&mut writes, &mut current, &session);
                 writes[i].agent_title = Some(title);
+            }
+            Item::Controls { session, controls } => {
+                let i = slot(&mut writes, &mut current, &session);
+                writes[i].controls = Some(controls);
             }
             Item::Flush(ack) => acks.push(ack),
         }
@@ -755,6 +771,9 @@ mod tests {
             unimplemented!()
         }
         async fn stored_bytes(&self, _: &str) -> Result<u64, StoreError> {
+            unimplemented!()
+        }
+        async fn session_controls(&self, _: &str, _: &str) -> Result<Option<String>, StoreError> {
             unimplemented!()
         }
     }

@@ -128,6 +128,13 @@ impl Store for PgStore {
         Ok(record)
     }
 
+    async fn session_controls(&self, owner: &str, id: &str) -> Result<Option<String>, StoreError> {
+        let mut tx = self.as_user(owner).await?;
+        let controls = Postgres::session_controls(&mut *tx, owner, id).await?;
+        tx.commit().await?;
+        Ok(controls)
+    }
+
     async fn list_sessions(
         &self,
         owner: &str,

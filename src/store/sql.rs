@@ -31,6 +31,7 @@ where
     for<'r> Vec<u8>: Decode<'r, Self> + Type<Self>,
     for<'r> (Vec<u8>,): FromRow<'r, Self::Row>,
     for<'r> (i64,): FromRow<'r, Self::Row>,
+    for<'r> (String,): FromRow<'r, Self::Row>,
     for<'r> SessionRecord: FromRow<'r, Self::Row>,
     for<'r> EventChunk: FromRow<'r, Self::Row>,
 {
@@ -77,6 +78,20 @@ where
     ) -> Result<Option<SessionRecord>, sqlx::Error> {
         let sql = format!("SELECT {SESSION_COLUMNS} FROM sessions WHERE id = $1 AND owner = $2");
         sqlx::query_as(&sql).bind(id).bind(owner).fetch_optional(e).await
+    }
+
+    /// The session controls stored for a session of `owner`, or `None`.
+    async fn session_controls<'c>(
+        e: impl Executor<'c, Database = Self>,
+        owner: &str,
+        id: &str,
+    ) -> Result<Option<String>, sqlx::Error> {
+        let row: Option<(String,)> = sqlx::query_as("SELECT controls FROM sessions WHERE id = $1 AND owner = $2")
+            .bind(id)
+            .bind(owner)
+            .fetch_optional(e)
+            .await?;
+        Ok(row.map(|(c,)| c))
     }
 
     /// Deletes a session row of `owner`; `false` when there was none.
@@ -128,7 +143,8 @@ where
                 updated_at = {greatest}(updated_at, $3),
                 message_count = message_count + $4,
                 title = COALESCE($5, title, $6),
-                stored_bytes = stored_bytes + $7
+                stored_bytes = stored_bytes + $7,
+                controls = COALESCE($8, controls)
              WHERE id = $1",
             greatest = Self::GREATEST
         );
@@ -148,6 +164,7 @@ where
                 .bind(w.agent_title.as_deref())
                 .bind(w.prompt_title.as_deref())
                 .bind(stored_bytes)
+                .bind(w.controls.as_deref())
                 .execute(&mut *conn)
                 .await?;
         }

@@ -105,6 +105,10 @@ impl Store for SqliteStore {
         Ok(Sqlite::get_session(&self.pool, owner, id).await?)
     }
 
+    async fn session_controls(&self, owner: &str, id: &str) -> Result<Option<String>, StoreError> {
+        Ok(Sqlite::session_controls(&self.pool, owner, id).await?)
+    }
+
     async fn list_sessions(
         &self,
         owner: &str,

@@ -970,6 +970,11 @@ function showPermission(requestId, params) {
   const key = String(requestId);
   const toolCall = params.toolCall ?? {};
   const headingId = `permission-${++permissionSeq}`;
+  // The request's toolCall is a tool_call_update (ACP): what it says about a card on screen shows there.
+  if (params.sessionId === state.current?.id && typeof toolCall.toolCallId === 'string' && conv.tools.has(toolCall.toolCallId)) {
+    conv.flush();
+    conv.renderTool(toolCall);
+  }
   // "(in “…”)" while another session is open: kept up to date by labelPermissions.
   const other = h('span', { class: 'permission-where', 'data-session-id': String(params.sessionId ?? '') });
   const settle = (outcome) => {

@@ -11,7 +11,8 @@
 //! - [`config`]: defaults → TOML file → environment → flags.
 //! - [`app`]: builds every part, serves, and shuts down in order.
 //! - [`gateway`]: the state handlers reach (config, auth, sessions, pools, tenancy).
-//! - [`http`]: the routes: health, metrics, `/acp` upgrade, REST API, login, static web UI.
+//! - [`http`]: the routes: health, metrics, `/acp` upgrade, REST API, the web UI's workspace
+//!   browser (`/api/fs/*`), login, static web UI.
 //! - [`auth`]: JWT verification and minting; where tokens come from.
 //! - [`bridge`]: one WebSocket connection: reading, writing, and what each method does.
 //! - [`quota`]: per-user caps (connections, request rate).

@@ -69,7 +69,7 @@ pub struct DemoAgentOptions {
     /// Show off every part of an ACP client: modes, config options, slash commands, thoughts, a
     /// plan, read / edit (really writes `acp-demo/hello.rs` under the session's cwd) / execute
     /// tool calls, a Markdown answer and usage updates
-    #[arg(long, env = "ACP_DEMO_SHOWCASE")]
+    #[arg(long, env = "ACP_DEMO_SHOWCASE", value_parser = clap::builder::FalseyValueParser::new())]
     pub showcase: bool,
     /// Where the login marker lives (default: $HOME); for in-process tests
     #[arg(skip)]
@@ -387,12 +387,17 @@ impl Agent {
 
     /// `$HOME/.acp-demo-agent/login`: present once this HOME has logged in.
     fn login_marker(&self) -> Option<PathBuf> {
+        Some(self.state_dir()?.join("login"))
+    }
+
+    /// `$HOME/.acp-demo-agent`: what outlives the process (the login, showcase choices).
+    fn state_dir(&self) -> Option<PathBuf> {
         let home = self
             .opts
             .home
             .clone()
             .or_else(|| std::env::var_os("HOME").map(PathBuf::from))?;
-        Some(home.join(".acp-demo-agent").join("login"))
+        Some(home.join(".acp-demo-agent"))
     }
 
     fn logged_in(&self) -> bool {
@@ -516,7 +521,11 @@ impl Agent {
             }
             ("session/load", Some(sid)) if self.opts.load_session => {
                 // Unknown ids are created empty: the gateway restores sessions of dead processes.
+                let known = self.session(sid).is_some();
                 let s = self.session_or_create(sid);
+                if self.opts.showcase && !known {
+                    showcase::restore(&s, self.state_dir().as_deref());
+                }
                 let mut buf = Vec::new();
                 for update in lock(&s.history).iter() {
                     buf.extend_from_slice(&s.prefix);
@@ -536,7 +545,11 @@ impl Agent {
                 return Ok(None);
             }
             ("session/resume", Some(sid)) => {
+                let known = self.session(sid).is_some();
                 let s = self.session_or_create(sid);
+                if self.opts.showcase && !known {
+                    showcase::restore(&s, self.state_dir().as_deref());
+                }
                 s.set_cwd(&params);
                 if self.opts.showcase {
                     self.answer_then_commands(&s, id, &showcase::session_state(&s), false)
@@ -558,6 +571,7 @@ impl Agent {
                     Ok(pair) => pair,
                     Err(e) => return Ok(Some(Err(e))),
                 };
+                showcase::save(&s, self.state_dir().as_deref());
                 // The answer first, then the update that tells every client of the session.
                 let update = update.to_string();
                 s.record(&update);

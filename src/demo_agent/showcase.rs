@@ -177,6 +177,64 @@ pub(super) fn commands_update() -> Value {
     ]})
 }
 
+/// Where a session's choices outlive the agent process (the gateway restores a session on a
+/// new process with `session/resume` or `session/load`, and a user's mode must not silently
+/// fall back to Code): `<dir>/sessions/<id>.json`. `None` for an id that is not a plain name.
+fn state_file(dir: Option<&Path>, sid: &str) -> Option<PathBuf> {
+    let plain =
+        !sid.is_empty() && sid.len() <= 128 && sid.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_');
+    Some(dir.filter(|_| plain)?.join("sessions").join(format!("{sid}.json")))
+}
+
+/// Keeps the session's choices and usage (best effort: a failure is logged).
+pub(super) fn save(s: &Session, dir: Option<&Path>) {
+    use std::os::unix::fs::DirBuilderExt as _;
+    let Some(path) = state_file(dir, &s.id) else {
+        return;
+    };
+    let state = lock(&s.show).clone();
+    let text = json!({
+        "mode": MODES.get(state.mode).map(|c| c.id),
+        "model": MODELS.get(state.model).map(|c| c.id),
+        "effort": EFFORTS.get(state.effort).map(|c| c.id),
+        "used": state.used,
+        "costMicros": state.cost_micros,
+    })
+    .to_string();
+    let saved = path
+        .parent()
+        .map_or(Ok(()), |d| {
+            std::fs::DirBuilder::new().recursive(true).mode(0o700).create(d)
+        })
+        .and_then(|()| std::fs::write(&path, text));
+    if let Err(e) = saved {
+        eprintln!(
+            "demo-agent: cannot keep the session's choices in {}: {e}",
+            path.display()
+        );
+    }
+}
+
+/// Takes back what [`save`] kept for this session, if anything.
+pub(super) fn restore(s: &Session, dir: Option<&Path>) {
+    let Some(v) = state_file(dir, &s.id)
+        .and_then(|path| std::fs::read_to_string(path).ok())
+        .and_then(|text| serde_json::from_str::<Value>(&text).ok())
+    else {
+        return;
+    };
+    let find = |table: &[Choice], key: &str| {
+        let id = v.get(key).and_then(Value::as_str)?;
+        table.iter().position(|c| c.id == id)
+    };
+    let mut state = lock(&s.show);
+    state.mode = find(&MODES, "mode").unwrap_or(state.mode);
+    state.model = find(&MODELS, "model").unwrap_or(state.model);
+    state.effort = find(&EFFORTS, "effort").unwrap_or(state.effort);
+    state.used = v.get("used").and_then(Value::as_u64).unwrap_or(0);
+    state.cost_micros = v.get("costMicros").and_then(Value::as_u64).unwrap_or(0);
+}
+
 /// `session/set_mode`: the answer and the update to send after it.
 pub(super) fn set_mode(s: &Session, params: &Value) -> Result<(Value, Value), (i64, &'static str)> {
     let id = params
@@ -481,7 +539,7 @@ impl Turn<'_> {
                 }
             }
         }
-        if script.plan && !script.steps.is_empty() {
+        if script.plan && command != Some(Command::Plan) && !script.steps.is_empty() {
             self.plan(&plan_steps, Some(plan_steps.len()), plan_mode).await?;
         }
         self.usage(&state, text.len(), answer_len).await
@@ -671,6 +729,7 @@ impl Turn<'_> {
             s.cost_micros += turn_micros;
             (s.used, s.cost_micros)
         };
+        save(self.session, self.agent.state_dir().as_deref());
         let amount = cost_micros as f64 / 1e6;
         self.emit_json(
             &json!({"sessionUpdate": "usage_update", "used": used, "size": CONTEXT_SIZE,
@@ -685,4 +744,41 @@ fn with_kind(call: &Value, kind: &str) -> Value {
     let mut update = call.clone();
     update["sessionUpdate"] = json!(kind);
     update
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn scripts_follow_mode_command_and_words() {
+        use Step::{Answer, Edit, Execute, Read};
+        let all = vec![Read, Edit, Execute, Answer];
+        assert_eq!(Script::new(CODE, None, false).steps, all);
+        assert!(Script::new(CODE, None, false).ask.is_empty());
+        assert_eq!(Script::new(ASK, None, false).ask, [Edit, Execute]);
+        assert_eq!(Script::new(CODE, None, true).ask, [Edit]);
+        assert_eq!(Script::new(PLAN, None, false).steps, [Read, Answer]);
+        assert_eq!(Script::new(PLAN, None, true).ask, [Read]);
+        assert_eq!(Script::new(CODE, Some(Command::Test), true).ask, [Execute]);
+        assert_eq!(Script::new(CODE, Some(Command::Explain), true).steps, [Read, Answer]);
+        let refused = Script::new(PLAN, Some(Command::Diff), true);
+        assert!(refused.refuse.is_some() && refused.steps.is_empty() && refused.ask.is_empty());
+        assert_eq!(Command::of("  /test now"), Some(Command::Test));
+        assert_eq!(Command::of("/testing"), None);
+        assert_eq!(Command::of("say /plan"), None);
+    }
+
+    #[test]
+    fn only_plain_ids_name_a_state_file() {
+        let dir = Some(Path::new("/h"));
+        assert_eq!(
+            state_file(dir, "demo-1_a"),
+            Some(PathBuf::from("/h/sessions/demo-1_a.json"))
+        );
+        for bad in ["", "../x", "a/b", "a.json", &"x".repeat(129)] {
+            assert_eq!(state_file(dir, bad), None, "{bad}");
+        }
+        assert_eq!(state_file(None, "ok"), None);
+    }
 }

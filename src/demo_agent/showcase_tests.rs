@@ -91,15 +91,23 @@ struct Agent {
     rx: tokio::io::Lines<BufReader<tokio::io::DuplexStream>>,
     next_id: u64,
     task: tokio::task::JoinHandle<anyhow::Result<()>>,
+    /// The agent's HOME (where it keeps session choices), removed with it unless shared.
+    home: std::sync::Arc<tempfile::TempDir>,
 }
 
 impl Agent {
     fn start(delay_us: u64) -> Self {
+        Self::start_in(delay_us, std::sync::Arc::new(tempfile::tempdir().unwrap()))
+    }
+
+    /// A showcase agent process with this HOME.
+    fn start_in(delay_us: u64, home: std::sync::Arc<tempfile::TempDir>) -> Self {
         let (tx, agent_in) = tokio::io::duplex(1 << 20);
         let (agent_out, rx) = tokio::io::duplex(1 << 20);
         let opts = DemoAgentOptions {
             delay_us,
             showcase: true,
+            home: Some(home.path().to_path_buf()),
             ..Default::default()
         };
         let task = tokio::spawn(serve(opts, agent_in, agent_out));
@@ -108,6 +116,7 @@ impl Agent {
             rx: BufReader::new(rx).lines(),
             next_id: 1,
             task,
+            home,
         }
     }
 
@@ -564,4 +573,44 @@ fn the_schema_check_bites() {
         !same(&serde_json::to_value(typed).unwrap(), &dropped),
         "a bad cost is dropped"
     );
+}
+
+/// A session restored on a new agent process (as the gateway does after a crash or a reap)
+/// keeps its mode, options and running cost.
+#[tokio::test]
+async fn choices_outlive_the_process() {
+    let cwd = tempfile::tempdir().unwrap();
+    let mut a = Agent::start(0);
+    let (sid, _) = a.new_session(cwd.path()).await;
+    for (method, params) in [
+        ("session/set_mode", json!({"sessionId": sid, "modeId": "plan"})),
+        (
+            "session/set_config_option",
+            json!({"sessionId": sid, "configId": "effort", "value": "high"}),
+        ),
+    ] {
+        let id = a.request(method, params).await;
+        a.answer(id).await;
+        a.update(&sid).await;
+    }
+    let t = a.prompt(&sid, "think", "allow").await;
+    let cost = t.of_kind("usage_update")[0]["cost"].clone();
+    let home = a.home.clone();
+    a.stop().await;
+
+    for method in ["session/resume", "session/load"] {
+        let mut b = Agent::start_in(0, home.clone());
+        let id = b
+            .request(method, json!({"sessionId": sid, "cwd": cwd.path(), "mcpServers": []}))
+            .await;
+        let result = b.answer(id).await["result"].take();
+        let typed: v1::ResumeSessionResponse = schema(&result);
+        assert_eq!(&*typed.modes.unwrap().current_mode_id.0, "plan", "{method}");
+        assert_eq!(result["configOptions"][1]["currentValue"], "high", "{method}");
+        check_commands(&b.update(&sid).await);
+        let t = b.prompt(&sid, "again", "allow").await;
+        assert!(t.tool("edit").is_empty(), "still in Plan mode");
+        assert!(t.of_kind("usage_update")[0]["cost"]["amount"].as_f64() > cost["amount"].as_f64());
+        b.stop().await;
+    }
 }

@@ -7,8 +7,13 @@
 //! `session_info_update` (title), a `plan`, a `tool_call` (pending), optionally a
 //! `session/request_permission` round trip, `tool_call_update`s (in_progress, completed), then N
 //! `agent_message_chunk`s, and answers `{"stopReason":"end_turn"}`. The first text block of the
-//! prompt may carry controls, see [`Controls`]: `[chunks=N]`, `[delay_us=N]`, `[permission]`,
-//! `[crash]`, `[hang]`, `[title=XYZ]`.
+//! prompt may carry controls, see [`Controls`]: `[chunks=N]`, `[delay_us=N]`, `[permission]`
+//! (or the words "ask me" / "permission"), `[crash]`, `[hang]`, `[title=XYZ]`.
+//!
+//! With `--showcase` it uses every part of an ACP client instead (modes, config options, slash
+//! commands, thoughts, read / edit / execute tool calls, Markdown, usage): see `showcase.rs`.
+//! Parts: `showcase` (session state and the turn), `content` (what it says and writes),
+//! `workspace` (the one file it writes, kept inside the session's cwd).
 //!
 //! With `--require-auth` it behaves like an agent that needs a login (`claude login`, …):
 //! `initialize` advertises the `demo-login` auth method, `session/new` answers `-32000` until

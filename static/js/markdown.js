@@ -256,6 +256,13 @@ export function codeView(text, lang = '') {
  */
 export function renderMarkdown(src, { auto = true } = {}) {
   let frag;
+  if (hasLongProseLine(src)) {
+    // marked's inline parser is quadratic on crafted lines (markedjs/marked#4099: 40 KB of `a_`
+    // holds the page for seconds), and one parse cannot be cut into frames: such a line is text.
+    frag = document.createDocumentFragment();
+    frag.append(el('p', { class: 'md-plain', text: src }));
+    return frag;
+  }
   try {
     frag = purify.sanitize(marked.parse(src), SANITIZE);
   } catch {
@@ -288,6 +295,25 @@ export function renderMarkdown(src, { auto = true } = {}) {
     codeBlock(code.parentElement, code, highlight(code, lang, { auto }));
   }
   return frag;
+}
+
+/** Longest line outside a code fence that goes through marked (about 85 ms for the worst case). */
+const LONG_LINE = 8_000;
+
+/** Whether `src` has a line longer than LONG_LINE outside a fenced code block. */
+function hasLongProseLine(src) {
+  if (src.length <= LONG_LINE) return false;
+  let fence = null;
+  for (const line of src.split('\n')) {
+    const open = FENCE.exec(line);
+    if (open) {
+      if (!fence) fence = open[2];
+      else if (open[2][0] === fence[0] && open[2].length >= fence.length && !open[3].trim()) fence = null;
+    } else if (!fence && line.length > LONG_LINE) {
+      return true;
+    }
+  }
+  return false;
 }
 
 // --- streaming -----------------------------------------------------------------------------------

@@ -277,6 +277,45 @@ describe('messages: Markdown, code blocks, thoughts, content blocks, long turns'
     await v.close();
   });
 
+  it('shows a crafted long line as text instead of holding the page in marked', async () => {
+    const v = await browser.open(gw, DESKTOP);
+    const { page } = v;
+    await connected(page);
+    const got = await page.evaluate(async () => {
+      const { MarkdownStream, renderMarkdown } = await import('/js/markdown.js');
+      const crafted = 'a_'.repeat(20_000); // 40 KB: marked 18 parses it in seconds (markedjs/marked#4099)
+      let started = performance.now();
+      const whole = document.createElement('div');
+      whole.append(renderMarkdown(`# Title\n\n${crafted}\n`));
+      const wholeMs = performance.now() - started;
+      started = performance.now();
+      const box = document.createElement('div');
+      const stream = new MarkdownStream(box);
+      for (let at = 0; at < crafted.length; at += 997) {
+        stream.push(crafted.slice(at, at + 997));
+        while (stream.render()) { /* the next frame */ }
+      }
+      while (stream.render({ final: true })) { /* the next frame */ }
+      const streamMs = performance.now() - started;
+      // The same length inside a code fence is still a highlighted code block.
+      const fenced = document.createElement('div');
+      fenced.append(renderMarkdown(`\`\`\`js\nlet s = "${'x'.repeat(20_000)}";\n\`\`\`\n`));
+      return {
+        wholeMs, streamMs,
+        wholeText: whole.querySelector('.md-plain')?.textContent ?? null,
+        streamText: box.textContent.replace(/\s/g, ''),
+        fencedCode: !!fenced.querySelector('pre code .hljs-string'),
+      };
+    });
+    console.log(`crafted 40 KB line: whole ${got.wholeMs.toFixed(0)} ms, streamed ${got.streamMs.toFixed(0)} ms`);
+    assert.ok(got.wholeText?.includes('a_a_a_'), 'the crafted line is shown as its text');
+    assert.equal(got.streamText, 'a_'.repeat(20_000));
+    assert.ok(got.wholeMs < 400 && got.streamMs < 2_000, `held the page: ${JSON.stringify(got)}`);
+    assert.ok(got.fencedCode, 'a long line in a code fence is still highlighted code');
+    assert.deepEqual(v.errors(), NO_ERRORS);
+    await v.close();
+  });
+
   it(`streams a ${LONG_CHUNKS}-chunk reply, and replays it, without long tasks`, async () => {
     const v = await browser.open(gw, DESKTOP);
     const { page } = v;

@@ -344,8 +344,16 @@ class Conversation {
         this.raw('unrenderable update', params.update);
       }
     }
-    // The streaming message draws once per frame, however many chunks this frame brought.
-    if (this.run?.render()) this.enqueue(null);
+    // The streaming message draws once per frame, however many chunks this frame brought. A
+    // message that cannot be drawn ends there: the rest of the session still renders.
+    let more = false;
+    try {
+      more = this.run?.render();
+    } catch (err) {
+      console.error('render failed', err);
+      this.run = null;
+    }
+    if (more) this.enqueue(null);
     if (stick) this.log.scrollTop = this.log.scrollHeight;
   }
 

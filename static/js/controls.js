@@ -88,7 +88,8 @@ function cleanCommands(commands) {
 function cleanUsage(u) {
   const used = num(u?.used);
   const size = num(u?.size);
-  if (used == null || size == null) return null;
+  // The schema's used and size are unsigned, size the window: anything else is no usage to show.
+  if (used == null || size == null || used < 0 || size <= 0) return null;
   const amount = num(u.cost?.amount);
   return { used, size, cost: amount != null && str(u.cost.currency) ? { amount, currency: u.cost.currency } : null };
 }

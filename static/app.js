@@ -17,27 +17,12 @@ import { initTabs, shareDeleted, shareSession } from './js/tabs.js';
 import { ToolCard } from './js/tools.js';
 import { Message } from './js/message.js';
 import { Controls } from './js/controls.js';
+import { el as h, $ } from './js/dom.js';
 
 // ---------------------------------------------------------------------------------------------
 // 1. Helpers
 
-const $ = (id) => document.getElementById(id);
 
-/** Builds an element. Props: class, testid, text, on<event>, booleans as properties, rest as attributes. */
-function h(tag, props = {}, ...children) {
-  const node = document.createElement(tag);
-  for (const [key, value] of Object.entries(props)) {
-    if (value == null) continue;
-    if (key === 'class') node.className = value;
-    else if (key === 'testid') node.dataset.testid = value;
-    else if (key === 'text') node.textContent = value;
-    else if (key.startsWith('on')) node.addEventListener(key.slice(2), value);
-    else if (typeof value === 'boolean') node[key] = value;
-    else node.setAttribute(key, String(value));
-  }
-  for (const child of children.flat()) if (child != null) node.append(child);
-  return node;
-}
 
 const relFormat = new Intl.RelativeTimeFormat(undefined, { numeric: 'auto' });
 const UNITS = [['year', 31536000], ['month', 2592000], ['week', 604800], ['day', 86400], ['hour', 3600], ['minute', 60]];

@@ -15,23 +15,7 @@
 // again. Per-turn lines belong to the conversation view and follow `render`, which runs once per
 // update shown. Agent strings only ever reach the DOM as text.
 
-const $ = (id) => document.getElementById(id);
-
-/** Builds an element. Props: class, testid, text, on<event>, booleans as properties, rest as attributes. */
-function h(tag, props = {}, ...children) {
-  const node = document.createElement(tag);
-  for (const [key, value] of Object.entries(props)) {
-    if (value == null) continue;
-    if (key === 'class') node.className = value;
-    else if (key === 'testid') node.dataset.testid = value;
-    else if (key === 'text') node.textContent = value;
-    else if (key.startsWith('on')) node.addEventListener(key.slice(2), value);
-    else if (typeof value === 'boolean') node[key] = value;
-    else node.setAttribute(key, String(value));
-  }
-  for (const child of children.flat()) if (child != null) node.append(child);
-  return node;
-}
+import { el as h, $ } from './dom.js';
 
 const str = (v) => (typeof v === 'string' ? v : '');
 const num = (v) => (typeof v === 'number' && Number.isFinite(v) ? v : null);

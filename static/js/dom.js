@@ -1,4 +1,4 @@
-// A small element builder for the message modules (static/js/markdown.js, content.js, message.js).
+// The web UI's element builder (app.js and every module in static/js).
 // Text goes in through textContent, never through HTML.
 
 /** Builds an element. Props: class, testid, text, on<event>, booleans as properties, rest as attributes. */
@@ -16,3 +16,6 @@ export function el(tag, props = {}, ...children) {
   for (const child of children.flat()) if (child != null) node.append(child);
   return node;
 }
+
+/** The element with this id. */
+export const $ = (id) => document.getElementById(id);

@@ -7,8 +7,8 @@
 
 import { closeSidebar, isDrawerOpen, setSidebar, sidebarShown, toggleSidebar } from './layout.js';
 import { notificationState } from './attention.js';
+import { $ } from './dom.js';
 
-const $ = (id) => document.getElementById(id);
 const MAC = /Mac|iPhone|iPad/.test(navigator.platform || navigator.userAgent);
 const ALT = MAC ? '⌥' : 'Alt+';
 const MOD = MAC ? '⌘' : 'Ctrl+';

@@ -14,9 +14,9 @@
 // record what the page shows, and reports the permission as 'default' until the page asks for it,
 // so the test sees when (and from which gesture) it asks.
 
-import { after, before, describe, it } from 'node:test';
+import { after, before, describe } from 'node:test';
 import assert from 'node:assert/strict';
-import { connected, DESKTOP, NO_ERRORS, openBrowser, PHONE, startGateway, waitUntil } from './harness.mjs';
+import { connected, DESKTOP, NO_ERRORS, openBrowser, PHONE, scenario, startGateway, waitUntil } from './harness.mjs';
 
 /** Runs in every page before its scripts: records notifications, lets the test hide the tab. */
 function instrument() {
@@ -83,19 +83,9 @@ describe('attention, tabs and layout', { timeout: 240_000 }, () => {
   });
 
   // One scenario: after a failure the rest are skipped.
-  let broken = null;
-  const step = (name, fn, { always = false } = {}) => it(name, async (t) => {
-    if (broken && !always) return t.skip(`an earlier step failed: ${broken}`);
-    try {
-      await fn(t);
-    } catch (err) {
-      if (!broken) {
-        broken = name;
-        await v?.shot('attention-failure').catch(() => {});
-        process.stderr.write(`--- gateway log ---\n${gw.log()}\n`);
-      }
-      throw err;
-    }
+  const step = scenario(async () => {
+    await v?.shot('attention-failure');
+    process.stderr.write(`--- gateway log ---\n${gw.log()}\n`);
   });
 
   /** Brings `page` to the front; every other tab of the context is told it is hidden. */

@@ -19,7 +19,7 @@ import assert from 'node:assert/strict';
 import { existsSync, readFileSync } from 'node:fs';
 import { createRequire } from 'node:module';
 import path from 'node:path';
-import { DESKTOP, NO_ERRORS, PHONE, REPO, STEP_MS, connected, openBrowser, startGateway, waitUntil } from './harness.mjs';
+import { connected, DESKTOP, NO_ERRORS, openBrowser, PHONE, REPO, shutdown, startGateway, STEP_MS, waitUntil } from './harness.mjs';
 
 const byId = (page, id) => page.getByTestId(id);
 
@@ -102,11 +102,7 @@ describe('session controls: demo-agent --showcase', () => {
     root = gw.workspaceRoot('local');
   });
 
-  after(async () => {
-    await browser?.close().catch(() => {});
-    const outcome = await gw?.dispose();
-    assert.deepEqual(outcome?.leaked ?? [], [], 'processes outlived the gateway');
-  });
+  after(() => shutdown(browser, gw));
 
   it('desktop: cwd picker, modes, model, slash commands, usage, reload and switching', async (t) => {
     const v = await browser.open(gw, DESKTOP);
@@ -320,11 +316,7 @@ describe('session controls: scripted agent (tests/agents/controls_agent.py)', ()
     browser = await openBrowser();
   });
 
-  after(async () => {
-    await browser?.close().catch(() => {});
-    const outcome = await gw?.dispose();
-    assert.deepEqual(outcome?.leaked ?? [], [], 'processes outlived the gateway');
-  });
+  after(() => shutdown(browser, gw));
 
   it('two roots, grouped and boolean options, slash completion, usage tokens, per-session state', async () => {
     const v = await browser.open(gw, DESKTOP);

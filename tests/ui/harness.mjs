@@ -10,6 +10,7 @@
 //   await b.close(); await gw.stop();
 
 import assert from 'node:assert/strict';
+import { it } from 'node:test';
 import { execFile, spawn } from 'node:child_process';
 import { existsSync, mkdirSync, mkdtempSync, readdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import net from 'node:net';
@@ -263,3 +264,31 @@ function watch(page, errors) {
 
 /** Waits until the page's ACP socket is connected. */
 export const connected = (page) => page.locator('[data-testid="conn-status"][data-state="connected"]').waitFor();
+
+/** Closes the browser, stops the gateway and removes its files; no process it started may be left. */
+export async function shutdown(browser, gw) {
+  await browser?.close().catch(() => {});
+  const outcome = await gw?.dispose();
+  assert.deepEqual(outcome?.leaked ?? [], [], 'processes started by the gateway outlived it');
+}
+
+/**
+ * `it` for the steps of one scenario: after a failure the rest are skipped (they would only time
+ * out), and the first failure calls `onFailure` (a screenshot, the gateway's log). A step with
+ * `{ always: true }` runs regardless.
+ */
+export function scenario(onFailure) {
+  let broken = null;
+  return (name, fn, { always = false } = {}) => it(name, async (t) => {
+    if (broken && !always) return t.skip(`an earlier step failed: ${broken}`);
+    try {
+      await fn(t);
+    } catch (err) {
+      if (!broken) {
+        broken = name;
+        await onFailure().catch(() => {});
+      }
+      throw err;
+    }
+  });
+}

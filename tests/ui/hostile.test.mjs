@@ -19,7 +19,7 @@
 import { after, before, describe, it } from 'node:test';
 import assert from 'node:assert/strict';
 import path from 'node:path';
-import { DESKTOP, NO_ERRORS, PHONE, REPO, STEP_MS, connected, openBrowser, startGateway, waitUntil } from './harness.mjs';
+import { connected, DESKTOP, NO_ERRORS, openBrowser, PHONE, REPO, shutdown, startGateway, STEP_MS, waitUntil } from './harness.mjs';
 
 const AGENT = `/usr/bin/python3 ${path.join(REPO, 'tests/agents/hostile_agent.py')}`;
 const END_MARKER = 'HOSTILE-END-MARKER';
@@ -153,11 +153,7 @@ describe('hostile agent output never executes', { timeout: 300_000 }, () => {
     browser = await openBrowser();
   });
 
-  after(async () => {
-    await browser?.close().catch(() => {});
-    const outcome = await gw?.dispose();
-    assert.deepEqual(outcome?.leaked ?? [], [], 'processes started by the gateway outlived it');
-  });
+  after(() => shutdown(browser, gw));
 
   it('shows a hostile agent\'s login card inertly', async () => {
     const v = await browser.open(gw, { ...DESKTOP, goto: false });

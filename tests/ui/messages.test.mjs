@@ -8,7 +8,7 @@
 
 import { after, before, describe, it } from 'node:test';
 import assert from 'node:assert/strict';
-import { BINARY, DESKTOP, NO_ERRORS, PHONE, STEP_MS, connected, openBrowser, startGateway, waitUntil } from './harness.mjs';
+import { BINARY, connected, DESKTOP, NO_ERRORS, openBrowser, PHONE, shutdown, startGateway, STEP_MS, waitUntil } from './harness.mjs';
 
 /** The user's prompt is Markdown too. */
 const PROMPT = 'Show me a **Markdown** answer\n\n- [x] a rendered prompt\n- [ ] with `inline code`';
@@ -53,11 +53,7 @@ describe('messages: Markdown, code blocks, thoughts, content blocks, long turns'
     browser = await openBrowser();
   });
 
-  after(async () => {
-    await browser?.close().catch(() => {});
-    const outcome = await gw?.dispose();
-    assert.deepEqual(outcome?.leaked ?? [], [], 'processes started by the gateway outlived it');
-  });
+  after(() => shutdown(browser, gw));
 
   for (const [label, viewport] of [['desktop', DESKTOP], ['phone', PHONE]]) {
     it(`renders a showcase turn as Markdown with highlighted, copyable code (${label})`, async () => {

@@ -15,7 +15,7 @@ import assert from 'node:assert/strict';
 import { readFileSync } from 'node:fs';
 import { createRequire } from 'node:module';
 import path from 'node:path';
-import { DESKTOP, NO_ERRORS, PHONE, REPO, STEP_MS, connected, openBrowser, startGateway } from './harness.mjs';
+import { connected, DESKTOP, NO_ERRORS, openBrowser, PHONE, REPO, shutdown, startGateway, STEP_MS } from './harness.mjs';
 
 const AXE_SOURCE = readFileSync(createRequire(import.meta.url).resolve('axe-core/axe.min.js'), 'utf8');
 
@@ -92,11 +92,7 @@ describe('tool call cards: demo-agent --showcase', () => {
     browser = await openBrowser();
   });
 
-  after(async () => {
-    await browser?.close().catch(() => {});
-    const outcome = await gw?.dispose();
-    assert.deepEqual(outcome?.leaked ?? [], [], 'processes outlived the gateway');
-  });
+  after(() => shutdown(browser, gw));
 
   for (const [name, viewport] of [['desktop', DESKTOP], ['phone', PHONE]]) {
     it(`shows read, edit (diff) and execute (ANSI) cards and opens locations (${name})`, async () => {
@@ -212,11 +208,7 @@ describe('tool call cards: edge cases (tests/agents/ui_tools_agent.py)', () => {
     await v.page.getByTestId('send').waitFor();
   });
 
-  after(async () => {
-    await browser?.close().catch(() => {});
-    const outcome = await gw?.dispose();
-    assert.deepEqual(outcome?.leaked ?? [], [], 'processes outlived the gateway');
-  });
+  after(() => shutdown(browser, gw));
 
   it('merges updates: kinds, statuses, titles as text, folding', async () => {
     const { page } = v;

@@ -3,12 +3,12 @@
 // and a real SQLite file. Run: `cargo build && cd tests/ui && npm ci && node --test`.
 // TEST_LOG=1 prints the gateway's log as it runs.
 
-import { after, before, describe, it } from 'node:test';
+import { after, before, describe } from 'node:test';
 import assert from 'node:assert/strict';
 import { existsSync } from 'node:fs';
 import http from 'node:http';
 import path from 'node:path';
-import { BINARY, NO_ERRORS, SCREENSHOTS, STEP_MS, connected as socketUp, openBrowser, processesWithEnv, startGateway, waitUntil } from './harness.mjs';
+import { BINARY, NO_ERRORS, SCREENSHOTS, STEP_MS, connected as socketUp, openBrowser, processesWithEnv, scenario, startGateway, waitUntil } from './harness.mjs';
 
 const PROMPT_1 = 'hello from the browser';
 const PROMPT_2 = 'please look around [permission]';
@@ -77,19 +77,9 @@ describe('web UI in Chromium against the real gateway', { timeout: 180_000 }, ()
 
   // The steps below form one scenario: after a failure the rest are skipped (they would only time
   // out), the page is saved as screenshots/failure.png, and the gateway's log is printed.
-  let broken = null;
-  const step = (name, fn, { always = false } = {}) => it(name, async (t) => {
-    if (broken && !always) return t.skip(`an earlier step failed: ${broken}`);
-    try {
-      await fn(t);
-    } catch (err) {
-      if (!broken) {
-        broken = name;
-        await page?.screenshot({ path: path.join(SCREENSHOTS, 'failure.png') }).catch(() => {});
-        process.stderr.write(`--- gateway log (last 64 KiB) ---\n${gw.log()}\n`);
-      }
-      throw err;
-    }
+  const step = scenario(async () => {
+    await view?.shot('failure');
+    process.stderr.write(`--- gateway log (last 64 KiB) ---\n${gw.log()}\n`);
   });
 
   const byId = (testid) => page.getByTestId(testid);

@@ -780,8 +780,9 @@ impl Turn<'_> {
         self.emit().await
     }
 
-    /// The body of a turn, from recording the user's message to the last chunk.
-    async fn run(&mut self, blocks: &[Value], text: &str, c: &Controls) -> Result<(), Stop> {
+    /// What every turn starts with: the user's message recorded for replay, the `[title=…]`
+    /// update, and `[crash]` (one chunk saying `crash_text`, then exit code 3).
+    async fn begin(&mut self, blocks: &[Value], c: &Controls, crash_text: &str) -> Result<(), Stop> {
         for block in blocks {
             self.session
                 .record(&json!({"sessionUpdate": "user_message_chunk", "content": block}).to_string());
@@ -791,11 +792,17 @@ impl Turn<'_> {
                 .await?;
         }
         if c.crash {
-            self.chunk("chunk 1/1: crashing now").await?;
+            self.chunk(crash_text).await?;
             self.flush().await?;
             eprintln!("demo-agent: [crash] requested, exiting with code 3");
             std::process::exit(3);
         }
+        Ok(())
+    }
+
+    /// The body of a turn, from recording the user's message to the last chunk.
+    async fn run(&mut self, blocks: &[Value], text: &str, c: &Controls) -> Result<(), Stop> {
+        self.begin(blocks, c, "chunk 1/1: crashing now").await?;
         self.emit_json(&json!({"sessionUpdate": "plan", "entries": [
             {"content": "Read the prompt", "priority": "high", "status": "completed"},
             {"content": "Look at the context", "priority": "medium", "status": "in_progress"},

@@ -417,20 +417,7 @@ async fn blocking<T: Send + 'static>(f: impl FnOnce() -> Result<T, String> + Sen
 impl Turn<'_> {
     /// A showcase turn, from recording the user's message to the usage update.
     pub(super) async fn showcase(&mut self, blocks: &[Value], text: &str, c: &Controls) -> Result<(), Stop> {
-        for block in blocks {
-            self.session
-                .record(&json!({"sessionUpdate": "user_message_chunk", "content": block}).to_string());
-        }
-        if let Some(title) = &c.title {
-            self.emit_json(&json!({"sessionUpdate": "session_info_update", "title": title}))
-                .await?;
-        }
-        if c.crash {
-            self.chunk("crashing now").await?;
-            self.flush().await?;
-            eprintln!("demo-agent: [crash] requested, exiting with code 3");
-            std::process::exit(3);
-        }
+        self.begin(blocks, c, "crashing now").await?;
         let state = lock(&self.session.show).clone();
         let cwd = lock(&self.session.cwd).clone();
         let command = Command::of(text);

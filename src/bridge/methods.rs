@@ -90,6 +90,8 @@ pub(super) enum Reply {
     Result(String),
     /// The agent will answer (forwarded).
     Forwarded,
+    /// The handler has sent the answer itself (`session/new`: before what the agent said next).
+    Answered,
 }
 
 pub(super) type Handled = Result<Reply, RpcError>;
@@ -368,7 +370,7 @@ impl Connection {
 /// Sends a handler's outcome (waiting for room: it is the client's own answer).
 async fn answer(client: &Client, id: &str, reply: Handled) {
     let frame = match reply {
-        Ok(Reply::Forwarded) => return,
+        Ok(Reply::Forwarded | Reply::Answered) => return,
         Ok(Reply::Result(result)) => protocol::response(id, &result),
         Err(e) => protocol::error(Some(id), &e),
     };
@@ -400,7 +402,7 @@ impl Ctx {
         match request {
             ClientRequest::Initialize => Err(RpcError::new(codes::INVALID_REQUEST, "already initialized")),
             ClientRequest::Authenticate(params) => self.authenticate(&params).await,
-            ClientRequest::New(new) => self.new_session(*new).await,
+            ClientRequest::New(new) => self.new_session(*new, id).await,
             ClientRequest::Load {
                 session_id,
                 cwd,
@@ -452,7 +454,10 @@ impl Ctx {
         Ok((cwd, dirs))
     }
 
-    async fn new_session(&self, new: NewSessionRequest) -> Handled {
+    /// `session/new`, answered here (`id`): the client gets its answer before the updates the
+    /// agent sent right after its own (commands, mode), which then start the session's
+    /// transcript, as they would have reached a client talking to the agent directly.
+    async fn new_session(&self, new: NewSessionRequest, request_id: &RawValue) -> Handled {
         let utf8 = |p: &std::path::Path| {
             p.to_str()
                 .map(str::to_string)
@@ -505,6 +510,9 @@ impl Ctx {
             process.release();
             return Err(RpcError::internal("agent answered session/new without a sessionId"));
         };
+        // Kept from now (and from before: the agent's stdout is read ahead) until handed on
+        // below; forgotten if the session is not created.
+        let early = process.hold_updates(Arc::from(agent_sid.as_str()));
         let id = uuid::Uuid::new_v4().simple().to_string();
         let meta = format!(r#"{{"mcpServers":{mcp}}}"#);
         let dirs = json!(dirs).to_string();
@@ -554,7 +562,9 @@ impl Ctx {
         tracing::info!(connection = %self.client.id, user = %self.client.user, session = %id, "session created");
         let result = protocol::with_session_id(&result, &id)
             .ok_or_else(|| RpcError::internal("agent's session/new result is not an object"))?;
-        Ok(Reply::Result(result))
+        answer(&self.client, request_id.get(), Ok(Reply::Result(result))).await;
+        early.hand_on().await;
+        Ok(Reply::Answered)
     }
 
     async fn load(&self, sid: &str, cwd: Option<&str>, dirs: &[String], after: u64, replay: bool) -> Handled {

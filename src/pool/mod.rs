@@ -7,6 +7,7 @@
 //! the request that needed it.
 
 mod child;
+mod early;
 pub mod process;
 pub mod reaper;
 pub mod route;
@@ -21,7 +22,7 @@ use serde::Deserialize;
 use serde_json::value::RawValue;
 use tokio_util::task::TaskTracker;
 
-pub use process::{AgentProcess, Pending, PipeLimits};
+pub use process::{AgentProcess, EarlyUpdates, Pending, PipeLimits};
 pub use route::SessionRoute;
 
 use crate::config::{AgentConfig, Config};

@@ -8,6 +8,10 @@
 //! reaps the child and kills its group. When the process ends, every request waiting on it fails
 //! at once with a JSON-RPC error and its sessions are unbound, to be restored on another process
 //! when next used.
+//!
+//! Updates for an agent session id that has no route yet are held for a few seconds
+//! ([`early`](super::early)): a session being created takes them once bound
+//! ([`AgentProcess::hold_updates`]), a restore drops them.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -23,6 +27,7 @@ use tokio_util::task::TaskTracker;
 use tracing::Instrument;
 
 use super::child::{self, AgentLines, Line, StderrTail, lock};
+use super::early::Held;
 use super::reaper::GroupRecord;
 use super::route::SessionRoute;
 pub use super::rpc::Pending;
@@ -52,8 +57,12 @@ pub struct AgentProcess {
     owner: Mutex<Option<Arc<str>>>,
     /// The agent as a JSON-RPC peer: requests to it, and their answers.
     rpc: Rpc,
-    /// Live sessions on this process, by the agent's session id.
-    sessions: Mutex<HashMap<Arc<str>, Arc<dyn SessionRoute>>>,
+    /// Where the agent's updates go (and what waits for a route): one lock, taken once per
+    /// update line as before there was anything to hold.
+    routes: Mutex<Routes>,
+    /// Held while a session being created hands on the updates held for it: the stdout reader
+    /// waits on it (only) for an update of that session meanwhile, so none overtakes them.
+    handing_early: tokio::sync::Mutex<()>,
     /// Session slots taken (including sessions being created).
     reserved: AtomicUsize,
     /// Fired when the process has ended (or is being stopped).
@@ -79,6 +88,37 @@ pub struct AgentProcess {
     /// The last stderr lines, logged when the process ends. The stderr reader holds it weakly,
     /// so it stops once the process is dropped.
     stderr_tail: Arc<StderrTail>,
+}
+
+/// Live sessions on a process, by the agent's session id, and the updates held for ids that
+/// have no route yet (or whose new session has not taken them yet).
+#[derive(Default)]
+struct Routes {
+    sessions: HashMap<Arc<str>, Arc<dyn SessionRoute>>,
+    held: Held,
+}
+
+/// Where the reader sends an update.
+enum Destination {
+    /// Its session.
+    Session(Arc<dyn SessionRoute>),
+    /// Nowhere yet: held (or dropped when there was no room).
+    Held,
+    /// Its new session is taking what was held for it: wait, then look again.
+    Wait,
+}
+
+/// What the agent sends for a session it has just created, from its `session/new` answer on,
+/// kept for that session ([`AgentProcess::hold_updates`]). [`EarlyUpdates::hand_on`] gives it
+/// to the session once bound; dropped unused (the creation failed), it is forgotten.
+#[must_use = "dropping it forgets what the agent sent for the new session"]
+pub struct EarlyUpdates {
+    /// Where they are held.
+    process: Arc<AgentProcess>,
+    /// The agent's id of the new session.
+    agent_session_id: Arc<str>,
+    /// Whether this holds a claim (not when the id was already bound to another session).
+    claimed: bool,
 }
 
 impl std::fmt::Debug for AgentProcess {
@@ -140,7 +180,8 @@ impl AgentProcess {
             pid: spawned.pid,
             owner: Mutex::new(owner.as_ref().map(|slot| slot.key().clone())),
             rpc,
-            sessions: Mutex::new(HashMap::new()),
+            routes: Mutex::default(),
+            handing_early: tokio::sync::Mutex::new(()),
             reserved: AtomicUsize::new(0),
             dead: CancellationToken::new(),
             stop: CancellationToken::new(),
@@ -224,7 +265,7 @@ impl AgentProcess {
 
     /// Sessions bound to it now.
     pub fn session_count(&self) -> usize {
-        lock(&self.sessions).len()
+        lock(&self.routes).sessions.len()
     }
 
     /// Whether a request to it waits for its answer.
@@ -280,26 +321,85 @@ impl AgentProcess {
     /// Routes the agent's updates and requests for `agent_session_id` to `session`. Refused
     /// (`false`) when that id already routes to another session: an agent that answers with an
     /// id it already gave out (or one a client chose) must not divert a live session.
+    ///
+    /// Updates held for the id are forgotten, unless a session being created claims it
+    /// ([`AgentProcess::hold_updates`]; it takes them with [`EarlyUpdates::hand_on`]): a restore
+    /// binds after the agent's `session/load` (or resume) answer, and what the agent replayed
+    /// before answering is history the gateway already has. What such an agent says between
+    /// its answer and this binding goes with it (telling the two apart would need the reader to
+    /// know which answer it read when).
     pub fn bind_session(&self, agent_session_id: Arc<str>, session: Arc<dyn SessionRoute>) -> bool {
-        let mut sessions = lock(&self.sessions);
-        match sessions.get(&agent_session_id) {
+        let mut routes = lock(&self.routes);
+        let routes = &mut *routes;
+        match routes.sessions.get(&agent_session_id) {
             Some(bound) if !Arc::ptr_eq(bound, &session) => false,
             _ => {
-                sessions.insert(agent_session_id, session);
+                if !routes.held.is_claimed(&agent_session_id) {
+                    let dropped = routes.held.forget(&agent_session_id);
+                    if dropped > 0 {
+                        tracing::debug!(agent = %self.agent, process = self.id, dropped, "updates the agent sent before a restore's binding (its replay) dropped");
+                    }
+                }
+                routes.sessions.insert(agent_session_id, session);
                 true
             }
         }
     }
 
+    /// Claims `agent_session_id`, just given in the agent's answer to `session/new`, for the
+    /// session being created: what the agent sent for it (the reader may have read past the
+    /// answer already) and sends from now on is held for that session, past its binding, until
+    /// [`EarlyUpdates::hand_on`], so that its creator can answer its client first. Claims
+    /// nothing when the id already routes to a session (an agent reusing an id: that binding
+    /// will be refused, and the live session's updates must not wait).
+    pub fn hold_updates(self: &Arc<Self>, agent_session_id: Arc<str>) -> EarlyUpdates {
+        let mut routes = lock(&self.routes);
+        let claimed = !routes.sessions.contains_key(&agent_session_id);
+        if claimed {
+            routes.held.claim(agent_session_id.clone());
+        }
+        EarlyUpdates {
+            process: self.clone(),
+            agent_session_id,
+            claimed,
+        }
+    }
+
     /// Stops routing for a session and frees its slot.
     pub fn unbind_session(&self, agent_session_id: &str) {
-        if lock(&self.sessions).remove(agent_session_id).is_some() {
+        if lock(&self.routes).sessions.remove(agent_session_id).is_some() {
             self.release();
         }
     }
 
     fn session(&self, agent_session_id: &str) -> Option<Arc<dyn SessionRoute>> {
-        lock(&self.sessions).get(agent_session_id).cloned()
+        lock(&self.routes).sessions.get(agent_session_id).cloned()
+    }
+
+    /// Where an update for `agent_session_id` goes now; holds it when that is nowhere yet.
+    /// A bound, unclaimed id (every update of a streaming session) costs what a lookup did
+    /// before anything was held: one lock, one map lookup, one empty-list check.
+    fn destination(&self, agent_session_id: &str, update: &RawValue, meta: Option<&RawValue>) -> Destination {
+        let mut routes = lock(&self.routes);
+        let routes = &mut *routes;
+        let claimed = routes.held.is_claimed(agent_session_id);
+        if let Some(session) = routes.sessions.get(agent_session_id) {
+            if !claimed {
+                return Destination::Session(session.clone());
+            }
+            // Bound and claimed: held until its creator hands on, or (while that runs) wait.
+            if routes.held.handing(agent_session_id) {
+                return Destination::Wait;
+            }
+        }
+        if !routes.held.park(agent_session_id, update, meta, Instant::now()) {
+            if claimed {
+                tracing::warn!(agent = %self.agent, process = self.id, "agent sent more for a session being created than is held; update dropped");
+            } else {
+                tracing::debug!(agent = %self.agent, process = self.id, "update for a session with no route, and no room to hold it; dropped");
+            }
+        }
+        Destination::Held
     }
 
     /// Writes one line (a complete JSON-RPC message) to the agent.
@@ -362,7 +462,8 @@ impl AgentProcess {
         if prompting.is_empty() {
             return 0;
         }
-        let agent_ids: Vec<Arc<str>> = lock(&self.sessions)
+        let agent_ids: Vec<Arc<str>> = lock(&self.routes)
+            .sessions
             .iter()
             .filter(|(_, route)| prompting.iter().any(|p| p == route.session_id()))
             .map(|(agent_id, _)| agent_id.clone())
@@ -406,10 +507,8 @@ impl AgentProcess {
             && u.id.is_none()
         {
             crate::metrics::message_in(crate::metrics::Peer::Agent, "session/update");
-            match self.session(&u.params.session_id) {
-                Some(session) => self.hand_on(&session, u.params.update, u.params.meta).await,
-                None => tracing::debug!(agent = %self.agent, "update for a session with no route; dropped"),
-            }
+            self.route_update(&u.params.session_id, u.params.update, u.params.meta)
+                .await;
             return;
         }
         let (msg, kind) = match Incoming::parse(line) {
@@ -432,12 +531,7 @@ impl AgentProcess {
                     tracing::warn!(agent = %self.agent, "malformed session/update from agent; ignored");
                     return;
                 };
-                match self.session(&params.session_id) {
-                    Some(session) => self.hand_on(&session, params.update, params.meta).await,
-                    None => {
-                        tracing::debug!(agent = %self.agent, "update for a session with no route (restore replay, or closed); dropped")
-                    }
-                }
+                self.route_update(&params.session_id, params.update, params.meta).await;
             }
             Kind::Notification if msg.method() == "$/cancel_request" => {
                 // The agent no longer waits for that answer.
@@ -478,6 +572,23 @@ impl AgentProcess {
         session.agent_request(self, id.to_owned(), msg.method(), params);
     }
 
+    /// Hands an update to its session, or holds it while it has none (see [`early`](super::early)).
+    async fn route_update(&self, agent_session_id: &str, update: &RawValue, meta: Option<&RawValue>) {
+        loop {
+            match self.destination(agent_session_id, update, meta) {
+                Destination::Session(session) => return self.hand_on(&session, update, meta).await,
+                Destination::Held => return,
+                Destination::Wait => {
+                    // A new session hands on what was held for it, under this lock: this
+                    // update follows those. The wait is the store's pace, not the agent's.
+                    self.handing_on.store(true, Ordering::Release);
+                    drop(self.handing_early.lock().await);
+                    self.handing_on.store(false, Ordering::Release);
+                }
+            }
+        }
+    }
+
     /// Hands an update to its session; the agent is not silent while that waits.
     async fn hand_on(&self, session: &Arc<dyn SessionRoute>, update: &RawValue, meta: Option<&RawValue>) {
         self.handing_on.store(true, Ordering::Release);
@@ -492,10 +603,74 @@ impl AgentProcess {
         // Wait (briefly) for the waiter to record how the process ended, for the error text.
         let _ = tokio::time::timeout(Duration::from_millis(500), self.dead.cancelled()).await;
         self.rpc.fail_all();
-        let sessions: Vec<Arc<dyn SessionRoute>> = lock(&self.sessions).drain().map(|(_, s)| s).collect();
+        let sessions: Vec<Arc<dyn SessionRoute>> = {
+            let mut routes = lock(&self.routes);
+            routes.held.clear();
+            routes.sessions.drain().map(|(_, s)| s).collect()
+        };
         for s in sessions {
             s.unbound(self.id);
         }
+    }
+}
+
+impl EarlyUpdates {
+    /// Gives the session now bound to the id what the agent sent for it so far, in the order
+    /// sent, then lets the reader route the id as any other; returns how many.
+    ///
+    /// Order: until the claim ends, the reader holds the id's updates (it hands on none), and
+    /// once this has taken them it waits on `handing_early` instead, which this holds until
+    /// after the claim has ended. So everything held is numbered before anything later.
+    pub async fn hand_on(mut self) -> usize {
+        if !self.claimed {
+            return 0;
+        }
+        let process = self.process.clone();
+        let _handing = process.handing_early.lock().await;
+        let (session, held) = {
+            let mut routes = lock(&process.routes);
+            let held = routes.held.take_for_handing(&self.agent_session_id);
+            (routes.sessions.get(&self.agent_session_id).cloned(), held)
+        };
+        let n = match session {
+            Some(session) => {
+                for entry in &held {
+                    session.publish(&entry.update, entry.meta.as_deref()).await;
+                }
+                held.len()
+            }
+            // Not bound (the process died meanwhile): nobody to give them to.
+            None => 0,
+        };
+        lock(&process.routes).held.unclaim(&self.agent_session_id, true);
+        self.claimed = false;
+        if n > 0 {
+            tracing::debug!(agent = %process.agent, process = process.id, updates = n, "updates sent before the session was bound handed on");
+        }
+        n
+    }
+}
+
+impl Drop for EarlyUpdates {
+    fn drop(&mut self) {
+        if self.claimed {
+            // Not handed on: the session was not created (or the task ended); an early drop,
+            // cancelled while handing on, lets the reader go on too.
+            let mut routes = lock(&self.process.routes);
+            let handing = routes.held.handing(&self.agent_session_id);
+            routes.held.forget(&self.agent_session_id);
+            routes.held.unclaim(&self.agent_session_id, handing);
+        }
+    }
+}
+
+impl std::fmt::Debug for EarlyUpdates {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EarlyUpdates")
+            .field("process", &self.process.id)
+            .field("agent_session_id", &self.agent_session_id)
+            .field("claimed", &self.claimed)
+            .finish()
     }
 }
 

@@ -74,8 +74,10 @@ function cleanUsage(u) {
   const size = num(u?.size);
   // The schema's used and size are unsigned, size the window: anything else is no usage to show.
   if (used == null || size == null || used < 0 || size <= 0) return null;
+  // A cost is an amount in an ISO 4217 currency (three letters); anything else is not shown.
   const amount = num(u.cost?.amount);
-  return { used, size, cost: amount != null && str(u.cost.currency) ? { amount, currency: u.cost.currency } : null };
+  const currency = /^[A-Za-z]{3}$/.test(str(u.cost?.currency)) ? u.cost.currency.toUpperCase() : null;
+  return { used, size, cost: amount != null && currency ? { amount, currency } : null };
 }
 
 // --- formatting -----------------------------------------------------------------------------
@@ -497,6 +499,7 @@ class SlashCompletion {
     this.items = [];
     this.active = -1;
     this.dismissed = null; // the prompt text Escape closed the list on
+    this.query = null; // the query the list shows matches for
     const { input, list, composer } = ui;
     if (!input || !list) return;
     input.setAttribute('aria-autocomplete', 'list');
@@ -539,7 +542,9 @@ class SlashCompletion {
       ...all.filter((c) => !c.name.toLowerCase().startsWith(q) && c.name.toLowerCase().includes(q)),
     ].slice(0, 50);
     if (!matches.length) return this.close();
-    const keep = this.items[this.active]?.name;
+    // Typing more puts the best match first and selects it; the same query keeps the selection.
+    const keep = q === this.query ? this.items[this.active]?.name : null;
+    this.query = q;
     this.items = matches;
     this.active = Math.max(0, matches.findIndex((c) => c.name === keep));
     list.replaceChildren(...matches.map((c, i) => h('li', {
@@ -559,6 +564,7 @@ class SlashCompletion {
     if (!list || list.hidden) return;
     list.hidden = true;
     list.replaceChildren();
+    this.query = null;
     this.items = [];
     this.active = -1;
     input.removeAttribute('aria-activedescendant');

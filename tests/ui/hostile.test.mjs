@@ -310,6 +310,9 @@ describe('hostile agent output never executes', { timeout: 300_000 }, () => {
       await page.getByTestId('file-viewer-close').click();
 
       // Folders the agent named with HTML, in the cwd picker.
+      // Nothing the agent sent widens the page (a phone would zoom out to show it).
+      assert.deepEqual(await page.evaluate(() => [document.documentElement.scrollWidth, window.innerWidth]),
+        [viewport.width, viewport.width], 'the page is wider than the screen');
       if (!(await page.getByTestId('cwd-browse').isVisible())) await page.getByTestId('sidebar-toggle').click();
       await page.getByTestId('cwd-browse').click();
       await page.getByTestId('cwd-entry').filter({ hasText: 'javascript:alert(1)' }).waitFor();

@@ -446,6 +446,14 @@ fn resolve_existing(path: &Path) -> io::Result<PathBuf> {
     while let Some(part) = rest.pop() {
         match part {
             Component::RootDir | Component::CurDir | Component::Prefix(_) => {}
+            // The kernel refuses `missing/..` (ENOENT). Folding it by text instead would make
+            // `root/nope/../link/x` the unresolved `root/link/x` when `link` leads out of the root.
+            Component::ParentDir if missing => {
+                return Err(io::Error::new(
+                    io::ErrorKind::NotFound,
+                    "`..` after a directory that does not exist",
+                ));
+            }
             Component::ParentDir => {
                 resolved.pop();
             }
@@ -578,5 +586,12 @@ mod tests {
         );
         std::os::unix::fs::symlink(root.join("nowhere"), root.join("a/dangling")).expect("symlink");
         assert!(resolve_existing(&root.join("a/dangling/x")).is_err());
+        // Past a missing directory `..` cannot be folded by text: `a/out` leads to /etc.
+        assert!(resolve_existing(&root.join("nope/../a/out/passwd")).is_err());
+        assert!(resolve_existing(&root.join("a/nope/x/../../out")).is_err());
+        assert_eq!(
+            resolve_existing(&root.join("a/nope/new")).expect("ok"),
+            root.join("a/nope/new")
+        );
     }
 }

@@ -148,6 +148,10 @@ async fn nothing_outside_the_roots_is_reachable_or_probed() {
         String::from("/"),
         String::from("/nonexistent/deeper"),
         String::from("/etc/hostname/x"), // a file in the middle, outside
+        // `..` after a missing directory, then a link out: an existing and a missing target
+        format!("{}/nope/../to-etc/hostname", p(&alice)),
+        format!("{}/nope/../to-etc/no-such-file", p(&alice)),
+        format!("{}/nope/../to-bob/secret-project", p(&alice)),
     ];
     let mut bodies = Vec::new();
     for path in &refused {
@@ -177,11 +181,13 @@ async fn nothing_outside_the_roots_is_reachable_or_probed() {
         format!("{}/../bob/planted2", p(&alice)),
         p(&alice.join("to-bob/planted3")),
         p(&alice.join("to-etc/planted4")),
+        format!("{}/nope/../to-bob/planted5", p(&alice)),
+        format!("{}/nope/../to-bob/secret-project", p(&alice)), // exists: no 409 either
     ] {
         let (status, body) = mkdir(&gw, "alice", &path).await;
         assert_eq!(status, StatusCode::FORBIDDEN, "{path}: {body}");
     }
-    for name in ["planted", "planted2", "planted3"] {
+    for name in ["planted", "planted2", "planted3", "planted5"] {
         assert!(!bob.join(name).exists(), "{name} was made in bob's workspace");
     }
     assert!(!Path::new("/etc/planted4").exists());

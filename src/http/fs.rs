@@ -166,19 +166,26 @@ fn opened_path(fd: &impl AsRawFd) -> io::Result<PathBuf> {
     std::fs::read_link(format!("/proc/self/fd/{}", fd.as_raw_fd()))
 }
 
-/// Opens `path` with `flags` and checks that what was opened is still inside the roots.
+/// Opens `path` with `flags` once what it leads to is known to be inside the roots. An `O_PATH`
+/// handle comes first (it opens nothing: no FIFO or device is touched); where it points is
+/// checked, then that same object is opened through the handle, so a link swapped in between
+/// the two steps changes nothing.
 fn open_inside(r: &Resolved, flags: OFlag) -> Result<File, FsError> {
-    let file = std::fs::OpenOptions::new()
+    let handle = std::fs::OpenOptions::new()
         .read(true)
-        .custom_flags((flags | OFlag::O_NOCTTY | OFlag::O_NONBLOCK).bits())
+        .custom_flags((flags | OFlag::O_PATH).bits())
         .open(&r.path)
         .map_err(|e| FsError::io(&e, "open"))?;
-    let real = opened_path(&file).map_err(|e| FsError::io(&e, "read /proc/self/fd"))?;
+    let real = opened_path(&handle).map_err(|e| FsError::io(&e, "read /proc/self/fd"))?;
     if !r.inside(&real) {
         tracing::warn!(path = %r.path.display(), real = %real.display(), "path left the workspace roots after it was checked");
         return Err(outside(&r.roots));
     }
-    Ok(file)
+    std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags((flags | OFlag::O_NOCTTY | OFlag::O_NONBLOCK).bits())
+        .open(format!("/proc/self/fd/{}", handle.as_raw_fd()))
+        .map_err(|e| FsError::io(&e, "open"))
 }
 
 /// Runs filesystem work on the blocking pool.

@@ -752,6 +752,7 @@ async function deleteSession(id) {
 function forgetSession(id) {
   state.sessions.get(id)?.item?.remove();
   state.sessions.delete(id);
+  controls.forget(id);
   ui.empty.hidden = state.sessions.size > 0;
   if (state.current?.id === id) setCurrent(null);
 }
@@ -958,6 +959,8 @@ function handleMessage(msg) {
 }
 
 let permissionSeq = 0;
+/** ACP's PermissionOptionKind values: an agent's `kind` becomes a class name only if it is one. */
+const PERMISSION_KINDS = new Set(['allow_once', 'allow_always', 'reject_once', 'reject_always']);
 
 function showPermission(requestId, params) {
   const key = String(requestId);
@@ -980,7 +983,7 @@ function showPermission(requestId, params) {
   // that fails to render would leave the agent's turn waiting for an answer that cannot come.
   const offered = Array.isArray(params.options) ? params.options.filter((o) => o && typeof o === 'object') : [];
   const options = offered.map((option) => h('button', {
-    type: 'button', class: `permission-option kind-${option.kind ?? 'other'}`, testid: 'permission-option',
+    type: 'button', class: `permission-option kind-${PERMISSION_KINDS.has(option.kind) ? option.kind : 'other'}`, testid: 'permission-option',
     'data-option-id': option.optionId, text: typeof option.name === 'string' && option.name ? option.name : String(option.optionId),
     onclick: () => settle({ outcome: 'selected', optionId: option.optionId }),
   }));

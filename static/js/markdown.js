@@ -30,8 +30,10 @@ import { el } from './dom.js';
 const RAW_HTML_TAGS = ['b', 'i', 'em', 'strong', 'u', 's', 'del', 'ins', 'mark', 'sub', 'sup', 'kbd',
   'code', 'small', 'br', 'details', 'summary', 'abbr', 'q', 'dl', 'dt', 'dd'];
 const RAW_TAG_SET = new Set(RAW_HTML_TAGS);
-/** A tag (group 1: `/` of an end tag, group 2: name), a comment, or any other `<`. */
-const RAW_MARKUP = /<(\/?)([A-Za-z][A-Za-z0-9-]*)(?:\s(?:[^>"']|"[^"]*"|'[^']*')*)?\/?>|<!--[\s\S]*?(?:-->|$)|</g;
+/** A tag (group 1: `/` of an end tag, group 2: name), a comment, or any other `<`. Nothing in a
+ *  tag may be a `<`: otherwise every `<` of a block of unclosed `<a b` lines scanned to the end
+ *  of the block (16,000 such lines: 18 s; now 41 ms). */
+const RAW_MARKUP = /<(\/?)([A-Za-z][A-Za-z0-9-]*)(?:\s(?:[^<>"']|"[^"<]*"|'[^'<]*')*)?\/?>|<!--[\s\S]*?(?:-->|$)|</g;
 /** Tags from RAW_HTML_TAGS that make a raw HTML block more than a paragraph of text. */
 const RAW_BLOCK_TAG = /<\/?(?:details|summary|dl|dt|dd)>/;
 

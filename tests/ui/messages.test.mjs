@@ -273,7 +273,7 @@ describe('messages: Markdown, code blocks, thoughts, content blocks, long turns'
     await v.close();
   });
 
-  it('shows a crafted long line as text instead of holding the page in marked', async () => {
+  it('shows crafted long lines and tag soup as text instead of holding the page', async () => {
     const v = await browser.open(gw, DESKTOP);
     const { page } = v;
     await connected(page);
@@ -296,14 +296,20 @@ describe('messages: Markdown, code blocks, thoughts, content blocks, long turns'
       // The same length inside a code fence is still a highlighted code block.
       const fenced = document.createElement('div');
       fenced.append(renderMarkdown(`\`\`\`js\nlet s = "${'x'.repeat(20_000)}";\n\`\`\`\n`));
+      // A raw HTML block of 16,000 unclosed tags (the tag pattern once scanned to its end per `<`).
+      started = performance.now();
+      const tags = document.createElement('div');
+      tags.append(renderMarkdown(`<div>\n${'<a b c\n'.repeat(16_000)}`));
+      const tagsMs = performance.now() - started;
       return {
-        wholeMs, streamMs,
+        wholeMs, streamMs, tagsMs, tagsText: tags.textContent.includes('<a b c'),
         wholeText: whole.querySelector('.md-plain')?.textContent ?? null,
         streamText: box.textContent.replace(/\s/g, ''),
         fencedCode: !!fenced.querySelector('pre code .hljs-string'),
       };
     });
-    console.log(`crafted 40 KB line: whole ${got.wholeMs.toFixed(0)} ms, streamed ${got.streamMs.toFixed(0)} ms`);
+    console.log(`crafted 40 KB line: whole ${got.wholeMs.toFixed(0)} ms, streamed ${got.streamMs.toFixed(0)} ms; 16,000 unclosed tags: ${got.tagsMs.toFixed(0)} ms`);
+    assert.ok(got.tagsText && got.tagsMs < 2_000, `unclosed tags held the page: ${got.tagsMs} ms`);
     assert.ok(got.wholeText?.includes('a_a_a_'), 'the crafted line is shown as its text');
     assert.equal(got.streamText, 'a_'.repeat(20_000));
     assert.ok(got.wholeMs < 400 && got.streamMs < 2_000, `held the page: ${JSON.stringify(got)}`);

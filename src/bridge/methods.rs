@@ -17,6 +17,7 @@ use super::request::{self, ClientRequest};
 use crate::gateway::Gateway;
 use agent_client_protocol_schema::v1::NewSessionRequest;
 
+use crate::outbox::CLOSE_TOO_SLOW;
 use crate::pool::{AgentPool, AgentProcess, Pending, SessionRoute};
 use crate::protocol::{self, Incoming, Kind, RpcError, codes};
 use crate::quota::CAP_REACHED;
@@ -53,6 +54,10 @@ struct Tracked {
 
 /// Most `additionalDirectories` a session may have (they are stored and listed).
 const MAX_ADDITIONAL_DIRECTORIES: usize = 32;
+
+/// How long `session/new` waits for room in its client's queue for the answer: the agent's
+/// updates for the new session wait for that answer (see [`Ctx::new_session`]).
+const NEW_SESSION_ANSWER_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// Forwarded-request entries kept before answered ones are pruned.
 const FORWARDED_PRUNE_AT: usize = 64;
@@ -562,7 +567,18 @@ impl Ctx {
         tracing::info!(connection = %self.client.id, user = %self.client.user, session = %id, "session created");
         let result = protocol::with_session_id(&result, &id)
             .ok_or_else(|| RpcError::internal("agent's session/new result is not an object"))?;
-        answer(&self.client, request_id.get(), Ok(Reply::Result(result))).await;
+        // The agent's stdout reader may be waiting for `early` to be handed on (the agent sent
+        // more than is held): a client that has not made room for its answer in a while is too
+        // slow, as fan-out would find it, and must not hold up the process's other sessions.
+        let frame = Utf8Bytes::from(protocol::response(request_id.get(), &result));
+        if tokio::time::timeout(NEW_SESSION_ANSWER_WAIT, self.client.outbox.send(frame))
+            .await
+            .is_err()
+        {
+            self.client
+                .outbox
+                .close(CLOSE_TOO_SLOW, "client too slow; reconnect and resume with afterSeq");
+        }
         early.hand_on().await;
         Ok(Reply::Answered)
     }

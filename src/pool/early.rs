@@ -13,7 +13,9 @@
 //! (then and later) once it is bound; any other binding forgets what was held for the id.
 //! Unclaimed entries go after [`TTL`]; the whole buffer is capped at [`MAX_ENTRIES`] and
 //! [`MAX_BYTES`] per process, the oldest unclaimed entry making room for a newer one, so an agent
-//! writing for ids it never creates holds at most that much.
+//! writing for ids it never creates holds at most that much. A claimed id's update is never
+//! dropped: when only claimed entries are left and no room, [`Held::park`] refuses it and the
+//! reader waits for a claim to end (its client may already be prompting the session).
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -79,8 +81,9 @@ impl Held {
         self.claims.iter().any(|c| c.handing && *c.sid == *sid)
     }
 
-    /// Holds an update for `sid`; `false` when there is no room (it is dropped). Expired
-    /// entries go first, then the oldest unclaimed ones while room is short.
+    /// Holds an update for `sid`; `false` when there is no room (the caller drops it, or for a
+    /// claimed id waits for room). Expired entries go first, then the oldest unclaimed ones
+    /// while room is short.
     pub fn park(&mut self, sid: &str, update: &RawValue, meta: Option<&RawValue>, now: Instant) -> bool {
         self.expire(now);
         let bytes = sid.len() + update.get().len() + meta.map_or(0, |m| m.get().len()) + ENTRY_OVERHEAD;
@@ -175,7 +178,7 @@ impl Held {
 
 #[cfg(test)]
 impl Held {
-    fn len(&self) -> usize {
+    pub(super) fn len(&self) -> usize {
         self.entries.len()
     }
 

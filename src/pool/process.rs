@@ -11,7 +11,9 @@
 //!
 //! Updates for an agent session id that has no route yet are held for a few seconds
 //! ([`early`](super::early)): a session being created takes them once bound
-//! ([`AgentProcess::hold_updates`]), a restore drops them.
+//! ([`AgentProcess::hold_updates`]), a restore drops them. Those of a session being created are
+//! never dropped: with no room left to hold one, the reader waits until a claim ends, as it
+//! waits for the transcript writer's queue once the session is bound.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -63,6 +65,10 @@ pub struct AgentProcess {
     /// Held while a session being created hands on the updates held for it: the stdout reader
     /// waits on it (only) for an update of that session meanwhile, so none overtakes them.
     handing_early: tokio::sync::Mutex<()>,
+    /// Woken when updates held for a claim leave or a claim ends: the stdout reader, waiting
+    /// for room to hold an update of a session being created, looks again. `notify_one`, so a
+    /// wake between the reader's look and its wait is kept (there is one reader).
+    claim_room: tokio::sync::Notify,
     /// Session slots taken (including sessions being created).
     reserved: AtomicUsize,
     /// Fired when the process has ended (or is being stopped).
@@ -102,10 +108,13 @@ struct Routes {
 enum Destination {
     /// Its session.
     Session(Arc<dyn SessionRoute>),
-    /// Nowhere yet: held (or dropped when there was no room).
+    /// Nowhere yet: held (or, for an id no session claims, dropped when there was no room).
     Held,
     /// Its new session is taking what was held for it: wait, then look again.
     Wait,
+    /// A session being created claims it and there is no room to hold it: wait until a claim
+    /// hands on or ends ([`AgentProcess::claim_room`]), then look again.
+    Room,
 }
 
 /// What the agent sends for a session it has just created, from its `session/new` answer on,
@@ -182,6 +191,7 @@ impl AgentProcess {
             rpc,
             routes: Mutex::default(),
             handing_early: tokio::sync::Mutex::new(()),
+            claim_room: tokio::sync::Notify::new(),
             reserved: AtomicUsize::new(0),
             dead: CancellationToken::new(),
             stop: CancellationToken::new(),
@@ -394,10 +404,12 @@ impl AgentProcess {
         }
         if !routes.held.park(agent_session_id, update, meta, Instant::now()) {
             if claimed {
-                tracing::warn!(agent = %self.agent, process = self.id, "agent sent more for a session being created than is held; update dropped");
-            } else {
-                tracing::debug!(agent = %self.agent, process = self.id, "update for a session with no route, and no room to hold it; dropped");
+                // Its client may have the session's id already (and be prompting): the update
+                // waits for room, as a bound session's does for the transcript writer.
+                tracing::debug!(agent = %self.agent, process = self.id, "no room to hold an update of a session being created; waiting for it to be handed on");
+                return Destination::Room;
             }
+            tracing::debug!(agent = %self.agent, process = self.id, "update for a session with no route, and no room to hold it; dropped");
         }
         Destination::Held
     }
@@ -585,6 +597,14 @@ impl AgentProcess {
                     drop(self.handing_early.lock().await);
                     self.handing_on.store(false, Ordering::Release);
                 }
+                Destination::Room => {
+                    // Until a session being created takes what is held for it, or is given
+                    // up: the store's pace too (a claim ends once its session is stored,
+                    // bound, answered and handed on, none of which needs this reader).
+                    self.handing_on.store(true, Ordering::Release);
+                    self.claim_room.notified().await;
+                    self.handing_on.store(false, Ordering::Release);
+                }
             }
         }
     }
@@ -618,9 +638,13 @@ impl EarlyUpdates {
     /// Gives the session now bound to the id what the agent sent for it so far, in the order
     /// sent, then lets the reader route the id as any other; returns how many.
     ///
-    /// Order: until the claim ends, the reader holds the id's updates (it hands on none), and
-    /// once this has taken them it waits on `handing_early` instead, which this holds until
-    /// after the claim has ended. So everything held is numbered before anything later.
+    /// Order: until the claim ends, the reader holds the id's updates (it hands on none; with
+    /// no room left it waits for `claim_room`), and once this has taken them it waits on
+    /// `handing_early` instead, which this holds until after the claim has ended. So everything
+    /// held is numbered before anything later.
+    ///
+    /// Nothing here waits on the reader (the lock is held only by others handing on, publishing
+    /// waits only on the transcript writer), so the reader may wait on this.
     pub async fn hand_on(mut self) -> usize {
         if !self.claimed {
             return 0;
@@ -632,6 +656,8 @@ impl EarlyUpdates {
             let held = routes.held.take_for_handing(&self.agent_session_id);
             (routes.sessions.get(&self.agent_session_id).cloned(), held)
         };
+        // Room again, for this claim's id (the reader then waits on the lock) and others'.
+        process.claim_room.notify_one();
         let n = match session {
             Some(session) => {
                 for entry in &held {
@@ -644,6 +670,7 @@ impl EarlyUpdates {
         };
         lock(&process.routes).held.unclaim(&self.agent_session_id, true);
         self.claimed = false;
+        process.claim_room.notify_one();
         if n > 0 {
             tracing::debug!(agent = %process.agent, process = process.id, updates = n, "updates sent before the session was bound handed on");
         }
@@ -660,6 +687,8 @@ impl Drop for EarlyUpdates {
             let handing = routes.held.handing(&self.agent_session_id);
             routes.held.forget(&self.agent_session_id);
             routes.held.unclaim(&self.agent_session_id, handing);
+            drop(routes);
+            self.process.claim_room.notify_one();
         }
     }
 }
@@ -733,3 +762,6 @@ async fn reap(
     process.stop.cancel();
     process.dead.cancel();
 }
+
+#[cfg(test)]
+mod tests;

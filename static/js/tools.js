@@ -27,7 +27,13 @@ import { contentBlock } from './content.js';
 /** Rows of a diff rendered before a "show all" button. */
 export const DIFF_ROW_CAP = 2000;
 /** Characters of terminal output kept (the tail: the end of a build log is what matters). */
-const TERMINAL_CHAR_CAP = 200_000;
+export const TERMINAL_CHAR_CAP = 200_000;
+/**
+ * What a card keeps of streamed output once it passes TERMINAL_CHAR_CAP: cutting back further
+ * than the cap means the next 100,000 characters append to the block instead of each update
+ * dropping a line at the top and rebuilding the whole block.
+ */
+const TERMINAL_CHAR_KEEP = 100_000;
 /** Texts longer than this are shown without syntax highlighting. */
 const HIGHLIGHT_CHAR_CAP = 400_000;
 
@@ -495,21 +501,73 @@ function stripFence(text) {
   return m ? m[1] : text;
 }
 
-/** A terminal block: anser's JSON chunks as spans, colours set through the CSSOM. */
-export function renderTerminal(text, { testid = 'terminal' } = {}) {
+/**
+ * A terminal block: anser's JSON chunks as spans, colours set through the CSSOM. `clipped`:
+ * characters the caller already dropped from the start of `text`.
+ */
+export function renderTerminal(text, { testid = 'terminal', clipped = 0 } = {}) {
   let source = stripFence(String(text ?? ''));
-  let clipped = 0;
   if (source.length > TERMINAL_CHAR_CAP) {
-    clipped = source.length - TERMINAL_CHAR_CAP;
+    clipped += source.length - TERMINAL_CHAR_CAP;
     source = source.slice(-TERMINAL_CHAR_CAP);
   }
-  source = applyCarriageReturns(source.replace(NON_SGR, ''));
   // Focusable and named: it scrolls, and keyboard users must be able to scroll it.
   const pre = h('pre', { class: 'tc-terminal', testid, tabindex: '0', role: 'group', 'aria-label': 'Terminal output' });
   if (clipped) pre.append(h('span', { class: 'tc-clipped', text: `… ${clipped.toLocaleString()} earlier characters not shown\n` }));
+  // The colour state at the end of the block, for appendTerminal; the last line, if open, in a
+  // block of its own, which output appended later finishes (see appendTerminal).
+  pre.anser = new Anser();
+  source = applyCarriageReturns(source.replace(NON_SGR, ''));
+  const open = source.lastIndexOf('\n') + 1;
+  appendSpans(pre, pre.anser, source.slice(0, open));
+  if (open < source.length) {
+    pre.lastPart = h('span', { class: 'tc-term-part' });
+    appendSpans(pre.lastPart, pre.anser, source.slice(open));
+    pre.append(pre.lastPart);
+  }
+  return pre;
+}
+
+/** A whole escape sequence (SGR, another CSI, OSC or a two-byte escape) at the start of a text. */
+const WHOLE_ESCAPE = new RegExp(`^${ESC}(?:\\[[0-9;?]*[@-~]|\\][^\\u0007${ESC}]*(?:\\u0007|${ESC}\\\\)|[^\\[\\]])`);
+
+/**
+ * Appends `more` to a block renderTerminal made of `before` (so that it now shows `before +
+ * more`) and answers true, when that draws what renderTerminal(before + more) would: not when
+ * a carriage return may rewrite a line, the text is a Markdown fence, or `before` ends inside an
+ * escape sequence. Answers false otherwise, and the caller renders the block anew.
+ */
+export function appendTerminal(pre, before, more) {
+  if (!pre?.anser || !isString(before) || !isString(more) || before.length + more.length > TERMINAL_CHAR_CAP) return false;
+  if (more.includes('\r') || before.slice(before.lastIndexOf('\n') + 1).includes('\r')) return false;
+  if ((before.length >= 3 ? before : before + more).startsWith('```')) return false;
+  const esc = before.lastIndexOf(ESC);
+  if (esc >= 0 && !WHOLE_ESCAPE.test(before.slice(esc, esc + 4096))) return false;
+  // New lines go into a block of their own, so the browser lays out only them, not every line of
+  // the block again (30 ms an update at 150 KB); a line left open is finished in its block.
+  const text = more.replace(NON_SGR, '');
+  const open = before.endsWith('\n') ? 0 : text.indexOf('\n') + 1 || text.length;
+  if (open) appendSpans(pre.lastPart ?? pre, pre.anser, text.slice(0, open));
+  if (open < text.length) {
+    pre.lastPart = h('span', { class: 'tc-term-part' });
+    appendSpans(pre.lastPart, pre.anser, text.slice(open));
+    pre.append(pre.lastPart);
+  }
+  return true;
+}
+
+/**
+ * `source`'s chunks as text nodes and coloured spans at the end of `parent`, starting in `anser`'s
+ * colour state (anser leaves the text before a text's first escape unstyled: it gets that state
+ * here) and leaving `anser` in the state at the end.
+ */
+function appendSpans(parent, anser, source) {
   let chunks;
   try {
-    chunks = Anser.ansiToJson(source, { json: true, remove_empty: true });
+    const at = source.indexOf(`${ESC}[`);
+    const lead = at < 0 ? source : source.slice(0, at);
+    chunks = lead ? [{ content: lead, fg: anser.fg, bg: anser.bg, decorations: [...anser.decorations] }] : [];
+    if (at >= 0) chunks.push(...anser.ansiToJson(source.slice(at), { json: true, remove_empty: true }));
   } catch {
     chunks = [{ content: source.replace(/\u001b\[[0-9;]*m/g, '') }];
   }
@@ -517,7 +575,7 @@ export function renderTerminal(text, { testid = 'terminal' } = {}) {
     if (!isString(chunk.content) || !chunk.content) continue;
     const styled = chunk.fg || chunk.bg || chunk.decorations?.length;
     if (!styled) {
-      pre.append(document.createTextNode(chunk.content));
+      parent.append(document.createTextNode(chunk.content));
       continue;
     }
     const span = h('span', { class: 'tc-ansi', text: chunk.content });
@@ -532,9 +590,8 @@ export function renderTerminal(text, { testid = 'terminal' } = {}) {
     for (const decoration of chunk.decorations ?? []) {
       if (DECORATIONS.has(decoration)) span.classList.add(`ansi-${decoration}`);
     }
-    pre.append(span);
+    parent.append(span);
   }
-  return pre;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -688,7 +745,11 @@ export class ToolCard {
     this.cwd = cwd;
     this.state = { title: '', kind: 'other', status: 'pending', content: [], locations: [], rawInput: undefined, rawOutput: undefined };
     this.expanded = null; // null: follow the status; true/false once the user toggles
-    this.terminalOut = ''; // `_meta.terminal_output` text (claude-code-acp's convention), if any
+    this.terminalOut = ''; // `_meta.terminal_output` text (claude-code-acp's convention): its last TERMINAL_CHAR_CAP characters at most
+    this.terminalClipped = 0; // characters dropped from the start of terminalOut
+    this.terminalSeq = 0; // outputs appended to terminalOut: the render key, instead of the text itself
+    this.terminalPre = null; // the block showing terminalOut, and how much of it
+    this.terminalShown = 0;
     this.rendered = {};
     const bodyId = `tool-body-${++cardSeq}`;
     this.kindIcon = h('span', { class: 'tc-kind-icon' });
@@ -725,7 +786,7 @@ export class ToolCard {
     const meta = update._meta;
     if (meta && typeof meta === 'object') {
       const out = meta.terminal_output?.data;
-      if (isString(out)) this.terminalOut += out;
+      if (isString(out) && out) this.#addTerminalOutput(out);
       const exit = meta.terminal_exit;
       if (exit && typeof exit === 'object') this.terminalExit = exit;
     }
@@ -738,6 +799,23 @@ export class ToolCard {
       this.renderQueued = false;
       this.#renderKeepingScroll();
     });
+  }
+
+  /**
+   * Keeps the tail of the output: past TERMINAL_CHAR_CAP it drops the start (at a line break when
+   * one is near) down to TERMINAL_CHAR_KEEP, so a long build log costs bounded memory and work.
+   */
+  #addTerminalOutput(out) {
+    let text = this.terminalOut + out;
+    if (text.length > TERMINAL_CHAR_CAP) {
+      let cut = text.length - TERMINAL_CHAR_KEEP;
+      const newline = text.indexOf('\n', cut);
+      if (newline >= 0 && newline - cut < 4096) cut = newline + 1;
+      this.terminalClipped += cut;
+      text = text.slice(cut);
+    }
+    this.terminalOut = text;
+    this.terminalSeq += 1;
   }
 
   /** Renders; a conversation scrolled to its end stays at its end as the card grows. */
@@ -783,10 +861,19 @@ export class ToolCard {
       this.rendered.summary = summaryKey;
     }
 
-    const contentKey = JSON.stringify([s.kind, s.content, this.terminalOut, this.terminalExit ?? null, cwd]);
-    if (this.rendered.content !== contentKey) {
+    // The terminal output's part of the key is a counter, not the text: it may be 200 KB.
+    const contentBase = JSON.stringify([s.kind, s.content, this.terminalClipped, this.terminalExit ?? null, cwd]);
+    const contentKey = `${contentBase}#${this.terminalSeq}`;
+    if (this.rendered.content !== contentKey && this.rendered.contentBase === contentBase && this.terminalPre
+      && appendTerminal(this.terminalPre, this.terminalOut.slice(0, this.terminalShown), this.terminalOut.slice(this.terminalShown))) {
+      // Only new output, and nothing it rewrites: appended to the block as it is.
+      this.terminalShown = this.terminalOut.length;
+      this.rendered.content = contentKey;
+    } else if (this.rendered.content !== contentKey) {
       const nodes = s.content.map((item) => this.#contentNode(item, cwd)).filter(Boolean);
-      if (this.terminalOut) nodes.push(renderTerminal(this.terminalOut));
+      this.terminalPre = this.terminalOut ? renderTerminal(this.terminalOut, { clipped: this.terminalClipped }) : null;
+      this.terminalShown = this.terminalOut.length;
+      if (this.terminalPre) nodes.push(this.terminalPre);
       if (this.terminalExit) {
         const code = this.terminalExit.exit_code ?? this.terminalExit.exitCode;
         const signal = this.terminalExit.signal;
@@ -795,6 +882,7 @@ export class ToolCard {
       }
       this.contentEl.replaceChildren(...nodes);
       this.rendered.content = contentKey;
+      this.rendered.contentBase = contentBase;
       this.hasDiff = s.content.some((c) => c?.type === 'diff');
       this.hasTerminal = nodes.some((n) => n.classList?.contains('tc-terminal'));
     }

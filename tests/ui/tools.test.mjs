@@ -192,6 +192,86 @@ describe('tool call cards: demo-agent --showcase', () => {
       }
     });
   }
+
+  // A long build log streamed the claude-code-acp way (`_meta.terminal_output`): 2,000 updates of
+  // 1 KB, each rendered before the next, drive a ToolCard in the page. The card keeps the last
+  // TERMINAL_CHAR_CAP characters, and an update costs the same at the end as at the start (it
+  // used to stringify and re-parse the whole kept text: 200 KB per update once the log was long).
+  it('keeps a long terminal output bounded, and each update as fast at the end as at the start', async () => {
+    const v = await browser.open(gw, DESKTOP);
+    try {
+      await connected(v.page);
+      const figures = await v.page.evaluate(async () => {
+        const { ToolCard, renderTerminal, TERMINAL_CHAR_CAP } = await import('/js/tools.js');
+        const card = new ToolCard('long-log');
+        document.querySelector('[role="log"]').append(card.root);
+        card.apply({ sessionUpdate: 'tool_call', toolCallId: 'long-log', kind: 'execute', status: 'in_progress', title: 'cargo build', rawInput: { command: 'cargo build' } });
+        const E = '\u001b';
+        // 1 KB per update; a colour left open at the end of each one carries into the next.
+        const chunk = (n) => {
+          let text = `${E}[0m`;
+          for (let i = 0; text.length < 900; i += 1) text += `   ${E}[1;32mCompiling${E}[0m crate-${n}-${i} v0.1.0\n`;
+          return `${text}${E}[33mwarn`.padEnd(1024, ' ');
+        };
+        const times = [];
+        for (let n = 0; n < 2000; n += 1) {
+          const data = chunk(n);
+          const t0 = performance.now();
+          card.apply({ sessionUpdate: 'tool_call_update', toolCallId: 'long-log', _meta: { terminal_output: { terminal_id: 'x', data } } });
+          await Promise.resolve(); // the card renders in a microtask
+          times.push(performance.now() - t0);
+        }
+        const pre = card.root.querySelector('[data-testid="terminal"]');
+        // What was appended draws what a render of the kept text from scratch draws (the blocks
+        // appended output goes into aside).
+        const runs = (root) => {
+          const out = [];
+          const walk = (node, style) => {
+            for (const child of node.childNodes) {
+              if (child.nodeType === Node.TEXT_NODE) {
+                const last = out[out.length - 1];
+                if (last && last.style === style) last.text += child.data;
+                else out.push({ style, text: child.data });
+              } else walk(child, child.classList.contains('tc-term-part') ? style : `${child.className}|${child.style.cssText}`);
+            }
+          };
+          walk(root, '');
+          return out;
+        };
+        const fresh = renderTerminal(card.terminalOut, { clipped: card.terminalClipped });
+        const window = (from) => {
+          const sorted = times.slice(from, from + 200).sort((a, b) => a - b);
+          return { median: sorted[100], p95: sorted[190], max: sorted[199] };
+        };
+        return {
+          cap: TERMINAL_CHAR_CAP,
+          kept: card.terminalOut.length,
+          clipped: card.terminalClipped,
+          shown: pre.textContent.length,
+          sameAsFresh: JSON.stringify(runs(pre)) === JSON.stringify(runs(fresh)),
+          endsWithLast: pre.textContent.endsWith(chunk(1999).replace(/\u001b\[[0-9;]*m/g, '')),
+          note: pre.querySelector('.tc-clipped')?.textContent,
+          first: window(0), last: window(1800),
+          total: times.reduce((a, b) => a + b, 0),
+        };
+      });
+      const ms = (w) => `median ${w.median.toFixed(2)} ms, p95 ${w.p95.toFixed(2)} ms, max ${w.max.toFixed(2)} ms`;
+      console.log(`terminal: 2,000 updates of 1 KB in ${figures.total.toFixed(0)} ms; kept ${figures.kept.toLocaleString()} characters `
+        + `(${figures.clipped.toLocaleString()} clipped), block ${figures.shown.toLocaleString()} characters; `
+        + `updates 1-200: ${ms(figures.first)}; updates 1801-2000: ${ms(figures.last)}`);
+      assert.ok(figures.kept <= figures.cap, `kept ${figures.kept} characters`);
+      assert.equal(figures.kept + figures.clipped, 2000 * 1024);
+      assert.ok(figures.shown < figures.cap + 100, `the block holds ${figures.shown} characters`);
+      assert.equal(figures.note, `… ${figures.clipped.toLocaleString('en-US')} earlier characters not shown\n`);
+      assert.ok(figures.endsWithLast, 'the last output is not at the end of the block');
+      assert.ok(figures.sameAsFresh, 'appended output draws differently from a fresh render');
+      // Flat: the end of a 2 MB log costs what its start did (a rebuild each 100 KB aside).
+      assert.ok(figures.last.median < Math.max(2, 3 * figures.first.median), `per-update time grew: ${ms(figures.first)} → ${ms(figures.last)}`);
+      assert.deepEqual(v.errors(), NO_ERRORS);
+    } finally {
+      await v.close();
+    }
+  });
 });
 
 describe('tool call cards: edge cases (tests/agents/ui_tools_agent.py)', () => {

@@ -202,7 +202,8 @@ describe('tool call cards: demo-agent --showcase', () => {
     try {
       await connected(v.page);
       const figures = await v.page.evaluate(async () => {
-        const { ToolCard, renderTerminal, TERMINAL_CHAR_CAP } = await import('/js/tools.js');
+        const { ToolCard } = await import('/js/tools.js');
+        const { renderTerminal, TERMINAL_CHAR_CAP } = await import('/js/terminal.js');
         const card = new ToolCard('long-log');
         document.querySelector('[role="log"]').append(card.root);
         card.apply({ sessionUpdate: 'tool_call', toolCallId: 'long-log', kind: 'execute', status: 'in_progress', title: 'cargo build', rawInput: { command: 'cargo build' } });

@@ -3,23 +3,24 @@
 // locations that open a file viewer (GET /api/fs/file).
 //
 // Layout of this file:
-//   1. helpers         — DOM builder, SVG icons, paths relative to the session cwd
-//   2. highlighting    — highlight.js output rebuilt as DOM, line by line
-//   3. diff            — `diff` content through jsdiff
-//   4. file viewer     — a <dialog> showing one file at one line
-//   5. ToolCard        — merges `tool_call` / `tool_call_update` per ACP and renders the card
+//   1. helpers         — SVG icons, kinds and statuses, links that open the file viewer
+//   2. diff            — `diff` content through jsdiff
+//   3. ToolCard        — merges `tool_call` / `tool_call_update` per ACP and renders the card
 //
-// Terminal output (ANSI through anser) is drawn by terminal.js.
+// Terminal output (ANSI through anser) is drawn by terminal.js, the file viewer (a <dialog>
+// showing one file at one line) is file-viewer.js, and both it and the diffs highlight code line
+// by line with highlight-lines.js.
 //
 // Everything an agent sends is untrusted: it reaches the DOM as text nodes, as CSSOM properties
 // (`el.style.color`) or as element classes from a fixed list; never through innerHTML and never
 // as a `style="..."` string (the page's CSP forbids inline styles anyway).
 
 import { diffRows, replacementRows } from './diff-rows.js';
-import hljs from '../vendor/highlight.js';
 import { el as h } from './dom.js';
 import { codeView, renderMarkdown } from './markdown.js';
 import { contentBlock } from './content.js';
+import { displayPath, openFileViewer } from './file-viewer.js';
+import { highlightLines, languageFor } from './highlight-lines.js';
 import { appendTerminal, hasAnsi, renderTerminal, TERMINAL_CHAR_CAP } from './terminal.js';
 
 // ---------------------------------------------------------------------------------------------
@@ -33,8 +34,6 @@ export const DIFF_ROW_CAP = 2000;
  * dropping a line at the top and rebuilding the whole block.
  */
 const TERMINAL_CHAR_KEEP = 100_000;
-/** Texts longer than this are shown without syntax highlighting. */
-const HIGHLIGHT_CHAR_CAP = 400_000;
 
 const SVG_NS = 'http://www.w3.org/2000/svg';
 
@@ -79,15 +78,6 @@ const STATUSES = {
 
 const isString = (v) => typeof v === 'string';
 
-/** `abs` shown relative to `cwd` when it lies inside it. */
-export function displayPath(abs, cwd) {
-  if (!isString(abs)) return '';
-  if (!isString(cwd) || !cwd || cwd === '/') return abs;
-  const root = cwd.replace(/\/+$/, '');
-  if (abs === root) return '.';
-  return abs.startsWith(`${root}/`) ? abs.slice(root.length + 1) : abs;
-}
-
 /** An agent's path made absolute against the session cwd (ACP paths should already be absolute). */
 function absolutePath(p, cwd) {
   if (!isString(p) || !p) return '';
@@ -119,72 +109,7 @@ function prettyJson(value, cap = 20_000) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// 2. Highlighting
-
-/** highlight.js language for a file name, or null (no guessing: auto-detection is slow and wrong often). */
-export function languageFor(path) {
-  if (!isString(path)) return null;
-  const name = path.split('/').pop().toLowerCase();
-  if (name === 'makefile' || name === 'gnumakefile') return 'makefile';
-  if (name === 'dockerfile') return hljs.getLanguage('dockerfile') ? 'dockerfile' : 'bash';
-  const dot = name.lastIndexOf('.');
-  if (dot < 0) return null;
-  return canonicalLanguage(name.slice(dot + 1));
-}
-
-let languageNames = null; // alias or name → highlight.js's own name ('rs' → 'rust')
-
-function canonicalLanguage(alias) {
-  if (!languageNames) {
-    languageNames = new Map();
-    for (const name of hljs.listLanguages()) {
-      languageNames.set(name, name);
-      for (const other of hljs.getLanguage(name)?.aliases ?? []) languageNames.set(other, name);
-    }
-  }
-  return languageNames.get(alias) ?? null;
-}
-
-const SAFE_CLASS = /^[A-Za-z0-9_ -]{1,80}$/;
-
-/**
- * `text` split into lines, each an array of DOM nodes (text nodes, in hljs-classed spans when
- * `lang` is known). highlight.js escapes what it emits; the HTML is still parsed in an inert
- * document and rebuilt from spans and text only, so nothing else can reach the page.
- */
-export function highlightLines(text, lang) {
-  const plain = () => text.split('\n').map((line) => (line ? [document.createTextNode(line)] : []));
-  if (!lang || text.length > HIGHLIGHT_CHAR_CAP) return plain();
-  let html;
-  try {
-    html = hljs.highlight(text, { language: lang, ignoreIllegals: true }).value;
-  } catch {
-    return plain();
-  }
-  // A <div>, not a <pre>: the HTML parser drops a newline right after <pre>, which would lose an
-  // empty first line and shift every line number.
-  const doc = new DOMParser().parseFromString(`<div>${html}</div>`, 'text/html');
-  const lines = [[]];
-  const walk = (parent, wrap) => {
-    for (const child of parent.childNodes) {
-      if (child.nodeType === Node.TEXT_NODE) {
-        child.data.split('\n').forEach((part, i) => {
-          if (i > 0) lines.push([]);
-          if (part) lines[lines.length - 1].push(wrap(document.createTextNode(part)));
-        });
-      } else if (child.nodeType === Node.ELEMENT_NODE) {
-        const cls = child.getAttribute('class') ?? '';
-        const safe = child.localName === 'span' && SAFE_CLASS.test(cls) ? cls : '';
-        walk(child, safe ? (node) => wrap(h('span', { class: safe }, node)) : wrap);
-      }
-    }
-  };
-  walk(doc.querySelector('div') ?? doc.body, (node) => node);
-  return lines;
-}
-
-// ---------------------------------------------------------------------------------------------
-// 3. Diff
+// 2. Diff
 
 const WIDE = window.matchMedia('(min-width: 1000px)');
 const VIEW_KEY = 'acp-gateway.diffView';
@@ -439,127 +364,7 @@ function capRows(rows, cap) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// 4. File viewer
-
-let viewer = null;
-
-function viewerParts() {
-  if (viewer) return viewer;
-  const title = h('h2', { class: 'tc-viewer-title', id: 'tc-viewer-title', testid: 'file-viewer-title' });
-  const meta = h('p', { class: 'tc-viewer-meta', testid: 'file-viewer-meta' });
-  const close = h('button', { type: 'button', class: 'icon tc-viewer-close', testid: 'file-viewer-close', 'aria-label': 'Close file viewer', text: '×' });
-  const body = h('div', { class: 'tc-viewer-body', testid: 'file-viewer-body', tabindex: '0' });
-  const dialog = h('dialog', { class: 'tc-viewer', testid: 'file-viewer', 'aria-labelledby': 'tc-viewer-title' },
-    h('header', { class: 'tc-viewer-head' }, h('div', { class: 'tc-viewer-heading' }, title, meta), close), body);
-  close.addEventListener('click', () => dialog.close());
-  // A click on the backdrop (the dialog element itself, outside its content box) closes it.
-  dialog.addEventListener('click', (event) => {
-    if (event.target !== dialog) return;
-    const r = dialog.getBoundingClientRect();
-    const inside = event.clientX >= r.left && event.clientX <= r.right && event.clientY >= r.top && event.clientY <= r.bottom;
-    if (!inside) dialog.close();
-  });
-  dialog.addEventListener('close', () => {
-    viewer.token += 1; // a fetch still in flight must not fill a closed viewer
-    const opener = viewer.opener;
-    viewer.opener = null;
-    if (opener?.isConnected) opener.focus();
-  });
-  document.body.append(dialog);
-  viewer = { dialog, title, meta, body, close, token: 0, opener: null };
-  return viewer;
-}
-
-/** What the viewer says when GET /api/fs/file refuses (fs.rs: {error, roots?}). */
-function viewerMessage(status, body) {
-  const detail = isString(body?.error) ? body.error : isString(body?.error?.message) ? body.error.message : '';
-  switch (status) {
-    case 401: return 'You are signed out; reload the page to sign in again.';
-    case 403: {
-      if (!Array.isArray(body?.roots)) return 'Permission denied: the gateway cannot read this file.';
-      const roots = body.roots.filter(isString);
-      return `This file is outside your workspace${roots.length ? ` (${roots.join(', ')})` : ''}, so the gateway will not show it.`;
-    }
-    case 404: return 'This file does not exist (any more).';
-    case 415: return 'This is a binary file; it cannot be shown as text.';
-    default: return `The gateway answered ${status}${detail ? `: ${detail}` : ''}.`;
-  }
-}
-
-/** Opens the viewer on `path` (absolute) and scrolls to `line` (1-based) when given. */
-export async function openFileViewer(path, line, { cwd, opener } = {}) {
-  const v = viewerParts();
-  const token = ++v.token;
-  const target = Number.isInteger(line) && line > 0 ? line : null;
-  v.opener = opener ?? document.activeElement;
-  const shown = displayPath(path, cwd) || path;
-  v.title.textContent = target ? `${shown}:${target}` : shown;
-  v.title.title = path;
-  v.meta.textContent = 'Loading…';
-  v.dialog.dataset.state = 'loading';
-  v.dialog.dataset.path = path;
-  v.body.replaceChildren();
-  if (!v.dialog.open) v.dialog.showModal();
-  v.close.focus();
-
-  let res;
-  let data = null;
-  try {
-    res = await fetch(`/api/fs/file?path=${encodeURIComponent(path)}`, { credentials: 'same-origin', headers: { Accept: 'application/json' } });
-    if (res.ok) data = await res.json();
-  } catch (err) {
-    if (token === v.token) viewerError(v, `Could not load the file: ${err.message}`, 'network');
-    return;
-  }
-  if (token !== v.token) return;
-  if (!res.ok || !data || !isString(data.text)) {
-    let body = null;
-    try {
-      body = res.ok ? null : await res.json();
-    } catch { /* not JSON */ }
-    if (token !== v.token) return;
-    viewerError(v, viewerMessage(res.status, body), String(res.status));
-    return;
-  }
-
-  const lines = highlightLines(data.text.endsWith('\n') ? data.text.slice(0, -1) : data.text, languageFor(path));
-  const size = Number.isFinite(data.size) ? `${data.size.toLocaleString()} bytes` : '';
-  v.meta.textContent = [`${lines.length.toLocaleString()} lines`, size, data.truncated ? 'truncated: only the start is shown' : '']
-    .filter(Boolean).join(' · ');
-  const code = h('div', { class: 'tc-viewer-code', role: 'list', 'aria-label': `Contents of ${shown}` });
-  let marked = null;
-  lines.forEach((nodes, i) => {
-    const n = i + 1;
-    const row = h('div', { class: 'tc-vline', role: 'listitem', 'data-n': n, testid: n === target ? 'file-viewer-line' : null },
-      h('span', { class: 'tc-vln', 'aria-hidden': 'true', text: String(n) }),
-      h('span', { class: 'tc-vcode' }, nodes));
-    if (n === target) {
-      row.classList.add('tc-target');
-      row.setAttribute('aria-current', 'true');
-      row.tabIndex = -1;
-      marked = row;
-    }
-    code.append(row);
-  });
-  v.body.replaceChildren(code);
-  if (target && !marked) {
-    v.body.prepend(h('p', { class: 'tc-note', role: 'status', text: `Line ${target} is past the end of what is shown.` }));
-  }
-  v.dialog.dataset.state = 'ready';
-  if (marked) {
-    marked.scrollIntoView({ block: 'center' });
-    marked.focus({ preventScroll: true });
-  }
-}
-
-function viewerError(v, message, state) {
-  v.meta.textContent = '';
-  v.dialog.dataset.state = `error-${state}`;
-  v.body.replaceChildren(h('p', { class: 'tc-viewer-error', role: 'alert', testid: 'file-viewer-error', 'data-status': state, text: message }));
-}
-
-// ---------------------------------------------------------------------------------------------
-// 5. ToolCard
+// 3. ToolCard
 
 /** Card state fields a `tool_call_update` may replace (a missing or null field leaves them as they are). */
 const FIELDS = ['title', 'kind', 'status', 'content', 'locations', 'rawInput', 'rawOutput'];

@@ -178,7 +178,7 @@ describe('tool call cards: demo-agent --showcase', () => {
 
         // A path outside the workspace: the gateway refuses, the viewer says so.
         await page.evaluate(async () => {
-          const { openFileViewer } = await import('/js/tools.js');
+          const { openFileViewer } = await import('/js/file-viewer.js');
           openFileViewer('/etc/hostname', 1, {});
         });
         await page.getByTestId('file-viewer-error').waitFor();
@@ -432,7 +432,7 @@ describe('tool call cards: edge cases (tests/agents/ui_tools_agent.py)', () => {
 
     // A file that is not there: 404, said plainly.
     await page.evaluate(async (root) => {
-      const { openFileViewer } = await import('/js/tools.js');
+      const { openFileViewer } = await import('/js/file-viewer.js');
       openFileViewer(`${root}/tools-fixture/missing.rs`, 3, { cwd: root });
     }, gw.workspaceRoot('local'));
     await page.getByTestId('file-viewer-error').waitFor();
@@ -442,7 +442,7 @@ describe('tool call cards: edge cases (tests/agents/ui_tools_agent.py)', () => {
 
     // A directory is not a file: the gateway's own words.
     await page.evaluate(async (root) => {
-      const { openFileViewer } = await import('/js/tools.js');
+      const { openFileViewer } = await import('/js/file-viewer.js');
       openFileViewer(`${root}/tools-fixture`, null, { cwd: root });
     }, gw.workspaceRoot('local'));
     await page.getByTestId('file-viewer-error').waitFor();

@@ -240,6 +240,20 @@ describe('tool call cards: demo-agent --showcase', () => {
           return out;
         };
         const fresh = renderTerminal(card.terminalOut, { clipped: card.terminalClipped });
+        // Output that must not simply be appended: an escape sequence cut in two, a carriage
+        // return redrawing a line across updates, an OSC link, a Markdown fence.
+        const tricky = new ToolCard('tricky');
+        document.querySelector('[role="log"]').append(tricky.root);
+        tricky.apply({ sessionUpdate: 'tool_call', toolCallId: 'tricky', kind: 'execute', status: 'in_progress' });
+        const pieces = ['ok ', `${E}[3`, `1mred`, ` still red${E}[0m\n`, 'progress 10%\r', 'progress 100%\n',
+          `${E}]8;;https://example.com${E}\\`, `link${E}]8;;${E}\\ done\n`, '```\n', 'fenced\n```\n'];
+        const trickyRuns = [];
+        for (const data of pieces) {
+          tricky.apply({ sessionUpdate: 'tool_call_update', toolCallId: 'tricky', _meta: { terminal_output: { terminal_id: 't', data } } });
+          await Promise.resolve();
+          const shown = tricky.root.querySelector('[data-testid="terminal"]');
+          trickyRuns.push(JSON.stringify(runs(shown)) === JSON.stringify(runs(renderTerminal(tricky.terminalOut))) ? 'same' : shown.textContent);
+        }
         const window = (from) => {
           const sorted = times.slice(from, from + 200).sort((a, b) => a - b);
           return { median: sorted[100], p95: sorted[190], max: sorted[199] };
@@ -250,6 +264,7 @@ describe('tool call cards: demo-agent --showcase', () => {
           clipped: card.terminalClipped,
           shown: pre.textContent.length,
           sameAsFresh: JSON.stringify(runs(pre)) === JSON.stringify(runs(fresh)),
+          trickyRuns,
           endsWithLast: pre.textContent.endsWith(chunk(1999).replace(/\u001b\[[0-9;]*m/g, '')),
           note: pre.querySelector('.tc-clipped')?.textContent,
           first: window(0), last: window(1800),
@@ -266,6 +281,7 @@ describe('tool call cards: demo-agent --showcase', () => {
       assert.equal(figures.note, `… ${figures.clipped.toLocaleString('en-US')} earlier characters not shown\n`);
       assert.ok(figures.endsWithLast, 'the last output is not at the end of the block');
       assert.ok(figures.sameAsFresh, 'appended output draws differently from a fresh render');
+      assert.deepEqual(figures.trickyRuns, Array(figures.trickyRuns.length).fill('same'));
       // Flat: the end of a 2 MB log costs what its start did (a rebuild each 100 KB aside).
       assert.ok(figures.last.median < Math.max(2, 3 * figures.first.median), `per-update time grew: ${ms(figures.first)} → ${ms(figures.last)}`);
       assert.deepEqual(v.errors(), NO_ERRORS);

@@ -591,22 +591,28 @@ impl Ctx {
         // The agent's modes, config options and models, as they are after what was replayed, so
         // a reloaded page shows its pickers (ACP lets both answers carry them).
         if session.controls_need_store() {
-            let stored = self
-                .gw
-                .sessions
-                .store()
-                .session_controls(&self.client.user, sid)
-                .await?;
-            let stored = stored.as_deref().unwrap_or("{}");
+            let stored = self.controls_in_store(&session).await?;
             if session.is_bound_now() {
-                session.stored_controls(stored);
+                session.stored_controls(&stored);
             } else {
                 // Another replica may serve it and change them: this one keeps no copy it
                 // would have to keep current.
-                return Ok(Reply::Result(Controls::from_result(stored).to_json()));
+                return Ok(Reply::Result(Controls::from_result(&stored).to_json()));
             }
         }
         Ok(Reply::Result(session.controls_json()))
+    }
+
+    /// The agent's modes, config options and models as the store holds them for `session`
+    /// (`{}` when it holds none).
+    async fn controls_in_store(&self, session: &LiveSession) -> Result<String, RpcError> {
+        let stored = self
+            .gw
+            .sessions
+            .store()
+            .session_controls(&session.owner, &session.id)
+            .await?;
+        Ok(stored.unwrap_or_else(|| String::from("{}")))
     }
 
     async fn close(&self, sid: &str, delete: bool) -> Handled {
@@ -738,13 +744,7 @@ impl Ctx {
             // Served here from now on: the controls as stored (another replica may have
             // changed them), then as the agent's restore answer says.
             if session.controls_need_store() {
-                let stored = self
-                    .gw
-                    .sessions
-                    .store()
-                    .session_controls(&session.owner, &session.id)
-                    .await?;
-                session.stored_controls(stored.as_deref().unwrap_or("{}"));
+                session.stored_controls(&self.controls_in_store(session).await?);
             }
         }
         let binding = session.ensure_bound(&self.gw.pools).await?;

@@ -17,12 +17,10 @@ import { initTabs, shareDeleted, shareSession } from './js/tabs.js';
 import { ToolCard } from './js/tools.js';
 import { Message } from './js/message.js';
 import { Controls } from './js/controls.js';
-import { el as h, $ } from './js/dom.js';
+import { atEnd, el as h, $, soon } from './js/dom.js';
 
 // ---------------------------------------------------------------------------------------------
 // 1. Helpers
-
-
 
 const relFormat = new Intl.RelativeTimeFormat(undefined, { numeric: 'auto' });
 const UNITS = [['year', 31536000], ['month', 2592000], ['week', 604800], ['day', 86400], ['hour', 3600], ['minute', 60]];
@@ -303,9 +301,7 @@ class Conversation {
     if (params) this.queue.push(params);
     if (this.scheduled) return;
     this.scheduled = true;
-    const go = () => { if (this.scheduled) this.flush(); };
-    requestAnimationFrame(go);
-    setTimeout(go, 100); // rAF does not fire in background tabs
+    soon(() => { if (this.scheduled) this.flush(); });
   }
 
   /** Applies every queued update in one DOM pass. */
@@ -314,7 +310,7 @@ class Conversation {
     const items = this.queue;
     this.queue = [];
     if (!items.length && !this.run?.dirty) return;
-    const stick = this.log.scrollHeight - this.log.scrollTop - this.log.clientHeight < 80;
+    const stick = atEnd(this.log);
     for (const params of items) {
       if (params.sessionId !== this.sessionId) continue;
       const seq = params._meta?.gateway?.seq;

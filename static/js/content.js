@@ -2,13 +2,11 @@
 // Everything from the agent goes in as text or through an allow-list: images only as
 // data:image/* URLs built from a known image type (CSP img-src 'self' data:), links only to http(s).
 
-import { el } from './dom.js';
+import { el, str } from './dom.js';
 import { codeView, linkHref } from './markdown.js';
 
 const IMAGE_TYPES = /^image\/(?:png|gif|jpeg|webp|avif|bmp|svg\+xml)$/;
 const BASE64 = /^[A-Za-z0-9+/=\s]*$/;
-
-const str = (value) => (typeof value === 'string' ? value : '');
 
 /** `12.3 KB` style, or '' when `bytes` is not a size. */
 export function formatSize(bytes) {

@@ -18,11 +18,10 @@
 // The folder picker behind the cwd field is js/cwd-picker.js; the completion of slash commands in
 // the prompt box is js/slash.js.
 
-import { el as h, $ } from './dom.js';
+import { atEnd, el as h, $, str } from './dom.js';
 import { CwdPicker } from './cwd-picker.js';
 import { SlashCompletion } from './slash.js';
 
-const str = (v) => (typeof v === 'string' ? v : '');
 const num = (v) => (typeof v === 'number' && Number.isFinite(v) ? v : null);
 
 // --- what the agent sends, checked (ACP v1 schema shapes) -----------------------------------
@@ -460,7 +459,7 @@ export class Controls {
     turn.line = h('p', { class: 'turn-usage muted small', testid: 'turn-usage' });
     this.#fillTurnLine(turn);
     const log = $('log');
-    const stick = log && log.scrollHeight - log.scrollTop - log.clientHeight < 80;
+    const stick = atEnd(log);
     this.deps.append(turn.line);
     if (stick) log.scrollTop = log.scrollHeight; // the reader was following the turn: keep following
   }

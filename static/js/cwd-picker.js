@@ -3,9 +3,7 @@
 // one tab stop: arrows move in it, Enter opens a folder, Backspace or Alt+↑ goes up. The session
 // controls (static/js/controls.js) open it from the cwd field and take the folder chosen.
 
-import { el as h } from './dom.js';
-
-const str = (v) => (typeof v === 'string' ? v : '');
+import { el as h, str } from './dom.js';
 
 /** Joins a directory and a child name as the gateway's paths are written (absolute, `/`). */
 const joinPath = (dir, name) => `${dir.replace(/\/+$/, '')}/${name}`;

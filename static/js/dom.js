@@ -19,3 +19,19 @@ export function el(tag, props = {}, ...children) {
 
 /** The element with this id. */
 export const $ = (id) => document.getElementById(id);
+
+/** Whether the strings of agent JSON are strings (agents send anything). */
+export const isString = (v) => typeof v === 'string';
+
+/** `v` if it is a string, else ''. */
+export const str = (v) => (isString(v) ? v : '');
+
+/** Whether a scrolled `log` shows its end (within 80 px): then what grows below stays in view. */
+export const atEnd = (log) => !!log && log.scrollHeight - log.scrollTop - log.clientHeight < 80;
+
+/** Runs `fn` at the next frame, or in 100 ms where no frame comes (a background tab): `fn` must
+ *  tolerate the second call. */
+export function soon(fn) {
+  requestAnimationFrame(fn);
+  setTimeout(fn, 100);
+}

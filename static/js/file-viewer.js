@@ -2,10 +2,8 @@
 // card's locations and diff paths (static/js/tools.js). The file's text reaches the page as text
 // nodes and highlight.js spans rebuilt by highlight-lines.js, never through innerHTML.
 
-import { el as h } from './dom.js';
+import { el as h, isString } from './dom.js';
 import { highlightLines, languageFor } from './highlight-lines.js';
-
-const isString = (v) => typeof v === 'string';
 
 /** `abs` shown relative to `cwd` when it lies inside it. */
 export function displayPath(abs, cwd) {

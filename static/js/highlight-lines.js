@@ -3,12 +3,10 @@
 // diff or of the viewer can take the nodes of its own line.
 
 import hljs from '../vendor/highlight.js';
-import { el as h } from './dom.js';
+import { el as h, isString } from './dom.js';
 
 /** Texts longer than this are shown without syntax highlighting. */
 const HIGHLIGHT_CHAR_CAP = 400_000;
-
-const isString = (v) => typeof v === 'string';
 
 /** highlight.js language for a file name, or null (no guessing: auto-detection is slow and wrong often). */
 export function languageFor(path) {

@@ -4,7 +4,7 @@
 // "Thinking…" while they stream and closes to "Thought for Ns" once anything else follows.
 
 import { contentBlock } from './content.js';
-import { el } from './dom.js';
+import { atEnd, el, soon } from './dom.js';
 import { MarkdownStream } from './markdown.js';
 
 /** A message that got no text for this long is re-rendered as finished (see MarkdownStream.polish). */
@@ -21,15 +21,14 @@ function settle(stream, root) {
     if (!pending) return;
     pending = false;
     const log = root.parentElement;
-    const stick = log && log.scrollHeight - log.scrollTop - log.clientHeight < 80;
+    const stick = atEnd(log);
     const more = stream.render({ final: true });
     if (stick) log.scrollTop = log.scrollHeight;
     if (more) next();
   };
   const next = () => {
     pending = true;
-    requestAnimationFrame(step);
-    setTimeout(step, 100); // rAF does not fire in background tabs
+    soon(step);
   };
   next();
 }

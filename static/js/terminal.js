@@ -4,12 +4,10 @@
 // already drawn (static/js/tools.js streams `_meta.terminal_output` into it).
 
 import Anser from '../vendor/anser.js';
-import { el as h } from './dom.js';
+import { el as h, isString } from './dom.js';
 
 /** Characters of terminal output kept (the tail: the end of a build log is what matters). */
 export const TERMINAL_CHAR_CAP = 200_000;
-
-const isString = (v) => typeof v === 'string';
 
 const ESC = '\u001b';
 // OSC (ESC ] … BEL or ESC \), other two-byte escapes, and CSI sequences other than SGR `m`:

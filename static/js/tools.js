@@ -16,7 +16,7 @@
 // as a `style="..."` string (the page's CSP forbids inline styles anyway).
 
 import { diffRows, replacementRows } from './diff-rows.js';
-import { el as h } from './dom.js';
+import { atEnd, el as h, isString } from './dom.js';
 import { codeView, renderMarkdown } from './markdown.js';
 import { contentBlock } from './content.js';
 import { displayPath, openFileViewer } from './file-viewer.js';
@@ -75,8 +75,6 @@ const STATUSES = {
   completed: { label: 'Done', icon: ['M5 12l5 5 9-10'] },
   failed: { label: 'Failed', icon: ['M6 6l12 12', 'M18 6L6 18'] },
 };
-
-const isString = (v) => typeof v === 'string';
 
 /** An agent's path made absolute against the session cwd (ACP paths should already be absolute). */
 function absolutePath(p, cwd) {
@@ -470,9 +468,9 @@ export class ToolCard {
   /** Renders; a conversation scrolled to its end stays at its end as the card grows. */
   #renderKeepingScroll() {
     const log = this.root.closest('[role="log"]');
-    const atEnd = log && log.scrollHeight - log.scrollTop - log.clientHeight < 80;
+    const stick = atEnd(log);
     this.#render();
-    if (atEnd) log.scrollTop = log.scrollHeight;
+    if (stick) log.scrollTop = log.scrollHeight;
   }
 
   #render() {

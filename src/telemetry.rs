@@ -1,17 +1,49 @@
 //! Logs (tracing, filtered by `RUST_LOG`) and metrics (a Prometheus recorder).
 
+use std::io::IsTerminal;
 use std::sync::OnceLock;
 
 use metrics_exporter_prometheus::{BuildError, Matcher, PrometheusBuilder, PrometheusHandle};
-use tracing_subscriber::EnvFilter;
+use tracing_subscriber::layer::SubscriberExt as _;
+use tracing_subscriber::registry::LookupSpan;
+use tracing_subscriber::util::SubscriberInitExt as _;
+use tracing_subscriber::{EnvFilter, Layer};
 
-/// Installs the log subscriber, writing to stderr (stdout may be an ACP pipe).
+/// Installs the log subscriber, writing to stderr (stdout may be an ACP pipe), filtered by
+/// `RUST_LOG` or `default_filter`.
 pub fn init_logs(default_filter: &str) {
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default_filter));
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
+    let _ = tracing_subscriber::registry()
+        .with(log_layer().with_filter(filter))
         .try_init();
+}
+
+/// The environment variable that picks the log format.
+pub const LOG_FORMAT: &str = "ACP_GATEWAY_LOG_FORMAT";
+
+/// How log lines look: colours only when stderr is a terminal; one JSON object a line with
+/// `ACP_GATEWAY_LOG_FORMAT=json` (for log shippers). An unknown format is named on stderr and
+/// text is used.
+pub fn log_layer<S>() -> Box<dyn Layer<S> + Send + Sync + 'static>
+where
+    S: tracing::Subscriber + for<'a> LookupSpan<'a>,
+{
+    let json = match std::env::var(LOG_FORMAT).as_deref() {
+        Ok("json") => true,
+        Ok("text" | "") | Err(_) => false,
+        Ok(other) => {
+            eprintln!("{LOG_FORMAT}={other:?} is not a log format (json or text); logging text");
+            false
+        }
+    };
+    let layer = tracing_subscriber::fmt::layer()
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal());
+    if json {
+        layer.json().flatten_event(true).boxed()
+    } else {
+        layer.boxed()
+    }
 }
 
 static METRICS: OnceLock<Option<PrometheusHandle>> = OnceLock::new();

@@ -98,11 +98,7 @@ pub fn init(default_filter: &str) -> Option<Traces> {
         .with_target(false)
         .with_filter(filter_fn(|meta| meta.target() == TARGET));
     let installed = tracing_subscriber::registry()
-        .with(
-            tracing_subscriber::fmt::layer()
-                .with_writer(std::io::stderr)
-                .with_filter(logs),
-        )
+        .with(crate::telemetry::log_layer().with_filter(logs))
         .with(spans)
         .try_init()
         .is_ok();

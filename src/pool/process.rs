@@ -504,7 +504,13 @@ impl AgentProcess {
     fn record_exit(&self, how: &str) {
         let error_id = uuid::Uuid::new_v4().simple().to_string()[..12].to_string();
         let tail = self.stderr_tail.lines();
-        tracing::warn!(agent = %self.agent, process = self.id, pid = self.pid, status = %how, error_id = %error_id, stderr_tail = ?tail, "agent process ended");
+        // A process the gateway stopped (idle, recycled, the readiness probe's, shutdown) ending
+        // is routine; one that ended on its own is worth a warning.
+        if self.stop_requested.load(Ordering::Acquire) {
+            tracing::info!(agent = %self.agent, process = self.id, pid = self.pid, status = %how, error_id = %error_id, stderr_tail = ?tail, "agent process stopped");
+        } else {
+            tracing::warn!(agent = %self.agent, process = self.id, pid = self.pid, status = %how, error_id = %error_id, stderr_tail = ?tail, "agent process ended");
+        }
         let err = RpcError::internal(format!("agent process exited ({how}); error id {error_id}"))
             .with_data(serde_json::json!({ "agent": &*self.agent, "errorId": error_id }));
         self.rpc.set_gone_error(err);

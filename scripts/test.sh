@@ -34,6 +34,10 @@ if [ -f tests/ui/package.json ]; then
   done
 fi
 
+# The tests must leave shared directories as they found them (mode and owner): checked at the end.
+shared_dirs() { stat -c '%n %a %u:%g' / /tmp /var/tmp "${TMPDIR:-/tmp}" 2>/dev/null; }
+shared_before=$(shared_dirs)
+
 echo "== cargo fmt --check"
 cargo fmt --check
 echo "== cargo clippy"
@@ -55,4 +59,9 @@ echo "== container and Kubernetes test"
 # (ACP_CONTAINER_PROFILE=release tests the release binary).
 cargo build --quiet
 ACP_CONTAINER_PROFILE="${ACP_CONTAINER_PROFILE:-debug}" bash scripts/container-test.sh
+echo "== shared directories keep their mode and owner"
+if [ "$(shared_dirs)" != "$shared_before" ]; then
+  echo "a test changed a shared directory:" >&2; diff <(echo "$shared_before") <(shared_dirs) >&2; exit 1
+fi
+echo "$shared_before" | sed 's/^/   /'
 echo "== all tests passed"

@@ -48,11 +48,13 @@ async fn readyz(State(gw): State<Arc<Gateway>>) -> impl IntoResponse {
         Err(e) => json!(format!("error: {e}")),
     };
     // Not a failure (the operator chose `auto`), but never silent.
-    let unsandboxed: Vec<String> = gw
+    // Roots that cannot be used are skipped, named here and in the log, and never stop the others.
+    let warnings: Vec<String> = gw
         .tenancy
         .unsandboxed(&gw.config)
         .into_iter()
         .map(|agent| format!("agent {agent} runs unsandboxed: bubblewrap does not work on this host"))
+        .chain(gw.tenancy.unusable_roots())
         .collect();
     let body = json!({
         "status": if ready { "ready" } else { "unavailable" },
@@ -62,7 +64,7 @@ async fn readyz(State(gw): State<Arc<Gateway>>) -> impl IntoResponse {
             "defaultAgent": check(&agent),
             "draining": draining,
         },
-        "warnings": unsandboxed,
+        "warnings": warnings,
     });
     (
         if ready {

@@ -54,7 +54,10 @@ pub(super) fn spawn(mut command: Command, groups: &GroupRecord) -> std::io::Resu
         .stderr(Stdio::piped())
         .process_group(0)
         .kill_on_drop(true);
-    let mut child = command.spawn()?;
+    let program = std::path::PathBuf::from(command.as_std().get_program());
+    let mut child = command
+        .spawn()
+        .map_err(|e| crate::files::named(e, "cannot run", &program))?;
     let pid = child
         .id()
         .ok_or_else(|| std::io::Error::other("agent exited at once"))?;

@@ -360,7 +360,8 @@ impl AgentPool {
         let cannot_start = |e: std::io::Error| {
             failed().increment(1);
             tracing::error!(agent = %self.name, command = %self.cfg.command, error = %e, "cannot start agent");
-            RpcError::internal(format!("cannot start agent {}", self.name))
+            // The error names the path, the operation and the setting (never a secret).
+            RpcError::internal(format!("cannot start agent {}: {e}", self.name))
         };
         let slot = match user {
             Some(user) => Some(self.common.quotas.agent_process(user).map_err(|cap| cap.rpc())?),
@@ -381,7 +382,17 @@ impl AgentPool {
             &self.common.groups,
             &self.common.tracker,
         )
-        .map_err(cannot_start)?;
+        .map_err(|e| {
+            let setting = if &*self.name == crate::config::DEFAULT_AGENT {
+                " or ACP_GATEWAY_AGENT"
+            } else {
+                ""
+            };
+            cannot_start(std::io::Error::new(
+                e.kind(),
+                format!("{e} (agents.{}.command{setting})", self.name),
+            ))
+        })?;
         metrics::counter!(crate::metrics::AGENT_SPAWNS, "agent" => self.name.to_string()).increment(1);
         let client_caps = self.cfg.client_capabilities.clone().unwrap_or_else(
             || serde_json::json!({ "fs": { "readTextFile": false, "writeTextFile": false }, "terminal": false }),

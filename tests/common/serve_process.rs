@@ -42,7 +42,20 @@ impl ServeProcess {
 
     /// [`ServeProcess::start`] with `env` set for the gateway too.
     pub async fn start_with_env(config: &Path, db_url: &str, secret: &str, env: &[(&str, &str)]) -> Self {
-        let mut cmd = tokio::process::Command::new(gateway_bin());
+        Self::start_via(&[], config, db_url, secret, env).await
+    }
+
+    /// [`ServeProcess::start_with_env`] run through `prefix` (a command that runs the rest, such
+    /// as `setpriv --reuid …` to run the gateway as another OS user).
+    pub async fn start_via(prefix: &[&str], config: &Path, db_url: &str, secret: &str, env: &[(&str, &str)]) -> Self {
+        let mut cmd = match prefix.split_first() {
+            Some((program, args)) => {
+                let mut c = tokio::process::Command::new(program);
+                c.args(args).arg(gateway_bin());
+                c
+            }
+            None => tokio::process::Command::new(gateway_bin()),
+        };
         for var in GATEWAY_ENV {
             cmd.env_remove(var);
         }

@@ -1,0 +1,75 @@
+//! Which MCP servers a client may hand an agent in `session/new` (the contract's "MCP servers
+//! from clients").
+
+use agent_client_protocol_schema::v1::McpServer;
+
+use crate::config::AgentConfig;
+
+/// What kinds of MCP server an agent said it can connect to (`mcpCapabilities`).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct McpTransports {
+    /// `mcpCapabilities.http`.
+    pub http: bool,
+    /// `mcpCapabilities.sse`.
+    pub sse: bool,
+}
+
+/// Checks a client's `mcpServers` before they reach `agent`: a `stdio` entry is a command the
+/// agent runs on this host, so only commands in `allowed_stdio_mcp` pass; `http`/`sse` entries
+/// pass when the agent advertises that transport. The error names the refused entry.
+pub fn check_mcp_servers(servers: &[McpServer], agent: &AgentConfig, can: McpTransports) -> Result<(), String> {
+    for (i, server) in servers.iter().enumerate() {
+        match server {
+            McpServer::Stdio(stdio) => {
+                let command = stdio.command.to_string_lossy();
+                if !agent.allowed_stdio_mcp.iter().any(|c| *c == command) {
+                    return Err(format!(
+                        "mcpServers[{i}] ({:?}): stdio MCP server {command:?} is not allowed on this gateway (allowed: {:?})",
+                        stdio.name, agent.allowed_stdio_mcp
+                    ));
+                }
+            }
+            McpServer::Http(_) if can.http => {}
+            McpServer::Sse(_) if can.sse => {}
+            McpServer::Http(http) => {
+                return Err(format!(
+                    "mcpServers[{i}] ({:?}): this agent does not support http MCP servers",
+                    http.name
+                ));
+            }
+            McpServer::Sse(sse) => {
+                return Err(format!(
+                    "mcpServers[{i}] ({:?}): this agent does not support sse MCP servers",
+                    sse.name
+                ));
+            }
+            _ => {
+                return Err(format!(
+                    "mcpServers[{i}]: an MCP transport this gateway does not pass on"
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stdio_mcp_servers_need_the_allow_list() {
+        let mut agent = AgentConfig::default();
+        let stdio = serde_json::json!([{"name":"x","command":"/bin/sh","args":["-c","id"],"env":[]}]);
+        let http = serde_json::json!([{"type":"http","name":"h","url":"http://127.0.0.1:1/","headers":[]}]);
+        let servers = |v: &serde_json::Value| -> Vec<McpServer> { serde_json::from_value(v.clone()).expect("schema") };
+        let none = McpTransports::default();
+        assert!(check_mcp_servers(&servers(&stdio), &agent, none).is_err());
+        assert!(check_mcp_servers(&servers(&http), &agent, none).is_err());
+        assert!(check_mcp_servers(&servers(&http), &agent, McpTransports { http: true, sse: false }).is_ok());
+        agent.allowed_stdio_mcp = vec!["/bin/sh".into()];
+        assert!(check_mcp_servers(&servers(&stdio), &agent, none).is_ok());
+        let typed = serde_json::json!([{"type":"stdio","name":"x","command":"/bin/bash","args":[],"env":[]}]);
+        assert!(check_mcp_servers(&servers(&typed), &agent, none).is_err());
+    }
+}

@@ -1,0 +1,262 @@
+//! The bubblewrap sandbox around an agent process, and the kernel's kill of an unsandboxed agent
+//! when the gateway dies.
+//!
+//! What a sandboxed agent sees, in the order bubblewrap mounts it (a later mount covers an earlier
+//! one): the system read-only; the workspace roots that lie in plain sight read-write (a root of
+//! `/` included); its own `/dev`, `/proc` and, unless a root holds `/tmp`, a private `/tmp`; the
+//! hidden directories (the data directory, the SQLite file's directory, the directories of every
+//! user's homes and workspaces) as empty tmpfs; then its user's own home and roots inside them;
+//! then the regular files its command line names in hidden places, read-only.
+
+use std::ffi::OsString;
+use std::io;
+use std::path::{Path, PathBuf};
+
+use super::paths::resolve_existing;
+use crate::config::AgentConfig;
+
+/// What every sandbox starts with: death with the gateway, its own PID and IPC namespaces, no
+/// capabilities (the gateway may run as root, and bubblewrap keeps a root caller's capabilities
+/// unless told), and the system read-only.
+const BASE: [&str; 8] = [
+    "--die-with-parent",
+    "--unshare-pid",
+    "--unshare-ipc",
+    "--cap-drop",
+    "ALL",
+    "--ro-bind",
+    "/",
+    "/",
+];
+
+/// Its own `/dev` and `/proc` (after any root bound over `/`).
+const PRIVATE: [&str; 4] = ["--dev", "/dev", "--proc", "/proc"];
+
+/// The places an agent's sandbox is built from.
+#[derive(Debug)]
+pub(super) struct Places<'a> {
+    /// Shown as empty directories: the data directory and the like.
+    pub hidden: &'a [PathBuf],
+    /// The agent's `HOME`.
+    pub home: &'a Path,
+    /// Its workspace roots, read-write.
+    pub roots: &'a [PathBuf],
+    /// Its working directory.
+    pub cwd: &'a Path,
+}
+
+impl Places<'_> {
+    /// Whether the sandbox gets a private `/tmp`: unless a root is `/tmp` or holds it (the
+    /// operator shared it, so the agent works in the real one).
+    fn private_tmp(&self) -> bool {
+        !self.roots.iter().any(|r| Path::new("/tmp").starts_with(r))
+    }
+
+    /// Whether `path` is out of sight before the user's own places are bound back in.
+    fn hides(&self, path: &Path) -> bool {
+        (self.private_tmp() && path.starts_with("/tmp")) || self.hidden.iter().any(|h| path.starts_with(h))
+    }
+}
+
+/// bubblewrap's arguments for `agent` (see the module's doc for what each layer is).
+pub(super) fn bwrap_args(places: &Places<'_>, agent: &AgentConfig) -> Vec<OsString> {
+    let bind = |args: &mut Vec<OsString>, flag: &str, dir: &Path| {
+        args.extend([flag.into(), dir.as_os_str().to_owned(), dir.as_os_str().to_owned()]);
+    };
+    let mut args: Vec<OsString> = BASE.iter().map(OsString::from).collect();
+    let mut roots: Vec<&Path> = places.roots.iter().map(PathBuf::as_path).collect();
+    // Outer before inner, so that a root inside another is not covered by it.
+    roots.sort_by_key(|r| r.components().count());
+    let (hidden_roots, open_roots): (Vec<&Path>, Vec<&Path>) = roots.into_iter().partition(|r| places.hides(r));
+    for root in open_roots {
+        bind(&mut args, "--bind", root);
+    }
+    args.extend(PRIVATE.iter().map(OsString::from));
+    if places.private_tmp() {
+        args.extend(["--tmpfs".into(), "/tmp".into()]);
+    }
+    for dir in places.hidden {
+        args.extend(["--tmpfs".into(), dir.clone().into_os_string()]);
+    }
+    for dir in std::iter::once(places.home).chain(hidden_roots) {
+        bind(&mut args, "--bind", dir);
+    }
+    for file in named_files(places, agent) {
+        bind(&mut args, "--ro-bind", &file);
+    }
+    args.extend(["--chdir".into(), places.cwd.as_os_str().to_owned()]);
+    args
+}
+
+/// The absolute paths an agent's command line names: its program, its arguments, and the paths
+/// inside a `sh -c` script.
+fn named_paths(agent: &AgentConfig) -> impl Iterator<Item = PathBuf> + '_ {
+    let separators = |c: char| c.is_whitespace() || "'\";&|<>()=`:".contains(c);
+    std::iter::once(&agent.command)
+        .chain(&agent.args)
+        .flat_map(move |arg| arg.split(separators))
+        .filter(|token| token.starts_with('/'))
+        .map(PathBuf::from)
+}
+
+/// The regular files the agent's command line names (its program, a script) in places the
+/// sandbox hides, such as `/tmp`: the operator named them, so the agent gets them, read-only.
+/// Never a directory: a wrapper that `cd`s somewhere under a hidden directory must not open it.
+fn named_files(places: &Places<'_>, agent: &AgentConfig) -> Vec<PathBuf> {
+    let mut files: Vec<PathBuf> = named_paths(agent)
+        .filter(|p| places.hides(p) && std::fs::metadata(p).is_ok_and(|m| m.is_file()))
+        .collect();
+    files.sort();
+    files.dedup();
+    files
+}
+
+/// Refuses an agent whose command line names anything inside `secret` (the data directory, the
+/// SQLite database): agents never see them, whatever their command line says. The message names
+/// the agent, the path and what to change.
+pub(super) fn refuse_secret_paths(name: &str, agent: &AgentConfig, secret: &[PathBuf]) -> io::Result<()> {
+    for path in named_paths(agent) {
+        let resolved = resolve_existing(&path).unwrap_or_else(|_| path.clone());
+        if let Some(inside) = secret.iter().find(|s| path.starts_with(s) || resolved.starts_with(s)) {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!(
+                    "agents.{name}: its command line names {}, inside {}, which agent processes never see \
+                     (it holds the gateway's secret and database); move that file out of it and change \
+                     agents.{name}.command/args (or ACP_GATEWAY_AGENT)",
+                    path.display(),
+                    inside.display()
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Asks the kernel to SIGKILL the agent when the gateway dies, however it dies (bubblewrap's
+/// `--die-with-parent` does the same for sandboxed agents). The agent's own children are killed
+/// with its process group on every orderly exit, and by the next start's reaper otherwise
+/// (`pool::reaper`).
+#[allow(
+    unsafe_code,
+    reason = "pre_exec runs between fork and exec; the closure only makes async-signal-safe system calls (prctl, getppid) and allocates nothing"
+)]
+pub(super) fn die_with_gateway(command: &mut tokio::process::Command) {
+    let gateway = nix::unistd::getpid();
+    // SAFETY: the closure runs in the forked child before exec; prctl(PR_SET_PDEATHSIG) and
+    // getppid are async-signal-safe, and nothing here allocates or takes a lock.
+    unsafe {
+        command.pre_exec(move || {
+            nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL)?;
+            // The gateway may have died between fork and prctl: then nothing would fire.
+            if nix::unistd::getppid() != gateway {
+                return Err(io::Error::other("the gateway is gone"));
+            }
+            Ok(())
+        });
+    }
+}
+
+/// bubblewrap's path, if it can build the sandbox the gateway uses on this host.
+pub(super) fn probe_bwrap() -> Option<PathBuf> {
+    let path = std::env::var_os("PATH")?;
+    let bwrap = std::env::split_paths(&path)
+        .map(|d| d.join("bwrap"))
+        .find(|p| p.is_file())?;
+    let ok = std::process::Command::new(&bwrap)
+        .args(BASE)
+        .args(PRIVATE)
+        .args(["--", "true"])
+        .env_clear()
+        .env("PATH", &path)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    ok.then_some(bwrap)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn agent(script: &str) -> AgentConfig {
+        AgentConfig {
+            command: "sh".into(),
+            args: vec!["-c".into(), script.into()],
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn only_regular_files_in_hidden_places_are_bound_back() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let hidden_dir = dir.path().join("hidden");
+        std::fs::create_dir_all(hidden_dir.join("sub")).expect("mkdir");
+        let bin = hidden_dir.join("agent-bin");
+        std::fs::write(&bin, "").expect("write");
+        let hidden = [hidden_dir.clone()];
+        let places = Places {
+            hidden: &hidden,
+            home: Path::new("/nonexistent-home"),
+            roots: &[],
+            cwd: Path::new("/"),
+        };
+        let script = format!(
+            "cd {}/sub && exec \"{}\" demo-agent; cat /etc/hostname",
+            hidden_dir.display(),
+            bin.display()
+        );
+        // The directory the wrapper enters is not bound; the program is; /etc is in plain sight.
+        assert_eq!(named_files(&places, &agent(&script)), vec![bin]);
+    }
+
+    #[test]
+    fn the_secret_places_are_refused_whatever_the_command_line_says() {
+        let data = PathBuf::from("/srv/acp-data");
+        let secret = [data.clone()];
+        for script in [
+            "cd /srv/acp-data/homes && exec agent",
+            "exec /srv/acp-data/x",
+            "X=/srv/acp-data exec a",
+        ] {
+            let err = refuse_secret_paths("default", &agent(script), &secret).expect_err(script);
+            let text = err.to_string();
+            assert!(
+                text.contains("agents.default") && text.contains("/srv/acp-data"),
+                "{text}"
+            );
+        }
+        refuse_secret_paths("default", &agent("exec /tmp/agent.sh /srv/acp-database"), &secret).expect("a neighbour");
+    }
+
+    #[test]
+    fn roots_are_bound_where_nothing_covers_them_and_the_data_stays_hidden() {
+        let hidden = [PathBuf::from("/d/data"), PathBuf::from("/d/data/workspaces")];
+        let roots = [PathBuf::from("/"), PathBuf::from("/d/data/workspaces/alice")];
+        let places = Places {
+            hidden: &hidden,
+            home: Path::new("/d/data/homes/alice"),
+            roots: &roots,
+            cwd: Path::new("/d/data/workspaces/alice"),
+        };
+        let args: Vec<String> = bwrap_args(&places, &AgentConfig::default())
+            .into_iter()
+            .map(|a| a.to_string_lossy().into_owned())
+            .collect();
+        let at = |needle: &[&str]| {
+            args.windows(needle.len())
+                .position(|w| w == needle)
+                .unwrap_or_else(|| panic!("{needle:?} not in {args:?}"))
+        };
+        let root = at(&["--bind", "/", "/"]);
+        let proc = at(&["--proc", "/proc"]);
+        let data = at(&["--tmpfs", "/d/data"]);
+        let home = at(&["--bind", "/d/data/homes/alice", "/d/data/homes/alice"]);
+        let own = at(&["--bind", "/d/data/workspaces/alice", "/d/data/workspaces/alice"]);
+        assert!(root < proc && proc < data && data < home && data < own, "{args:?}");
+        // `/` holds /tmp: the agent works in the real one.
+        assert!(!args.windows(2).any(|w| w == ["--tmpfs", "/tmp"]), "{args:?}");
+    }
+}

@@ -103,7 +103,7 @@ impl Rpc {
 
     /// Queues one line (a complete JSON-RPC message) for the agent, waiting for room.
     pub async fn send_line(&self, mut line: String) -> Result<(), RpcError> {
-        line.push('\n');
+        end_line(&mut line);
         // Room in the queue first, then in the budget: both waits may be cancelled (a timeout)
         // without losing any of either.
         let slot = self.stdin.reserve().await.map_err(|_| self.gone_error())?;
@@ -167,7 +167,7 @@ impl Rpc {
             },
         );
         let mut line = protocol::request(id, method, params);
-        line.push('\n');
+        end_line(&mut line);
         let len = line.len();
         let full = || RpcError::internal("the agent is not reading its input; try again later");
         if !self.room.try_take(len) {
@@ -334,6 +334,18 @@ pub(super) async fn write_lines<W: AsyncWrite + Unpin>(input: W, queue: Input, s
             break;
         }
     }
+}
+
+/// Makes `line` exactly one line for the agent: what a client sends is copied into agent lines
+/// byte for byte (raw JSON), and JSON allows line breaks between tokens, so a pretty-printed
+/// client message would reach the agent as several lines, one of them a message of the client's
+/// choosing that no check of the gateway saw. Every part is valid JSON, where a raw CR or LF can
+/// only be whitespace (never inside a string), so turning them into spaces keeps the meaning.
+fn end_line(line: &mut String) {
+    if line.contains(['\n', '\r']) {
+        *line = line.replace(['\n', '\r'], " ");
+    }
+    line.push('\n');
 }
 
 #[cfg(test)]

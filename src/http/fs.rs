@@ -135,6 +135,7 @@ impl Resolved {
         if !Path::new(path).is_absolute() {
             return Err(FsError::BadRequest(String::from("path must be absolute")));
         }
+        crate::tenancy::check_length(path).map_err(FsError::BadRequest)?;
         // Every refusal of the resolver (outside, or not resolvable: a dangling link, a file in
         // the middle) is the same answer, so nothing outside the roots can be probed.
         match gw.tenancy.resolve(user, path) {
@@ -318,6 +319,9 @@ async fn make_dir(
     Ok((StatusCode::CREATED, Json(json!({ "path": made }))))
 }
 
+/// Most folders one request makes (one inside another).
+const MAX_NEW_LEVELS: usize = 32;
+
 fn mkdir(r: &Resolved) -> Result<String, FsError> {
     let path = utf8(&r.path)?;
     // The deepest part that exists is resolved already (the resolver followed its links);
@@ -333,6 +337,11 @@ fn mkdir(r: &Resolved) -> Result<String, FsError> {
     }
     if missing.is_empty() {
         return Err(FsError::Exists);
+    }
+    if missing.len() > MAX_NEW_LEVELS {
+        return Err(FsError::BadRequest(format!(
+            "at most {MAX_NEW_LEVELS} new folders are made at once"
+        )));
     }
     let base = Resolved {
         roots: r.roots.clone(),

@@ -238,6 +238,7 @@ impl Tenancy {
                 .join(", ")
         };
         let requested = Path::new(path);
+        check_length(path)?;
         if !requested.is_absolute() {
             return Err(format!(
                 "{path:?} is not an absolute path; allowed roots: {}",
@@ -348,6 +349,22 @@ impl Tenancy {
     pub fn data_dir(&self) -> &Path {
         &self.data_dir
     }
+}
+
+/// Longest path a client may name, in bytes (Linux's `PATH_MAX`).
+pub const MAX_PATH_BYTES: usize = 4096;
+/// Most components a client's path may have.
+pub const MAX_PATH_DEPTH: usize = 256;
+
+/// Refuses a path longer or deeper than any the kernel would take: resolving it costs the
+/// gateway work for each component, and nothing real is that long.
+pub fn check_length(path: &str) -> Result<(), String> {
+    if path.len() > MAX_PATH_BYTES || Path::new(path).components().nth(MAX_PATH_DEPTH).is_some() {
+        return Err(format!(
+            "the path is longer than {MAX_PATH_BYTES} bytes or {MAX_PATH_DEPTH} components"
+        ));
+    }
+    Ok(())
 }
 
 /// `dir` resolved, if it is a directory the gateway can enter (an agent started there needs to);

@@ -6,9 +6,7 @@ mod common;
 use std::os::unix::fs::{PermissionsExt, symlink};
 use std::path::{Path, PathBuf};
 
-use acp_gateway::config::{AgentConfig, Config, DEFAULT_AGENT};
-use common::serve_process::ServeProcess;
-use common::{Client, Db, TestGateway};
+use common::{Db, TestGateway};
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 

@@ -129,3 +129,25 @@ async fn behind_a_trusted_proxy_each_forwarded_address_is_capped_on_its_own() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn silent_connections_and_bodies_that_stop_are_closed() {
+    let gw = TestGateway::start(Db::Sqlite, |c| c.limits.header_read_timeout_secs = 1).await;
+    // Nothing at all; the start of an HTTP/2 preface (the server must not wait to tell the two
+    // apart); a login form whose body never finishes. None needs a token.
+    let silent = TcpStream::connect(gw.addr).await.expect("connect");
+    let mut preface = TcpStream::connect(gw.addr).await.expect("connect");
+    preface.write_all(b"PRI * HTTP/2.0\r\n").await.expect("write");
+    let mut body = TcpStream::connect(gw.addr).await.expect("connect");
+    body.write_all(
+        b"POST /auth/login HTTP/1.1\r\nHost: x\r\nContent-Type: application/x-www-form-urlencoded\r\nContent-Length: 100\r\n\r\nt",
+    )
+    .await
+    .expect("write");
+    for (what, stream) in [("silent", silent), ("preface", preface), ("body", body)] {
+        let took = closed_by_server(stream).await;
+        assert!(took < Duration::from_secs(5), "{what}: closed after {took:?}");
+    }
+    let r = reqwest::get(gw.http_url("/healthz")).await.expect("http");
+    assert_eq!(r.status(), 200);
+}

@@ -18,6 +18,7 @@ use axum::Router;
 use axum::http::{HeaderValue, header};
 use tower_http::services::ServeDir;
 use tower_http::set_header::SetResponseHeaderLayer;
+use tower_http::timeout::RequestBodyTimeoutLayer;
 
 use crate::gateway::Gateway;
 
@@ -30,6 +31,8 @@ const CONTENT_SECURITY_POLICY: &str = "default-src 'self'; script-src 'self'; st
 /// The whole HTTP surface.
 pub fn router(gw: Arc<Gateway>) -> Router {
     let static_files = ServeDir::new(&gw.config.static_dir);
+    // A request body that stops arriving ends the request as the headers' timeout would.
+    let body_timeout = std::time::Duration::from_secs(gw.config.limits.header_read_timeout_secs.max(1));
     Router::new()
         .merge(health::router())
         .merge(acp::router())
@@ -52,5 +55,6 @@ pub fn router(gw: Arc<Gateway>) -> Router {
             header::REFERRER_POLICY,
             HeaderValue::from_static("no-referrer"),
         ))
+        .layer(RequestBodyTimeoutLayer::new(body_timeout))
         .with_state(gw)
 }

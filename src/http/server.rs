@@ -1,6 +1,9 @@
 //! The listener: accepts TCP connections and serves them with hyper, under the limits the socket
 //! layer needs before any route runs (axum's own `serve` has no timers):
-//! - a header-read timeout, so half-sent requests cannot hold sockets;
+//! - HTTP/1.1 only (the browser's and the SDKs' WebSocket handshakes are HTTP/1.1), with a
+//!   header-read timeout that runs from the moment a connection is accepted and again while a
+//!   kept-alive connection waits for its next request, so silent or half-sent requests cannot hold
+//!   sockets (hyper-util's auto builder first waits, with no timer, to tell HTTP/2 from HTTP/1);
 //! - a cap on connections that have not finished an upgrade (plain HTTP, handshakes);
 //! - a cap on connections per client address (upgraded WebSockets included). A trusted proxy's
 //!   connections are not capped as its own: each WebSocket through it counts against the address
@@ -13,13 +16,13 @@ use std::time::Duration;
 
 use axum::Router;
 use axum::http::HeaderMap;
-use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
-use hyper_util::server::conn::auto::Builder;
-use hyper_util::server::graceful::GracefulShutdown;
+use hyper::server::conn::http1;
+use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::service::TowerToHyperService;
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 
 use crate::config::Limits;
 use crate::quota::{Counted, Slot};
@@ -126,10 +129,9 @@ pub async fn serve(listener: TcpListener, router: Router, limits: &Limits, stop:
         counts: per_ip.clone(),
         trusted: limits.trusted_proxies.clone(),
     });
-    let graceful = GracefulShutdown::new();
-    let mut builder = Builder::new(TokioExecutor::new());
+    let connections = TaskTracker::new();
+    let mut builder = http1::Builder::new();
     builder
-        .http1()
         .timer(TokioTimer::new())
         .header_read_timeout(Duration::from_secs(limits.header_read_timeout_secs.max(1)));
     loop {
@@ -168,19 +170,26 @@ pub async fn serve(listener: TcpListener, router: Router, limits: &Limits, stop:
             proxy,
         };
         let service = TowerToHyperService::new(router.clone().layer(axum::Extension(peer)));
-        let connection = builder
-            .serve_connection_with_upgrades(TokioIo::new(stream), service)
-            .into_owned();
-        let connection = graceful.watch(connection);
-        tokio::spawn(async move {
+        let connection = builder.serve_connection(TokioIo::new(stream), service).with_upgrades();
+        let stop = stop.clone();
+        connections.spawn(async move {
             // Ends when the peer goes, or when the connection is upgraded (the WebSocket then
-            // lives in a task of its own and no longer counts as pending).
-            let _ = connection.await;
+            // lives in a task of its own and no longer counts as pending). On shutdown a request
+            // in progress finishes and the connection then closes.
+            let mut connection = std::pin::pin!(connection);
+            tokio::select! {
+                _ = connection.as_mut() => {}
+                () = stop.cancelled() => {
+                    connection.as_mut().graceful_shutdown();
+                    let _ = connection.await;
+                }
+            }
             drop(permit);
         });
     }
     drop(listener);
-    if tokio::time::timeout(grace, graceful.shutdown()).await.is_err() {
+    connections.close();
+    if tokio::time::timeout(grace, connections.wait()).await.is_err() {
         tracing::warn!("some HTTP connections did not finish within the grace period");
     }
 }

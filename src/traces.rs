@@ -189,6 +189,30 @@ struct Meta<'a> {
     tracestate: Option<Cow<'a, str>>,
 }
 
+/// Longest client-chosen text a span keeps (a gateway session id is 36 bytes): spans wait in the
+/// exporter's queue, and a client may send megabytes.
+const MAX_ATTRIBUTE: usize = 64;
+
+/// A client's method as a span name: as it is when it could be a method (short, plain
+/// characters), else `other`, so that what a client invents is not kept.
+fn span_name(method: &str) -> &str {
+    let plain = |c: char| c.is_ascii_alphanumeric() || "/_$.-".contains(c);
+    if method.len() <= MAX_ATTRIBUTE && method.chars().all(plain) {
+        method
+    } else {
+        "other"
+    }
+}
+
+/// `s` cut to at most `max` bytes, at a character boundary.
+fn cut(s: &str, max: usize) -> &str {
+    let mut end = s.len().min(max);
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    &s[..end]
+}
+
 fn read(params: Option<&str>) -> Params<'_> {
     params.and_then(|p| serde_json::from_str(p).ok()).unwrap_or_default()
 }
@@ -197,6 +221,7 @@ fn read(params: Option<&str>) -> Params<'_> {
 /// one, else a new trace. Call only when [`enabled`].
 pub fn client_request(method: &str, connection: &str, user: &str, params: Option<&str>) -> Span {
     let params = read(params);
+    let method = span_name(method);
     let span = tracing::info_span!(
         target: TARGET,
         "client_request",
@@ -209,7 +234,7 @@ pub fn client_request(method: &str, connection: &str, user: &str, params: Option
         session = tracing::field::Empty,
     );
     if let Some(session) = &params.session_id {
-        span.record("session", &**session);
+        span.record("session", cut(session, MAX_ATTRIBUTE));
     }
     if let Some(Meta {
         traceparent: Some(traceparent),

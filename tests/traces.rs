@@ -271,5 +271,30 @@ async fn client_and_agent_requests_are_traced_and_the_agent_gets_the_gateways_tr
             .is_some_and(|t| t.contains(&agent_new.span_id)),
         "{new_line}"
     );
+
+    // What a client names is cut before a span keeps it: a 1 MiB method or session id would
+    // otherwise sit in the exporter's queue (2,048 spans) as it was sent.
+    let trace_id = uuid::Uuid::new_v4().simple().to_string();
+    let huge = "m".repeat(1 << 20);
+    let answer = alice
+        .request(
+            &huge,
+            json!({"sessionId": huge, "_meta": {"traceparent": format!("00-{trace_id}-{client_span}-01")}}),
+        )
+        .await;
+    assert_eq!(answer["error"]["code"], -32601, "{answer}");
+    let spans = receiver
+        .wait_for("the unknown method's span", |spans| {
+            spans.iter().any(|s| s.trace_id == trace_id)
+        })
+        .await;
+    let span = spans.iter().find(|s| s.trace_id == trace_id).expect("span");
+    assert_eq!(span.name, "other");
+    assert_eq!(span.attribute("rpc.method"), Some("other"));
+    assert!(
+        span.attributes.iter().all(|(_, v)| v.len() <= 64),
+        "{:?}",
+        span.attributes.iter().map(|(k, v)| (k, v.len())).collect::<Vec<_>>()
+    );
     gateway.stop().await;
 }

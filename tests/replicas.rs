@@ -440,3 +440,42 @@ async fn rows_left_for_dead_replicas_are_swept() {
         .expect("watchers");
     assert_eq!(watchers, ["a"], "A's own row stays");
 }
+
+/// A replica cut off from the database longer than a lease time no longer trusts that it holds
+/// its leases: another replica may have served the session meanwhile and given it back, and the
+/// first must read what that one wrote before numbering more updates (`serving_elsewhere` takes
+/// over, catching up, when the lease was not surely held).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_the_database_has_not_confirmed_for_a_lease_time_is_not_trusted() {
+    use acp_gateway::replica::{Replica, lease::Holder};
+    let url = common::pg::fresh_database().await;
+    let store = acp_gateway::store::connect(&url).await.expect("migrated");
+    store
+        .create_session(&acp_gateway::store::NewSession {
+            id: "s",
+            owner: "alice",
+            agent: "demo",
+            agent_session_id: None,
+            cwd: "/",
+            additional_dirs: "[]",
+            meta: "{}",
+            now: 1_700_000_000_000,
+        })
+        .await
+        .expect("session");
+    let ttl = Duration::from_secs(1);
+    let a = Replica::connect(&url, "a", ttl).await.expect("replica a");
+    let b = Replica::connect(&url, "b", ttl).await.expect("replica b");
+    assert_eq!(a.acquire("s").await.expect("acquire"), Holder::Me);
+    assert!(a.holds("s"));
+    // No renewals run here, as if a could not reach the database.
+    common::eventually("a's lease to go unconfirmed", || !a.holds("s")).await;
+    assert_eq!(
+        b.acquire("s").await.expect("acquire"),
+        Holder::Me,
+        "a's lease has expired"
+    );
+    b.release("s").await.expect("release");
+    assert_eq!(a.acquire("s").await.expect("acquire"), Holder::Me);
+    assert!(a.holds("s"), "confirmed again");
+}

@@ -22,10 +22,23 @@ pub enum Holder {
     Other(String),
 }
 
+/// A lease this process holds.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Held {
+    /// When it was taken (a lease unused for a lease time is given up).
+    taken: Instant,
+    /// When the statement that last took or renewed it was sent: the lease is surely this
+    /// process's only until a lease time after that. A replica cut off from the database longer
+    /// than that may have lost it meanwhile, to a replica that served the session and gave it
+    /// back; taken again, it must first read what that one wrote.
+    confirmed: Instant,
+}
+
 impl Replica {
     /// Takes `session`'s lease if it is free, expired, this replica's, or its holder is gone from
     /// the database (no connection holds its advisory lock: the process died).
     pub async fn acquire(&self, session: &str) -> Result<Holder, StoreError> {
+        let sent = Instant::now();
         let taken: Option<String> = sqlx::query_scalar(
             "INSERT INTO session_leases AS l (session_id, replica, expires_at)
              VALUES ($1, $2, now() + make_interval(secs => $3))
@@ -43,11 +56,12 @@ impl Replica {
         .fetch_optional(&self.pool)
         .await?;
         if taken.is_some() {
-            self.held
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .entry(Arc::from(session))
-                .or_insert_with(Instant::now);
+            let mut held = self.held.lock().unwrap_or_else(|e| e.into_inner());
+            let lease = held.entry(Arc::from(session)).or_insert(Held {
+                taken: sent,
+                confirmed: sent,
+            });
+            lease.confirmed = sent;
             return Ok(Holder::Me);
         }
         let holder: Option<String> = sqlx::query_scalar("SELECT replica FROM session_leases WHERE session_id = $1")
@@ -87,12 +101,14 @@ impl Replica {
         .await?)
     }
 
-    /// Whether this process holds `session`'s lease (as far as it knows).
+    /// Whether this process holds `session`'s lease, confirmed by the database less than a lease
+    /// time ago (one not confirmed since may have been someone else's meanwhile).
     pub fn holds(&self, session: &str) -> bool {
         self.held
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .contains_key(session)
+            .get(session)
+            .is_some_and(|h| h.confirmed.elapsed() < self.ttl)
     }
 
     /// Gives up `session`'s lease.
@@ -123,7 +139,7 @@ impl Replica {
         let (keep, drop): (Vec<Arc<str>>, Vec<Arc<str>>) = {
             let held = self.held.lock().unwrap_or_else(|e| e.into_inner());
             held.iter()
-                .map(|(s, since)| (s.clone(), since.elapsed() < self.ttl || handler.serving(s)))
+                .map(|(s, h)| (s.clone(), h.taken.elapsed() < self.ttl || handler.serving(s)))
                 .fold((Vec::new(), Vec::new()), |(mut k, mut d), (s, serving)| {
                     if serving {
                         k.push(s)
@@ -140,6 +156,7 @@ impl Replica {
             return Ok(());
         }
         let ids: Vec<&str> = keep.iter().map(|s| &**s).collect();
+        let sent = Instant::now();
         let renewed: Vec<String> = sqlx::query_scalar(
             "UPDATE session_leases SET expires_at = now() + make_interval(secs => $3)
              WHERE replica = $1 AND session_id = ANY($2) RETURNING session_id",
@@ -149,6 +166,14 @@ impl Replica {
         .bind(self.ttl.as_secs_f64())
         .fetch_all(&self.pool)
         .await?;
+        {
+            let mut held = self.held.lock().unwrap_or_else(|e| e.into_inner());
+            for s in &renewed {
+                if let Some(h) = held.get_mut(s.as_str()) {
+                    h.confirmed = sent;
+                }
+            }
+        }
         for s in keep.iter().filter(|s| !renewed.iter().any(|r| **r == ***s)) {
             tracing::warn!(session = %s, "another replica took this session's lease; it is no longer served here");
             self.held.lock().unwrap_or_else(|e| e.into_inner()).remove(&**s);

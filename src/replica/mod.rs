@@ -25,7 +25,7 @@ pub mod watchers;
 use std::collections::{HashMap, HashSet};
 use std::str::FromStr;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
@@ -168,8 +168,9 @@ pub struct Replica {
     pool: PgPool,
     /// How long a lease lasts without renewal.
     pub ttl: Duration,
-    /// Sessions whose lease this process holds, with when it took each.
-    held: Mutex<HashMap<Arc<str>, Instant>>,
+    /// Sessions whose lease this process holds, with when it took each and when the database
+    /// last confirmed it.
+    held: Mutex<HashMap<Arc<str>, lease::Held>>,
     /// Requests sent to other replicas, waiting for their answers.
     waiting: Mutex<HashMap<u64, oneshot::Sender<Answer>>>,
     /// Next `reply` number.

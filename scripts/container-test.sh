@@ -261,6 +261,25 @@ ready_b=$(readyz "$port_b")
 [[ "$ready_b" == *'runs unsandboxed'* ]] || die "restricted container: no unsandboxed warning in /readyz: $ready_b"
 echo "   restricted container: sandbox \"auto\" fell back, /readyz 200 with the warning"
 
+echo "== run as most people first will: the image's defaults, only ACP_GATEWAY_WORKSPACE_ROOTS=/tmp and a port"
+# Non-root, so the gateway cannot change /tmp (and must not try: it is not its own); a root it
+# could not use would be named in /readyz, never a reason to fail.
+first=acpgw-test-first-$suffix
+port_c=$(free_port)
+containers+=("$first")
+pm run -d --name "$first" --init -p "127.0.0.1:$port_c:8080" -e ACP_GATEWAY_WORKSPACE_ROOTS=/tmp "$image" \
+  > /dev/null 2>>"$work/podman-run.err" || { grep -v systemd "$work/podman-run.err" >&2; die "podman run $first"; }
+t=$(date +%s.%N)
+wait_healthy "$first"
+ready_c=$(readyz "$port_c")
+[[ "$ready_c" != *'workspace root'* ]] || die "first-run container: /tmp named as unusable: $ready_c"
+[ "$(pm exec "$first" stat -c %a /tmp)" = 1777 ] || die "first-run container: /tmp's mode changed"
+# Only the sandbox's fallback may warn (this container does not allow bubblewrap).
+first_warnings=$(pm logs "$first" 2>&1 | grep ' WARN ' | grep -v 'bubblewrap does not work' || true)
+[ -z "$first_warnings" ] || die "first-run container: a normal start logged a warning: $first_warnings"
+echo "   healthy $(since "$t") s after podman run -p $port_c:8080 -e ACP_GATEWAY_WORKSPACE_ROOTS=/tmp; /tmp still 1777"
+pm stop -t "$stop_timeout" "$first" > /dev/null 2>>"$work/podman-run.err"
+
 uid=$(pm exec "$main" id -u)
 [ "$uid" != 0 ] || die "the gateway runs as root"
 token=$(pm exec "$main" acp-gateway token --sub alice)

@@ -322,3 +322,45 @@ async fn with_the_whole_host_as_a_root_the_data_directory_stays_hidden() {
     gw.stop().await;
     assert_eq!(mode_and_owner(Path::new("/")), slash_before);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_that_cannot_start_is_named_with_the_path_and_the_setting() {
+    let gw = TestGateway::start(Db::Sqlite, |c| {
+        c.agents.insert(
+            "default".into(),
+            AgentConfig {
+                command: "/nonexistent/acp-agent".into(),
+                sandbox: SandboxMode::Bwrap,
+                ..Default::default()
+            },
+        );
+        c.agents.insert(
+            "plain".into(),
+            AgentConfig {
+                command: "/nonexistent/acp-agent".into(),
+                sandbox: SandboxMode::None,
+                ..Default::default()
+            },
+        );
+    })
+    .await;
+    // Sandboxed: bubblewrap's own words, which name the program.
+    let (status, body) = readyz(&gw.addr.to_string()).await;
+    assert_eq!(status, 503, "{body}");
+    let agent = body["checks"]["defaultAgent"].as_str().unwrap_or_default();
+    assert!(
+        agent.contains("bwrap: ") && agent.contains("/nonexistent/acp-agent"),
+        "{body}"
+    );
+    // Unsandboxed: the path, the operation and the setting.
+    let mut c = Client::connect(&format!("{}?agent=plain", gw.ws_url()), &gw.token("alice"))
+        .await
+        .expect("connect");
+    let r = c.request("initialize", json!({"protocolVersion": 1})).await;
+    let message = r["error"]["message"].as_str().unwrap_or_default();
+    assert!(
+        message.contains("cannot run /nonexistent/acp-agent") && message.contains("agents.plain.command"),
+        "{r}"
+    );
+    gw.stop().await;
+}

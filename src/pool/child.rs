@@ -196,7 +196,15 @@ impl Decoder for AgentLines {
 /// Logs each stderr line (cut at 8 KiB) under the agent's name and process id, and keeps the
 /// last ones in `tail`. Stops at EOF, or once nobody holds `tail` any more; reads on past lines
 /// it cannot log, so the agent never blocks on a full stderr pipe.
-pub(super) async fn read_stderr(stderr: ChildStderr, tail: Weak<StderrTail>, agent: Arc<str>, process: u64) {
+pub(super) async fn read_stderr(
+    stderr: ChildStderr,
+    tail: Weak<StderrTail>,
+    agent: Arc<str>,
+    process: u64,
+    ended: CancellationToken,
+) {
+    // Whatever way this ends, the reaper may now read a whole tail.
+    let _ended = ended.drop_guard();
     let mut lines = FramedRead::new(stderr, AgentLines::new(STDERR_LINE_MAX));
     while let Some(line) = lines.next().await {
         let Some(tail) = tail.upgrade() else {

@@ -94,6 +94,9 @@ pub struct AgentProcess {
     /// The last stderr lines, logged when the process ends. The stderr reader holds it weakly,
     /// so it stops once the process is dropped.
     stderr_tail: Arc<StderrTail>,
+    /// Fired when its stderr is read to the end (the reaper waits a little for it, so that the
+    /// exit report has the last lines).
+    stderr_ended: CancellationToken,
 }
 
 /// Live sessions on a process, by the agent's session id, and the updates held for ids that
@@ -202,13 +205,20 @@ impl AgentProcess {
             asks: Mutex::new(HashSet::new()),
             started: Instant::now(),
             stderr_tail: Arc::default(),
+            stderr_ended: CancellationToken::new(),
         });
         tracker.spawn(rpc::write_lines(spawned.stdin, input, process.stop.clone()));
         // 64 KiB reads: a streaming agent's lines arrive in few syscalls.
         let stdout = FramedRead::with_capacity(spawned.stdout, AgentLines::new(pipes.max_line_bytes), 64 << 10);
         tracker.spawn(read_stdout(Arc::downgrade(&process), stdout, process.stop.clone()));
         let tail = Arc::downgrade(&process.stderr_tail);
-        tracker.spawn(child::read_stderr(spawned.stderr, tail, process.agent.clone(), id));
+        tracker.spawn(child::read_stderr(
+            spawned.stderr,
+            tail,
+            process.agent.clone(),
+            id,
+            process.stderr_ended.clone(),
+        ));
         tracker.spawn(reap(
             process.clone(),
             spawned.child,
@@ -511,7 +521,15 @@ impl AgentProcess {
         } else {
             tracing::warn!(agent = %self.agent, process = self.id, pid = self.pid, status = %how, error_id = %error_id, stderr_tail = ?tail, "agent process ended");
         }
-        let err = RpcError::internal(format!("agent process exited ({how}); error id {error_id}"))
+        // bubblewrap's own complaint (a mount it could not make, a program it could not run)
+        // names what to fix, and comes before the agent runs: a process that never wrote to
+        // stdout has seen nobody's data, so that one line may go to the client.
+        let sandbox = (self.last_heard_ms.load(Ordering::Relaxed) == 0)
+            .then(|| tail.iter().rev().find(|l| l.starts_with("bwrap: ")))
+            .flatten()
+            .map(|l| format!(": {}", l.chars().take(300).collect::<String>()))
+            .unwrap_or_default();
+        let err = RpcError::internal(format!("agent process exited ({how}){sandbox}; error id {error_id}"))
             .with_data(serde_json::json!({ "agent": &*self.agent, "errorId": error_id }));
         self.rpc.set_gone_error(err);
     }
@@ -761,6 +779,8 @@ async fn reap(
     _slot: Option<Slot>,
 ) {
     let how = child::wait(child, guard, &groups, &process.stop).await;
+    // A grandchild may hold stderr open: wait only briefly for the last lines.
+    let _ = tokio::time::timeout(Duration::from_millis(500), process.stderr_ended.cancelled()).await;
     process.record_exit(&how);
     if !process.stop_requested.load(Ordering::Acquire) {
         metrics::counter!(crate::metrics::AGENT_CRASHES, "agent" => process.agent.to_string()).increment(1);

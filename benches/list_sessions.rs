@@ -21,8 +21,9 @@
 //! ```
 //!
 //! Postgres: `DATABASE_URL=postgres://…` names a server to use; otherwise a throwaway server is
-//! started (as the test harness does). The gateway's role there is an ordinary one, so the timings
-//! include row-level security.
+//! started (as the test harness does). The gateway's role there is an ordinary one, and request
+//! work runs as the request role, so the timings include row-level security where the gateway has
+//! it.
 
 #[allow(dead_code, reason = "shared with the tests; the bench uses part of it")]
 #[path = "../tests/common/pg.rs"]
@@ -295,17 +296,22 @@ async fn time_store(store: &dyn Store, owner: &str, case: &Case) -> (Duration, D
 }
 
 /// The list query as it was before the search indexes, run as the stores ran it (Postgres: in a
-/// transaction naming the user, so under row-level security).
+/// transaction as the request role, naming the user with its signed identity, so under row-level
+/// security; the connection is the tables' owner's, with the database's identity key).
 enum Before {
     Sqlite(SqliteConnection),
-    Postgres(PgConnection),
+    Postgres(PgConnection, Vec<u8>),
 }
 
 impl Before {
     async fn open(backend: Backend, url: &str) -> Self {
         match backend {
             Backend::Sqlite => Before::Sqlite(SqliteConnection::connect(url).await.expect("sqlite")),
-            Backend::Postgres => Before::Postgres(PgConnection::connect(url).await.expect("postgres")),
+            Backend::Postgres => {
+                let mut c = PgConnection::connect(url).await.expect("postgres");
+                let key = pg::identity_key(&mut c).await;
+                Before::Postgres(c, key)
+            }
         }
     }
 }
@@ -323,11 +329,12 @@ async fn time_scan(scan: &mut Before, owner: &str, case: &Case) -> (Duration, Du
             })
             .await
         }
-        Before::Postgres(c) => {
+        Before::Postgres(c, key) => {
+            let identity = pg::signed_identity(key, owner);
             time_runs(async || {
                 let mut tx = c.begin().await.expect("begin");
-                sqlx::query("SELECT set_config('acp_gateway.user', $1, true)")
-                    .bind(owner)
+                sqlx::query(pg::ACT_AS)
+                    .bind(&identity)
                     .execute(&mut *tx)
                     .await
                     .expect("user");
@@ -385,11 +392,8 @@ async fn fill_postgres(url: &str, rows: i64) {
     let mut from = 1;
     while from <= rows {
         let to = (from + BATCH - 1).min(rows);
+        // System work, as the tables' owner (row-level security does not apply to it).
         let mut tx = c.begin().await.expect("begin");
-        // Row-level security: bulk loading is system work.
-        tx.execute("SELECT set_config('acp_gateway.system', 'on', true)")
-            .await
-            .expect("system");
         sqlx::query(&format!(
             "INSERT INTO sessions (id, owner, agent, cwd, title, meta, message_count, last_seq, created_at, updated_at)
              SELECT md5(g::text), owner, 'demo',
@@ -432,12 +436,8 @@ async fn deep_position(backend: Backend, url: &str, offset: i64) -> (i64, String
         }
         Backend::Postgres => {
             let mut c = PgConnection::connect(url).await.expect("postgres");
-            let mut tx = c.begin().await.expect("begin");
-            tx.execute("SELECT set_config('acp_gateway.user', 'heavy', true)")
-                .await
-                .expect("user");
             let r = sqlx::query(&format!("{sql}{offset}"))
-                .fetch_one(&mut *tx)
+                .fetch_one(&mut c)
                 .await
                 .expect("position");
             (r.get(0), r.get(1))
@@ -476,14 +476,18 @@ async fn plan(backend: Backend, url: &str, owner: &str, case: &Case, by: SearchB
             rows.iter().map(|r| r.get::<String, _>("detail")).collect()
         }
         Backend::Postgres => {
-            // As the gateway runs it: an ordinary role, in a transaction naming the user.
+            // As the gateway runs it: a search the trigram index can take as the tables' owner
+            // (src/store/postgres.rs says why), everything else as the request role for the user.
             let mut c = PgConnection::connect(url).await.expect("postgres");
             let mut tx = c.begin().await.expect("begin");
-            sqlx::query("SELECT set_config('acp_gateway.user', $1, true)")
-                .bind(owner)
-                .execute(&mut *tx)
-                .await
-                .expect("user");
+            if !case
+                .filter
+                .search
+                .as_deref()
+                .is_some_and(|s| SearchIndex::Trigram.can_find(s))
+            {
+                pg::act_for(&mut tx, owner).await;
+            }
             let mut q = list_query::<sqlx::Postgres>(backend, "EXPLAIN (ANALYZE, BUFFERS)", owner, case, by);
             let rows = q.build().fetch_all(&mut *tx).await.expect("explain");
             rows.iter().map(|r| r.get::<String, _>(0)).collect()
@@ -616,9 +620,6 @@ async fn stored_bytes_statements(n: i64) {
             for id in block {
                 let seq = (b as i64) * 2 + k as i64 + 1;
                 let mut tx = c.begin().await.expect("begin");
-                tx.execute("SELECT set_config('acp_gateway.system', 'on', true)")
-                    .await
-                    .expect("system");
                 sqlx::query(
                     "INSERT INTO session_events (session_id, seq_from, seq_to, payload, created_at)
                      SELECT $1, $2, $3, $4, $5 WHERE EXISTS (SELECT 1 FROM sessions WHERE id = $1)

@@ -389,13 +389,12 @@ async fn a_replica_id_already_in_use_refuses_to_start_with_a_clear_error() {
 /// are messages nobody read for too long; a live replica's are kept.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rows_left_for_dead_replicas_are_swept() {
-    use sqlx::{Connection, Executor, Row};
+    use sqlx::{Connection, Row};
     let cluster = Cluster::new().await;
     let a = cluster.replica("a").await;
     let mut ca = a.client("alice").await;
     let s = ca.new_session().await;
     let mut db = sqlx::PgConnection::connect(&cluster.db_url).await.expect("db");
-    db.execute("SET acp_gateway.system = 'on'").await.expect("system");
     for (target, age) in [("ghost", 60), ("a", 60), ("ghost", 0), ("a", 3600)] {
         sqlx::query(
             "INSERT INTO replica_messages (target, body, created_at) VALUES ($1, '{}', now() - make_interval(secs => $2))",

@@ -1,5 +1,6 @@
 //! The `Store` contract, checked the same way against SQLite (a temp file) and Postgres (a fresh
-//! database per test), plus Postgres row-level security and the transcript writer end to end.
+//! database per test), plus the transcript writer end to end (Postgres row-level security:
+//! tests/rls.rs).
 
 mod common;
 
@@ -9,7 +10,7 @@ use std::sync::Arc;
 
 use acp_gateway::store::persister::{Item, Persister};
 use acp_gateway::store::{self, EventChunk, ListFilter, NewSession, Position, SessionRecord, SessionWrite, Store};
-use sqlx::{Connection, Executor, PgConnection, Row};
+use sqlx::{Connection, Executor, PgConnection};
 use tokio_util::sync::CancellationToken;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -691,10 +692,8 @@ async fn bulk_sessions(backend: Backend, url: &str, n: i64) {
         }
         Backend::Postgres => {
             let mut c = PgConnection::connect(url).await.expect("postgres");
+            // As the tables' owner, which row-level security does not apply to.
             let mut tx = c.begin().await.expect("begin");
-            tx.execute("SELECT set_config('acp_gateway.system', 'on', true)")
-                .await
-                .expect("system");
             sqlx::query(&format!(
                 "WITH gen(g) AS (SELECT generate_series(1, $1::bigint)) {insert}"
             ))
@@ -1069,6 +1068,7 @@ async fn migrations_fill_in_sessions_stored_before_them(backend: Backend) {
         Backend::Postgres => {
             let pool = sqlx::PgPool::connect(&url).await.expect("postgres");
             old.run(&pool).await.expect("old migrations");
+            // Under those migrations' row-level security, FORCEd on the owner: system work.
             let mut tx = pool.begin().await.expect("begin");
             tx.execute("SELECT set_config('acp_gateway.system', 'on', true)")
                 .await
@@ -1231,6 +1231,9 @@ async fn postgres_search_works_without_pg_trgm() {
         .expect("extensions");
     let _ = in_db.close().await;
 
+    common::pg::provision_request_role(&mut admin, &role)
+        .await
+        .expect("request role");
     let url = common::pg::url_as(&role, "pw", &database).await;
     let s = store::connect(&url).await.expect("starts without pg_trgm");
     let mut c = PgConnection::connect(&url).await.expect("connect");
@@ -1263,156 +1266,5 @@ async fn postgres_search_works_without_pg_trgm() {
         .execute(format!("DROP DATABASE {database} WITH (FORCE)").as_str())
         .await;
     let _ = admin.execute(format!("DROP ROLE {role}").as_str()).await;
-    let _ = admin.close().await;
-}
-
-/// Row-level security: even a query with no owner condition sees only the named user's rows, and
-/// nothing at all when no user is named. Superusers bypass RLS, so this runs as ordinary roles.
-#[tokio::test]
-async fn postgres_row_level_security_is_a_second_wall() {
-    let url = common::pg::fresh_database().await;
-    let database = common::pg::database_of(&url).to_string();
-    let s = store::connect(&url).await.expect("connect");
-    create(&*s, "a1", "alice", "/w", "{}", BASE).await;
-    create(&*s, "a2", "alice", "/w", "{}", BASE).await;
-    create(&*s, "b1", "bob", "/w", "{}", BASE).await;
-    s.write_batch(&[events("a1", chunk(1, 3), BASE + 1), events("b1", chunk(1, 2), BASE + 1)])
-        .await
-        .expect("write");
-    let key = s.cursor_key().await.expect("cursor key");
-
-    // The gateway's own role (owner of the tables, thanks to FORCE) and a role that was only
-    // granted SELECT: neither may be a superuser for this to mean anything.
-    let reader = format!("rls_reader_{}", uuid::Uuid::new_v4().simple());
-    let mut admin = PgConnection::connect(&common::pg::admin_url(&database).await)
-        .await
-        .expect("admin");
-    admin
-        .execute(
-            format!(
-                "CREATE ROLE {reader} LOGIN NOSUPERUSER NOBYPASSRLS PASSWORD 'pw';
-                 GRANT SELECT, INSERT, UPDATE, DELETE ON sessions, session_events, gateway_settings TO {reader}"
-            )
-            .as_str(),
-        )
-        .await
-        .expect("create reader role");
-    let owner_url = url.clone();
-    let reader_url = common::pg::url_as(&reader, "pw", &database).await;
-
-    for (who, url) in [("table owner", &owner_url), ("granted role", &reader_url)] {
-        let mut c = PgConnection::connect(url)
-            .await
-            .unwrap_or_else(|e| panic!("connect as {who}: {e}"));
-        let superuser: bool =
-            sqlx::query_scalar("SELECT rolsuper OR rolbypassrls FROM pg_roles WHERE rolname = current_user")
-                .fetch_one(&mut c)
-                .await
-                .expect("role");
-        assert!(!superuser, "{who} must be an ordinary role");
-
-        // Nothing named: nothing visible.
-        let n: i64 = sqlx::query_scalar("SELECT count(*) FROM sessions")
-            .fetch_one(&mut c)
-            .await
-            .expect("count");
-        assert_eq!(n, 0, "{who}: no rows with no user set");
-        let n: i64 = sqlx::query_scalar("SELECT count(*) FROM session_events")
-            .fetch_one(&mut c)
-            .await
-            .expect("count");
-        assert_eq!(n, 0, "{who}: no events with no user set");
-        let n: i64 = sqlx::query_scalar("SELECT count(*) FROM gateway_settings")
-            .fetch_one(&mut c)
-            .await
-            .expect("count");
-        assert_eq!(n, 0, "{who}: the cursor key is hidden");
-
-        // Bob named: only Bob's rows, whatever the query asks for.
-        let mut tx = c.begin().await.expect("begin");
-        sqlx::query("SELECT set_config('acp_gateway.user', 'bob', true)")
-            .execute(&mut *tx)
-            .await
-            .expect("set user");
-        let rows = sqlx::query("SELECT * FROM sessions")
-            .fetch_all(&mut *tx)
-            .await
-            .expect("select");
-        let owners: Vec<String> = rows.iter().map(|r| r.get("owner")).collect();
-        assert_eq!(owners, ["bob"], "{who}: bob sees only his session");
-        let n: i64 = sqlx::query_scalar("SELECT count(*) FROM sessions WHERE owner = 'alice'")
-            .fetch_one(&mut *tx)
-            .await
-            .expect("count");
-        assert_eq!(n, 0, "{who}: asking for alice's rows by name finds none");
-        let ev: Vec<String> = sqlx::query_scalar("SELECT session_id FROM session_events")
-            .fetch_all(&mut *tx)
-            .await
-            .expect("events");
-        assert_eq!(ev, ["b1"], "{who}: bob sees only his transcript");
-        let n: i64 = sqlx::query_scalar("SELECT count(*) FROM gateway_settings")
-            .fetch_one(&mut *tx)
-            .await
-            .expect("count");
-        assert_eq!(n, 0, "{who}: a user never sees the cursor key");
-        // Writes are walled too: alice's rows cannot be changed, and rows cannot be made hers.
-        let done = sqlx::query("UPDATE sessions SET title = 'pwned'")
-            .execute(&mut *tx)
-            .await
-            .expect("update");
-        assert_eq!(done.rows_affected(), 1, "{who}: only bob's row is updated");
-        let done = sqlx::query("DELETE FROM session_events")
-            .execute(&mut *tx)
-            .await
-            .expect("delete");
-        assert_eq!(done.rows_affected(), 1, "{who}: only bob's events are deleted");
-        let err = sqlx::query("INSERT INTO sessions (id, owner, agent, cwd, created_at, updated_at) VALUES ('x', 'alice', 'a', '/', 0, 0)")
-            .execute(&mut *tx)
-            .await
-            .expect_err("cannot create a row for alice while acting for bob");
-        assert!(err.to_string().contains("row-level security"), "{who}: {err}");
-        drop(tx); // rolled back
-
-        // The setting is transaction-local: on the same connection, after the transaction, nothing again.
-        let n: i64 = sqlx::query_scalar("SELECT count(*) FROM sessions")
-            .fetch_one(&mut c)
-            .await
-            .expect("count");
-        assert_eq!(n, 0, "{who}: the user setting does not outlive its transaction");
-
-        // System work sees everything.
-        let mut tx = c.begin().await.expect("begin");
-        sqlx::query("SELECT set_config('acp_gateway.system', 'on', true)")
-            .execute(&mut *tx)
-            .await
-            .expect("set system");
-        let n: i64 = sqlx::query_scalar("SELECT count(*) FROM sessions")
-            .fetch_one(&mut *tx)
-            .await
-            .expect("count");
-        assert_eq!(n, 3, "{who}: system sees every session");
-        let k: Vec<u8> = sqlx::query_scalar("SELECT value FROM gateway_settings WHERE name = 'cursor_key'")
-            .fetch_one(&mut *tx)
-            .await
-            .expect("key");
-        assert_eq!(k, key);
-        tx.rollback().await.expect("rollback");
-        let _ = c.close().await;
-    }
-
-    // The store itself still works for everyone through the wall.
-    assert_eq!(ids(&list_all(&*s, "alice", &ListFilter::default()).await), ["a1", "a2"]);
-    assert_eq!(s.read_events("alice", "a1", 0, 10).await.expect("read"), [chunk(1, 3)]);
-    assert_eq!(s.read_events("bob", "b1", 0, 10).await.expect("read"), [chunk(1, 2)]);
-    assert_eq!(
-        s.get_session("bob", "b1").await.expect("get").expect("b1").title,
-        None,
-        "the rolled-back update left no trace"
-    );
-
-    drop(s);
-    let _ = admin
-        .execute(format!("DROP OWNED BY {reader}; DROP ROLE {reader}").as_str())
-        .await;
     let _ = admin.close().await;
 }

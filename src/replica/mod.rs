@@ -163,8 +163,8 @@ pub struct Replica {
     /// This process's name in `session_leases` and `replica_messages` (the configured
     /// `replica_id`, else random): unique among running replicas.
     pub id: Arc<str>,
-    /// System connections (leases, messages, listening); row-level security's system setting is
-    /// on for each of them.
+    /// System connections (leases, messages, listening), as the login role: the tables' owner,
+    /// which row-level security does not apply to.
     pool: PgPool,
     /// How long a lease lasts without renewal.
     pub ttl: Duration,
@@ -187,12 +187,6 @@ impl Replica {
             .max_connections(6)
             .min_connections(1)
             .acquire_timeout(crate::store::ACQUIRE_TIMEOUT)
-            .after_connect(|conn, _| {
-                Box::pin(async move {
-                    sqlx::query("SET acp_gateway.system = 'on'").execute(conn).await?;
-                    Ok(())
-                })
-            })
             .connect_with(options)
             .await?;
         Ok(Arc::new(Self {

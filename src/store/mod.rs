@@ -34,6 +34,10 @@ pub enum StoreError {
     /// The URL names no supported database.
     #[error("unsupported DATABASE_URL {0:?}: expected sqlite://PATH or postgres://...")]
     UnsupportedUrl(String),
+    /// Postgres: the gateway's role cannot act as the request role (README "Postgres roles and
+    /// row-level security"); the message says what an operator must run.
+    #[error("database roles: {0}")]
+    Roles(String),
     /// The database did not answer in time (unreachable, stopped, or the writer is stuck).
     #[error("database did not answer within {0:?}")]
     Timeout(std::time::Duration),
@@ -47,7 +51,7 @@ impl StoreError {
         match self {
             StoreError::Timeout(_) => true,
             StoreError::Db(e) => db_error_is_transient(e),
-            StoreError::Migrate(_) | StoreError::UnsupportedUrl(_) => false,
+            StoreError::Migrate(_) | StoreError::UnsupportedUrl(_) | StoreError::Roles(_) => false,
         }
     }
 }

@@ -1,16 +1,26 @@
 //! The shared production store: Postgres, which several replicas can use at once.
 //!
-//! Row-level security (migration `…02_row_level_security`) is a second wall behind the owner
-//! conditions in every query: each method runs in a transaction that first names the user it acts
-//! for (`acp_gateway.user`) or, for the transcript writer and the cursor key, declares itself
-//! system work (`acp_gateway.system`). The settings are transaction-local, so a pooled connection
-//! never carries one user's identity into the next transaction. The statements themselves are in
+//! Row-level security is a second wall behind the owner conditions in every query (migration
+//! `…_request_role`, README "Postgres roles and row-level security"):
+//! - request work, what the gateway does for one user, runs in a transaction that first switches
+//!   to the role `acp_gateway_request` and names the user with an identity signed by the
+//!   database's key ([`RequestIdentity`]), in one round trip. That role cannot bypass the
+//!   policies, and they admit only the rows of the user whose signature checks out;
+//! - system work (the transcript writer, the cursor key, and leases and messages in
+//!   [`crate::replica`]) runs as the login role, the tables' owner, which row-level security does
+//!   not apply to: it sets nothing.
+//!
+//! Both settings are transaction-local, so a pooled connection never carries one user's identity,
+//! or the request role, into the next transaction. The statements themselves are in
 //! [`super::sql`]; this file only picks the transaction each one runs in.
 
+use std::fmt::Write as _;
 use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use hmac::{Hmac, Mac};
+use sha2::Sha256;
 use sqlx::postgres::{PgConnection, PgPool, PgPoolOptions};
 use sqlx::{Postgres, Transaction};
 
@@ -20,20 +30,68 @@ use super::{EventChunk, ListFilter, NewSession, Position, SessionRecord, Session
 /// Longest wait for a pooled connection (see [`super::ACQUIRE_TIMEOUT`]).
 const ACQUIRE_TIMEOUT: Duration = super::ACQUIRE_TIMEOUT;
 
+/// The first statement of every request transaction: the request role, and the user it acts for
+/// (`$1`, a [`RequestIdentity::sign`]ed name). `set_config('role', …, true)` is `SET LOCAL ROLE`
+/// (the same check that the login role may, the same end with the transaction), but a
+/// function, so both fit in one statement with a bound parameter.
+const ACT_FOR_USER: &str =
+    "SELECT set_config('role', 'acp_gateway_request', true), set_config('acp_gateway.user', $1, true)";
+
 /// A Postgres-backed [`Store`].
 #[derive(Debug, Clone)]
 pub struct PgStore {
-    /// Each method borrows one connection for one transaction, whose row-level security setting
-    /// ends with it.
+    /// Each method borrows one connection for one transaction, whose role and identity end with
+    /// it.
     pool: PgPool,
     /// Whether `session/list` searches can start from the pg_trgm indexes on `session_search`:
-    /// they exist (pg_trgm could be created), and this role owns the table, so its row-level
-    /// security, which keeps `ILIKE` from any index, does not apply to it.
+    /// they exist (pg_trgm could be created), and this role owns the table, so it can read it
+    /// without row-level security, which keeps `ILIKE` from any index.
     search_index: bool,
+    /// Signs the user a request transaction acts for.
+    identity: RequestIdentity,
+}
+
+/// Signs the identity a request transaction names in `acp_gateway.user`, which the policies
+/// check through the database function `request_owner()`: `<hex HMAC-SHA256(key, user)>:<user>`,
+/// keyed with the database's own random key (table `request_identity_key`, read once at start-up
+/// as its owner). A statement of request work that names another user cannot sign the name.
+#[derive(Clone)]
+pub(crate) struct RequestIdentity {
+    /// HMAC-SHA256 already keyed: signing clones it, so the key schedule is done once.
+    keyed: Hmac<Sha256>,
+}
+
+impl RequestIdentity {
+    /// Signs with `key`.
+    pub(crate) fn new(key: &[u8]) -> Self {
+        Self {
+            keyed: <Hmac<Sha256> as Mac>::new_from_slice(key)
+                .unwrap_or_else(|_| unreachable!("HMAC takes any key length")),
+        }
+    }
+
+    /// `user`'s signed identity.
+    pub(crate) fn sign(&self, user: &str) -> String {
+        let tag = self.keyed.clone().chain_update(user.as_bytes()).finalize().into_bytes();
+        let mut signed = String::with_capacity(2 * tag.len() + 1 + user.len());
+        for b in tag {
+            let _ = write!(signed, "{b:02x}");
+        }
+        signed.push(':');
+        signed.push_str(user);
+        signed
+    }
+}
+
+impl std::fmt::Debug for RequestIdentity {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("RequestIdentity")
+    }
 }
 
 impl PgStore {
-    /// Connects to `url` and migrates the database.
+    /// Connects to `url`, migrates the database, and checks that request work can run as the
+    /// request role (warning about what weakens the wall).
     pub async fn connect(url: &str) -> Result<Self, StoreError> {
         let pool = PgPoolOptions::new()
             .max_connections(16)
@@ -43,16 +101,7 @@ impl PgStore {
             .connect(url)
             .await?;
         sqlx::migrate!("./migrations/postgres").run(&pool).await?;
-        let bypass: Option<bool> =
-            sqlx::query_scalar("SELECT rolsuper OR rolbypassrls FROM pg_roles WHERE rolname = current_user")
-                .fetch_optional(&pool)
-                .await?;
-        if bypass == Some(true) {
-            tracing::warn!(
-                "the database role is a superuser or has BYPASSRLS, so row-level security does not \
-                 apply to it; run the gateway as an ordinary role (the owner of its tables)"
-            );
-        }
+        let identity = check_roles(&pool).await?;
         let search_index: bool = sqlx::query_scalar(
             "SELECT to_regclass('session_search_title_trgm') IS NOT NULL
                 AND to_regclass('session_search_meta_trgm') IS NOT NULL
@@ -67,27 +116,99 @@ impl PgStore {
                  missing (see migration 20261123000001_session_search.sql to add them) or this role does not own it"
             );
         }
-        Ok(Self { pool, search_index })
+        Ok(Self {
+            pool,
+            search_index,
+            identity,
+        })
     }
 
-    /// A transaction in which row-level security shows only `owner`'s rows.
+    /// A transaction of request work: as the request role, row-level security shows it only
+    /// `owner`'s rows.
     async fn as_user(&self, owner: &str) -> Result<Transaction<'static, Postgres>, StoreError> {
         let mut tx = self.pool.begin().await?;
-        sqlx::query("SELECT set_config('acp_gateway.user', $1, true)")
-            .bind(owner)
+        sqlx::query(ACT_FOR_USER)
+            .bind(self.identity.sign(owner))
             .execute(&mut *tx)
             .await?;
         Ok(tx)
     }
 
-    /// A transaction for work done for every user (transcript writes, settings).
+    /// A transaction of system work, done for every user (transcript writes, the cursor key): as
+    /// the login role, the tables' owner, which row-level security does not apply to.
     async fn as_system(&self) -> Result<Transaction<'static, Postgres>, StoreError> {
-        let mut tx = self.pool.begin().await?;
-        sqlx::query("SELECT set_config('acp_gateway.system', 'on', true)")
-            .execute(&mut *tx)
-            .await?;
-        Ok(tx)
+        Ok(self.pool.begin().await?)
     }
+}
+
+/// Reads the identity key, says (once, at start-up) what would weaken the wall, and proves that
+/// request work works: a transaction that switches to the request role and names a user must
+/// come back as that role, with the database agreeing on the user (the same signature on both
+/// sides).
+async fn check_roles(pool: &PgPool) -> Result<RequestIdentity, StoreError> {
+    let (login, key, login_bypasses, member_by_grant, request_bypasses): (String, Vec<u8>, bool, bool, bool) =
+        sqlx::query_as(
+            "WITH RECURSIVE granted(role) AS (
+                 SELECT m.roleid FROM pg_auth_members m JOIN pg_roles r ON r.oid = m.member
+                 WHERE r.rolname = current_user
+                 UNION
+                 SELECT m.roleid FROM pg_auth_members m JOIN granted g ON m.member = g.role
+             )
+             SELECT current_user::text, k.key,
+                    login.rolsuper OR login.rolbypassrls,
+                    EXISTS (SELECT 1 FROM granted WHERE role = request.oid),
+                    request.rolsuper OR request.rolbypassrls OR pg_has_role(request.oid, c.relowner, 'USAGE')
+             FROM request_identity_key k, pg_roles login, pg_roles request, pg_class c
+             WHERE login.rolname = current_user AND request.rolname = 'acp_gateway_request'
+               AND c.oid = 'sessions'::regclass",
+        )
+        .fetch_one(pool)
+        .await?;
+    if login_bypasses {
+        tracing::warn!(
+            role = %login,
+            "the database role is a superuser or has BYPASSRLS: request work still runs as \
+             acp_gateway_request, under row-level security, but system work and any statement that \
+             resets the role can do whatever this role can; run the gateway as an ordinary role that owns its tables"
+        );
+    }
+    if !member_by_grant {
+        tracing::warn!(
+            role = %login,
+            "the database role can switch to acp_gateway_request only because it is a superuser; \
+             GRANT acp_gateway_request TO it, or request work fails once it is not one"
+        );
+    }
+    if request_bypasses {
+        tracing::error!(
+            "the role acp_gateway_request is a superuser, has BYPASSRLS or has the privileges of the tables' \
+             owner: row-level security does not apply to request work. As a superuser: ALTER ROLE \
+             acp_gateway_request NOSUPERUSER NOBYPASSRLS NOINHERIT, and revoke its memberships"
+        );
+    }
+    let identity = RequestIdentity::new(&key);
+    let probe = "acp-gateway start-up check";
+    let mut tx = pool.begin().await?;
+    let switched = sqlx::query(ACT_FOR_USER)
+        .bind(identity.sign(probe))
+        .execute(&mut *tx)
+        .await;
+    if let Err(e) = switched {
+        return Err(StoreError::Roles(format!(
+            "{login} cannot switch to role acp_gateway_request ({e}); as a superuser, run: \
+             GRANT acp_gateway_request TO {login}"
+        )));
+    }
+    let (role, user): (String, Option<String>) = sqlx::query_as("SELECT current_user::text, request_owner()")
+        .fetch_one(&mut *tx)
+        .await?;
+    tx.rollback().await?;
+    if role != "acp_gateway_request" || user.as_deref() != Some(probe) {
+        return Err(StoreError::Roles(format!(
+            "a request transaction ran as {role} for {user:?}, not as acp_gateway_request for {probe:?}"
+        )));
+    }
+    Ok(identity)
 }
 
 impl RunList for PgConnection {
@@ -142,8 +263,19 @@ impl Store for PgStore {
         after: Option<Position<'_>>,
         limit: u32,
     ) -> Result<Vec<SessionRecord>, StoreError> {
-        let mut tx = self.as_user(owner).await?;
         let index = self.search_index.then_some(Postgres::SEARCH_INDEX);
+        // A search the trigram indexes can take runs as system work, outside the wall: under
+        // row-level security Postgres uses no index for `ILIKE` (not LEAKPROOF) ahead of a
+        // policy's condition, so the request role could only scan (and it may not read
+        // `session_search` at all: its policy would have to admit every owner's rows for the
+        // index's count). Every statement of it names the owner itself (`owner = $1`), except
+        // the index's count, which only counts, across owners on purpose.
+        let searches_index = index.zip(filter.search.as_deref()).is_some_and(|(i, s)| i.can_find(s));
+        let mut tx = if searches_index {
+            self.as_system().await?
+        } else {
+            self.as_user(owner).await?
+        };
         let records = Postgres::list_sessions(&mut tx, owner, filter, after, limit, index).await?;
         tx.commit().await?;
         Ok(records)
@@ -245,5 +377,21 @@ impl Store for PgStore {
         let bytes = Postgres::stored_bytes(&mut *tx, owner).await?;
         tx.commit().await?;
         Ok(u64::try_from(bytes).unwrap_or(0))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::RequestIdentity;
+
+    /// RFC 4231, test case 2: real HMAC-SHA256 (what the migration's `request_owner()` checks),
+    /// hex, then the name.
+    #[test]
+    fn identities_are_hmac_sha256_then_the_name() {
+        let signed = RequestIdentity::new(b"Jefe").sign("what do ya want for nothing?");
+        assert_eq!(
+            signed,
+            "5bdcc146bf60754e6a042426089575c75a003f089d2739839dec58b964ec3843:what do ya want for nothing?"
+        );
     }
 }

@@ -2,10 +2,10 @@
 //!
 //! Each statement is a default method of [`Sql`], generic over the database and handed the
 //! connection, pool or transaction to run on: a backend only decides *where* a statement runs
-//! (SQLite: the pool, or a transaction for multi-statement work; Postgres: inside `as_user` or
-//! `as_system`, for row-level security). Placeholders are `$N` on both databases: sqlx's SQLite
-//! driver binds `$N` to the N-th value as Postgres does. The few words the two dialects spell
-//! differently are the constants of [`Sql`].
+//! (SQLite: the pool, or a transaction for multi-statement work; Postgres: inside `as_user`, as
+//! the request role under row-level security, or `as_system`, as the tables' owner).
+//! Placeholders are `$N` on both databases: sqlx's SQLite driver binds `$N` to the N-th value as
+//! Postgres does. The few words the two dialects spell differently are the constants of [`Sql`].
 
 use sqlx::database::HasStatementCache;
 use sqlx::{Database, Decode, Encode, Executor, FromRow, IntoArguments, Postgres, Sqlite, Type};

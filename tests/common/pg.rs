@@ -14,8 +14,9 @@
 //! is about the process's lifetime, not a test wait.
 //!
 //! Databases are owned by a non-superuser role (`acp_test`) when the server lets us create it, so
-//! the gateway runs under the same row-level security policies it has in production (superusers
-//! bypass them).
+//! the gateway runs with the roles it has in production: `acp_test` owns the tables, and is made
+//! a member of the request role (`acp_gateway_request`) as an operator who provisions roles
+//! would, so it needs no CREATEROLE to migrate.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -106,12 +107,110 @@ async fn init() -> Server {
         .await;
     if let Err(e) = &created {
         eprintln!("tests: cannot create role {TEST_ROLE} ({e}); test databases will belong to the DATABASE_URL user");
+    } else if let Err(e) = provision_request_role(&mut conn, TEST_ROLE).await {
+        eprintln!("tests: cannot provide role {REQUEST_ROLE} to {TEST_ROLE} ({e}); its migrations will try");
     }
     let _ = conn.close().await;
     Server {
         admin,
         has_test_role: created.is_ok(),
         _processes: processes,
+    }
+}
+
+/// What an operator who provisions the gateway's roles runs (README "Postgres roles and
+/// row-level security"), as a superuser: the request role, and `login` made a member, so that
+/// `login` needs no CREATEROLE to migrate. Tolerates the role and the grant existing already, or
+/// being made at the same moment by another test process sharing the server.
+pub async fn provision_request_role(admin: &mut PgConnection, login: &str) -> Result<(), sqlx::Error> {
+    admin
+        .execute(
+            format!(
+                "DO $$ BEGIN
+                     IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = '{REQUEST_ROLE}') THEN
+                         CREATE ROLE {REQUEST_ROLE} NOLOGIN NOSUPERUSER NOBYPASSRLS NOINHERIT;
+                     END IF;
+                 EXCEPTION WHEN duplicate_object OR unique_violation THEN NULL;
+                 END $$;
+                 DO $$ BEGIN
+                     IF NOT pg_has_role('{login}', '{REQUEST_ROLE}', 'MEMBER') THEN
+                         GRANT {REQUEST_ROLE} TO {login};
+                     END IF;
+                 EXCEPTION WHEN duplicate_object OR unique_violation THEN NULL;
+                 END $$"
+            )
+            .as_str(),
+        )
+        .await
+        .map(|_| ())
+}
+
+/// The role the gateway's request work runs as (migration `…_request_role`).
+pub const REQUEST_ROLE: &str = "acp_gateway_request";
+
+/// `user`'s identity signed with `key`, as a request transaction names it in `acp_gateway.user`:
+/// `<hex HMAC-SHA256(key, user)>:<user>`. Written here from the migration's definition, apart
+/// from the store's code, so that tests check the one against the other.
+pub fn signed_identity(key: &[u8], user: &str) -> String {
+    use hmac::Mac;
+    let mut mac = hmac::Hmac::<sha2::Sha256>::new_from_slice(key).expect("any key length");
+    mac.update(user.as_bytes());
+    let tag = mac.finalize().into_bytes();
+    let hex: String = tag.iter().map(|b| format!("{b:02x}")).collect();
+    format!("{hex}:{user}")
+}
+
+/// The database's identity key; `conn` must be the tables' owner (or a superuser).
+pub async fn identity_key(conn: &mut PgConnection) -> Vec<u8> {
+    sqlx::query_scalar("SELECT key FROM request_identity_key")
+        .fetch_one(conn)
+        .await
+        .expect("read the identity key as its owner")
+}
+
+/// What a request transaction starts with: [`REQUEST_ROLE`], and a signed identity (`$1`).
+pub const ACT_AS: &str =
+    "SELECT set_config('role', 'acp_gateway_request', true), set_config('acp_gateway.user', $1, true)";
+
+/// Makes the transaction open on `conn` (as the tables' owner) act as the gateway's request work
+/// does for `user`: as [`REQUEST_ROLE`], with `user`'s signed identity, until it ends.
+pub async fn act_for(conn: &mut PgConnection, user: &str) {
+    let key = identity_key(&mut *conn).await;
+    sqlx::query(ACT_AS)
+        .bind(signed_identity(&key, user))
+        .execute(conn)
+        .await
+        .expect("act as the request role");
+}
+
+/// A server of a test's own, for tests that need a cluster nobody has created roles on (the
+/// shared one has [`REQUEST_ROLE`] from its first use); stopped with the test process as the
+/// shared one is.
+pub struct OwnServer {
+    /// A superuser URL, without the database part.
+    admin: ConnUrl,
+    /// The server and its watchdog (see [`Server`]).
+    _processes: Vec<std::process::Child>,
+}
+
+impl OwnServer {
+    /// Starts it.
+    pub async fn start() -> Self {
+        let (admin, processes) = start_throwaway().await;
+        Self {
+            admin,
+            _processes: processes,
+        }
+    }
+
+    /// A superuser URL to `database`.
+    pub fn admin_url(&self, database: &str) -> String {
+        self.admin.url(database)
+    }
+
+    /// A URL to `database` as `user` with `password`.
+    pub fn url_as(&self, user: &str, password: &str, database: &str) -> String {
+        self.admin.with_user(user, password).url(database)
     }
 }
 

@@ -478,3 +478,54 @@ async fn a_lease_the_database_has_not_confirmed_for_a_lease_time_is_not_trusted(
     assert_eq!(a.acquire("s").await.expect("acquire"), Holder::Me);
     assert!(a.holds("s"), "confirmed again");
 }
+
+/// A replica that has lost a session's lease cannot overwrite what the new holder's agent said:
+/// neither its updates nor its controls (a late `set_mode` answer, a `config_option_update`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_without_the_lease_cannot_overwrite_the_controls() {
+    use acp_gateway::replica::{Replica, lease::Holder};
+    use acp_gateway::store::SessionWrite;
+    let url = common::pg::fresh_database().await;
+    let store = acp_gateway::store::connect(&url).await.expect("migrated");
+    store
+        .create_session(&acp_gateway::store::NewSession {
+            id: "s",
+            owner: "alice",
+            agent: "demo",
+            agent_session_id: None,
+            cwd: "/",
+            additional_dirs: "[]",
+            meta: "{}",
+            now: 1_700_000_000_000,
+        })
+        .await
+        .expect("session");
+    let b = Replica::connect(&url, "b", Duration::from_secs(LEASE_SECS))
+        .await
+        .expect("replica b");
+    assert_eq!(b.acquire("s").await.expect("acquire"), Holder::Me);
+    let controls = |value: &str| SessionWrite {
+        session_id: std::sync::Arc::from("s"),
+        chunk: None,
+        prompt_title: None,
+        agent_title: None,
+        prompts: 0,
+        controls: Some(format!(r#"{{"modes":{{"currentModeId":"{value}"}}}}"#)),
+        updated_at: 1_700_000_000_001,
+    };
+    let refused = store
+        .write_batch_leased(&[controls("b-mode")], "b")
+        .await
+        .expect("b writes");
+    assert!(refused.is_empty());
+    let refused = store
+        .write_batch_leased(&[controls("stale-a-mode")], "a")
+        .await
+        .expect("a's write is answered");
+    assert_eq!(refused, [std::sync::Arc::from("s")], "a holds no lease");
+    let stored = store.session_controls("alice", "s").await.expect("read").expect("some");
+    assert!(
+        stored.contains("b-mode") && !stored.contains("stale-a-mode"),
+        "{stored}"
+    );
+}

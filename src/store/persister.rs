@@ -439,7 +439,13 @@ impl Writer<'_> {
                     if !refused.is_empty() {
                         tracing::warn!(sessions = ?refused, "updates refused: another replica holds these sessions now");
                     }
-                    self.refused.lock().unwrap_or_else(|e| e.into_inner()).extend(refused);
+                    // Only sessions whose updates were in this batch are told they were fenced
+                    // (a refused controls-only write has no update waiting on it).
+                    let with_updates = |s: &Arc<str>| writes.iter().any(|w| w.session_id == *s && w.chunk.is_some());
+                    self.refused
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .extend(refused.into_iter().filter(with_updates));
                 }),
             };
             self.health.writing_since.store(0, Ordering::Release);

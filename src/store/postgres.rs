@@ -301,16 +301,20 @@ impl Store for PgStore {
         let mut tx = self.as_system().await?;
         // One statement: which of these sessions' leases `holder` holds (their rows locked until
         // commit, so a takeover waits for this write and then sees all of it), and a NOTIFY for
-        // each, delivered by Postgres only if and when this transaction commits.
+        // each that carries updates, delivered by Postgres only if and when this transaction
+        // commits. What only the serving agent says (updates, its controls) needs the lease.
         let (ids, seqs): (Vec<&str>, Vec<i64>) = writes
             .iter()
-            .filter_map(|w| w.chunk.as_ref().map(|c| (&*w.session_id, c.seq_to)))
+            .filter(|w| needs_lease(w))
+            .map(|w| (&*w.session_id, w.chunk.as_ref().map_or(-1, |c| c.seq_to)))
             .unzip();
         let held: Vec<String> = if ids.is_empty() {
             Vec::new()
         } else {
             sqlx::query_scalar(
-                "SELECT l.session_id, pg_notify('acp_session_committed', l.session_id || ':' || w.seq_to)
+                "SELECT l.session_id,
+                        CASE WHEN w.seq_to >= 0
+                             THEN pg_notify('acp_session_committed', l.session_id || ':' || w.seq_to) END
                  FROM session_leases l
                  JOIN unnest($1::text[], $2::bigint[]) AS w(session_id, seq_to) ON w.session_id = l.session_id
                  WHERE l.replica = $3
@@ -322,7 +326,7 @@ impl Store for PgStore {
             .fetch_all(&mut *tx)
             .await?
         };
-        let is_refused = |w: &SessionWrite| w.chunk.is_some() && !held.iter().any(|h| **h == *w.session_id);
+        let is_refused = |w: &SessionWrite| needs_lease(w) && !held.iter().any(|h| **h == *w.session_id);
         let mut refused: Vec<Arc<str>> = Vec::new();
         for w in writes.iter().filter(|w| is_refused(w)) {
             if !refused.contains(&w.session_id) {
@@ -332,13 +336,15 @@ impl Store for PgStore {
         if refused.is_empty() {
             Postgres::write_batch(&mut tx, writes).await?;
         } else {
-            // Their message counts and titles still count; their updates are not stored.
+            // Their message counts and titles still count; their updates and controls (which
+            // would overwrite what the new holder's agent said) are not stored.
             let kept: Vec<SessionWrite> = writes
                 .iter()
                 .map(|w| {
                     if is_refused(w) {
                         SessionWrite {
                             chunk: None,
+                            controls: None,
                             ..w.clone()
                         }
                     } else {
@@ -378,6 +384,12 @@ impl Store for PgStore {
         tx.commit().await?;
         Ok(u64::try_from(bytes).unwrap_or(0))
     }
+}
+
+/// Whether `w` holds what only the replica serving the session may write: its agent's updates or
+/// controls.
+fn needs_lease(w: &SessionWrite) -> bool {
+    w.chunk.is_some() || w.controls.is_some()
 }
 
 #[cfg(test)]

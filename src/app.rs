@@ -90,7 +90,16 @@ impl Application {
         );
         let tracker = TaskTracker::new();
         let quotas = Quotas::new(&config.limits);
-        let pools = Arc::new(Pools::new(&config, tenancy.clone(), quotas.clone(), tracker.clone()));
+        let sealer = crate::secrets::Sealer::from_config(config.secrets_key.as_ref(), tenancy.data_dir())
+            .context("the secrets key (ACP_GATEWAY_SECRETS_KEY)")?;
+        let keys = Arc::new(crate::secrets::Keys::new(store.clone(), sealer));
+        let pools = Arc::new(Pools::new(
+            &config,
+            tenancy.clone(),
+            quotas.clone(),
+            tracker.clone(),
+            Some(keys.clone()),
+        ));
         let listener = TcpListener::bind(config.listen)
             .await
             .with_context(|| format!("binding {}", config.listen))?;
@@ -115,6 +124,7 @@ impl Application {
             draining: AtomicBool::new(false),
             drain: CancellationToken::new(),
             replica,
+            keys,
         });
         Ok(Self {
             listener,

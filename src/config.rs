@@ -46,6 +46,10 @@ pub struct Config {
     /// Directories a user's sessions may work in (`ACP_GATEWAY_WORKSPACE_ROOTS`, comma-separated
     /// in the environment); the same templates as `user_homes`.
     pub workspace_roots: Vec<String>,
+    /// The key users' agent keys are sealed with at rest (`ACP_GATEWAY_SECRETS_KEY`: 32 bytes,
+    /// base64); generated once into the data directory when unset. Replicas must share it.
+    #[serde(serialize_with = "never_serialize_secret")]
+    pub secrets_key: Option<SecretString>,
 }
 
 /// JWT settings. Either `secret` (HS256) or `public_key` (RS256/ES256/EdDSA) is used; with neither,
@@ -105,6 +109,9 @@ pub struct AgentConfig {
     pub allowed_ext_methods: Vec<String>,
     /// How the agent's processes are confined.
     pub sandbox: SandboxMode,
+    /// Whether users may give this agent their own keys (its `env_var` sign-in methods). Off,
+    /// only the operator's `env` and `pass_env` reach it.
+    pub user_keys: bool,
 }
 
 /// How an agent's processes are confined (see the README's "Tenancy" section).
@@ -134,6 +141,7 @@ impl Default for AgentConfig {
             forward_meta: ["traceparent", "tracestate", "baggage"].map(String::from).to_vec(),
             allowed_ext_methods: Vec::new(),
             sandbox: SandboxMode::Auto,
+            user_keys: true,
         }
     }
 }
@@ -288,6 +296,7 @@ impl Default for Config {
             replica_id: None,
             user_homes: String::from("{data_dir}/homes/{user}"),
             workspace_roots: vec![String::from("{data_dir}/workspaces/{user}")],
+            secrets_key: None,
         }
     }
 }
@@ -332,6 +341,7 @@ const ENV_KEYS: &[(&str, &str)] = &[
     ("ACP_GATEWAY_STATIC_DIR", "static_dir"),
     ("ACP_GATEWAY_REPLICA_ID", "replica_id"),
     ("ACP_GATEWAY_USER_HOMES", "user_homes"),
+    ("ACP_GATEWAY_SECRETS_KEY", "secrets_key"),
 ];
 
 impl Config {

@@ -12,6 +12,7 @@ use crate::auth::{Authenticator, LoginCodes};
 use crate::config::Config;
 use crate::pool::Pools;
 use crate::quota::Quotas;
+use crate::secrets::Keys;
 use crate::session::Sessions;
 use crate::tenancy::Tenancy;
 
@@ -45,6 +46,8 @@ pub struct Gateway {
     pub quotas: Arc<Quotas>,
     /// Prefix of connection ids, unique per replica run.
     pub replica: String,
+    /// Keys users give their agents, sealed at rest.
+    pub keys: Arc<Keys>,
 }
 
 impl Gateway {

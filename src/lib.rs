@@ -25,6 +25,7 @@
 //! - [`demo_agent`]: the built-in offline ACP agent.
 //! - [`telemetry`]: logs and the Prometheus recorder.
 //! - [`metrics`]: every Prometheus series: names, help, labels known at start, buckets.
+//! - [`secrets`]: keys users give their agents, sealed at rest (XChaCha20-Poly1305).
 //! - [`tenancy`]: what a user's agent process can reach: environment, home, workspaces, sandbox.
 //! - [`traces`]: OpenTelemetry spans per client and agent request (OTLP/HTTP), W3C context to agents.
 
@@ -44,6 +45,7 @@ pub mod pool;
 pub(crate) mod protocol;
 pub mod quota;
 pub mod replica;
+pub mod secrets;
 pub mod session;
 pub mod store;
 pub mod telemetry;

@@ -7,6 +7,7 @@ mod auth;
 mod error;
 mod fs;
 mod health;
+mod keys;
 mod rest;
 mod server;
 
@@ -38,6 +39,7 @@ pub fn router(gw: Arc<Gateway>) -> Router {
         .merge(acp::router())
         .merge(rest::router())
         .merge(fs::router())
+        .merge(keys::router())
         .fallback_service(static_files)
         .layer(SetResponseHeaderLayer::if_not_present(
             header::X_CONTENT_TYPE_OPTIONS,

@@ -42,7 +42,12 @@ async fn me(State(gw): State<Arc<Gateway>>, Caller(who): Caller) -> Json<serde_j
     Json(json!({ "user": who.user, "expiresAt": who.expires_at, "workspaceRoots": roots }))
 }
 
-async fn agents(State(gw): State<Arc<Gateway>>, Caller(_): Caller) -> Json<serde_json::Value> {
+async fn agents(State(gw): State<Arc<Gateway>>, Caller(who): Caller) -> Json<serde_json::Value> {
+    // Which keys the caller has given each agent: names and times, never values.
+    let keys = gw.keys.list(&who.user).await.unwrap_or_else(|e| {
+        tracing::error!(user = %who.user, error = %e, "cannot list the user's agent keys");
+        Vec::new()
+    });
     let mut out = Vec::new();
     for (name, pool) in gw.pools.iter() {
         let info = match tokio::time::timeout(Duration::from_secs(30), pool.info()).await {
@@ -50,12 +55,18 @@ async fn agents(State(gw): State<Arc<Gateway>>, Caller(_): Caller) -> Json<serde
             Ok(Err(e)) => Err(e.message.to_string()),
             Err(_) => Err(String::from("timed out starting the agent")),
         };
+        let mine: Vec<_> = keys.iter().filter(|k| k.agent == *name).collect();
+        let user_keys = pool.config().user_keys && !pool.is_shared();
         out.push(match info {
             Ok(info) => json!({
                 "name": name, "default": name == DEFAULT_AGENT,
                 "capabilities": info.capabilities, "agentInfo": info.agent_info, "authMethods": info.auth_methods,
+                "userKeys": user_keys, "keys": mine,
             }),
-            Err(e) => json!({ "name": name, "default": name == DEFAULT_AGENT, "capabilities": null, "error": e }),
+            Err(e) => json!({
+                "name": name, "default": name == DEFAULT_AGENT, "capabilities": null, "error": e,
+                "userKeys": user_keys, "keys": mine,
+            }),
         });
     }
     Json(json!({ "agents": out }))

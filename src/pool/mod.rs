@@ -12,6 +12,7 @@ pub mod process;
 pub mod reaper;
 pub mod route;
 mod rpc;
+pub mod user_env;
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -24,6 +25,7 @@ use tokio_util::task::TaskTracker;
 
 pub use process::{AgentProcess, EarlyUpdates, Pending, PipeLimits};
 pub use route::SessionRoute;
+pub use user_env::UserEnv;
 
 use crate::config::{AgentConfig, Config};
 use crate::protocol::RpcError;
@@ -166,6 +168,8 @@ struct Common {
     quotas: Arc<Quotas>,
     /// Bounds on every process's pipes.
     pipes: PipeLimits,
+    /// Users' own variables (their keys), when the gateway keeps any.
+    user_env: Option<Arc<dyn UserEnv>>,
 }
 
 impl AgentPool {
@@ -368,11 +372,21 @@ impl AgentPool {
             None => None,
         };
         let _starting = Starting::new(&self.starting);
-        let launch = self
+        let mut launch = self
             .common
             .tenancy
             .launch(&self.cfg, user.map(|u| &**u))
             .map_err(cannot_start)?;
+        // The user's own keys, on top of the operator's `env` (bubblewrap passes them on).
+        if let (Some(user), Some(user_env), true) = (user, &self.common.user_env, self.cfg.user_keys) {
+            let vars = user_env.env(user, &self.name).await.map_err(|e| {
+                failed().increment(1);
+                RpcError::internal(format!("cannot start agent {}: {e}", self.name))
+            })?;
+            for (name, value) in vars.iter().filter(|(name, _)| user_env::user_may_set(name)) {
+                launch.command.env(name, secrecy::ExposeSecret::expose_secret(value));
+            }
+        }
         let p = AgentProcess::spawn(
             id,
             self.name.clone(),
@@ -571,7 +585,13 @@ pub struct Pools {
 
 impl Pools {
     /// Pools for every agent in `config`.
-    pub fn new(config: &Config, tenancy: Arc<Tenancy>, quotas: Arc<Quotas>, tracker: TaskTracker) -> Self {
+    pub fn new(
+        config: &Config,
+        tenancy: Arc<Tenancy>,
+        quotas: Arc<Quotas>,
+        tracker: TaskTracker,
+        user_env: Option<Arc<dyn UserEnv>>,
+    ) -> Self {
         let common = Common {
             ids: Arc::new(AtomicU64::new(1)),
             groups: Arc::new(reaper::GroupRecord::open(&tenancy.data_dir().join("agent-groups"))),
@@ -582,6 +602,7 @@ impl Pools {
                 max_line_bytes: config.limits.max_line_bytes,
                 input_queue_bytes: config.limits.agent_queue_bytes,
             },
+            user_env,
         };
         let pools = config
             .agents

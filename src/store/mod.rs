@@ -9,6 +9,7 @@
 pub(crate) mod cursor;
 pub mod persister;
 pub(crate) mod postgres;
+mod secrets;
 mod sql;
 pub(crate) mod sqlite;
 
@@ -16,6 +17,7 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 
+pub use secrets::StoredSecret;
 pub use sql::{SEARCH_PROBE, SearchBy, SearchIndex, list_query};
 
 /// Longest wait for a pooled connection: a database that does not answer fails a request well
@@ -147,6 +149,15 @@ impl Store for Bounded {
     }
     async fn session_controls(&self, owner: &str, id: &str) -> Result<Option<String>, StoreError> {
         self.within(self.inner.session_controls(owner, id)).await
+    }
+    async fn put_secrets(&self, owner: &str, secrets: &[StoredSecret]) -> Result<(), StoreError> {
+        self.within(self.inner.put_secrets(owner, secrets)).await
+    }
+    async fn secrets(&self, owner: &str, agent: Option<&str>) -> Result<Vec<StoredSecret>, StoreError> {
+        self.within(self.inner.secrets(owner, agent)).await
+    }
+    async fn delete_secrets(&self, owner: &str, agent: &str) -> Result<u64, StoreError> {
+        self.within(self.inner.delete_secrets(owner, agent)).await
     }
 }
 
@@ -308,6 +319,12 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     /// The agent's session controls stored for a session of `owner` (a JSON object, `{}` when
     /// none were), or `None` (unknown and foreign ids alike).
     async fn session_controls(&self, owner: &str, id: &str) -> Result<Option<String>, StoreError>;
+    /// Sets (or replaces) `owner`'s sealed keys, all in one transaction.
+    async fn put_secrets(&self, owner: &str, secrets: &[StoredSecret]) -> Result<(), StoreError>;
+    /// `owner`'s sealed keys for `agent`, or for every agent (`None`).
+    async fn secrets(&self, owner: &str, agent: Option<&str>) -> Result<Vec<StoredSecret>, StoreError>;
+    /// Removes `owner`'s keys for `agent`; how many there were.
+    async fn delete_secrets(&self, owner: &str, agent: &str) -> Result<u64, StoreError>;
 }
 
 /// Opens the store named by `url`, creating a SQLite file (and its directory) when needed, and

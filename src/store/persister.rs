@@ -782,6 +782,15 @@ mod tests {
         async fn session_controls(&self, _: &str, _: &str) -> Result<Option<String>, StoreError> {
             unimplemented!()
         }
+        async fn put_secrets(&self, _: &str, _: &[crate::store::StoredSecret]) -> Result<(), StoreError> {
+            unimplemented!()
+        }
+        async fn secrets(&self, _: &str, _: Option<&str>) -> Result<Vec<crate::store::StoredSecret>, StoreError> {
+            unimplemented!()
+        }
+        async fn delete_secrets(&self, _: &str, _: &str) -> Result<u64, StoreError> {
+            unimplemented!()
+        }
     }
 
     #[derive(Default)]

@@ -24,8 +24,11 @@ use sha2::Sha256;
 use sqlx::postgres::{PgConnection, PgPool, PgPoolOptions};
 use sqlx::{Postgres, Transaction};
 
+use super::secrets::SecretSql;
 use super::sql::{RunList, SearchBy, Sql};
-use super::{EventChunk, ListFilter, NewSession, Position, SessionRecord, SessionWrite, Store, StoreError};
+use super::{
+    EventChunk, ListFilter, NewSession, Position, SessionRecord, SessionWrite, Store, StoreError, StoredSecret,
+};
 
 /// Longest wait for a pooled connection (see [`super::ACQUIRE_TIMEOUT`]).
 const ACQUIRE_TIMEOUT: Duration = super::ACQUIRE_TIMEOUT;
@@ -254,6 +257,32 @@ impl Store for PgStore {
         let controls = Postgres::session_controls(&mut *tx, owner, id).await?;
         tx.commit().await?;
         Ok(controls)
+    }
+
+    async fn put_secrets(&self, owner: &str, secrets: &[StoredSecret]) -> Result<(), StoreError> {
+        let mut tx = self.as_user(owner).await?;
+        for s in secrets {
+            Postgres::put_secret(&mut *tx, owner, s).await?;
+        }
+        tx.commit().await?;
+        Ok(())
+    }
+
+    async fn secrets(&self, owner: &str, agent: Option<&str>) -> Result<Vec<StoredSecret>, StoreError> {
+        let mut tx = self.as_user(owner).await?;
+        let rows = match agent {
+            Some(agent) => Postgres::secrets_for(&mut *tx, owner, agent).await?,
+            None => Postgres::all_secrets(&mut *tx, owner).await?,
+        };
+        tx.commit().await?;
+        Ok(rows)
+    }
+
+    async fn delete_secrets(&self, owner: &str, agent: &str) -> Result<u64, StoreError> {
+        let mut tx = self.as_user(owner).await?;
+        let n = Postgres::delete_secrets(&mut *tx, owner, agent).await?;
+        tx.commit().await?;
+        Ok(n)
     }
 
     async fn list_sessions(

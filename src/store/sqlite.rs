@@ -10,8 +10,11 @@ use sqlx::sqlite::{
     SqliteConnectOptions, SqliteConnection, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
 };
 
+use super::secrets::SecretSql;
 use super::sql::{RunList, SearchBy, Sql};
-use super::{EventChunk, ListFilter, NewSession, Position, SessionRecord, SessionWrite, Store, StoreError};
+use super::{
+    EventChunk, ListFilter, NewSession, Position, SessionRecord, SessionWrite, Store, StoreError, StoredSecret,
+};
 
 /// A SQLite-backed [`Store`].
 #[derive(Debug, Clone)]
@@ -178,5 +181,25 @@ impl Store for SqliteStore {
     async fn stored_bytes(&self, owner: &str) -> Result<u64, StoreError> {
         let bytes = Sqlite::stored_bytes(&self.pool, owner).await?;
         Ok(u64::try_from(bytes).unwrap_or(0))
+    }
+
+    async fn put_secrets(&self, owner: &str, secrets: &[StoredSecret]) -> Result<(), StoreError> {
+        let mut tx = self.pool.begin().await?;
+        for s in secrets {
+            Sqlite::put_secret(&mut *tx, owner, s).await?;
+        }
+        tx.commit().await?;
+        Ok(())
+    }
+
+    async fn secrets(&self, owner: &str, agent: Option<&str>) -> Result<Vec<StoredSecret>, StoreError> {
+        Ok(match agent {
+            Some(agent) => Sqlite::secrets_for(&self.pool, owner, agent).await?,
+            None => Sqlite::all_secrets(&self.pool, owner).await?,
+        })
+    }
+
+    async fn delete_secrets(&self, owner: &str, agent: &str) -> Result<u64, StoreError> {
+        Ok(Sqlite::delete_secrets(&self.pool, owner, agent).await?)
     }
 }

@@ -1,0 +1,169 @@
+//! `PUT`/`DELETE /api/agents/{agent}/keys`: a user signs their own agent in with the keys its
+//! `env_var` methods ask for, or out again. Values are sealed at rest ([`crate::secrets`]),
+//! given only to that user's processes of that agent (which are recycled so they take effect),
+//! never logged and never returned: `/api/agents` shows only their names and when they were set.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::put;
+use axum::{Json, Router};
+use secrecy::SecretString;
+use serde::Deserialize;
+use serde_json::json;
+
+use super::auth::Caller;
+use crate::gateway::Gateway;
+use crate::pool::AgentPool;
+use crate::pool::user_env::user_may_set;
+
+/// Longest value a user may give (API keys are a few hundred bytes).
+const MAX_VALUE_BYTES: usize = 8 * 1024;
+
+pub(super) fn router() -> Router<Arc<Gateway>> {
+    Router::new().route("/api/agents/{agent}/keys", put(set_keys).delete(sign_out))
+}
+
+/// `PUT`'s body: the method the agent described, and a value for each of its variables.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SetKeys {
+    #[serde(rename = "methodId")]
+    method_id: String,
+    vars: BTreeMap<String, SecretString>,
+}
+
+/// A refusal with the reason in `{"error": …}`.
+fn refuse(status: StatusCode, message: impl Into<String>) -> Response {
+    (status, Json(json!({ "error": message.into() }))).into_response()
+}
+
+/// Why a user may not sign an agent in: the status and the reason.
+type Refusal = (StatusCode, String);
+
+/// The pool of `agent` when a user may sign it in, else the answer saying why not.
+fn pool_for_user_keys<'a>(gw: &'a Gateway, agent: &str) -> Result<&'a Arc<AgentPool>, Refusal> {
+    let pool = gw
+        .pools
+        .get(agent)
+        .ok_or_else(|| (StatusCode::NOT_FOUND, format!("no agent named {agent:?}")))?;
+    if pool.is_shared() {
+        return Err((
+            StatusCode::CONFLICT,
+            format!(
+                "agent {agent} serves several users from one process (share_between_users), which carries the operator's credentials: users cannot sign it in"
+            ),
+        ));
+    }
+    if !pool.config().user_keys {
+        return Err((
+            StatusCode::FORBIDDEN,
+            format!("this gateway does not take users' own keys for agent {agent} (agents.{agent}.user_keys = false)"),
+        ));
+    }
+    Ok(pool)
+}
+
+/// The variables `method_id` asks for, when it is one of the agent's `env_var` methods.
+fn method_vars(auth_methods: Option<&serde_json::Value>, method_id: &str) -> Option<Vec<String>> {
+    let method = auth_methods?
+        .as_array()?
+        .iter()
+        .find(|m| m["id"] == method_id && m["type"] == "env_var")?;
+    Some(
+        method["vars"]
+            .as_array()?
+            .iter()
+            .filter_map(|v| v["name"].as_str().map(String::from))
+            .collect(),
+    )
+}
+
+async fn set_keys(
+    State(gw): State<Arc<Gateway>>,
+    Caller(who): Caller,
+    Path(agent): Path<String>,
+    Json(body): Json<SetKeys>,
+) -> Response {
+    let pool = match pool_for_user_keys(&gw, &agent) {
+        Ok(pool) => pool,
+        Err((status, message)) => return refuse(status, message),
+    };
+    let user: Arc<str> = Arc::from(who.user.as_str());
+    let info = match pool.info_for(&user).await {
+        Ok(info) => info,
+        Err(e) => {
+            return refuse(
+                StatusCode::BAD_GATEWAY,
+                format!("agent {agent} did not start: {}", e.message),
+            );
+        }
+    };
+    let Some(allowed) = method_vars(info.auth_methods.as_ref(), &body.method_id) else {
+        return refuse(
+            StatusCode::BAD_REQUEST,
+            format!("agent {agent} has no env_var sign-in method {:?}", body.method_id),
+        );
+    };
+    if body.vars.is_empty() {
+        return refuse(StatusCode::BAD_REQUEST, "no variables given");
+    }
+    let mut vars = Vec::with_capacity(body.vars.len());
+    for (name, value) in body.vars {
+        let text = secrecy::ExposeSecret::expose_secret(&value);
+        if !allowed.contains(&name) {
+            return refuse(
+                StatusCode::BAD_REQUEST,
+                format!(
+                    "method {:?} of agent {agent} does not ask for {name:?} (it asks for {allowed:?})",
+                    body.method_id
+                ),
+            );
+        }
+        if !user_may_set(&name) {
+            return refuse(StatusCode::BAD_REQUEST, format!("{name:?} cannot be set by a user"));
+        }
+        if text.is_empty() || text.len() > MAX_VALUE_BYTES || text.chars().any(char::is_control) {
+            return refuse(
+                StatusCode::BAD_REQUEST,
+                format!("the value of {name} must be 1 to {MAX_VALUE_BYTES} bytes with no control characters"),
+            );
+        }
+        vars.push((name, value));
+    }
+    if let Err(e) = gw.keys.set(&who.user, &agent, &vars).await {
+        tracing::error!(user = %who.user, agent = %agent, error = %e, "cannot store the user's agent keys");
+        return refuse(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "the keys could not be stored; try again",
+        );
+    }
+    let recycled = pool.recycle_user(&who.user);
+    let names: Vec<&str> = vars.iter().map(|(n, _)| n.as_str()).collect();
+    tracing::info!(user = %who.user, agent = %agent, method = %body.method_id, method_type = "env_var", vars = ?names, recycled, outcome = "ok", "agent sign-in");
+    StatusCode::NO_CONTENT.into_response()
+}
+
+/// Sign-out: the user's keys for the agent are removed and their processes recycled.
+async fn sign_out(State(gw): State<Arc<Gateway>>, Caller(who): Caller, Path(agent): Path<String>) -> Response {
+    let pool = match pool_for_user_keys(&gw, &agent) {
+        Ok(pool) => pool,
+        Err((status, message)) => return refuse(status, message),
+    };
+    let removed = match gw.keys.remove(&who.user, &agent).await {
+        Ok(n) => n,
+        Err(e) => {
+            tracing::error!(user = %who.user, agent = %agent, error = %e, "cannot remove the user's agent keys");
+            return refuse(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "the keys could not be removed; try again",
+            );
+        }
+    };
+    let recycled = pool.recycle_user(&who.user);
+    tracing::info!(user = %who.user, agent = %agent, removed, recycled, outcome = "ok", "agent sign-out");
+    StatusCode::NO_CONTENT.into_response()
+}

@@ -1,0 +1,92 @@
+//! The statements behind users' sealed agent keys (`user_secrets`), written once for both
+//! databases. The store never sees a value: only what [`crate::secrets::Sealer`] made of it.
+
+use sqlx::{Database, Encode, Executor, FromRow, IntoArguments, Postgres, Sqlite, Type};
+
+/// One sealed key as stored.
+#[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
+pub struct StoredSecret {
+    /// The agent it is for.
+    pub agent: String,
+    /// The environment variable.
+    pub name: String,
+    /// Fingerprint of the key that sealed it.
+    pub key_id: String,
+    /// Its nonce.
+    pub nonce: Vec<u8>,
+    /// Ciphertext and tag.
+    pub ciphertext: Vec<u8>,
+    /// When it was set (epoch µs).
+    pub updated_at: i64,
+}
+
+const COLUMNS: &str = "agent, name, key_id, nonce, ciphertext, updated_at";
+
+/// The `user_secrets` statements, for any database that can run them.
+pub(crate) trait SecretSql: Database
+where
+    for<'q> Self::Arguments<'q>: IntoArguments<'q, Self>,
+    for<'c> &'c mut Self::Connection: Executor<'c, Database = Self>,
+    for<'q> &'q str: Encode<'q, Self> + Type<Self>,
+    for<'q> &'q [u8]: Encode<'q, Self> + Type<Self>,
+    for<'q> i64: Encode<'q, Self> + Type<Self>,
+    for<'r> StoredSecret: FromRow<'r, Self::Row>,
+{
+    /// Sets (or replaces) one of `owner`'s keys.
+    async fn put_secret<'c>(
+        e: impl Executor<'c, Database = Self>,
+        owner: &str,
+        s: &StoredSecret,
+    ) -> Result<(), sqlx::Error> {
+        sqlx::query(
+            "INSERT INTO user_secrets (owner, agent, name, key_id, nonce, ciphertext, updated_at)
+             VALUES ($1, $2, $3, $4, $5, $6, $7)
+             ON CONFLICT (owner, agent, name) DO UPDATE SET key_id = excluded.key_id, nonce = excluded.nonce,
+                 ciphertext = excluded.ciphertext, updated_at = excluded.updated_at",
+        )
+        .bind(owner)
+        .bind(s.agent.as_str())
+        .bind(s.name.as_str())
+        .bind(s.key_id.as_str())
+        .bind(s.nonce.as_slice())
+        .bind(s.ciphertext.as_slice())
+        .bind(s.updated_at)
+        .execute(e)
+        .await?;
+        Ok(())
+    }
+
+    /// `owner`'s keys for `agent`, by name.
+    async fn secrets_for<'c>(
+        e: impl Executor<'c, Database = Self>,
+        owner: &str,
+        agent: &str,
+    ) -> Result<Vec<StoredSecret>, sqlx::Error> {
+        let sql = format!("SELECT {COLUMNS} FROM user_secrets WHERE owner = $1 AND agent = $2 ORDER BY name");
+        sqlx::query_as(&sql).bind(owner).bind(agent).fetch_all(e).await
+    }
+
+    /// Every key of `owner`, by agent and name.
+    async fn all_secrets<'c>(
+        e: impl Executor<'c, Database = Self>,
+        owner: &str,
+    ) -> Result<Vec<StoredSecret>, sqlx::Error> {
+        let sql = format!("SELECT {COLUMNS} FROM user_secrets WHERE owner = $1 ORDER BY agent, name");
+        sqlx::query_as(&sql).bind(owner).fetch_all(e).await
+    }
+
+    /// Removes `owner`'s keys for `agent`; how many there were.
+    async fn delete_secrets<'c>(
+        e: impl Executor<'c, Database = Self>,
+        owner: &str,
+        agent: &str,
+    ) -> Result<u64, sqlx::Error> {
+        // RETURNING: sqlx's result types share no trait for the count.
+        let sql = format!("DELETE FROM user_secrets WHERE owner = $1 AND agent = $2 RETURNING {COLUMNS}");
+        let gone: Vec<StoredSecret> = sqlx::query_as(&sql).bind(owner).bind(agent).fetch_all(e).await?;
+        Ok(gone.len() as u64)
+    }
+}
+
+impl SecretSql for Sqlite {}
+impl SecretSql for Postgres {}

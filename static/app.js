@@ -18,6 +18,7 @@ import { ToolCard } from './js/tools.js';
 import { Message } from './js/message.js';
 import { Controls } from './js/controls.js';
 import { atEnd, el as h, $, soon } from './js/dom.js';
+import { methodsOf, signInCard } from './js/signin.js';
 
 // ---------------------------------------------------------------------------------------------
 // 1. Helpers
@@ -448,7 +449,7 @@ class Conversation {
 
 const ui = {
   app: $('app'), signin: $('signin'), log: $('log'), permissions: $('permissions'),
-  agentSelect: $('agent-select'), newSession: $('new-session'), search: $('session-search'),
+  agentSelect: $('agent-select'), agentSignIn: $('agent-signin'), newSession: $('new-session'), search: $('session-search'),
   list: $('session-list'), empty: $('session-empty'), loadMore: $('load-more'),
   title: $('session-title'), agentLabel: $('session-agent'), conn: $('conn-status'),
   composer: $('composer'), input: $('prompt-input'), send: $('send'), stop: $('stop'), cwd: $('cwd-input'),
@@ -589,13 +590,13 @@ ui.agentSelect.addEventListener('change', () => {
 });
 
 // --- agent login ---------------------------------------------------------------------------
-// An agent that needs its own login (claude, codex, …) refuses session/new with -32000 and lists
-// its auth methods in `initialize`. Each becomes a button that sends ACP `authenticate`; the
-// gateway passes it to this user's own agent process. Agent strings only ever go to textContent.
+// An agent that needs its own login (claude, codex, …) answers -32000 to session/new or to a
+// prompt and lists its auth methods in `initialize`; js/signin.js offers each as the agent
+// describes it, and after a sign-in what failed is retried. The Sign in button beside the agent
+// opens the same card at any time (with Sign out when the user has keys there).
 
 function authMethods() {
-  const methods = conn.info?.authMethods;
-  return Array.isArray(methods) ? methods.filter((m) => m && typeof m.id === 'string') : [];
+  return methodsOf(conn.info);
 }
 
 function closeAgentLogin() {
@@ -603,57 +604,48 @@ function closeAgentLogin() {
   state.agentLogin = null;
 }
 
-function showAgentLogin(err) {
-  closeAgentLogin();
-  const status = h('p', { class: 'agent-auth-status', role: 'status', testid: 'agent-auth-status' });
-  const buttons = [];
-  const items = authMethods().map((method) => {
-    const button = h('button', {
-      type: 'button', class: 'secondary', testid: 'auth-method', 'data-method-id': method.id,
-      text: typeof method.name === 'string' && method.name ? method.name : method.id,
-      onclick: () => signInToAgent(method, { card, buttons, status }),
-    });
-    buttons.push(button);
-    const about = typeof method.description === 'string' && method.description
-      ? h('span', { class: 'muted small', text: method.description }) : null;
-    return h('li', {}, button, about);
-  });
-  const card = h('div', { class: 'agent-auth', role: 'group', 'aria-labelledby': 'agent-auth-title', testid: 'agent-auth' },
-    h('p', { id: 'agent-auth-title', class: 'agent-auth-title' },
-      h('strong', { text: 'The agent needs you to sign in. ' }), h('span', { class: 'muted', text: err.message })),
-    h('ul', { class: 'agent-auth-methods' }, items),
-    status);
-  state.agentLogin = card;
-  ui.permissions.prepend(card);
-  buttons[0]?.focus();
+/** The keys this user has set for the current agent (names and times, from /api/agents). */
+function myKeys() {
+  const agent = state.agents.find((a) => a.name === conn.agent);
+  return Array.isArray(agent?.keys) ? agent.keys : [];
 }
 
-async function signInToAgent(method, { card, buttons, status }) {
-  const name = typeof method.name === 'string' && method.name ? method.name : method.id;
-  buttons.forEach((b) => { b.disabled = true; });
-  status.dataset.state = 'pending';
-  status.textContent = `Signing in with ${name}…`;
-  try {
-    await conn.request('authenticate', { methodId: method.id });
-  } catch (err) {
-    status.dataset.state = 'failed';
-    status.textContent = err instanceof ConnectionLost
-      ? 'Connection lost; try again.' : `Sign-in failed: ${err.message}${err.code != null ? ` (code ${err.code})` : ''}`;
-    buttons.forEach((b) => { b.disabled = false; });
-    return;
-  }
-  status.dataset.state = 'ok';
-  status.textContent = `Signed in with ${name}.`;
-  if (state.agentLogin === card) state.agentLogin = null;
-  card.remove();
-  try {
-    await newSession();
-    conv.note(`Signed in to the agent with ${name}.`);
-    ui.input.focus();
-  } catch (err) {
-    reportError(err);
-  }
+function showAgentLogin(err, retry) {
+  closeAgentLogin();
+  const card = signInCard({
+    agent: conn.agent,
+    methods: authMethods(),
+    error: err,
+    keys: myKeys(),
+    authenticate: (methodId) => conn.request('authenticate', { methodId }),
+    onSignedIn: async (name) => {
+      if (state.agentLogin === card) state.agentLogin = null;
+      await loadAgents();
+      const note = `Signed in to the agent with ${name}.`;
+      try {
+        // `retry` says it where what it does would not wipe it (a new session clears the log).
+        if (retry) await retry(note);
+        else conv.note(note);
+        ui.input.focus();
+      } catch (e) {
+        reportError(e);
+      }
+    },
+    onSignedOut: async () => {
+      if (state.agentLogin === card) state.agentLogin = null;
+      await loadAgents();
+      conv.note('Signed out of the agent: your keys for it are removed.');
+    },
+  });
+  state.agentLogin = card;
+  ui.permissions.prepend(card);
+  card.querySelector('input, button')?.focus();
 }
+
+ui.agentSignIn.addEventListener('click', () => {
+  closeSidebar();
+  showAgentLogin(null, null);
+});
 
 // --- session list --------------------------------------------------------------------------
 
@@ -820,7 +812,7 @@ async function newSession() {
     result = await conn.request('session/new', { cwd, mcpServers: [] });
   } catch (err) {
     if (err instanceof RpcError && err.code === AUTH_REQUIRED && authMethods().length) {
-      showAgentLogin(err);
+      showAgentLogin(err, async (note) => { await newSession(); conv.note(note); });
       throw new AgentLoginNeeded();
     }
     throw err;
@@ -894,6 +886,13 @@ async function sendPrompt() {
     }
   } catch (err) {
     controls.endTurn(id, null);
+    // Not signed in (claude-agent-acp answers a prompt so): the text goes back into the box and
+    // is sent again once the user has signed in, never lost.
+    if (err instanceof RpcError && err.code === AUTH_REQUIRED && authMethods().length && state.current?.id === id) {
+      if (!ui.input.value) ui.input.value = text;
+      showAgentLogin(err, (note) => { conv.note(note); return sendPrompt(); });
+      return;
+    }
     if (state.current?.id === id) reportError(err);
     // A lost connection is no verdict: the turn may go on, and the catch-up shows how it ended.
     if (!(err instanceof ConnectionLost)) {

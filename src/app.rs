@@ -115,6 +115,7 @@ impl Application {
             draining: AtomicBool::new(false),
             drain: CancellationToken::new(),
             replica,
+            signins: Arc::default(),
         });
         Ok(Self {
             listener,

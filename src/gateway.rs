@@ -45,6 +45,8 @@ pub struct Gateway {
     pub quotas: Arc<Quotas>,
     /// Prefix of connection ids, unique per replica run.
     pub replica: String,
+    /// Sign-ins under way (one per user and agent).
+    pub signins: Arc<crate::signin::Running>,
 }
 
 impl Gateway {

@@ -25,6 +25,8 @@
 //! - [`demo_agent`]: the built-in offline ACP agent.
 //! - [`telemetry`]: logs and the Prometheus recorder.
 //! - [`metrics`]: every Prometheus series: names, help, labels known at start, buckets.
+//! - [`signin`]: signing users in to agents: a `terminal` method's login program in a
+//!   pseudo-terminal, in the user's sandbox.
 //! - [`tenancy`]: what a user's agent process can reach: environment, home, workspaces, sandbox.
 //! - [`traces`]: OpenTelemetry spans per client and agent request (OTLP/HTTP), W3C context to agents.
 
@@ -45,6 +47,7 @@ pub(crate) mod protocol;
 pub mod quota;
 pub mod replica;
 pub mod session;
+pub mod signin;
 pub mod store;
 pub mod telemetry;
 pub mod tenancy;

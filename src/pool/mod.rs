@@ -536,6 +536,23 @@ impl AgentPool {
             .collect()
     }
 
+    /// Stops every process of `user` (idle or not; their sessions are restored on fresh ones
+    /// when next used), so that the next ones start with what changed in the user's home, such
+    /// as new credentials. Returns how many.
+    pub fn recycle_user(&self, user: &str) -> usize {
+        let procs = self.procs.lock().unwrap_or_else(|e| e.into_inner());
+        let mine = procs
+            .iter()
+            .filter(|p| !p.is_dead() && p.owner().as_deref() == Some(user));
+        let mut stopped = 0;
+        for p in mine {
+            tracing::info!(agent = %self.name, process = p.id, user = %user, "recycling the user's agent process");
+            p.stop();
+            stopped += 1;
+        }
+        stopped
+    }
+
     /// Stops every process.
     pub fn stop_all(&self) {
         for p in self.procs.lock().unwrap_or_else(|e| e.into_inner()).iter() {

@@ -125,6 +125,7 @@ impl Application {
             drain: CancellationToken::new(),
             replica,
             keys,
+            signins: Arc::default(),
         });
         Ok(Self {
             listener,

@@ -50,6 +50,25 @@ pub struct Config {
     /// base64); generated once into the data directory when unset. Replicas must share it.
     #[serde(serialize_with = "never_serialize_secret")]
     pub secrets_key: Option<SecretString>,
+    /// Signing users in to agents.
+    pub signin: SigninConfig,
+}
+
+/// Signing users in to agents (`authMethods`).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct SigninConfig {
+    /// How long a `terminal` sign-in may run, start to end, before its process group is killed
+    /// (`ACP_GATEWAY_SIGNIN_TERMINAL_TIMEOUT_SECS`).
+    pub terminal_timeout_secs: u64,
+}
+
+impl Default for SigninConfig {
+    fn default() -> Self {
+        Self {
+            terminal_timeout_secs: 600,
+        }
+    }
 }
 
 /// JWT settings. Either `secret` (HS256) or `public_key` (RS256/ES256/EdDSA) is used; with neither,
@@ -297,6 +316,7 @@ impl Default for Config {
             user_homes: String::from("{data_dir}/homes/{user}"),
             workspace_roots: vec![String::from("{data_dir}/workspaces/{user}")],
             secrets_key: None,
+            signin: SigninConfig::default(),
         }
     }
 }
@@ -344,6 +364,12 @@ const ENV_KEYS: &[(&str, &str)] = &[
     ("ACP_GATEWAY_SECRETS_KEY", "secrets_key"),
 ];
 
+/// Environment variables that set a number, and their config keys.
+const ENV_NUMBERS: &[(&str, &str)] = &[(
+    "ACP_GATEWAY_SIGNIN_TERMINAL_TIMEOUT_SECS",
+    "signin.terminal_timeout_secs",
+)];
+
 impl Config {
     /// Loads defaults → file → environment → CLI.
     pub fn load(cli: &CliOverrides) -> Result<Self, ConfigError> {
@@ -365,6 +391,14 @@ impl Config {
         for (var, key) in ENV_KEYS {
             if let Some(value) = env(var).filter(|v| !v.is_empty()) {
                 figment = figment.merge((*key, value));
+            }
+        }
+        for (var, key) in ENV_NUMBERS {
+            if let Some(value) = env(var).filter(|v| !v.trim().is_empty()) {
+                let n: u64 = value.trim().parse().map_err(|_| {
+                    ConfigError::Invalid(format!("{var} ({key}): expected a whole number, found {value:?}"))
+                })?;
+                figment = figment.merge((*key, n));
             }
         }
         // A list in the environment: comma-separated.
@@ -533,6 +567,18 @@ mod tests {
         assert_eq!(c.agents[DEFAULT_AGENT].pool.max_processes, 3);
         assert_eq!(c.agents["py"].args, vec!["a.py"]);
         assert!(c.jwt.secret.is_some(), "a numeric secret stays a string");
+    }
+
+    #[test]
+    fn signin_timeout_from_file_and_env() {
+        assert_eq!(load(None, &[]).expect("loads").signin.terminal_timeout_secs, 600);
+        let file = Some("[signin]\nterminal_timeout_secs = 30\n");
+        assert_eq!(load(file, &[]).expect("loads").signin.terminal_timeout_secs, 30);
+        let env = [("ACP_GATEWAY_SIGNIN_TERMINAL_TIMEOUT_SECS", "45")];
+        assert_eq!(load(file, &env).expect("loads").signin.terminal_timeout_secs, 45);
+        let env = [("ACP_GATEWAY_SIGNIN_TERMINAL_TIMEOUT_SECS", "soon")];
+        let err = load(None, &env).expect_err("not a number").to_string();
+        assert!(err.contains("ACP_GATEWAY_SIGNIN_TERMINAL_TIMEOUT_SECS"), "{err}");
     }
 
     #[test]

@@ -48,6 +48,8 @@ pub struct Gateway {
     pub replica: String,
     /// Keys users give their agents, sealed at rest.
     pub keys: Arc<Keys>,
+    /// Sign-ins under way (one per user and agent).
+    pub signins: Arc<crate::signin::Running>,
 }
 
 impl Gateway {

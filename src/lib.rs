@@ -26,6 +26,8 @@
 //! - [`telemetry`]: logs and the Prometheus recorder.
 //! - [`metrics`]: every Prometheus series: names, help, labels known at start, buckets.
 //! - [`secrets`]: keys users give their agents, sealed at rest (XChaCha20-Poly1305).
+//! - [`signin`]: signing users in to agents: a `terminal` method's login program in a
+//!   pseudo-terminal, in the user's sandbox.
 //! - [`tenancy`]: what a user's agent process can reach: environment, home, workspaces, sandbox.
 //! - [`traces`]: OpenTelemetry spans per client and agent request (OTLP/HTTP), W3C context to agents.
 
@@ -47,6 +49,7 @@ pub mod quota;
 pub mod replica;
 pub mod secrets;
 pub mod session;
+pub mod signin;
 pub mod store;
 pub mod telemetry;
 pub mod tenancy;

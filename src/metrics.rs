@@ -46,6 +46,8 @@ pub const AGENT_PROCESSES: &str = "acp_gateway_agent_processes";
 pub const AGENT_SPAWNS: &str = "acp_gateway_agent_spawns_total";
 /// Agent processes that could not be started or initialized, by `agent` (counter).
 pub const AGENT_SPAWN_FAILURES: &str = "acp_gateway_agent_spawn_failures_total";
+/// Sign-ins to agents, by `agent`, `method_type` and `outcome` (counter).
+pub const AGENT_SIGNINS: &str = "acp_gateway_agent_signins_total";
 /// Agent processes that ended without the gateway asking, by `agent` (counter).
 pub const AGENT_CRASHES: &str = "acp_gateway_agent_crashes_total";
 /// Messages received, by `peer` and `method` (counter).
@@ -126,6 +128,22 @@ pub const RESTORE_METHODS: &[&str] = &["session/resume", "session/load"];
 
 /// `outcome` of [`SESSION_RESTORES`].
 pub const OUTCOMES: &[&str] = &["ok", "error"];
+
+/// `method_type` of [`AGENT_SIGNINS`].
+pub const SIGNIN_METHOD_TYPES: &[&str] = &["terminal"];
+
+/// `outcome` of [`AGENT_SIGNINS`]: the program exited 0; exited otherwise; the user cancelled
+/// or closed the socket; the time limit; the output limit; the gateway shut down; it could not
+/// start.
+pub const SIGNIN_OUTCOMES: &[&str] = &[
+    "ok",
+    "failed",
+    "cancelled",
+    "timeout",
+    "output_limit",
+    "shutdown",
+    "error",
+];
 
 /// What a client sends the gateway (`peer="client"` of [`MESSAGES_IN`]); the rest is `other`.
 pub const FROM_CLIENT: &[&str] = &[
@@ -302,6 +320,12 @@ pub fn describe_and_zero<'a>(agents: impl IntoIterator<Item = &'a str>) {
                     .increment(0);
             }
         }
+        for method_type in SIGNIN_METHOD_TYPES {
+            for outcome in SIGNIN_OUTCOMES {
+                metrics::counter!(AGENT_SIGNINS, "agent" => agent.clone(), "method_type" => *method_type, "outcome" => *outcome)
+                    .increment(0);
+            }
+        }
         for state in PROCESS_STATES {
             metrics::gauge!(AGENT_PROCESSES, "agent" => agent.clone(), "state" => *state).increment(0.0);
         }
@@ -348,6 +372,10 @@ fn describe() {
     describe_counter!(
         AGENT_SPAWN_FAILURES,
         "Agent processes that could not be started or did not initialize, by agent."
+    );
+    describe_counter!(
+        AGENT_SIGNINS,
+        "Sign-ins to agents, by agent, method_type (terminal) and outcome: ok, failed (the program exited non-zero), cancelled (by the user or a closed socket), timeout, output_limit, shutdown, error (could not start)."
     );
     describe_counter!(
         AGENT_CRASHES,
@@ -472,6 +500,12 @@ pub fn auth_failure(reason: &'static str) {
 /// Counts a refusal at a per-user cap; `cap` is one of [`CAPS`].
 pub fn cap_hit(cap: &'static str) {
     metrics::counter!(CAP_HITS, "cap" => cap).increment(1);
+}
+
+/// Counts one sign-in of `agent` by its outcome (one of [`SIGNIN_OUTCOMES`]).
+pub fn signin(agent: &str, method_type: &'static str, outcome: &'static str) {
+    metrics::counter!(AGENT_SIGNINS, "agent" => agent.to_string(), "method_type" => method_type, "outcome" => outcome)
+        .increment(1);
 }
 
 /// Seconds since `start`, for histograms.

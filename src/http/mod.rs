@@ -1,5 +1,6 @@
 //! HTTP routes, merged in one place: health and metrics, the `/acp` WebSocket endpoint, the REST
-//! API, the web UI's workspace browser (`fs`), the web UI's login, and the static web UI; with
+//! API, the web UI's workspace browser (`fs`), agents' terminal sign-ins (`signin`), the web UI's
+//! login, and the static web UI; with
 //! what they share: who the caller is (`auth`) and how a failed call becomes an answer (`error`).
 
 mod acp;
@@ -10,6 +11,7 @@ mod health;
 mod keys;
 mod rest;
 mod server;
+mod signin;
 
 pub(crate) use server::serve;
 
@@ -40,6 +42,7 @@ pub fn router(gw: Arc<Gateway>) -> Router {
         .merge(rest::router())
         .merge(fs::router())
         .merge(keys::router())
+        .merge(signin::router())
         .fallback_service(static_files)
         .layer(SetResponseHeaderLayer::if_not_present(
             header::X_CONTENT_TYPE_OPTIONS,

@@ -36,8 +36,12 @@ impl super::AgentPool {
     /// sessions are restored on a new process at their next request). How many were stopped.
     pub fn recycle_user(&self, user: &str) -> usize {
         let procs = self.procs.lock().unwrap_or_else(|e| e.into_inner());
-        let mine: Vec<_> = procs.iter().filter(|p| p.owner().as_deref() == Some(user)).collect();
+        let mine: Vec<_> = procs
+            .iter()
+            .filter(|p| !p.is_dead() && p.owner().as_deref() == Some(user))
+            .collect();
         for p in &mine {
+            tracing::info!(agent = %self.name, process = p.id, user = %user, "recycling the user's agent process");
             p.stop();
         }
         mine.len()

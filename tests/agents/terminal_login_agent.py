@@ -1,0 +1,106 @@
+#!/usr/bin/env python3
+"""A tiny ACP v1 stdio agent (standard library only) whose ``initialize`` lists sign-in methods,
+and the login programs its ``terminal`` methods run, for tests/signin_terminal.rs.
+
+Run without arguments it is the agent. Its methods (``MARKER`` from its environment is put on
+every login program's command line, so a test can find the processes):
+  * ``login``: ``terminal``, ``_meta.terminal-auth`` naming this file in ``login`` mode;
+  * ``plain``: ``terminal`` without ``_meta``: the agent's own command line plus ``login MARKER``;
+  * ``sleep``, ``flood``: ``terminal``, this file in that mode;
+  * ``agent-login``: of type ``agent`` (not a terminal).
+
+Run as ``terminal_login_agent.py MODE MARKER`` it is a login program:
+  * ``login``: prints ``HOME=``, ``TERM=``, ``SHELL-SET=`` and ``PROBE-READABLE=`` (whether the
+    file ``PROBE_PATH`` names can be read), then ``Paste code:``, reads a line from its terminal,
+    writes it to ``$HOME/.login-ok`` and exits 0;
+  * ``sleep``: starts a child that sleeps (with ``MARKER`` in its arguments), prints
+    ``sleeping`` and sleeps;
+  * ``flood``: writes without end.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+HERE = os.path.abspath(__file__)
+
+
+def readable(path: str) -> bool:
+    try:
+        with open(path, "rb") as f:
+            f.read(1)
+        return True
+    except OSError:
+        return False
+
+
+def login_program(mode: str, marker: str) -> None:
+    out = sys.stdout
+    if mode == "login":
+        home = os.environ.get("HOME", "")
+        out.write(f"HOME={home}\r\nTERM={os.environ.get('TERM', '')}\r\n")
+        out.write(f"SHELL-SET={'SHELL' in os.environ}\r\n")
+        out.write(f"PROBE-READABLE={readable(os.environ.get('PROBE_PATH', '/nonexistent'))}\r\n")
+        out.write("Paste code: ")
+        out.flush()
+        code = sys.stdin.readline().strip()
+        with open(os.path.join(home, ".login-ok"), "w") as f:
+            f.write(code)
+        out.write("\r\nsigned in\r\n")
+        out.flush()
+        sys.exit(0)
+    if mode == "sleep":
+        subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)", marker])
+        out.write("sleeping\r\n")
+        out.flush()
+        time.sleep(600)
+        sys.exit(3)
+    if mode == "flood":
+        chunk = "x" * 65536
+        while True:
+            out.write(chunk)
+            out.flush()
+    sys.exit(2)
+
+
+def send(msg: dict) -> None:
+    sys.stdout.write(json.dumps(msg) + "\n")
+    sys.stdout.flush()
+
+
+def agent() -> None:
+    marker = os.environ.get("MARKER", "no-marker")
+
+    def meta(mode: str) -> dict:
+        return {"terminal-auth": {"command": sys.executable, "args": [HERE, mode, marker], "label": mode}}
+
+    methods = [
+        {"id": "login", "name": "Log in", "type": "terminal", "args": ["--cli"], "_meta": meta("login")},
+        {"id": "plain", "name": "Log in", "type": "terminal", "args": ["login", marker]},
+        {"id": "sleep", "name": "Sleep", "type": "terminal", "_meta": meta("sleep")},
+        {"id": "flood", "name": "Flood", "type": "terminal", "_meta": meta("flood")},
+        {"id": "agent-login", "name": "Agent", "type": "agent"},
+    ]
+    for line in sys.stdin:
+        msg = json.loads(line)
+        method, mid = msg.get("method"), msg.get("id")
+        if mid is None or method is None:
+            continue
+        if method == "initialize":
+            send({"jsonrpc": "2.0", "id": mid, "result": {
+                "protocolVersion": 1, "agentCapabilities": {}, "authMethods": methods}})
+        elif method == "session/new":
+            send({"jsonrpc": "2.0", "id": mid, "result": {"sessionId": f"s-{os.getpid()}"}})
+        else:
+            send({"jsonrpc": "2.0", "id": mid, "error": {"code": -32601, "message": "method not found"}})
+
+
+if __name__ == "__main__":
+    if len(sys.argv) >= 3:
+        login_program(sys.argv[1], sys.argv[2])
+    else:
+        agent()

@@ -300,3 +300,35 @@ async fn one_sign_in_at_a_time_per_user_and_agent() {
     read_until(&mut again, "Paste code:").await;
     gw.stop().await;
 }
+
+/// What a sign-in runs comes from the caller's own agent process: a user who shapes what their
+/// agent answers in `initialize` (here through a file in their HOME) cannot choose the program
+/// another user's sign-in runs, even when theirs was the last process to initialize.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_program_comes_from_the_callers_own_agent() {
+    let mark = marker();
+    let (gw, data) = gateway(&mark, |_| {}).await;
+    let pool = gw.gw.pools.get("term").expect("term").clone();
+    let bob: std::sync::Arc<str> = "bob".into();
+    let mallory: std::sync::Arc<str> = "mallory".into();
+    pool.process_for(&bob).await.expect("bob's process");
+    std::fs::create_dir_all(home(&data, "mallory")).expect("home");
+    std::fs::write(home(&data, "mallory").join("login-mode"), "sleep").expect("shape her agent");
+    pool.process_for(&mallory)
+        .await
+        .expect("mallory's process, initialized last");
+    let mut ws = open(&gw, Some("bob"), "term", "login").await.expect("upgrades");
+    let shown = read_until(&mut ws, "Paste code:").await;
+    assert!(!shown.contains("sleeping"), "{shown}");
+    ws.send(Message::binary(b"bob-code\r".to_vec())).await.expect("code");
+    assert_eq!(last_word(&mut ws).await.0, json!({"type": "exit", "code": 0}));
+    // And mallory's own sign-in runs what her agent says.
+    let mut ws = open(&gw, Some("mallory"), "term", "login").await.expect("upgrades");
+    read_until(&mut ws, "sleeping").await;
+    ws.send(Message::text(json!({"type": "cancel"}).to_string()))
+        .await
+        .expect("cancel");
+    last_word(&mut ws).await;
+    eventually("nothing of the logins left", || processes_matching(&mark).is_empty()).await;
+    gw.stop().await;
+}

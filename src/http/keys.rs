@@ -93,7 +93,7 @@ async fn set_keys(
         Err((status, message)) => return refuse(status, message),
     };
     let user: Arc<str> = Arc::from(who.user.as_str());
-    let info = match pool.info_for(&user).await {
+    let info = match pool.own_info(&user).await {
         Ok(info) => info,
         Err(e) => {
             return refuse(
@@ -136,11 +136,13 @@ async fn set_keys(
     }
     if let Err(e) = gw.keys.set(&who.user, &agent, &vars).await {
         tracing::error!(user = %who.user, agent = %agent, error = %e, "cannot store the user's agent keys");
+        crate::metrics::signin(&agent, "env_var", "error");
         return refuse(
             StatusCode::SERVICE_UNAVAILABLE,
             "the keys could not be stored; try again",
         );
     }
+    crate::metrics::signin(&agent, "env_var", "ok");
     let recycled = pool.recycle_user(&who.user);
     let names: Vec<&str> = vars.iter().map(|(n, _)| n.as_str()).collect();
     tracing::info!(user = %who.user, agent = %agent, method = %body.method_id, method_type = "env_var", vars = ?names, recycled, outcome = "ok", "agent sign-in");

@@ -90,7 +90,7 @@ async fn upgrade(
         );
     }
     let user: Arc<str> = Arc::from(who.user.as_str());
-    let info = match tokio::time::timeout(INFO_TIMEOUT, pool.info_for(&user)).await {
+    let info = match tokio::time::timeout(INFO_TIMEOUT, pool.own_info(&user)).await {
         Ok(Ok(info)) => info,
         Ok(Err(e)) => return refuse(StatusCode::BAD_GATEWAY, &e.message),
         Err(_) => return refuse(StatusCode::GATEWAY_TIMEOUT, "timed out starting the agent"),

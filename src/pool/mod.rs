@@ -368,7 +368,9 @@ impl AgentPool {
                 return Err(e);
             }
         };
-        *self.info.lock().unwrap_or_else(|e| e.into_inner()) = Some(Arc::new(info));
+        let info = Arc::new(info);
+        let _ = p.info.set(info.clone());
+        *self.info.lock().unwrap_or_else(|e| e.into_inner()) = Some(info);
         self.procs.lock().unwrap_or_else(|e| e.into_inner()).push(p.clone());
         Ok(p)
     }

@@ -91,6 +91,9 @@ pub struct AgentProcess {
     asks: Mutex<HashSet<Box<str>>>,
     /// Reference for `last_active_ms`.
     started: Instant,
+    /// What this process said in `initialize` (a user's own process may say other things than
+    /// another user's: its sign-in methods are taken from here, never from someone else's).
+    pub(super) info: std::sync::OnceLock<Arc<super::AgentInfo>>,
     /// The last stderr lines, logged when the process ends. The stderr reader holds it weakly,
     /// so it stops once the process is dropped.
     stderr_tail: Arc<StderrTail>,
@@ -204,6 +207,7 @@ impl AgentProcess {
             handing_on: AtomicBool::new(false),
             asks: Mutex::new(HashSet::new()),
             started: Instant::now(),
+            info: std::sync::OnceLock::new(),
             stderr_tail: Arc::default(),
             stderr_ended: CancellationToken::new(),
         });

@@ -4,7 +4,8 @@ and the login programs its ``terminal`` methods run, for tests/signin_terminal.r
 
 Run without arguments it is the agent. Its methods (``MARKER`` from its environment is put on
 every login program's command line, so a test can find the processes):
-  * ``login``: ``terminal``, ``_meta.terminal-auth`` naming this file in ``login`` mode;
+  * ``login``: ``terminal``, ``_meta.terminal-auth`` naming this file in ``login`` mode (or the
+    mode ``$HOME/login-mode`` names: what one user makes their own agent say);
   * ``plain``: ``terminal`` without ``_meta``: the agent's own command line plus ``login MARKER``;
   * ``sleep``, ``flood``: ``terminal``, this file in that mode;
   * ``agent-login``: of type ``agent`` (not a terminal).
@@ -78,8 +79,16 @@ def agent() -> None:
     def meta(mode: str) -> dict:
         return {"terminal-auth": {"command": sys.executable, "args": [HERE, mode, marker], "label": mode}}
 
+    # A user can shape what their own agent answers (a file in their HOME): the ``login`` method
+    # then runs the mode that file names. Another user's sign-in must never run it.
+    try:
+        with open(os.path.join(os.environ.get("HOME", "/nonexistent"), "login-mode")) as f:
+            login_mode = f.read().strip()
+    except OSError:
+        login_mode = "login"
+
     methods = [
-        {"id": "login", "name": "Log in", "type": "terminal", "args": ["--cli"], "_meta": meta("login")},
+        {"id": "login", "name": "Log in", "type": "terminal", "args": ["--cli"], "_meta": meta(login_mode)},
         {"id": "plain", "name": "Log in", "type": "terminal", "args": ["login", marker]},
         {"id": "sleep", "name": "Sleep", "type": "terminal", "_meta": meta("sleep")},
         {"id": "flood", "name": "Flood", "type": "terminal", "_meta": meta("flood")},

@@ -14,6 +14,7 @@ PACKAGES=(
   "@highlightjs/cdn-assets@11.12.0" # syntax highlighting (common languages) and its themes
   "diff@9.0.0"                     # line diffs for `diff` tool-call content
   "anser@2.3.5"                    # ANSI SGR escapes to structured spans (terminal output)
+  "@xterm/xterm@6.0.0"             # the in-page terminal of terminal sign-ins (signin-terminal.html)
 )
 
 out=static/vendor
@@ -54,6 +55,10 @@ for spec in "${PACKAGES[@]}"; do
       cp "$p/styles/github-dark.min.css" "$dest/highlight-dark.css" ;;
     diff) as_module "$p/dist/diff.js" "$dest/diff.js" "jsdiff $version (BSD-3-Clause), dist/diff.js" ;;
     anser) as_module "$p/lib/index.js" "$dest/anser.js" "anser $version (MIT), lib/index.js" ;;
+    @xterm/xterm)
+      # The ES module without its source-map comment (the map is not vendored).
+      sed '/^\/\/# sourceMappingURL=/d' "$p/lib/xterm.mjs" > "$dest/xterm.js"
+      cp "$p/css/xterm.css" "$dest/xterm.css" ;;
   esac
   license=$(ls "$p" | grep -iE '^licen[cs]e' | head -1)
   cp "$p/$license" "$dest/licenses/$(echo "$name" | tr '/@' '__' | sed 's/^_//').txt"

@@ -19,7 +19,7 @@ use std::sync::Arc;
 
 use axum::Router;
 use axum::http::{HeaderValue, header};
-use tower_http::services::ServeDir;
+use tower_http::services::{ServeDir, ServeFile};
 use tower_http::set_header::SetResponseHeaderLayer;
 use tower_http::timeout::RequestBodyTimeoutLayer;
 
@@ -31,9 +31,21 @@ const CONTENT_SECURITY_POLICY: &str = "default-src 'self'; script-src 'self'; st
      img-src 'self' data:; connect-src 'self'; object-src 'none'; base-uri 'none'; \
      form-action 'self'; frame-ancestors 'none'";
 
+/// The terminal sign-in page's policy: the same, but xterm.js makes `<style>` elements of its own
+/// (sizes, colours), so this one page may have inline styles. Its scripts stay `'self'`, and
+/// what the terminal shows are characters on its canvas or in its text rows, never markup.
+const TERMINAL_PAGE_POLICY: &str = "default-src 'self'; script-src 'self'; style-src 'self' 'unsafe-inline'; \
+     img-src 'self' data:; connect-src 'self'; object-src 'none'; base-uri 'none'; \
+     form-action 'self'; frame-ancestors 'none'";
+
 /// The whole HTTP surface.
 pub fn router(gw: Arc<Gateway>) -> Router {
     let static_files = ServeDir::new(&gw.config.static_dir);
+    let terminal_page = axum::routing::get_service(ServeFile::new(gw.config.static_dir.join("signin-terminal.html")))
+        .layer(SetResponseHeaderLayer::overriding(
+            header::CONTENT_SECURITY_POLICY,
+            HeaderValue::from_static(TERMINAL_PAGE_POLICY),
+        ));
     // A request body that stops arriving ends the request as the headers' timeout would.
     let body_timeout = std::time::Duration::from_secs(gw.config.limits.header_read_timeout_secs.max(1));
     Router::new()
@@ -43,6 +55,7 @@ pub fn router(gw: Arc<Gateway>) -> Router {
         .merge(fs::router())
         .merge(keys::router())
         .merge(signin::router())
+        .route_service("/signin-terminal.html", terminal_page)
         .fallback_service(static_files)
         .layer(SetResponseHeaderLayer::if_not_present(
             header::X_CONTENT_TYPE_OPTIONS,

@@ -4,7 +4,8 @@
 //   user's processes of that agent, and are never shown again (only "set" and when);
 // - `agent` (the default; codex's `chatgpt`): a button that sends ACP `authenticate` to the
 //   user's own agent process; its answer or error is shown verbatim with the description;
-// - `terminal` (claude's `claude /login`): named, with what it runs; it runs in a terminal.
+// - `terminal` (claude's `claude /login`): opens signin-terminal.html, where the program runs for
+//   this user in an in-page terminal (xterm.js), in their sandbox on the server.
 // After a sign-in, `onSignedIn` retries what failed (a new session, the prompt the user typed).
 // Agent strings only ever go to textContent.
 
@@ -103,7 +104,24 @@ export function signInCard({ agent, methods, error, keys = [], authenticate, onS
     const auth = method._meta?.['terminal-auth'];
     const line = [str(auth?.command), ...(Array.isArray(auth?.args) ? auth.args : Array.isArray(method.args) ? method.args : [])]
       .filter(isString).join(' ');
-    return [h('span', { class: 'muted small', testid: 'auth-terminal', text: `${str(auth?.label) || nameOf(method)}: a terminal login${line ? ` (${line})` : ''}` })];
+    // The program runs on the server for this user; its terminal opens in a page of its own
+    // (signin-terminal.html), which says here when it exited 0.
+    const button = h('button', {
+      type: 'button', class: 'secondary', testid: 'auth-method', 'data-method-id': method.id,
+      text: `Open ${str(auth?.label) || nameOf(method)} in a terminal`,
+      onclick: () => {
+        const channel = new BroadcastChannel('acp-gateway-signin');
+        channel.onmessage = async (event) => {
+          if (event.data?.agent !== agent || event.data?.method !== method.id || !event.data?.ok) return;
+          channel.close();
+          await done(nameOf(method));
+        };
+        say('pending', 'Follow the sign-in in the terminal page; this card goes when it succeeds.');
+        window.open(`/signin-terminal.html?agent=${encodeURIComponent(agent)}&method=${encodeURIComponent(method.id)}`, '_blank');
+      },
+    });
+    controls.push(button);
+    return [button, line ? h('span', { class: 'muted small', testid: 'auth-terminal', text: `runs ${line}` }) : null];
   };
 
   const items = methods.map((method) => {

@@ -88,3 +88,63 @@ describe('signing an agent in with a key, in the browser', { timeout: 120_000 },
     assert.deepEqual(view.errors(), NO_ERRORS);
   });
 });
+
+// A terminal sign-in (claude-agent-acp's `claude /login` kind): the card's button opens the
+// terminal page, where the agent's login program (tests/agents/terminal_login_agent.py) runs for
+// this user in an xterm.js terminal; the user types the code it asks for; it exits 0, and the
+// card in the first page goes with "Signed in".
+describe('a terminal sign-in in the browser', { timeout: 120_000 }, () => {
+  let gw;
+  let browser;
+  let view;
+  let page;
+  let popup;
+  const popupErrors = [];
+  const byId = (id) => page.locator(`[data-testid="${id}"]`);
+
+  before(async () => {
+    gw = await startGateway({ agent: `/usr/bin/python3 ${path.join(REPO, 'tests/agents/terminal_login_agent.py')}` });
+    browser = await openBrowser();
+    view = await browser.open(gw);
+    page = view.page;
+    await connected(page);
+  });
+
+  after(async () => {
+    await browser?.close().catch(() => {});
+    await gw?.dispose();
+  });
+
+  const step = scenario(async () => {
+    await view.shot('failure-signin-terminal');
+    if (popup) await popup.screenshot({ path: path.join(REPO, 'tests/ui/screenshots/failure-signin-terminal-page.png') }).catch(() => {});
+    process.stdout.write(gw.log());
+  });
+
+  step('the card opens the terminal page, where the login program asks for a code', async () => {
+    await byId('agent-signin').click();
+    const button = page.locator('[data-testid="auth-method"][data-method-id="login"]');
+    await button.waitFor();
+    const opened = page.context().waitForEvent('page');
+    await button.click();
+    popup = await opened;
+    popup.on('pageerror', (err) => popupErrors.push(String(err)));
+    popup.on('console', (msg) => { if (msg.type() === 'error') popupErrors.push(msg.text()); });
+    await popup.locator('[data-testid="terminal-status"][data-state="running"]').waitFor();
+    await popup.locator('.xterm-rows', { hasText: 'Paste code:' }).waitFor();
+    await popup.screenshot({ path: path.join(REPO, 'tests/ui/screenshots/signin-terminal.png') });
+  });
+
+  step('the code typed in the terminal signs this user in, and the first page says so', async () => {
+    await popup.locator('.xterm-helper-textarea').focus();
+    await popup.keyboard.type('browser-code');
+    await popup.keyboard.press('Enter');
+    await popup.locator('[data-testid="terminal-status"][data-state="ok"]').waitFor();
+    await byId('agent-auth').waitFor({ state: 'detached' });
+    await page.locator('.note', { hasText: 'Signed in to the agent with Log in.' }).waitFor();
+    const { readFileSync } = await import('node:fs');
+    assert.equal(readFileSync(path.join(gw.tmp, 'homes', 'local', '.login-ok'), 'utf8').trim(), 'browser-code');
+    assert.deepEqual(popupErrors, []);
+    assert.deepEqual(view.errors(), NO_ERRORS);
+  });
+});

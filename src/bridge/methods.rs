@@ -543,6 +543,13 @@ impl Ctx {
                 return Err(e);
             }
         };
+        // Leased first: what the serving agent says (its controls, its updates) is stored only
+        // under the lease.
+        if let Err(e) = self.gw.sessions.lease_new(&session).await {
+            process.release();
+            self.gw.sessions.discard(&self.client.user, &id).await;
+            return Err(e);
+        }
         // The modes, config options and models the agent offers, for session/load to answer with.
         let controls = Controls::from_result(result.get());
         session
@@ -551,11 +558,6 @@ impl Ctx {
                 !c.is_empty()
             })
             .await;
-        if let Err(e) = self.gw.sessions.lease_new(&session).await {
-            process.release();
-            self.gw.sessions.discard(&self.client.user, &id).await;
-            return Err(e);
-        }
         if let Err(e) = session.bind(process.clone(), Arc::from(agent_sid.as_str())) {
             process.release();
             self.gw.sessions.discard(&self.client.user, &id).await;

@@ -18,6 +18,7 @@ import { ToolCard } from './js/tools.js';
 import { Message } from './js/message.js';
 import { Controls } from './js/controls.js';
 import { atEnd, el as h, $, soon } from './js/dom.js';
+import { elicitationCard } from './js/elicitation.js';
 import { methodsOf, signInCard } from './js/signin.js';
 
 // ---------------------------------------------------------------------------------------------
@@ -941,6 +942,9 @@ function handleMessage(msg) {
     case 'session/request_permission':
       if (msg.id != null) showPermission(msg.id, params);
       return;
+    case 'elicitation/create':
+      if (msg.id != null) showElicitation(msg.id, params);
+      return;
     case '$/cancel_request': {
       const key = String(params.requestId);
       state.permissions.get(key)?.remove();
@@ -951,6 +955,22 @@ function handleMessage(msg) {
     default:
       if (msg.id != null) conn.respondError(msg.id, -32601, 'method not supported by the web UI');
   }
+}
+
+/** The agent asks the user something (js/elicitation.js); withdrawn like a permission card. */
+function showElicitation(requestId, params) {
+  const key = String(requestId);
+  const card = elicitationCard(params, (result) => conn.respond(requestId, result), () => {
+    card.remove();
+    state.permissions.delete(key);
+    resolved(key);
+  });
+  state.permissions.get(key)?.remove();
+  state.permissions.set(key, card);
+  ui.permissions.append(card);
+  card.querySelector('input, select, button')?.focus();
+  notice({ sessionId: params.sessionId, kind: 'permission', key, title: 'The agent asks you something',
+    body: `${typeof params.message === 'string' ? params.message : ''} — ${sessionTitle(state.sessions.get(params.sessionId)?.data)}` });
 }
 
 let permissionSeq = 0;

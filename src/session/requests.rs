@@ -1,4 +1,5 @@
-//! Requests from an agent to its client (`session/request_permission`, `fs/*`, `terminal/*`):
+//! Requests from an agent to its client (`session/request_permission`, `elicitation/create`,
+//! `fs/*`, `terminal/*`):
 //! asked of the session's attached clients, settled by the first answer; the others are told
 //! with `$/cancel_request`. With no client attached a request waits for one. Either way it has a
 //! deadline (`permission_wait_secs`): then the agent is answered `cancelled` (an error for other
@@ -124,9 +125,15 @@ impl AgentRequest {
         request
     }
 
-    /// Whether it is asked of every attached client (a permission request) or of the newest.
+    /// Whether it is asked of every attached client (a permission request, or the agent asking
+    /// the user something: `elicitation/create`) or of the newest.
     pub(crate) fn asks_everyone(&self) -> bool {
-        self.method == "session/request_permission"
+        self.method == "session/request_permission" || self.is_elicitation()
+    }
+
+    /// Whether the agent asks the user something (`elicitation/create`).
+    fn is_elicitation(&self) -> bool {
+        self.method == "elicitation/create"
     }
 
     /// The ACP method.
@@ -285,10 +292,13 @@ impl AgentRequest {
         tracing::info!(method = %self.method, "no client answered the agent's request in time");
         self.tell_others(None);
         self.unpublish(None);
-        let everyone = self.asks_everyone();
+        let (permission, elicitation) = (self.method == "session/request_permission", self.is_elicitation());
         let sent = self.for_agent(|id| {
-            if everyone {
+            if permission {
                 protocol::response(id, r#"{"outcome":{"outcome":"cancelled"}}"#)
+            } else if elicitation {
+                // What the spec answers when the user dismissed it without choosing.
+                protocol::response(id, r#"{"action":"cancel"}"#)
             } else {
                 protocol::error(Some(id), &RpcError::internal("no client answered this request in time"))
             }

@@ -79,3 +79,42 @@ impl AgentInfo {
             .is_some_and(|v| !v.is_null())
     }
 }
+
+/// The capabilities the gateway declares when it initializes an agent: the operator's
+/// `client_capabilities` (default: no `fs`, no `terminal`: the agent uses its own tools), plus
+/// what the gateway itself does for the agent's users, unless the operator said otherwise:
+/// terminal sign-ins (`auth.terminal`, and `_meta["terminal-auth"]`, which claude-agent-acp asks
+/// for before it describes its `claude /login` method) and both kinds of `elicitation`.
+pub(super) fn client_capabilities(configured: Option<&serde_json::Value>) -> serde_json::Value {
+    let mut caps = configured
+        .cloned()
+        .unwrap_or_else(|| serde_json::json!({ "fs": { "readTextFile": false, "writeTextFile": false }, "terminal": false }));
+    if let Some(map) = caps.as_object_mut() {
+        map.entry("auth").or_insert_with(|| serde_json::json!({ "terminal": true }));
+        map.entry("elicitation")
+            .or_insert_with(|| serde_json::json!({ "form": {}, "url": {} }));
+        let meta = map.entry("_meta").or_insert_with(|| serde_json::json!({}));
+        if let Some(meta) = meta.as_object_mut() {
+            meta.entry("terminal-auth").or_insert(serde_json::Value::Bool(true));
+        }
+    }
+    caps
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_gateway_declares_terminal_sign_in_and_elicitation_unless_told_otherwise() {
+        let caps = client_capabilities(None);
+        assert_eq!(caps["auth"]["terminal"], true);
+        assert_eq!(caps["_meta"]["terminal-auth"], true);
+        assert_eq!(caps["elicitation"], serde_json::json!({ "form": {}, "url": {} }));
+        assert_eq!(caps["fs"]["readTextFile"], false);
+        let operator = serde_json::json!({ "terminal": true, "auth": { "terminal": false } });
+        let caps = client_capabilities(Some(&operator));
+        assert_eq!(caps["terminal"], true);
+        assert_eq!(caps["auth"]["terminal"], false, "the operator's word stands");
+    }
+}

@@ -335,9 +335,7 @@ impl AgentPool {
             ))
         })?;
         metrics::counter!(crate::metrics::AGENT_SPAWNS, "agent" => self.name.to_string()).increment(1);
-        let client_caps = self.cfg.client_capabilities.clone().unwrap_or_else(
-            || serde_json::json!({ "fs": { "readTextFile": false, "writeTextFile": false }, "terminal": false }),
-        );
+        let client_caps = info::client_capabilities(self.cfg.client_capabilities.as_ref());
         let params = serde_json::json!({
             "protocolVersion": 1,
             "clientCapabilities": client_caps,

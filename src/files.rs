@@ -56,6 +56,20 @@ pub fn private_file(path: &Path) -> io::Result<()> {
     Ok(())
 }
 
+/// Writes `contents` to a new file `path` of mode `0600` (never over an existing one), synced:
+/// the gateway's generated secrets.
+pub fn write_new_private(path: &Path, contents: &[u8]) -> io::Result<()> {
+    use std::io::Write as _;
+    use std::os::unix::fs::OpenOptionsExt as _;
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(path)?;
+    file.write_all(contents)?;
+    file.sync_all()
+}
+
 /// `e` with the operation and the path in its message (the kind kept): "Operation not permitted"
 /// alone does not tell an operator what to fix.
 pub fn named(e: io::Error, operation: &str, path: &Path) -> io::Error {

@@ -9,8 +9,6 @@
 //! gateway started with another key says so instead of handing an agent garbage. Values are
 //! never logged and never returned by a route: only their names and when they were set.
 
-use std::io::Write as _;
-use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
 use std::sync::Arc;
 
@@ -294,16 +292,8 @@ fn kept_key(data_dir: &Path) -> Result<[u8; 32], SecretsError> {
     }
     crate::files::private_dir(data_dir).map_err(io)?;
     let key: [u8; 32] = rand::random();
-    let mut file = std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .open(&path)
-        .map_err(io)?;
     let text = base64::engine::general_purpose::STANDARD.encode(key);
-    file.write_all(text.as_bytes())
-        .and_then(|()| file.sync_all())
-        .map_err(io)?;
+    crate::files::write_new_private(&path, text.as_bytes()).map_err(io)?;
     tracing::info!(file = %path.display(), "generated the key users' agent keys are sealed with (replicas must share one: set ACP_GATEWAY_SECRETS_KEY)");
     Ok(key)
 }

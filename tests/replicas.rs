@@ -448,20 +448,7 @@ async fn rows_left_for_dead_replicas_are_swept() {
 async fn a_lease_the_database_has_not_confirmed_for_a_lease_time_is_not_trusted() {
     use acp_gateway::replica::{Replica, lease::Holder};
     let url = common::pg::fresh_database().await;
-    let store = acp_gateway::store::connect(&url).await.expect("migrated");
-    store
-        .create_session(&acp_gateway::store::NewSession {
-            id: "s",
-            owner: "alice",
-            agent: "demo",
-            agent_session_id: None,
-            cwd: "/",
-            additional_dirs: "[]",
-            meta: "{}",
-            now: 1_700_000_000_000,
-        })
-        .await
-        .expect("session");
+    store_with_session(&url, "s").await;
     let ttl = Duration::from_secs(1);
     let a = Replica::connect(&url, "a", ttl).await.expect("replica a");
     let b = Replica::connect(&url, "b", ttl).await.expect("replica b");
@@ -486,20 +473,7 @@ async fn a_replica_without_the_lease_cannot_overwrite_the_controls() {
     use acp_gateway::replica::{Replica, lease::Holder};
     use acp_gateway::store::SessionWrite;
     let url = common::pg::fresh_database().await;
-    let store = acp_gateway::store::connect(&url).await.expect("migrated");
-    store
-        .create_session(&acp_gateway::store::NewSession {
-            id: "s",
-            owner: "alice",
-            agent: "demo",
-            agent_session_id: None,
-            cwd: "/",
-            additional_dirs: "[]",
-            meta: "{}",
-            now: 1_700_000_000_000,
-        })
-        .await
-        .expect("session");
+    let store = store_with_session(&url, "s").await;
     let b = Replica::connect(&url, "b", Duration::from_secs(LEASE_SECS))
         .await
         .expect("replica b");
@@ -528,4 +502,23 @@ async fn a_replica_without_the_lease_cannot_overwrite_the_controls() {
         stored.contains("b-mode") && !stored.contains("stale-a-mode"),
         "{stored}"
     );
+}
+
+/// The store on `url` (migrated) with alice's session `id` in it.
+async fn store_with_session(url: &str, id: &str) -> std::sync::Arc<dyn acp_gateway::store::Store> {
+    let store = acp_gateway::store::connect(url).await.expect("migrated");
+    store
+        .create_session(&acp_gateway::store::NewSession {
+            id,
+            owner: "alice",
+            agent: "demo",
+            agent_session_id: None,
+            cwd: "/",
+            additional_dirs: "[]",
+            meta: "{}",
+            now: 1_700_000_000_000,
+        })
+        .await
+        .expect("session");
+    store
 }

@@ -304,15 +304,7 @@ fn generated_secret(data_dir: &Path) -> Result<SecretString, KeyError> {
     crate::files::private_dir(data_dir).map_err(io)?;
     let bytes: [u8; 32] = rand::random();
     let secret = base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(bytes);
-    use std::io::Write;
-    use std::os::unix::fs::OpenOptionsExt;
-    let mut file = std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .open(&path)
-        .map_err(io)?;
-    file.write_all(secret.as_bytes()).map_err(io)?;
+    crate::files::write_new_private(&path, secret.as_bytes()).map_err(io)?;
     Ok(SecretString::from(secret))
 }
 

@@ -86,11 +86,12 @@ impl AgentInfo {
 /// terminal sign-ins (`auth.terminal`, and `_meta["terminal-auth"]`, which claude-agent-acp asks
 /// for before it describes its `claude /login` method) and both kinds of `elicitation`.
 pub(super) fn client_capabilities(configured: Option<&serde_json::Value>) -> serde_json::Value {
-    let mut caps = configured
-        .cloned()
-        .unwrap_or_else(|| serde_json::json!({ "fs": { "readTextFile": false, "writeTextFile": false }, "terminal": false }));
+    let mut caps = configured.cloned().unwrap_or_else(
+        || serde_json::json!({ "fs": { "readTextFile": false, "writeTextFile": false }, "terminal": false }),
+    );
     if let Some(map) = caps.as_object_mut() {
-        map.entry("auth").or_insert_with(|| serde_json::json!({ "terminal": true }));
+        map.entry("auth")
+            .or_insert_with(|| serde_json::json!({ "terminal": true }));
         map.entry("elicitation")
             .or_insert_with(|| serde_json::json!({ "form": {}, "url": {} }));
         let meta = map.entry("_meta").or_insert_with(|| serde_json::json!({}));

@@ -9,16 +9,16 @@
 pub(crate) mod cursor;
 pub mod persister;
 pub(crate) mod postgres;
-mod secrets;
 mod sql;
 pub(crate) mod sqlite;
+mod user_secrets;
 
 use std::sync::Arc;
 
 use async_trait::async_trait;
 
-pub use secrets::StoredSecret;
 pub use sql::{SEARCH_PROBE, SearchBy, SearchIndex, list_query};
+pub use user_secrets::StoredSecret;
 
 /// Longest wait for a pooled connection: a database that does not answer fails a request well
 /// within the contract's 5 s, and pools open new connections once it is back.

@@ -6,8 +6,8 @@
 //!   to the role `acp_gateway_request` and names the user with an identity signed by the
 //!   database's key ([`RequestIdentity`]), in one round trip. That role cannot bypass the
 //!   policies, and they admit only the rows of the user whose signature checks out;
-//! - system work (the transcript writer, the cursor key, and leases and messages in
-//!   [`crate::replica`]) runs as the login role, the tables' owner, which row-level security does
+//! - system work (the transcript writer, the cursor key, and the replicas' leases and
+//!   messages) runs as the login role, the tables' owner, which row-level security does
 //!   not apply to: it sets nothing.
 //!
 //! Both settings are transaction-local, so a pooled connection never carries one user's identity,
@@ -24,8 +24,8 @@ use sha2::Sha256;
 use sqlx::postgres::{PgConnection, PgPool, PgPoolOptions};
 use sqlx::{Postgres, Transaction};
 
-use super::secrets::SecretSql;
 use super::sql::{RunList, SearchBy, Sql};
+use super::user_secrets::SecretSql;
 use super::{
     EventChunk, ListFilter, NewSession, Position, SessionRecord, SessionWrite, Store, StoreError, StoredSecret,
 };

@@ -10,8 +10,8 @@ use sqlx::sqlite::{
     SqliteConnectOptions, SqliteConnection, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
 };
 
-use super::secrets::SecretSql;
 use super::sql::{RunList, SearchBy, Sql};
+use super::user_secrets::SecretSql;
 use super::{
     EventChunk, ListFilter, NewSession, Position, SessionRecord, SessionWrite, Store, StoreError, StoredSecret,
 };

@@ -1,5 +1,5 @@
 //! The statements behind users' sealed agent keys (`user_secrets`), written once for both
-//! databases. The store never sees a value: only what [`crate::secrets::Sealer`] made of it.
+//! databases. The store never sees a value: only what the gateway's sealer (`secrets::Sealer`) made of it.
 
 use sqlx::{Database, Encode, Executor, FromRow, IntoArguments, Postgres, Sqlite, Type};
 

@@ -252,20 +252,25 @@ async fn an_agent_command_line_naming_the_data_directory_is_refused_at_start() {
 async fn an_agent_script_in_tmp_still_runs_in_the_sandbox() {
     let scripts = tempfile::tempdir_in("/tmp").expect("a dir of ours in /tmp");
     let script = scripts.path().join("agent.sh");
-    std::fs::write(
-        &script,
-        format!(
-            "#!/bin/sh\nexec {} demo-agent --delay-us 0 --chunks 3\n",
-            common::gateway_bin()
-        ),
-    )
-    .expect("script");
+    // A wrapper as operators write them: it runs the command line it is given (the gateway's
+    // binary, which may itself live under /tmp: both are named, so both are bound back).
+    std::fs::write(&script, "#!/bin/sh\nexec \"$@\"\n").expect("script");
     std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).expect("chmod our script");
     let gw = TestGateway::start(Db::Sqlite, |c| {
         c.agents.insert(
             "default".into(),
             AgentConfig {
                 command: script.display().to_string(),
+                args: [
+                    common::gateway_bin().as_str(),
+                    "demo-agent",
+                    "--delay-us",
+                    "0",
+                    "--chunks",
+                    "3",
+                ]
+                .map(String::from)
+                .to_vec(),
                 sandbox: SandboxMode::Bwrap,
                 ..Default::default()
             },

@@ -782,7 +782,16 @@ function syncSession() {
   conv.busy(true);
   conn.request('session/load', params)
     .then((result) => controls.loaded(current.id, result, { running: state.running.has(current.id) }))
-    .catch((err) => { if (state.current === current) reportError(err); })
+    .catch((err) => {
+      if (state.current !== current) return;
+      // The agent wants its user signed in before it restores a session: after the sign-in the
+      // load is tried again.
+      if (err instanceof RpcError && err.code === AUTH_REQUIRED && authMethods().length) {
+        showAgentLogin(err, (note) => { conv.note(note); syncSession(); });
+      } else {
+        reportError(err);
+      }
+    })
     .finally(() => { if (state.current === current) conv.busy(state.running.has(current.id)); });
 }
 

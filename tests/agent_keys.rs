@@ -157,8 +157,14 @@ async fn a_users_key_reaches_only_their_agent(db: Db) {
     assert_eq!(listed["agents"][0]["userKeys"], true);
     assert_eq!(stored_plaintext(&gw).await, 0, "the database holds only ciphertext");
 
-    // Sign-out: the key is gone, and the agent no longer has it.
+    // Sign-out: the agent's own logout runs in alice's process, the key is gone, and the agent
+    // no longer has it.
     assert_eq!(sign_out(&gw, "alice").await, StatusCode::NO_CONTENT);
+    assert!(
+        dir.join("homes/alice/keys-agent-logged-out").exists(),
+        "the agent's logout ran"
+    );
+    assert!(!dir.join("homes/bob/keys-agent-logged-out").exists());
     assert_eq!(
         prompt_text(&mut alice, &session).await.expect_err("signed out")["code"],
         -32000

@@ -155,6 +155,7 @@ async fn sign_out(State(gw): State<Arc<Gateway>>, Caller(who): Caller, Path(agen
         Ok(pool) => pool,
         Err((status, message)) => return refuse(status, message),
     };
+    logout(pool, &who.user).await;
     let removed = match gw.keys.remove(&who.user, &agent).await {
         Ok(n) => n,
         Err(e) => {
@@ -168,4 +169,28 @@ async fn sign_out(State(gw): State<Arc<Gateway>>, Caller(who): Caller, Path(agen
     let recycled = pool.recycle_user(&who.user);
     tracing::info!(user = %who.user, agent = %agent, removed, recycled, outcome = "ok", "agent sign-out");
     StatusCode::NO_CONTENT.into_response()
+}
+
+/// The agent's own `logout`, where it has one (`agentCapabilities.auth.logout`), sent to the
+/// user's own process: what the agent keeps of a login (in the user's HOME) goes too. Its outcome
+/// is logged; sign-out goes on either way.
+async fn logout(pool: &AgentPool, user: &str) {
+    let user: Arc<str> = Arc::from(user);
+    let Ok(info) = pool.own_info(&user).await else { return };
+    let supported = info
+        .capabilities
+        .get("auth")
+        .and_then(|a| a.get("logout"))
+        .is_some_and(|v| !v.is_null());
+    if !supported {
+        return;
+    }
+    let outcome = match pool.process_for(&user).await {
+        Ok(p) => p.request("logout", "{}", pool.request_timeout()).await.map(|_| ()),
+        Err(e) => Err(e),
+    };
+    match outcome {
+        Ok(()) => tracing::info!(user = %user, agent = %pool.name, "agent logout"),
+        Err(e) => tracing::warn!(user = %user, agent = %pool.name, error = %e.message, "agent logout failed"),
+    }
 }

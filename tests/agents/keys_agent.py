@@ -7,6 +7,7 @@
 * ``session/prompt`` answers ``-32000`` (authentication required) unless ``OPENAI_API_KEY`` is
   set; then it streams one chunk naming the key's last four characters and ends its turn.
 * ``session/resume`` and ``session/load`` answer ``{}``, so sessions survive a recycled process.
+* It advertises ``auth.logout``; ``logout`` writes ``$HOME/keys-agent-logged-out``.
 """
 
 from __future__ import annotations
@@ -40,7 +41,8 @@ def main() -> None:
         if method == "initialize":
             result = {
                 "protocolVersion": 1,
-                "agentCapabilities": {"loadSession": True, "sessionCapabilities": {"resume": {}}},
+                "agentCapabilities": {"loadSession": True, "sessionCapabilities": {"resume": {}},
+                                      "auth": {"logout": {}}},
                 "authMethods": [
                     {"id": "chatgpt", "name": "Sign in with ChatGPT", "description": "the agent's own login"},
                     {"id": "openai-key", "type": "env_var", "name": "OpenAI API key", "vars": [{"name": KEY}]},
@@ -50,6 +52,10 @@ def main() -> None:
         elif method == "session/new":
             result = {"sessionId": f"keys-{uuid.uuid4().hex}"}
         elif method in ("session/load", "session/resume"):
+            result = {}
+        elif method == "logout":
+            with open(os.path.join(HOME, "keys-agent-logged-out"), "w") as f:
+                f.write("yes")
             result = {}
         elif method == "session/prompt":
             key = os.environ.get(KEY)

@@ -130,7 +130,7 @@ pub const RESTORE_METHODS: &[&str] = &["session/resume", "session/load"];
 pub const OUTCOMES: &[&str] = &["ok", "error"];
 
 /// `method_type` of [`AGENT_SIGNINS`].
-pub const SIGNIN_METHOD_TYPES: &[&str] = &["terminal", "env_var"];
+pub const SIGNIN_METHOD_TYPES: &[&str] = &["terminal", "env_var", "agent"];
 
 /// `outcome` of [`AGENT_SIGNINS`]: the program exited 0; exited otherwise; the user cancelled
 /// or closed the socket; the time limit; the output limit; the gateway shut down; it could not

@@ -405,6 +405,18 @@ async fn authenticate_logs_in_the_users_own_agent_only() {
     assert_eq!(r["error"]["code"], -32000, "alice's login is not bob's: {r}");
     assert!(gw.dir.path().join("homes/alice/.acp-demo-agent/login").exists());
     assert!(!gw.dir.path().join("homes/bob/.acp-demo-agent/login").exists());
+    // Both sign-ins are counted, by outcome.
+    let metrics = acp_gateway::telemetry::render_metrics();
+    for outcome in ["ok", "failed"] {
+        let series =
+            format!(r#"acp_gateway_agent_signins_total{{agent="default",method_type="agent",outcome="{outcome}"}} "#);
+        let count = metrics
+            .lines()
+            .find_map(|l| l.strip_prefix(&series))
+            .and_then(|v| v.trim().parse::<f64>().ok())
+            .unwrap_or(0.0);
+        assert!(count >= 1.0, "{series}: {count}");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

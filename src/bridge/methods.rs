@@ -644,12 +644,19 @@ impl Ctx {
         }
         let forwarded = protocol::rewrite_params(params, None, Some(&self.pool.config().forward_meta))
             .ok_or_else(|| RpcError::invalid_params("params must be an object"))?;
+        let method = serde_json::from_str::<serde_json::Value>(params.get())
+            .ok()
+            .and_then(|p| p.get("methodId").and_then(|m| m.as_str()).map(String::from))
+            .unwrap_or_default();
         let process = self.pool.process_for(&self.client.user).await?;
         let result = process
             .request("authenticate", &forwarded, self.pool.request_timeout())
-            .await?;
-        tracing::info!(connection = %self.client.id, user = %self.client.user, agent = %self.pool.name, "agent login passed to the user's own process");
-        Ok(Reply::Result(result.get().to_string()))
+            .await;
+        // One line and one count per sign-in, whatever the agent answered (never its content).
+        let outcome = if result.is_ok() { "ok" } else { "failed" };
+        crate::metrics::signin(&self.pool.name, "agent", outcome);
+        tracing::info!(connection = %self.client.id, user = %self.client.user, agent = %self.pool.name, method = %method, method_type = "agent", outcome, "agent sign-in");
+        Ok(Reply::Result(result?.get().to_string()))
     }
 
     /// Whether the caller may put one more session on an agent process.

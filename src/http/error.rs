@@ -36,6 +36,11 @@ impl IntoResponse for HttpError {
     }
 }
 
+/// A refusal that is not a JSON-RPC error (sign-in routes): `status` with `{"error": message}`.
+pub(super) fn refuse(status: StatusCode, message: impl Into<String>) -> Response {
+    (status, Json(json!({ "error": message.into() }))).into_response()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -13,9 +13,9 @@ use axum::routing::put;
 use axum::{Json, Router};
 use secrecy::SecretString;
 use serde::Deserialize;
-use serde_json::json;
 
 use super::auth::Caller;
+use super::error::refuse;
 use crate::gateway::Gateway;
 use crate::pool::AgentPool;
 use crate::pool::user_env::user_may_set;
@@ -34,11 +34,6 @@ struct SetKeys {
     #[serde(rename = "methodId")]
     method_id: String,
     vars: BTreeMap<String, SecretString>,
-}
-
-/// A refusal with the reason in `{"error": …}`.
-fn refuse(status: StatusCode, message: impl Into<String>) -> Response {
-    (status, Json(json!({ "error": message.into() }))).into_response()
 }
 
 /// Why a user may not sign an agent in: the status and the reason.

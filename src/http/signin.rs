@@ -29,6 +29,7 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use super::auth::Caller;
+use super::error::refuse;
 use crate::gateway::Gateway;
 use crate::pool::AgentPool;
 use crate::signin::Held;
@@ -60,10 +61,6 @@ struct LoginQuery {
     method: Option<String>,
 }
 
-fn refuse(status: StatusCode, message: &str) -> Response {
-    (status, axum::Json(json!({ "error": message }))).into_response()
-}
-
 fn not_found() -> Response {
     refuse(StatusCode::NOT_FOUND, "unknown agent or terminal sign-in method")
 }
@@ -84,7 +81,7 @@ async fn upgrade(
     if pool.is_shared() {
         return refuse(
             StatusCode::FORBIDDEN,
-            &format!(
+            format!(
                 "agent {agent:?} is shared between users: its processes carry the operator's credentials, so users cannot sign it in"
             ),
         );
@@ -92,7 +89,7 @@ async fn upgrade(
     let user: Arc<str> = Arc::from(who.user.as_str());
     let info = match tokio::time::timeout(INFO_TIMEOUT, pool.own_info(&user)).await {
         Ok(Ok(info)) => info,
-        Ok(Err(e)) => return refuse(StatusCode::BAD_GATEWAY, &e.message),
+        Ok(Err(e)) => return refuse(StatusCode::BAD_GATEWAY, e.message.to_string()),
         Err(_) => return refuse(StatusCode::GATEWAY_TIMEOUT, "timed out starting the agent"),
     };
     let Some(method) = TerminalMethod::find(info.auth_methods.as_ref(), &method_id) else {
@@ -105,7 +102,7 @@ async fn upgrade(
     let Some(held) = gw.signins.try_hold(&user, &agent) else {
         return refuse(
             StatusCode::CONFLICT,
-            &format!("a sign-in to agent {agent:?} is already under way for you"),
+            format!("a sign-in to agent {agent:?} is already under way for you"),
         );
     };
     let Ok(slot) = gw.connection_slots.clone().try_acquire_owned() else {

@@ -61,7 +61,7 @@ pub(super) fn spawn(mut command: Command, groups: &GroupRecord) -> std::io::Resu
     let pid = child
         .id()
         .ok_or_else(|| std::io::Error::other("agent exited at once"))?;
-    let guard = GroupGuard(pid as i32);
+    let guard = GroupGuard::new(pid as i32);
     let (Some(stdin), Some(stdout), Some(stderr)) = (child.stdin.take(), child.stdout.take(), child.stderr.take())
     else {
         return Err(std::io::Error::other("agent pipes missing"));
@@ -77,12 +77,31 @@ pub(super) fn spawn(mut command: Command, groups: &GroupRecord) -> std::io::Resu
     })
 }
 
-/// Kills a whole process group when dropped, whatever path dropped it.
-pub(super) struct GroupGuard(i32);
+/// Kills a whole process group (SIGKILL) when dropped, whatever path dropped it: an agent's,
+/// or a terminal sign-in's login program.
+#[derive(Debug)]
+pub struct GroupGuard(i32);
+
+impl GroupGuard {
+    /// Guards the process group `pgid` (a group leader's pid).
+    pub fn new(pgid: i32) -> Self {
+        Self(pgid)
+    }
+
+    /// The group's id.
+    pub fn pgid(&self) -> i32 {
+        self.0
+    }
+
+    /// Kills the whole group now (ESRCH, a group already gone, is no error).
+    pub fn kill(&self) {
+        let _ = killpg(Pid::from_raw(self.0), Signal::SIGKILL);
+    }
+}
 
 impl Drop for GroupGuard {
     fn drop(&mut self) {
-        let _ = killpg(Pid::from_raw(self.0), Signal::SIGKILL);
+        self.kill();
     }
 }
 

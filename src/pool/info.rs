@@ -1,6 +1,8 @@
 //! What an agent said about itself in `initialize`, kept raw, with the capabilities the gateway
 //! reads from it.
 
+use std::sync::Arc;
+
 use serde::Deserialize;
 use serde_json::value::RawValue;
 
@@ -77,6 +79,33 @@ impl AgentInfo {
             .get("sessionCapabilities")
             .and_then(|c| c.get("close"))
             .is_some_and(|v| !v.is_null())
+    }
+}
+
+impl super::AgentPool {
+    /// What `user`'s own process of this agent said in `initialize` (started for them when they
+    /// have none): what a sign-in runs must come from the user's own agent, never from a process
+    /// of another user, whose answer that user may have shaped.
+    pub async fn own_info(&self, user: &Arc<str>) -> Result<Arc<AgentInfo>, RpcError> {
+        let mine = || {
+            let procs = self.procs.lock().unwrap_or_else(|e| e.into_inner());
+            procs
+                .iter()
+                .filter(|p| !p.is_dead() && p.owner().as_deref() == Some(&**user))
+                .find_map(|p| p.info.get().cloned())
+        };
+        if let Some(info) = mine() {
+            return Ok(info);
+        }
+        let _gate = self.spawn_gate.lock().await;
+        if let Some(info) = mine() {
+            return Ok(info);
+        }
+        let p = self.spawn_locked(Some(user)).await?;
+        p.info
+            .get()
+            .cloned()
+            .ok_or_else(|| RpcError::internal("agent did not initialize"))
     }
 }
 

@@ -22,6 +22,7 @@ use std::time::Duration;
 
 use tokio_util::task::TaskTracker;
 
+pub use child::GroupGuard;
 pub use info::AgentInfo;
 pub use process::{AgentProcess, EarlyUpdates, Pending, PipeLimits};
 pub use route::SessionRoute;

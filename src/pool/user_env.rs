@@ -1,12 +1,9 @@
-//! What a user adds to their own agent processes' environment (the keys they signed in with),
-//! handed to the pool from above through this small trait so the pool needs no store.
-
-use std::sync::Arc;
+//! What a user's sign-in changes about their agent processes: the keys they signed in with,
+//! added to the environment (handed to the pool from above through the small [`UserEnv`] trait,
+//! so the pool needs no store), and recycling, so that new credentials take effect.
 
 use async_trait::async_trait;
 use secrecy::SecretString;
-
-use crate::protocol::RpcError;
 
 /// Variables no user value may set: the gateway sets them itself (the contract's "Tenancy"), or
 /// they change what the agent's programs load and run.
@@ -36,31 +33,6 @@ pub trait UserEnv: Send + Sync + std::fmt::Debug {
 }
 
 impl super::AgentPool {
-    /// What `user`'s own process of this agent said in `initialize` (started for them when they
-    /// have none): what a sign-in runs must come from the user's own agent, never from a process
-    /// of another user, whose answer that user may have shaped.
-    pub async fn own_info(&self, user: &Arc<str>) -> Result<Arc<super::AgentInfo>, RpcError> {
-        let mine = || {
-            let procs = self.procs.lock().unwrap_or_else(|e| e.into_inner());
-            procs
-                .iter()
-                .filter(|p| !p.is_dead() && p.owner().as_deref() == Some(&**user))
-                .find_map(|p| p.info.get().cloned())
-        };
-        if let Some(info) = mine() {
-            return Ok(info);
-        }
-        let _gate = self.spawn_gate.lock().await;
-        if let Some(info) = mine() {
-            return Ok(info);
-        }
-        let p = self.spawn_locked(Some(user)).await?;
-        p.info
-            .get()
-            .cloned()
-            .ok_or_else(|| RpcError::internal("agent did not initialize"))
-    }
-
     /// Stops `user`'s processes of this agent so that new credentials take effect (their
     /// sessions are restored on a new process at their next request). How many were stopped.
     pub fn recycle_user(&self, user: &str) -> usize {

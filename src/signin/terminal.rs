@@ -16,8 +16,6 @@ use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 
 use nix::errno::Errno;
 use nix::fcntl::{FcntlArg, OFlag, fcntl};
-use nix::sys::signal::{Signal, killpg};
-use nix::unistd::Pid;
 use portable_pty::{CommandBuilder, MasterPty, PtySize};
 use serde_json::Value;
 use tokio::io::unix::AsyncFd;
@@ -25,6 +23,7 @@ use tokio::sync::oneshot;
 use tokio_util::task::TaskTracker;
 
 use crate::config::AgentConfig;
+use crate::pool::GroupGuard;
 use crate::tenancy::Tenancy;
 
 /// The terminal type the browser's terminal emulates.
@@ -115,27 +114,10 @@ pub struct Exit {
     pub signal: Option<String>,
 }
 
-/// Kills a process group (SIGKILL) when dropped.
-#[derive(Debug)]
-struct Group(Pid);
-
-impl Group {
-    fn kill(&self) {
-        // ESRCH: the whole group is gone already.
-        let _ = killpg(self.0, Signal::SIGKILL);
-    }
-}
-
-impl Drop for Group {
-    fn drop(&mut self) {
-        self.kill();
-    }
-}
-
 /// A login program running in a pseudo-terminal.
 pub struct Terminal {
     /// Its process group, killed on drop (declared first: dropped before the master closes).
-    group: Group,
+    group: GroupGuard,
     /// The master side, for resizing (and kept open while the program runs); behind a lock
     /// only because `portable-pty`'s master is not `Sync`.
     master: std::sync::Mutex<Box<dyn MasterPty + Send>>,
@@ -180,7 +162,7 @@ impl Terminal {
             .and_then(|p| i32::try_from(p).ok())
             .ok_or_else(|| io::Error::other("the login program has no process id"))?;
         // The child called setsid(): its pid is its session's and process group's id.
-        let group = Group(Pid::from_raw(pid));
+        let group = GroupGuard::new(pid);
         let io = nonblocking_io(&*pair.master)?;
         let (tx, rx) = oneshot::channel();
         tracker.spawn_blocking(move || {
@@ -203,7 +185,7 @@ impl Terminal {
 
     /// The program's process group id (for logs and tests).
     pub fn pgid(&self) -> i32 {
-        self.group.0.as_raw()
+        self.group.pgid()
     }
 
     /// Reads what the program wrote; `Ok(0)` once no process holds the terminal any more.

@@ -39,6 +39,16 @@ const INHERITED_ENV: [&str; 5] = ["PATH", "LANG", "LC_ALL", "TERM", "TZ"];
 const ROOTS_SETTING: &str = "setting: ACP_GATEWAY_WORKSPACE_ROOTS, workspace_roots";
 /// The setting that names the homes, for messages.
 const HOMES_SETTING: &str = "setting: ACP_GATEWAY_USER_HOMES, user_homes";
+/// The setting that names the data directory, for messages.
+const DATA_DIR_SETTING: &str = "setting: ACP_GATEWAY_DATA_DIR, data_dir";
+/// The setting of an agent's working directory, for messages.
+const CWD_SETTING: &str = "setting: the agent's cwd";
+
+/// `e` (which names the path and the operation already) saying what it was for and which
+/// setting to change.
+fn for_setting(what: &'static str, setting: &'static str) -> impl Fn(io::Error) -> io::Error {
+    move |e| io::Error::new(e.kind(), format!("{what}{e} ({setting})"))
+}
 
 /// The per-user places and the confinement of agent processes, set up once at start.
 #[derive(Debug)]
@@ -74,8 +84,8 @@ impl Tenancy {
     /// `sandbox = "bwrap"` and bubblewrap does not work here, or when an agent's command line
     /// names something inside the data directory.
     pub fn new(config: &Config) -> io::Result<Self> {
-        let setting = |e: io::Error| io::Error::new(e.kind(), format!("{e} (setting: ACP_GATEWAY_DATA_DIR, data_dir)"));
-        private_dir(&config.data_dir).map_err(setting)?;
+        let setting = for_setting("", DATA_DIR_SETTING);
+        private_dir(&config.data_dir).map_err(&setting)?;
         let data_dir = config
             .data_dir
             .canonicalize()
@@ -171,7 +181,7 @@ impl Tenancy {
             Some(user) => fill(&self.homes, &checked_user(user)?),
             None => fill(&self.homes, SHARED_HOME),
         };
-        private_dir(&dir).map_err(|e| io::Error::new(e.kind(), format!("agent home: {e} ({HOMES_SETTING})")))?;
+        private_dir(&dir).map_err(for_setting("agent home: ", HOMES_SETTING))?;
         Ok(dir)
     }
 
@@ -269,7 +279,7 @@ impl Tenancy {
             PathBuf::from("/tmp")
         } else {
             let tmp = home.join(".tmp");
-            private_dir(&tmp).map_err(|e| io::Error::new(e.kind(), format!("agent TMPDIR: {e} ({HOMES_SETTING})")))?;
+            private_dir(&tmp).map_err(for_setting("agent TMPDIR: ", HOMES_SETTING))?;
             tmp
         };
         let cwd = agent
@@ -278,12 +288,7 @@ impl Tenancy {
             .or_else(|| user.and(roots.first().cloned()))
             .unwrap_or_else(|| home.clone());
         if agent.cwd.is_some() {
-            usable_dir(&cwd).map_err(|e| {
-                io::Error::new(
-                    e.kind(),
-                    format!("agent working directory: {e} (setting: the agent's cwd)"),
-                )
-            })?;
+            usable_dir(&cwd).map_err(for_setting("agent working directory: ", CWD_SETTING))?;
         }
         let mut env: BTreeMap<OsString, OsString> = BTreeMap::new();
         for name in INHERITED_ENV

@@ -149,6 +149,7 @@ pub const SIGNIN_OUTCOMES: &[&str] = &[
 pub const FROM_CLIENT: &[&str] = &[
     "initialize",
     "authenticate",
+    "auth/status",
     "session/new",
     "session/load",
     "session/resume",
@@ -185,6 +186,7 @@ pub const FROM_AGENT: &[&str] = &[
 pub const TO_AGENT: &[&str] = &[
     "initialize",
     "authenticate",
+    "auth/status",
     "session/new",
     "session/load",
     "session/resume",
@@ -202,6 +204,7 @@ pub const TO_AGENT: &[&str] = &[
 pub const AGENT_REQUESTS: &[&str] = &[
     "initialize",
     "authenticate",
+    "auth/status",
     "session/new",
     "session/load",
     "session/resume",

@@ -406,7 +406,10 @@ impl Ctx {
     async fn handle(&self, request: ClientRequest, id: &RawValue, slot: OwnedSemaphorePermit) -> Handled {
         match request {
             ClientRequest::Initialize => Err(RpcError::new(codes::INVALID_REQUEST, "already initialized")),
-            ClientRequest::Authenticate(params) => self.authenticate(&params).await,
+            ClientRequest::Authenticate(params) => {
+                super::signin::authenticate(&self.gw, &self.client, &self.pool, &params).await
+            }
+            ClientRequest::AuthStatus(params) => super::signin::status(&self.client, &self.pool, &params).await,
             ClientRequest::New(new) => self.new_session(*new, id).await,
             ClientRequest::Load {
                 session_id,
@@ -627,36 +630,6 @@ impl Ctx {
             self.gw.sessions.close_on_agent(&session, &self.gw.pools).await;
         }
         Ok(Reply::Result(String::from("{}")))
-    }
-
-    /// ACP `authenticate`, passed to the caller's own agent process: its `HOME` is theirs, so
-    /// the login it stores belongs to them alone. A shared agent's processes serve several
-    /// users, so its login is the operator's to set up, not a client's.
-    async fn authenticate(&self, params: &RawValue) -> Handled {
-        if self.pool.is_shared() {
-            return Err(RpcError::new(
-                codes::INVALID_REQUEST,
-                format!(
-                    "agent {} serves several users from one process; its login is configured by the operator",
-                    self.pool.name
-                ),
-            ));
-        }
-        let forwarded = protocol::rewrite_params(params, None, Some(&self.pool.config().forward_meta))
-            .ok_or_else(|| RpcError::invalid_params("params must be an object"))?;
-        let method = serde_json::from_str::<serde_json::Value>(params.get())
-            .ok()
-            .and_then(|p| p.get("methodId").and_then(|m| m.as_str()).map(String::from))
-            .unwrap_or_default();
-        let process = self.pool.process_for(&self.client.user).await?;
-        let result = process
-            .request("authenticate", &forwarded, self.pool.request_timeout())
-            .await;
-        // One line and one count per sign-in, whatever the agent answered (never its content).
-        let outcome = if result.is_ok() { "ok" } else { "failed" };
-        crate::metrics::signin(&self.pool.name, "agent", outcome);
-        tracing::info!(connection = %self.client.id, user = %self.client.user, agent = %self.pool.name, method = %method, method_type = "agent", outcome, "agent sign-in");
-        Ok(Reply::Result(result?.get().to_string()))
     }
 
     /// Whether the caller may put one more session on an agent process.

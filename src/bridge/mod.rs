@@ -10,6 +10,7 @@
 mod methods;
 pub mod remote;
 mod request;
+mod signin;
 
 use std::sync::Arc;
 use std::time::Duration;

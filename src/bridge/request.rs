@@ -25,6 +25,8 @@ pub(super) enum ClientRequest {
     Initialize,
     /// `authenticate`: checked against the schema, forwarded (filtered) to the user's process.
     Authenticate(Box<RawValue>),
+    /// The draft `auth/status`: forwarded (filtered) to the user's process.
+    AuthStatus(Box<RawValue>),
     /// `session/new`.
     New(Box<NewSessionRequest>),
     /// `session/load` (`replay`) or `session/resume`.
@@ -124,6 +126,12 @@ pub(super) fn parse(method: &str, params: Option<&RawValue>) -> Result<ClientReq
         "authenticate" => {
             typed::<AuthenticateRequest>(params, method)?;
             ClientRequest::Authenticate(owned()?)
+        }
+        "auth/status" => {
+            if params.is_some_and(|p| !p.get().starts_with('{')) {
+                return Err(RpcError::invalid_params("auth/status params must be an object"));
+            }
+            ClientRequest::AuthStatus(owned()?)
         }
         "session/new" => ClientRequest::New(Box::new(typed(params, method)?)),
         "session/load" | "session/resume" => {

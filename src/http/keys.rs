@@ -39,8 +39,20 @@ struct SetKeys {
 /// Why a user may not sign an agent in: the status and the reason.
 type Refusal = (StatusCode, String);
 
-/// The pool of `agent` when a user may sign it in, else the answer saying why not.
+/// The pool of `agent` when a user may give it keys, else the answer saying why not.
 fn pool_for_user_keys<'a>(gw: &'a Gateway, agent: &str) -> Result<&'a Arc<AgentPool>, Refusal> {
+    let pool = pool_for_user(gw, agent)?;
+    if !pool.config().user_keys {
+        return Err((
+            StatusCode::FORBIDDEN,
+            format!("this gateway does not take users' own keys for agent {agent} (agents.{agent}.user_keys = false)"),
+        ));
+    }
+    Ok(pool)
+}
+
+/// The pool of `agent` when a user may sign it in or out, else the answer saying why not.
+fn pool_for_user<'a>(gw: &'a Gateway, agent: &str) -> Result<&'a Arc<AgentPool>, Refusal> {
     let pool = gw
         .pools
         .get(agent)
@@ -51,12 +63,6 @@ fn pool_for_user_keys<'a>(gw: &'a Gateway, agent: &str) -> Result<&'a Arc<AgentP
             format!(
                 "agent {agent} serves several users from one process (share_between_users), which carries the operator's credentials: users cannot sign it in"
             ),
-        ));
-    }
-    if !pool.config().user_keys {
-        return Err((
-            StatusCode::FORBIDDEN,
-            format!("this gateway does not take users' own keys for agent {agent} (agents.{agent}.user_keys = false)"),
         ));
     }
     Ok(pool)
@@ -144,9 +150,10 @@ async fn set_keys(
     StatusCode::NO_CONTENT.into_response()
 }
 
-/// Sign-out: the user's keys for the agent are removed and their processes recycled.
+/// Sign-out: the agent's own logout runs, the user's keys for the agent and the record of their
+/// login there are removed, and their processes recycled (whether or not they may set keys).
 async fn sign_out(State(gw): State<Arc<Gateway>>, Caller(who): Caller, Path(agent): Path<String>) -> Response {
-    let pool = match pool_for_user_keys(&gw, &agent) {
+    let pool = match pool_for_user(&gw, &agent) {
         Ok(pool) => pool,
         Err((status, message)) => return refuse(status, message),
     };

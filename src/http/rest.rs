@@ -48,8 +48,17 @@ async fn agents(State(gw): State<Arc<Gateway>>, Caller(who): Caller) -> Json<ser
         tracing::error!(user = %who.user, error = %e, "cannot list the user's agent keys");
         Vec::new()
     });
+    // Which agents they completed a sign-in on (a terminal login, an accepted `authenticate`).
+    let logins = gw.sessions.store().logins(&who.user).await.unwrap_or_else(|e| {
+        tracing::error!(user = %who.user, error = %e, "cannot list the user's agent sign-ins");
+        Vec::new()
+    });
     let mut out = Vec::new();
     for (name, pool) in gw.pools.iter() {
+        let login = logins
+            .iter()
+            .find(|l| l.agent == **name)
+            .map(|l| json!({ "methodId": l.method_id, "signedInAt": crate::store::iso8601(l.signed_in_at) }));
         let info = match tokio::time::timeout(Duration::from_secs(30), pool.info()).await {
             Ok(Ok(info)) => Ok(info),
             Ok(Err(e)) => Err(e.message.to_string()),
@@ -61,11 +70,11 @@ async fn agents(State(gw): State<Arc<Gateway>>, Caller(who): Caller) -> Json<ser
             Ok(info) => json!({
                 "name": name, "default": name == DEFAULT_AGENT,
                 "capabilities": info.capabilities, "agentInfo": info.agent_info, "authMethods": info.auth_methods,
-                "userKeys": user_keys, "keys": mine,
+                "userKeys": user_keys, "keys": mine, "login": login,
             }),
             Err(e) => json!({
                 "name": name, "default": name == DEFAULT_AGENT, "capabilities": null, "error": e,
-                "userKeys": user_keys, "keys": mine,
+                "userKeys": user_keys, "keys": mine, "login": login,
             }),
         });
     }

@@ -211,6 +211,9 @@ async fn run(
     drop(held);
     let outcome = ending.outcome();
     let recycled = if outcome == "ok" { pool.recycle_user(user) } else { 0 };
+    if outcome == "ok" {
+        crate::signin::remember(&**gw.sessions.store(), user, &pool.name, &method.id).await;
+    }
     crate::metrics::signin(&pool.name, METHOD_TYPE, outcome);
     let code = match &ending {
         Ending::Exited(exit) => Some(exit.code),

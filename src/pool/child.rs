@@ -141,22 +141,30 @@ pub(super) async fn wait(
 
 /// The last stderr lines of a child, logged when it ends (never sent to clients: they can hold
 /// other users' data or the host's secrets).
-pub(super) struct StderrTail(Mutex<VecDeque<String>>);
+pub(super) struct StderrTail {
+    lines: Mutex<VecDeque<String>>,
+    /// A sign-in running on the process is shown the lines meant for its user.
+    pub watch: super::signin_watch::SigninWatch,
+}
 
 impl Default for StderrTail {
     fn default() -> Self {
-        Self(Mutex::new(VecDeque::with_capacity(STDERR_TAIL)))
+        Self {
+            lines: Mutex::new(VecDeque::with_capacity(STDERR_TAIL)),
+            watch: super::signin_watch::SigninWatch::default(),
+        }
     }
 }
 
 impl StderrTail {
     /// The lines kept, oldest first.
     pub fn lines(&self) -> Vec<String> {
-        lock(&self.0).iter().cloned().collect()
+        lock(&self.lines).iter().cloned().collect()
     }
 
     fn push(&self, line: String) {
-        let mut tail = lock(&self.0);
+        self.watch.stderr(&line);
+        let mut tail = lock(&self.lines);
         if tail.len() == STDERR_TAIL {
             tail.pop_front();
         }

@@ -13,6 +13,7 @@ pub mod process;
 pub mod reaper;
 pub mod route;
 mod rpc;
+pub mod signin_watch;
 pub mod user_env;
 
 use std::collections::BTreeMap;

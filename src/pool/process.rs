@@ -450,6 +450,11 @@ impl AgentProcess {
         }
     }
 
+    /// What a sign-in running on it is shown (see [`signin_watch`](super::signin_watch)).
+    pub fn signin_watch(&self) -> &super::signin_watch::SigninWatch {
+        &self.stderr_tail.watch
+    }
+
     /// Sends a request and waits for its answer (at most `timeout`).
     /// With traces on, the request has a span of its own and the agent gets its `traceparent`.
     pub async fn request(&self, method: &str, params: &str, timeout: Duration) -> Result<Box<RawValue>, RpcError> {
@@ -588,7 +593,9 @@ impl AgentProcess {
                 }
             }
             Kind::Notification => {
-                tracing::debug!(agent = %self.agent, method = msg.method(), "agent notification ignored")
+                // Nothing else uses it; a sign-in running on the process may (a device code).
+                self.stderr_tail.watch.notification(msg.method(), msg.params);
+                tracing::debug!(agent = %self.agent, method = msg.method(), "agent notification not routed")
             }
             Kind::Request => self.on_agent_request(&msg).await,
         }

@@ -9,6 +9,21 @@ pub mod terminal;
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
 
+use crate::store::{Store, StoredLogin, now_micros};
+
+/// Records that `user` completed a sign-in to `agent` with `method_id` (what `/api/agents` shows
+/// them). A store that cannot record it is logged, not fatal: the credentials are in their `HOME`.
+pub async fn remember(store: &dyn Store, user: &str, agent: &str, method_id: &str) {
+    let login = StoredLogin {
+        agent: agent.to_string(),
+        method_id: method_id.to_string(),
+        signed_in_at: now_micros(),
+    };
+    if let Err(e) = store.put_login(user, &login).await {
+        tracing::error!(user = %user, agent = %agent, error = %e, "cannot record the user's agent sign-in");
+    }
+}
+
 /// The (user, agent) pairs with a sign-in under way.
 #[derive(Debug, Default)]
 pub struct Running {

@@ -18,7 +18,7 @@ use std::sync::Arc;
 use async_trait::async_trait;
 
 pub use sql::{SEARCH_PROBE, SearchBy, SearchIndex, list_query};
-pub use user_secrets::StoredSecret;
+pub use user_secrets::{StoredLogin, StoredSecret};
 
 /// Longest wait for a pooled connection: a database that does not answer fails a request well
 /// within the contract's 5 s, and pools open new connections once it is back.
@@ -158,6 +158,12 @@ impl Store for Bounded {
     }
     async fn delete_secrets(&self, owner: &str, agent: &str) -> Result<u64, StoreError> {
         self.within(self.inner.delete_secrets(owner, agent)).await
+    }
+    async fn put_login(&self, owner: &str, login: &StoredLogin) -> Result<(), StoreError> {
+        self.within(self.inner.put_login(owner, login)).await
+    }
+    async fn logins(&self, owner: &str) -> Result<Vec<StoredLogin>, StoreError> {
+        self.within(self.inner.logins(owner)).await
     }
 }
 
@@ -323,8 +329,13 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     async fn put_secrets(&self, owner: &str, secrets: &[StoredSecret]) -> Result<(), StoreError>;
     /// `owner`'s sealed keys for `agent`, or for every agent (`None`).
     async fn secrets(&self, owner: &str, agent: Option<&str>) -> Result<Vec<StoredSecret>, StoreError>;
-    /// Removes `owner`'s keys for `agent`; how many there were.
+    /// Signs `owner` out of `agent`: removes their keys for it and the record of their login
+    /// there, in one transaction; how many keys there were.
     async fn delete_secrets(&self, owner: &str, agent: &str) -> Result<u64, StoreError>;
+    /// Records a sign-in `owner` completed on an agent (replacing the agent's earlier one).
+    async fn put_login(&self, owner: &str, login: &StoredLogin) -> Result<(), StoreError>;
+    /// `owner`'s completed logins, by agent.
+    async fn logins(&self, owner: &str) -> Result<Vec<StoredLogin>, StoreError>;
 }
 
 /// Opens the store named by `url`, creating a SQLite file (and its directory) when needed, and

@@ -791,6 +791,12 @@ mod tests {
         async fn delete_secrets(&self, _: &str, _: &str) -> Result<u64, StoreError> {
             unimplemented!()
         }
+        async fn put_login(&self, _: &str, _: &crate::store::StoredLogin) -> Result<(), StoreError> {
+            unimplemented!()
+        }
+        async fn logins(&self, _: &str) -> Result<Vec<crate::store::StoredLogin>, StoreError> {
+            unimplemented!()
+        }
     }
 
     #[derive(Default)]

@@ -27,7 +27,8 @@ use sqlx::{Postgres, Transaction};
 use super::sql::{RunList, SearchBy, Sql};
 use super::user_secrets::SecretSql;
 use super::{
-    EventChunk, ListFilter, NewSession, Position, SessionRecord, SessionWrite, Store, StoreError, StoredSecret,
+    EventChunk, ListFilter, NewSession, Position, SessionRecord, SessionWrite, Store, StoreError, StoredLogin,
+    StoredSecret,
 };
 
 /// Longest wait for a pooled connection (see [`super::ACQUIRE_TIMEOUT`]).
@@ -281,8 +282,23 @@ impl Store for PgStore {
     async fn delete_secrets(&self, owner: &str, agent: &str) -> Result<u64, StoreError> {
         let mut tx = self.as_user(owner).await?;
         let n = Postgres::delete_secrets(&mut *tx, owner, agent).await?;
+        Postgres::delete_login(&mut *tx, owner, agent).await?;
         tx.commit().await?;
         Ok(n)
+    }
+
+    async fn put_login(&self, owner: &str, login: &StoredLogin) -> Result<(), StoreError> {
+        let mut tx = self.as_user(owner).await?;
+        Postgres::put_login(&mut *tx, owner, login).await?;
+        tx.commit().await?;
+        Ok(())
+    }
+
+    async fn logins(&self, owner: &str) -> Result<Vec<StoredLogin>, StoreError> {
+        let mut tx = self.as_user(owner).await?;
+        let rows = Postgres::logins(&mut *tx, owner).await?;
+        tx.commit().await?;
+        Ok(rows)
     }
 
     async fn list_sessions(

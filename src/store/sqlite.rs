@@ -13,7 +13,8 @@ use sqlx::sqlite::{
 use super::sql::{RunList, SearchBy, Sql};
 use super::user_secrets::SecretSql;
 use super::{
-    EventChunk, ListFilter, NewSession, Position, SessionRecord, SessionWrite, Store, StoreError, StoredSecret,
+    EventChunk, ListFilter, NewSession, Position, SessionRecord, SessionWrite, Store, StoreError, StoredLogin,
+    StoredSecret,
 };
 
 /// A SQLite-backed [`Store`].
@@ -200,6 +201,18 @@ impl Store for SqliteStore {
     }
 
     async fn delete_secrets(&self, owner: &str, agent: &str) -> Result<u64, StoreError> {
-        Ok(Sqlite::delete_secrets(&self.pool, owner, agent).await?)
+        let mut tx = self.pool.begin().await?;
+        let n = Sqlite::delete_secrets(&mut *tx, owner, agent).await?;
+        Sqlite::delete_login(&mut *tx, owner, agent).await?;
+        tx.commit().await?;
+        Ok(n)
+    }
+
+    async fn put_login(&self, owner: &str, login: &StoredLogin) -> Result<(), StoreError> {
+        Ok(Sqlite::put_login(&self.pool, owner, login).await?)
+    }
+
+    async fn logins(&self, owner: &str) -> Result<Vec<StoredLogin>, StoreError> {
+        Ok(Sqlite::logins(&self.pool, owner).await?)
     }
 }

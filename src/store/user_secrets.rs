@@ -1,5 +1,6 @@
-//! The statements behind users' sealed agent keys (`user_secrets`), written once for both
-//! databases. The store never sees a value: only what the gateway's sealer (`secrets::Sealer`) made of it.
+//! The statements behind users' sealed agent keys (`user_secrets`) and their completed agent
+//! logins (`agent_logins`), written once for both databases. The store never sees a value: only
+//! what the gateway's sealer (`secrets::Sealer`) made of it.
 
 use sqlx::{Database, Encode, Executor, FromRow, IntoArguments, Postgres, Sqlite, Type};
 
@@ -20,6 +21,17 @@ pub struct StoredSecret {
     pub updated_at: i64,
 }
 
+/// A sign-in a user completed on an agent (the credentials stay in their `HOME`).
+#[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
+pub struct StoredLogin {
+    /// The agent.
+    pub agent: String,
+    /// The auth method's id.
+    pub method_id: String,
+    /// When (epoch µs).
+    pub signed_in_at: i64,
+}
+
 const COLUMNS: &str = "agent, name, key_id, nonce, ciphertext, updated_at";
 
 /// The `user_secrets` statements, for any database that can run them.
@@ -31,6 +43,7 @@ where
     for<'q> &'q [u8]: Encode<'q, Self> + Type<Self>,
     for<'q> i64: Encode<'q, Self> + Type<Self>,
     for<'r> StoredSecret: FromRow<'r, Self::Row>,
+    for<'r> StoredLogin: FromRow<'r, Self::Row>,
 {
     /// Sets (or replaces) one of `owner`'s keys.
     async fn put_secret<'c>(
@@ -85,6 +98,47 @@ where
         let sql = format!("DELETE FROM user_secrets WHERE owner = $1 AND agent = $2 RETURNING {COLUMNS}");
         let gone: Vec<StoredSecret> = sqlx::query_as(&sql).bind(owner).bind(agent).fetch_all(e).await?;
         Ok(gone.len() as u64)
+    }
+
+    /// Records that `owner` signed in to `agent` with `method_id` (replacing an earlier one).
+    async fn put_login<'c>(
+        e: impl Executor<'c, Database = Self>,
+        owner: &str,
+        login: &StoredLogin,
+    ) -> Result<(), sqlx::Error> {
+        sqlx::query(
+            "INSERT INTO agent_logins (owner, agent, method_id, signed_in_at) VALUES ($1, $2, $3, $4)
+             ON CONFLICT (owner, agent) DO UPDATE SET method_id = excluded.method_id, signed_in_at = excluded.signed_in_at",
+        )
+        .bind(owner)
+        .bind(login.agent.as_str())
+        .bind(login.method_id.as_str())
+        .bind(login.signed_in_at)
+        .execute(e)
+        .await?;
+        Ok(())
+    }
+
+    /// Every completed login of `owner`, by agent.
+    async fn logins<'c>(e: impl Executor<'c, Database = Self>, owner: &str) -> Result<Vec<StoredLogin>, sqlx::Error> {
+        sqlx::query_as("SELECT agent, method_id, signed_in_at FROM agent_logins WHERE owner = $1 ORDER BY agent")
+            .bind(owner)
+            .fetch_all(e)
+            .await
+    }
+
+    /// Forgets `owner`'s login to `agent` (they signed out).
+    async fn delete_login<'c>(
+        e: impl Executor<'c, Database = Self>,
+        owner: &str,
+        agent: &str,
+    ) -> Result<(), sqlx::Error> {
+        sqlx::query("DELETE FROM agent_logins WHERE owner = $1 AND agent = $2")
+            .bind(owner)
+            .bind(agent)
+            .execute(e)
+            .await?;
+        Ok(())
     }
 }
 

@@ -10,6 +10,11 @@ every login program's command line, so a test can find the processes):
   * ``sleep``, ``flood``: ``terminal``, this file in that mode;
   * ``agent-login``: of type ``agent`` (not a terminal).
 
+``session/prompt`` answers ``-32000`` (authentication required) until ``$HOME/.login-ok`` exists,
+then streams ``signed in as CODE`` and ends its turn. It advertises the draft ``auth/status``
+(``agentCapabilities.auth.status``) and answers it from the same file; ``session/load`` answers
+``{}`` so sessions survive the recycle that follows a sign-in.
+
 Run as ``terminal_login_agent.py MODE MARKER`` it is a login program:
   * ``login``: prints ``HOME=``, ``TERM=``, ``SHELL-SET=`` and ``PROBE-READABLE=`` (whether the
     file ``PROBE_PATH`` names can be read), then ``Paste code:``, reads a line from its terminal,
@@ -94,16 +99,43 @@ def agent() -> None:
         {"id": "flood", "name": "Flood", "type": "terminal", "_meta": meta("flood")},
         {"id": "agent-login", "name": "Agent", "type": "agent"},
     ]
+    login_file = os.path.join(os.environ.get("HOME", "/nonexistent"), ".login-ok")
+
+    def login_code() -> str | None:
+        try:
+            with open(login_file) as f:
+                return f.read().strip()
+        except OSError:
+            return None
+
     for line in sys.stdin:
         msg = json.loads(line)
-        method, mid = msg.get("method"), msg.get("id")
+        method, mid, params = msg.get("method"), msg.get("id"), msg.get("params") or {}
         if mid is None or method is None:
             continue
         if method == "initialize":
             send({"jsonrpc": "2.0", "id": mid, "result": {
-                "protocolVersion": 1, "agentCapabilities": {}, "authMethods": methods}})
+                "protocolVersion": 1, "agentCapabilities": {"loadSession": True, "auth": {"status": True}},
+                "authMethods": methods}})
         elif method == "session/new":
-            send({"jsonrpc": "2.0", "id": mid, "result": {"sessionId": f"s-{os.getpid()}"}})
+            send({"jsonrpc": "2.0", "id": mid, "result": {"sessionId": f"s-{os.getpid()}-{time.monotonic_ns()}"}})
+        elif method == "session/load":
+            send({"jsonrpc": "2.0", "id": mid, "result": {}})
+        elif method == "auth/status":
+            code = login_code()
+            send({"jsonrpc": "2.0", "id": mid, "result": {
+                "authenticated": code is not None,
+                "message": "logged in" if code is not None else "run Log in first"}})
+        elif method == "session/prompt":
+            code = login_code()
+            if code is None:
+                send({"jsonrpc": "2.0", "id": mid, "error": {"code": -32000, "message": "Authentication required"}})
+                continue
+            send({"jsonrpc": "2.0", "method": "session/update", "params": {
+                "sessionId": params.get("sessionId"),
+                "update": {"sessionUpdate": "agent_message_chunk",
+                           "content": {"type": "text", "text": f"signed in as {code}"}}}})
+            send({"jsonrpc": "2.0", "id": mid, "result": {"stopReason": "end_turn"}})
         else:
             send({"jsonrpc": "2.0", "id": mid, "error": {"code": -32601, "message": "method not found"}})
 

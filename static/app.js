@@ -19,7 +19,7 @@ import { Message } from './js/message.js';
 import { Controls } from './js/controls.js';
 import { atEnd, el as h, $, soon } from './js/dom.js';
 import { elicitationCard } from './js/elicitation.js';
-import { methodsOf, signInCard } from './js/signin.js';
+import { authState, methodsOf, showAuthState, signInCard } from './js/signin.js';
 
 // ---------------------------------------------------------------------------------------------
 // 1. Helpers
@@ -343,7 +343,7 @@ class Conversation {
   apply(update) {
     if (controls.render(update)) return undefined; // modes, options, commands, usage: js/controls.js
     const kind = CHUNK_KINDS[update.sessionUpdate];
-    if (kind) return this.chunk(kind, update.content);
+    if (kind) return this.chunk(kind, update.content, update.messageId);
     switch (update.sessionUpdate) {
       case 'plan': return this.renderPlan(Array.isArray(update.entries) ? update.entries : []);
       case 'tool_call':
@@ -361,7 +361,7 @@ class Conversation {
   }
 
   /** A message chunk: Markdown text, or another content block (static/js/message.js). */
-  chunk(kind, content) {
+  chunk(kind, content, messageId) {
     const block = typeof content === 'string' ? { type: 'text', text: content } : content;
     if (!block || typeof block !== 'object') return;
     const text = block.type === 'text' ? String(block.text ?? '') : null;
@@ -372,12 +372,16 @@ class Conversation {
       }
     }
     this.echo = '';
-    if (this.run?.kind !== kind) {
+    // A new `messageId` starts a new message even of the same kind (two prompts in a row, the
+    // first refused by the agent).
+    const id = typeof messageId === 'string' ? messageId : null;
+    if (this.run?.kind !== kind || (id && this.run.messageId && id !== this.run.messageId)) {
       const message = new Message(kind, SPEAKERS[kind]);
       this.append(message.root);
       this.run = message;
       if (kind === 'user') this.turn += 1;
     }
+    if (id) this.run.messageId = id;
     if (text != null) this.run.write(text);
     else this.run.block(block);
   }
@@ -385,6 +389,8 @@ class Conversation {
   /** Renders the user's prompt at once; an echoed user_message_chunk with the same text is skipped. */
   localPrompt(text) {
     this.flush();
+    this.run = null; // a prompt of its own, even right after another (one the agent refused)
+    this.echo = ''; // an earlier prompt's echo that never came (the agent refused it) is not this one
     this.chunk('user', text);
     this.run.finish();
     this.echo = text;
@@ -450,7 +456,7 @@ class Conversation {
 
 const ui = {
   app: $('app'), signin: $('signin'), log: $('log'), permissions: $('permissions'),
-  agentSelect: $('agent-select'), agentSignIn: $('agent-signin'), newSession: $('new-session'), search: $('session-search'),
+  agentSelect: $('agent-select'), agentSignIn: $('agent-signin'), agentAuthState: $('agent-auth-state'), newSession: $('new-session'), search: $('session-search'),
   list: $('session-list'), empty: $('session-empty'), loadMore: $('load-more'),
   title: $('session-title'), agentLabel: $('session-agent'), conn: $('conn-status'),
   composer: $('composer'), input: $('prompt-input'), send: $('send'), stop: $('stop'), cwd: $('cwd-input'),
@@ -486,7 +492,10 @@ const conn = new Connection({
     ui.conn.textContent = status;
     ui.conn.dataset.state = status;
   },
-  onReady: syncSession,
+  onReady() {
+    syncSession();
+    refreshAuthState();
+  },
   onMessage: handleMessage,
   onDrop() {
     // Permission request ids belong to the dropped connection: they cannot be answered any more.
@@ -605,10 +614,20 @@ function closeAgentLogin() {
   state.agentLogin = null;
 }
 
+/** The current agent's entry of /api/agents (this user's keys and completed login). */
+const myAgent = () => state.agents.find((a) => a.name === conn.agent);
+
 /** The keys this user has set for the current agent (names and times, from /api/agents). */
 function myKeys() {
-  const agent = state.agents.find((a) => a.name === conn.agent);
+  const agent = myAgent();
   return Array.isArray(agent?.keys) ? agent.keys : [];
+}
+
+/** "signed in" / "not signed in" beside the Sign in button, where that is known. */
+async function refreshAuthState() {
+  const agent = conn.agent;
+  const known = await authState(conn.info, myAgent(), () => conn.request('auth/status', {}));
+  if (conn.agent === agent) showAuthState(ui.agentAuthState, known);
 }
 
 function showAgentLogin(err, retry) {
@@ -618,10 +637,12 @@ function showAgentLogin(err, retry) {
     methods: authMethods(),
     error: err,
     keys: myKeys(),
+    login: myAgent()?.login ?? null,
     authenticate: (methodId) => conn.request('authenticate', { methodId }),
     onSignedIn: async (name) => {
       if (state.agentLogin === card) state.agentLogin = null;
       await loadAgents();
+      refreshAuthState();
       const note = `Signed in to the agent with ${name}.`;
       try {
         // `retry` says it where what it does would not wipe it (a new session clears the log).
@@ -635,7 +656,8 @@ function showAgentLogin(err, retry) {
     onSignedOut: async () => {
       if (state.agentLogin === card) state.agentLogin = null;
       await loadAgents();
-      conv.note('Signed out of the agent: your keys for it are removed.');
+      refreshAuthState();
+      conv.note('Signed out of the agent.');
     },
   });
   state.agentLogin = card;
@@ -953,6 +975,9 @@ function handleMessage(msg) {
       return;
     case 'elicitation/create':
       if (msg.id != null) showElicitation(msg.id, params);
+      return;
+    case '_gateway/authenticate/progress':
+      state.agentLogin?.progress?.(params);
       return;
     case '$/cancel_request': {
       const key = String(params.requestId);

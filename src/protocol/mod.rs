@@ -27,6 +27,8 @@ pub mod codes {
     pub const INTERNAL_ERROR: i64 = -32603;
     /// ACP: resource (session) not found. Unknown and foreign ids both get this.
     pub const RESOURCE_NOT_FOUND: i64 = -32002;
+    /// ACP: authentication required (the agent wants its user signed in first).
+    pub const AUTH_REQUIRED: i64 = -32000;
 }
 
 /// A JSON-RPC error the gateway answers with.

@@ -451,10 +451,10 @@ impl LiveSession {
     }
 
     /// Records a prompt and sends it to the agent with `forward`, which must not wait. The
-    /// user's prompt becomes `user_message_chunk` updates (one per content block), counts as a
-    /// message, and titles an untitled session. Its seqs are reserved before the prompt is sent,
-    /// so the agent's answer is delivered after them; a prompt the agent never got is not
-    /// recorded.
+    /// user's prompt becomes `user_message_chunk` updates (one per content block, sharing a
+    /// `messageId`), counts as a message, and titles an untitled session. Its seqs are reserved
+    /// before the prompt is sent, so the agent's answer is delivered after them; a prompt the
+    /// agent never got is not recorded.
     pub async fn forward_prompt<T>(
         &self,
         prompt: Option<&RawValue>,
@@ -487,9 +487,13 @@ impl LiveSession {
                 title,
             })
             .await;
+        // One `messageId` for the prompt's chunks: a replay shows two prompts in a row (the first
+        // refused by the agent, say) as two messages.
+        let message_id = uuid::Uuid::new_v4();
         for (seq, block) in (base + 1..).zip(blocks) {
             // Re-serialized compactly: a client's pretty-printed JSON must not span lines.
-            let update = format!(r#"{{"sessionUpdate":"user_message_chunk","content":{block}}}"#);
+            let update =
+                format!(r#"{{"sessionUpdate":"user_message_chunk","messageId":"{message_id}","content":{block}}}"#);
             self.enqueue(seq, &update, None).await;
         }
         Ok(sent)
@@ -745,8 +749,9 @@ impl LiveSession {
         if let Err(e) = restored {
             process.release();
             tracing::warn!(session = %self.id, method, error = %e, "agent could not restore session");
-            // A timeout keeps the contract's wording; anything else says what failed.
-            if e.message == "agent timed out" {
+            // A timeout keeps the contract's wording, and "authentication required" its code
+            // (the client offers a sign-in on it); anything else says what failed.
+            if e.message == "agent timed out" || e.code == crate::protocol::codes::AUTH_REQUIRED {
                 return Err(e);
             }
             return Err(RpcError::internal(format!(

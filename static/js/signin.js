@@ -7,7 +7,9 @@
 // - `terminal` (claude's `claude /login`): opens signin-terminal.html, where the program runs for
 //   this user in an in-page terminal (xterm.js), in their sandbox on the server.
 // After a sign-in, `onSignedIn` retries what failed (a new session, the prompt the user typed).
-// Agent strings only ever go to textContent.
+// While an `agent` method runs, what the agent tells the user meanwhile (a URL, a device code)
+// arrives as `_gateway/authenticate/progress` and is shown in the card (`card.progress`); a URL
+// is a link the user clicks, never opened for them. Agent strings only ever go to textContent.
 
 import { el as h, isString, str } from './dom.js';
 
@@ -32,8 +34,9 @@ function varsOf(method) {
  * `keys` the variables this user has set for the agent ({name, updatedAt}); `authenticate(id)`
  * sends ACP `authenticate`; `onSignedIn(name)` runs after a sign-in, `onSignedOut()` after one.
  */
-export function signInCard({ agent, methods, error, keys = [], authenticate, onSignedIn, onSignedOut }) {
+export function signInCard({ agent, methods, error, keys = [], login = null, authenticate, onSignedIn, onSignedOut }) {
   const status = h('p', { class: 'agent-auth-status', role: 'status', testid: 'agent-auth-status' });
+  const notes = h('ul', { class: 'agent-auth-progress', testid: 'agent-auth-progress', 'aria-live': 'polite' });
   const controls = [];
   const busy = (on) => controls.forEach((c) => { c.disabled = on; });
   const say = (state, text) => { status.dataset.state = state; status.textContent = text; };
@@ -131,8 +134,8 @@ export function signInCard({ agent, methods, error, keys = [], authenticate, onS
     return h('li', { 'data-type': type }, type === 'agent' ? null : h('strong', { text: nameOf(method) }), body, about);
   });
 
-  const signOut = keys.length ? h('button', {
-    type: 'button', class: 'secondary', testid: 'agent-sign-out', text: 'Sign out (remove my keys)',
+  const signOut = keys.length || login ? h('button', {
+    type: 'button', class: 'secondary', testid: 'agent-sign-out', text: keys.length ? 'Sign out (remove my keys)' : 'Sign out',
     onclick: async () => {
       busy(true);
       try {
@@ -141,7 +144,7 @@ export function signInCard({ agent, methods, error, keys = [], authenticate, onS
         busy(false);
         return failed('Signing out', err);
       }
-      say('ok', 'Signed out: your keys for this agent are removed.');
+      say('ok', keys.length ? 'Signed out: your keys for this agent are removed.' : 'Signed out.');
       card.remove();
       onSignedOut?.();
     },
@@ -153,10 +156,54 @@ export function signInCard({ agent, methods, error, keys = [], authenticate, onS
     h('p', { id: 'agent-auth-title', class: 'agent-auth-title' },
       h('strong', { text: error ? 'The agent needs you to sign in. ' : `Sign in to ${agent}. ` }),
       error ? h('span', { class: 'muted', text: error.message }) : null),
+    login ? h('p', { class: 'muted small', testid: 'agent-auth-login', text: `Signed in with ${login.methodId} ${new Date(login.signedInAt).toLocaleString()}.` }) : null,
     h('ul', { class: 'agent-auth-methods' }, items),
+    notes,
     h('div', { class: 'agent-auth-actions' }, signOut, close),
     status);
+  /** One thing the agent said for the user while signing in (`_gateway/authenticate/progress`). */
+  card.progress = (note) => {
+    const text = str(note?.text) || summary(note?.params);
+    const url = isString(note?.url) && /^https?:\/\//i.test(note.url) ? note.url : null;
+    if (!text && !url) return;
+    notes.append(h('li', { testid: 'agent-auth-note' },
+      h('span', { text }),
+      url ? h('a', { href: url, target: '_blank', rel: 'noopener noreferrer', testid: 'agent-auth-link', title: url, text: 'Open' }) : null));
+  };
   return card;
+}
+
+/** An agent notification's params as one line: its top-level strings and numbers. */
+function summary(params) {
+  if (!params || typeof params !== 'object') return '';
+  return Object.entries(params)
+    .filter(([k, v]) => !k.startsWith('_') && (isString(v) || typeof v === 'number'))
+    .map(([k, v]) => `${k}: ${v}`).join(', ');
+}
+
+/**
+ * What is known of the user's sign-in to an agent: the agent's own answer to the draft
+ * `auth/status` where it advertises `agentCapabilities.auth.status` (`ask()` sends it), else what
+ * the gateway recorded in /api/agents (a key, a completed login), else null (unknown).
+ */
+export async function authState(info, entry, ask) {
+  if (info?.agentCapabilities?.auth?.status === true) {
+    try {
+      const answer = await ask();
+      if (typeof answer?.authenticated === 'boolean') return { signedIn: answer.authenticated, text: str(answer.message) };
+    } catch { /* the gateway's record, below */ }
+  }
+  if (entry?.login || (Array.isArray(entry?.keys) && entry.keys.length)) return { signedIn: true, text: '' };
+  return null;
+}
+
+/** Shows `state` (from authState) in the badge beside the Sign in button. */
+export function showAuthState(badge, state) {
+  badge.hidden = !state;
+  if (!state) return;
+  badge.dataset.state = state.signedIn ? 'in' : 'out';
+  badge.textContent = state.signedIn ? 'signed in' : 'not signed in';
+  badge.title = state.text;
 }
 
 async function putKeys(agent, body) {

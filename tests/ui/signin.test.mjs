@@ -48,7 +48,7 @@ describe('signing an agent in with a key, in the browser', { timeout: 120_000 },
     await card.waitFor();
     assert.match(await card.textContent(), /Authentication required/);
     assert.equal(await card.locator('li[data-type="env_var"]').count(), 1);
-    assert.equal(await card.locator('li[data-type="agent"]').count(), 1, 'the agent\'s own method too');
+    assert.equal(await card.locator('li[data-type="agent"]').count(), 2, 'the agent\'s own methods too');
     assert.equal(await byId('prompt-input').inputValue(), PROMPT, 'the prompt is not lost');
     await view.shot('agent-key-form');
   });
@@ -89,10 +89,12 @@ describe('signing an agent in with a key, in the browser', { timeout: 120_000 },
   });
 });
 
-// A terminal sign-in (claude-agent-acp's `claude /login` kind): the card's button opens the
-// terminal page, where the agent's login program (tests/agents/terminal_login_agent.py) runs for
-// this user in an xterm.js terminal; the user types the code it asks for; it exits 0, and the
-// card in the first page goes with "Signed in".
+// A terminal sign-in (claude-agent-acp's `claude /login` kind), end to end: the agent refuses the
+// prompt the user typed (-32000) and says "not signed in" to the draft `auth/status`; the card's
+// button opens the terminal page, where the agent's login program
+// (tests/agents/terminal_login_agent.py) runs for this user in an xterm.js terminal; the user
+// types the code it asks for; it exits 0 having written a file in HOME, the card in the first page
+// goes, the typed prompt runs, and the badge says "signed in".
 describe('a terminal sign-in in the browser', { timeout: 120_000 }, () => {
   let gw;
   let browser;
@@ -121,8 +123,12 @@ describe('a terminal sign-in in the browser', { timeout: 120_000 }, () => {
     process.stdout.write(gw.log());
   });
 
-  step('the card opens the terminal page, where the login program asks for a code', async () => {
-    await byId('agent-signin').click();
+  step('a refused prompt\'s card opens the terminal page, where the login program asks for a code', async () => {
+    await page.locator('[data-testid="agent-auth-state"][data-state="out"]', { hasText: 'not signed in' }).waitFor();
+    await byId('prompt-input').fill('who am I?');
+    await byId('send').click();
+    await byId('agent-auth').waitFor();
+    assert.match(await byId('agent-auth').textContent(), /Authentication required/);
     const button = page.locator('[data-testid="auth-method"][data-method-id="login"]');
     await button.waitFor();
     const opened = page.context().waitForEvent('page');
@@ -142,6 +148,10 @@ describe('a terminal sign-in in the browser', { timeout: 120_000 }, () => {
     await popup.locator('[data-testid="terminal-status"][data-state="ok"]').waitFor();
     await byId('agent-auth').waitFor({ state: 'detached' });
     await page.locator('.note', { hasText: 'Signed in to the agent with Log in.' }).waitFor();
+    await page.locator('[data-testid="message-agent"]', { hasText: 'signed in as browser-code' }).waitFor();
+    await page.locator('[data-testid="agent-auth-state"][data-state="in"]').waitFor();
+    const agents = await (await page.request.get(`${gw.base}/api/agents`)).json();
+    assert.equal(agents.agents[0].login.methodId, 'login');
     const { readFileSync } = await import('node:fs');
     assert.equal(readFileSync(path.join(gw.tmp, 'homes', 'local', '.login-ok'), 'utf8').trim(), 'browser-code');
     assert.deepEqual(popupErrors, []);

@@ -107,7 +107,9 @@ impl Tenancy {
         let mut hidden = vec![data_dir.clone()];
         if let Some(db) = config.database_url.strip_prefix("sqlite://") {
             let db = Path::new(db.split('?').next().unwrap_or(db));
-            let db = resolve_existing(db).unwrap_or_else(|_| db.to_path_buf());
+            let db = resolve_existing(db)
+                .or_else(|_| std::path::absolute(db))
+                .unwrap_or_else(|_| db.to_path_buf());
             if let Some(dir) = db.parent() {
                 hidden.push(dir.to_path_buf());
             }

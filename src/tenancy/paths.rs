@@ -49,8 +49,17 @@ pub(super) fn user_base(template: &str) -> Option<PathBuf> {
     None
 }
 
-/// `path` with `.` and `..` folded and the longest existing prefix resolved through symlinks.
+/// `path` with `.` and `..` folded and the longest existing prefix resolved through symlinks. A
+/// relative path is taken from the current directory (the default SQLite URL,
+/// `sqlite://data/acp-gateway.db`, is one), never from `/`.
 pub(super) fn resolve_existing(path: &Path) -> io::Result<PathBuf> {
+    let absolute;
+    let path = if path.is_relative() {
+        absolute = std::env::current_dir()?.join(path);
+        absolute.as_path()
+    } else {
+        path
+    };
     // Walk component by component, resolving symlinks as they are met, so that `link/..`
     // means what the kernel would make of it.
     let mut resolved = PathBuf::from("/");
@@ -115,6 +124,13 @@ mod tests {
         assert_eq!(user_base("/d/homes/{user}"), Some(PathBuf::from("/d/homes")));
         assert_eq!(user_base("/w/{user}/code"), Some(PathBuf::from("/w")));
         assert_eq!(user_base("/srv/x"), None);
+    }
+
+    #[test]
+    fn a_relative_path_is_taken_from_the_current_directory() {
+        let cwd = std::env::current_dir().expect("cwd").canonicalize().expect("canon");
+        let resolved = resolve_existing(Path::new("no-such-dir-here/acp-gateway.db")).expect("ok");
+        assert_eq!(resolved, cwd.join("no-such-dir-here/acp-gateway.db"));
     }
 
     #[test]

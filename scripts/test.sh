@@ -25,6 +25,9 @@ command -v bwrap >/dev/null || { echo "== installing bubblewrap"; apt_install bu
 if ! python3 -c 'import acp, websockets' 2>/dev/null; then
   echo "== installing the ACP Python SDK"; python3 -m pip install -q -r tests/agents/requirements.txt
 fi
+# The OpenID provider the sign-in tests run (oidc-provider from npm, tests/oidc).
+command -v node >/dev/null || { echo "== installing nodejs"; apt_install nodejs npm; }
+[ -d tests/oidc/node_modules/oidc-provider ] || { echo "== installing the test OpenID provider"; (cd tests/oidc && npm ci --no-audit --no-fund --silent); }
 # Chromium and playwright-core for the browser test.
 if [ -f tests/ui/package.json ]; then
   command -v chromium >/dev/null || { echo "== installing chromium"; apt_install chromium; }

@@ -92,7 +92,8 @@ impl Application {
         let quotas = Quotas::new(&config.limits);
         let sealer = crate::secrets::Sealer::from_config(config.secrets_key.as_ref(), tenancy.data_dir())
             .context("the secrets key (ACP_GATEWAY_SECRETS_KEY)")?;
-        let keys = Arc::new(crate::secrets::Keys::new(store.clone(), sealer));
+        let keys = Arc::new(crate::secrets::Keys::new(store.clone(), sealer.clone()));
+        let (oidc, jwks) = crate::oidc::build(&config, &auth, sealer, &store).map_err(anyhow::Error::msg)?;
         let pools = Arc::new(Pools::new(
             &config,
             tenancy.clone(),
@@ -126,6 +127,8 @@ impl Application {
             replica,
             keys,
             signins: Arc::default(),
+            oidc,
+            jwks,
         });
         Ok(Self {
             listener,
@@ -181,6 +184,14 @@ impl Application {
                 }
             })
         };
+        if let Some(oidc) = gw.oidc.clone() {
+            // Discovery now, so that a provider down at start is named in /readyz at once.
+            let first = oidc.clone();
+            gw.tracker.spawn(async move {
+                let _ = first.discover().await;
+            });
+            gw.tracker.spawn(crate::oidc::recheck::run(oidc, gw.shutdown.clone()));
+        }
         let router = crate::http::router(gw.clone());
         let signal_gw = gw.clone();
         let grace = Duration::from_secs(gw.config.limits.shutdown_grace_secs);

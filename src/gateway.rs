@@ -50,9 +50,20 @@ pub struct Gateway {
     pub keys: Arc<Keys>,
     /// Sign-ins under way (one per user and agent).
     pub signins: Arc<crate::signin::Running>,
+    /// The team's identity provider, when `[oidc]` is configured.
+    pub oidc: Option<Arc<crate::oidc::Oidc>>,
+    /// An identity provider's keys named by `jwt.jwks_url` (without `[oidc]`, or beside it).
+    pub jwks: Option<Arc<crate::auth::jwks::Jwks>>,
 }
 
 impl Gateway {
+    /// The keys provider tokens on the API are verified with, once known.
+    pub fn provider_keys(&self) -> Option<Arc<crate::auth::jwks::Jwks>> {
+        self.jwks
+            .clone()
+            .or_else(|| self.oidc.as_ref().and_then(|o| o.api_keys()))
+    }
+
     /// Whether the gateway is draining (for `/readyz`).
     pub fn is_draining(&self) -> bool {
         self.draining.load(Ordering::Acquire)

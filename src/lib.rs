@@ -13,7 +13,8 @@
 //! - [`gateway`]: the state handlers reach (config, auth, sessions, pools, tenancy).
 //! - [`http`]: the routes: health, metrics, `/acp` upgrade, REST API, the web UI's workspace
 //!   browser (`/api/fs/*`), login, static web UI.
-//! - [`auth`]: JWT verification and minting; where tokens come from.
+//! - [`auth`]: JWT verification and minting; where tokens come from; an identity provider's keys.
+//! - [`oidc`]: signing people in through the team's identity provider (OpenID Connect).
 //! - [`bridge`]: one WebSocket connection: reading, writing, and what each method does.
 //! - [`quota`]: per-user caps (connections, request rate).
 //! - [`replica`]: replicas sharing sessions through Postgres: leases, the LISTEN/NOTIFY bus.
@@ -42,6 +43,7 @@ pub(crate) mod files;
 pub mod gateway;
 pub(crate) mod http;
 pub mod metrics;
+pub mod oidc;
 pub(crate) mod outbox;
 pub mod pool;
 pub(crate) mod protocol;

@@ -48,6 +48,9 @@ pub const AGENT_SPAWNS: &str = "acp_gateway_agent_spawns_total";
 pub const AGENT_SPAWN_FAILURES: &str = "acp_gateway_agent_spawn_failures_total";
 /// Sign-ins to agents, by `agent`, `method_type` and `outcome` (counter).
 pub const AGENT_SIGNINS: &str = "acp_gateway_agent_signins_total";
+/// Requests to the OpenID provider, by `what` (discovery, jwks, token, userinfo) and `outcome`
+/// (ok, error) (counter).
+pub const OIDC_FETCHES: &str = "acp_gateway_oidc_provider_requests_total";
 /// Agent processes that ended without the gateway asking, by `agent` (counter).
 pub const AGENT_CRASHES: &str = "acp_gateway_agent_crashes_total";
 /// Messages received, by `peer` and `method` (counter).
@@ -107,6 +110,11 @@ pub const AUTH_FAILURE_REASONS: &[&str] = &[
     "invalid",
     "cross_origin",
     "bad_login_code",
+    "unknown_key",
+    "wrong_algorithm",
+    "not_allowed",
+    "provider_unavailable",
+    "signed_out",
 ];
 
 /// `cap` of [`CAP_HITS`].
@@ -381,6 +389,10 @@ fn describe() {
         "Sign-ins to agents, by agent, method_type (terminal) and outcome: ok, failed (the program exited non-zero), cancelled (by the user or a closed socket), timeout, output_limit, shutdown, error (could not start)."
     );
     describe_counter!(
+        OIDC_FETCHES,
+        "Requests to the OpenID provider, by what (discovery, jwks, token) and outcome (ok, error): errors while it is down."
+    );
+    describe_counter!(
         AGENT_CRASHES,
         "Agent processes that ended (or closed stdout) without the gateway stopping them, by agent."
     );
@@ -509,6 +521,11 @@ pub fn cap_hit(cap: &'static str) {
 pub fn signin(agent: &str, method_type: &'static str, outcome: &'static str) {
     metrics::counter!(AGENT_SIGNINS, "agent" => agent.to_string(), "method_type" => method_type, "outcome" => outcome)
         .increment(1);
+}
+
+/// Counts one request to the OpenID provider.
+pub fn oidc_fetch(what: &'static str, outcome: &'static str) {
+    metrics::counter!(OIDC_FETCHES, "what" => what, "outcome" => outcome).increment(1);
 }
 
 /// Seconds since `start`, for histograms.

@@ -65,6 +65,7 @@ pub struct Sealed {
 }
 
 /// Seals and opens users' keys with the gateway's secrets key.
+#[derive(Clone)]
 pub struct Sealer {
     /// The AEAD, keyed.
     cipher: XChaCha20Poly1305,

@@ -523,6 +523,20 @@ function showSignIn() {
   ui.app.hidden = true;
   ui.signin.hidden = false;
   $('signin-token').focus();
+  offerProviderSignIn();
+}
+
+/** "Sign in with …" when the gateway has an identity provider (GET /auth/oidc). */
+async function offerProviderSignIn() {
+  let about = null;
+  try {
+    const res = await fetch('/auth/oidc', { credentials: 'same-origin' });
+    if (res.ok) about = await res.json();
+  } catch { /* offline: the token form still works */ }
+  if (typeof about?.label !== 'string') return;
+  $('signin-oidc').textContent = `Sign in with ${about.label}`;
+  $('signin-oidc-row').hidden = false;
+  $('signin-oidc').focus();
 }
 
 // The form posts the token to /auth/login (never in a URL). Submitting it with fetch keeps a refusal
@@ -562,7 +576,16 @@ $('signin-form').addEventListener('submit', async (event) => {
 });
 
 $('logout').addEventListener('click', async () => {
-  try { await fetch('/auth/logout', { method: 'POST', credentials: 'same-origin' }); } catch { /* offline */ }
+  let redirect = null;
+  try {
+    const res = await fetch('/auth/logout', { method: 'POST', credentials: 'same-origin' });
+    // A sign-in through the identity provider: its own sign-out page comes next.
+    if (res.status === 200) redirect = (await res.json())?.redirect;
+  } catch { /* offline */ }
+  if (typeof redirect === 'string' && /^https?:\/\//i.test(redirect)) {
+    location.assign(redirect);
+    return;
+  }
   showSignIn();
 });
 

@@ -11,6 +11,7 @@
 //! identity provider's key also signs tokens for its other applications).
 
 pub(crate) mod codes;
+pub mod jwks;
 
 pub use codes::LoginCodes;
 
@@ -37,6 +38,9 @@ pub struct Identity {
     pub user: String,
     /// The token's `exp`, in seconds since the epoch; a connection is closed when it passes.
     pub expires_at: u64,
+    /// For a sign-in through the identity provider: its id (`sid`), which ends when the person
+    /// signs out or the provider no longer lets them in.
+    pub session: Option<String>,
 }
 
 /// Why a token was refused. Callers answer every variant the same way (`401`); the variant is
@@ -116,6 +120,8 @@ struct Claims {
     iss: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     aud: Option<serde_json::Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    sid: Option<String>,
 }
 
 /// Verifies tokens (and, with an HS256 secret, mints them).
@@ -220,6 +226,7 @@ impl Authenticator {
         Ok(Identity {
             user: data.claims.sub,
             expires_at: data.claims.exp,
+            session: data.claims.sid,
         })
     }
 
@@ -230,6 +237,15 @@ impl Authenticator {
 
     /// Mints an HS256 token for `sub`, valid for `ttl_secs`.
     pub fn mint(&self, sub: &str, ttl_secs: u64) -> Result<String, KeyError> {
+        self.mint_claims(sub, ttl_secs, None)
+    }
+
+    /// Mints the cookie of a sign-in through the identity provider: valid while its `sid` is.
+    pub fn mint_session(&self, sub: &str, ttl_secs: u64, sid: &str) -> Result<String, KeyError> {
+        self.mint_claims(sub, ttl_secs, Some(sid.to_string()))
+    }
+
+    fn mint_claims(&self, sub: &str, ttl_secs: u64, sid: Option<String>) -> Result<String, KeyError> {
         let key = self.encoding.as_ref().ok_or(KeyError::CannotMint)?;
         let now = now_secs();
         let claims = Claims {
@@ -238,6 +254,7 @@ impl Authenticator {
             iat: Some(now),
             iss: self.issuer.clone(),
             aud: self.audience.clone().map(serde_json::Value::String),
+            sid,
         };
         Ok(jsonwebtoken::encode(&Header::new(Algorithm::HS256), &claims, key)?)
     }

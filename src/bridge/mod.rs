@@ -56,6 +56,19 @@ pub async fn serve(socket: WebSocket, gw: Arc<Gateway>, identity: Identity, conn
         .unwrap_or_else(|| now + Duration::from_secs(10 * 365 * 24 * 3600));
     let expiry = tokio::time::sleep_until(expires);
     tokio::pin!(expiry);
+    // A sign-in through the identity provider that ends (sign-out on any replica, or the provider
+    // no longer lets the person in) closes its WebSockets as an expired token does.
+    let watch = identity
+        .session
+        .as_deref()
+        .and_then(|sid| gw.oidc.as_ref().map(|o| o.watched.watch(sid)));
+    let signed_out = async {
+        match &watch {
+            Some(w) => w.ended.cancelled().await,
+            None => std::future::pending().await,
+        }
+    };
+    tokio::pin!(signed_out);
     // While the gateway drains: resolves once nothing this client asked is in flight.
     let drained = conn.drained();
     tokio::pin!(drained);
@@ -67,6 +80,11 @@ pub async fn serve(socket: WebSocket, gw: Arc<Gateway>, identity: Identity, conn
             () = &mut expiry => {
                 tracing::info!(connection = %conn_id, user = %identity.user, "token expired; closing connection");
                 outbox.close(CLOSE_TOKEN_EXPIRED, "token expired");
+                break;
+            }
+            () = &mut signed_out => {
+                tracing::info!(connection = %conn_id, user = %identity.user, "sign-in ended; closing connection");
+                outbox.close(CLOSE_TOKEN_EXPIRED, "signed out");
                 break;
             }
             () = &mut drained => {

@@ -46,7 +46,7 @@ async fn upgrade(
     ws: Result<WebSocketUpgrade, WebSocketUpgradeRejection>,
 ) -> Response {
     // Authentication comes first: no token, no upgrade, whatever else is wrong.
-    let identity = match authenticate(&gw, &headers, uri.query()) {
+    let identity = match authenticate(&gw, &headers, uri.query()).await {
         Ok(identity) => identity,
         Err(unauthorized) => {
             crate::metrics::connection_refused("unauthenticated");

@@ -65,6 +65,23 @@ fn find_token(headers: &HeaderMap, query: Option<&str>) -> Option<(String, Sourc
         .map(|t| (t.to_string(), Source::Query))
 }
 
+/// The value of the cookie `name`, if the request carries it.
+pub fn cookie_named(headers: &HeaderMap, name: &str) -> Option<String> {
+    headers
+        .get_all(header::COOKIE)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(';'))
+        .filter_map(|c| c.trim().split_once('='))
+        .find(|(k, _)| *k == name)
+        .map(|(_, v)| v.to_string())
+}
+
+/// The web UI's cookie, verified as the gateway's own token (for sign-out).
+pub fn own_cookie_identity(gw: &Gateway, headers: &HeaderMap) -> Option<Identity> {
+    gw.auth.verify(&cookie_token(headers)?).ok()
+}
+
 /// The web UI's cookie. Over HTTPS only the `__Host-` one counts (a plain-named cookie there may
 /// have been planted by a sibling subdomain); over HTTP either, the `__Host-` one first.
 fn cookie_token(headers: &HeaderMap) -> Option<String> {
@@ -116,7 +133,7 @@ fn request_host(headers: &HeaderMap) -> Option<String> {
 }
 
 /// `scheme://host[:port]` of this request as a browser would write it in `Origin`.
-fn request_origin(headers: &HeaderMap) -> Option<String> {
+pub fn request_origin(headers: &HeaderMap) -> Option<String> {
     let scheme = if is_https(headers) { "https" } else { "http" };
     Some(format!(
         "{scheme}://{}",
@@ -159,8 +176,11 @@ pub fn same_origin(headers: &HeaderMap, no_origin: NoOrigin) -> bool {
     }
 }
 
-/// Verifies the request's token; every failure is the same `401`.
-pub fn authenticate(gw: &Gateway, headers: &HeaderMap, query: Option<&str>) -> Result<Identity, Unauthorized> {
+/// Verifies the request's token; every failure is the same `401`. The gateway's own tokens (and
+/// cookies) first; a token the gateway's key does not verify may be the identity provider's
+/// (never from the cookie, which only the gateway sets). A cookie from a sign-in through the
+/// provider is good only while that sign-in is.
+pub async fn authenticate(gw: &Gateway, headers: &HeaderMap, query: Option<&str>) -> Result<Identity, Unauthorized> {
     let Some((token, source)) = find_token(headers, query) else {
         crate::metrics::auth_failure("missing");
         return Err(Unauthorized);
@@ -170,10 +190,75 @@ pub fn authenticate(gw: &Gateway, headers: &HeaderMap, query: Option<&str>) -> R
         tracing::warn!("cookie-authenticated request from another origin refused");
         return Err(Unauthorized);
     }
-    gw.auth.verify(&token).map_err(|e| {
+    let own = match gw.auth.verify(&token) {
+        Ok(who) => return still_signed_in(gw, who).await,
+        Err(e) => e,
+    };
+    if source != Source::Cookie
+        && let Some(keys) = provider_keys(gw).await
+    {
+        return provider_token(gw, &keys, &token).await;
+    }
+    crate::metrics::auth_failure(own.reason());
+    tracing::info!(error = %own, source = ?source, "token refused");
+    Err(Unauthorized)
+}
+
+/// `who`, unless they signed in through the provider and that sign-in has ended.
+async fn still_signed_in(gw: &Gateway, who: Identity) -> Result<Identity, Unauthorized> {
+    let Some(sid) = &who.session else { return Ok(who) };
+    let live = match &gw.oidc {
+        Some(oidc) => oidc.is_live(sid, &who.user).await,
+        None => false,
+    };
+    if live {
+        Ok(who)
+    } else {
+        crate::metrics::auth_failure("signed_out");
+        tracing::info!(user = %who.user, "cookie of an ended sign-in refused");
+        Err(Unauthorized)
+    }
+}
+
+/// The identity provider's keys, asking discovery for them if it has not named them yet.
+async fn provider_keys(gw: &Gateway) -> Option<Arc<crate::auth::jwks::Jwks>> {
+    if let Some(keys) = gw.provider_keys() {
+        return Some(keys);
+    }
+    let oidc = gw.oidc.as_ref()?;
+    let _ = oidc.provider(false).await;
+    oidc.api_keys()
+}
+
+/// A token from the identity provider: verified with its keys, the user its claims name (the
+/// [`Policy`](crate::oidc::Policy) of `[oidc]`, else `sub`).
+async fn provider_token(gw: &Gateway, keys: &crate::auth::jwks::Jwks, token: &str) -> Result<Identity, Unauthorized> {
+    let claims = keys.verify(token).await.map_err(|e| {
         crate::metrics::auth_failure(e.reason());
-        tracing::info!(error = %e, source = ?source, "token refused");
+        tracing::info!(error = %e, "provider token refused");
         Unauthorized
+    })?;
+    let user = match &gw.oidc {
+        Some(oidc) => oidc.policy.admit(&claims).map_err(|r| {
+            crate::metrics::auth_failure("not_allowed");
+            tracing::info!(account = %r.account, reason = %r.why, "provider token of a person not allowed here refused");
+            Unauthorized
+        })?,
+        None => claims
+            .get("sub")
+            .and_then(serde_json::Value::as_str)
+            .filter(|s| !s.trim().is_empty())
+            .map(String::from)
+            .ok_or_else(|| {
+                crate::metrics::auth_failure("missing_claim");
+                Unauthorized
+            })?,
+    };
+    let expires_at = claims.get("exp").and_then(serde_json::Value::as_u64).unwrap_or(0);
+    Ok(Identity {
+        user,
+        expires_at,
+        session: None,
     })
 }
 
@@ -197,7 +282,7 @@ impl FromRequestParts<Arc<Gateway>> for Caller {
 
     async fn from_request_parts(parts: &mut Parts, gw: &Arc<Gateway>) -> Result<Self, Self::Rejection> {
         // `?access_token=` is for `/acp` only: tokens in URLs end up in logs.
-        authenticate(gw, &parts.headers, None).map(Caller)
+        authenticate(gw, &parts.headers, None).await.map(Caller)
     }
 }
 

@@ -42,6 +42,14 @@ async fn readyz(State(gw): State<Arc<Gateway>>) -> impl IntoResponse {
         None => Err(String::from("no default agent configured")),
     };
     let draining = gw.is_draining();
+    // The identity provider down is degraded, not unready: signed-in people keep working.
+    let oidc = match &gw.oidc {
+        Some(oidc) => Some(match oidc.degraded().await {
+            Some(why) => json!(format!("degraded: {why}")),
+            None => json!("ok"),
+        }),
+        None => None,
+    };
     let ready = database.is_ok() && writer.is_ok() && agent.is_ok() && !draining;
     let check = |r: &Result<(), String>| match r {
         Ok(()) => json!("ok"),
@@ -56,7 +64,7 @@ async fn readyz(State(gw): State<Arc<Gateway>>) -> impl IntoResponse {
         .map(|agent| format!("agent {agent} runs unsandboxed: bubblewrap does not work on this host"))
         .chain(gw.tenancy.unusable_roots())
         .collect();
-    let body = json!({
+    let mut body = json!({
         "status": if ready { "ready" } else { "unavailable" },
         "checks": {
             "database": check(&database),
@@ -66,6 +74,9 @@ async fn readyz(State(gw): State<Arc<Gateway>>) -> impl IntoResponse {
         },
         "warnings": warnings,
     });
+    if let Some(oidc) = oidc {
+        body["checks"]["oidc"] = oidc;
+    }
     (
         if ready {
             StatusCode::OK

@@ -9,6 +9,7 @@ mod error;
 mod fs;
 mod health;
 mod keys;
+mod oidc;
 mod rest;
 mod server;
 mod signin;
@@ -55,6 +56,7 @@ pub fn router(gw: Arc<Gateway>) -> Router {
         .merge(fs::router())
         .merge(keys::router())
         .merge(signin::router())
+        .merge(oidc::router())
         .route_service("/signin-terminal.html", terminal_page)
         .fallback_service(static_files)
         .layer(SetResponseHeaderLayer::if_not_present(

@@ -172,7 +172,7 @@ async fn login_with_token(
 }
 
 /// The web UI's cookie holding `token`: `__Host-` and `Secure` when the browser used HTTPS.
-fn session_cookie(headers: &HeaderMap, token: &str, max_age: u64) -> String {
+pub(super) fn session_cookie(headers: &HeaderMap, token: &str, max_age: u64) -> String {
     if is_https(headers) {
         format!("{SECURE_COOKIE}={token}; Path=/; Secure; HttpOnly; SameSite=Strict; Max-Age={max_age}")
     } else {
@@ -181,7 +181,7 @@ fn session_cookie(headers: &HeaderMap, token: &str, max_age: u64) -> String {
 }
 
 /// Sets the cookie and sends the browser to the UI.
-fn signed_in(headers: &HeaderMap, token: &str, max_age: u64) -> Response {
+pub(super) fn signed_in(headers: &HeaderMap, token: &str, max_age: u64) -> Response {
     (
         StatusCode::SEE_OTHER,
         [
@@ -212,8 +212,10 @@ fn refusal(headers: &HeaderMap, status: StatusCode, message: &'static str) -> Re
     }
 }
 
-/// Clears both cookie names. Only our own pages may sign a browser out.
-async fn logout(headers: HeaderMap) -> Response {
+/// Clears both cookie names. Only our own pages may sign a browser out. A sign-in through the
+/// identity provider ends too (on every replica), and where the provider has a sign-out endpoint
+/// the answer is `200 {"redirect": URL}` for the page to go there.
+async fn logout(State(gw): State<Arc<Gateway>>, headers: HeaderMap) -> Response {
     if !same_origin(&headers, NoOrigin::SameOriginOnly) {
         return refusal(
             &headers,
@@ -221,9 +223,13 @@ async fn logout(headers: HeaderMap) -> Response {
             "Sign out from this gateway's own page.",
         );
     }
+    let redirect = super::oidc::sign_out(&gw, &headers).await;
     let plain = format!("{COOKIE}=; Path=/; HttpOnly; SameSite=Strict; Max-Age=0");
     let host = format!("{SECURE_COOKIE}=; Path=/; Secure; HttpOnly; SameSite=Strict; Max-Age=0");
-    let mut response = StatusCode::NO_CONTENT.into_response();
+    let mut response = match redirect {
+        Some(url) => (StatusCode::OK, Json(json!({ "redirect": url }))).into_response(),
+        None => StatusCode::NO_CONTENT.into_response(),
+    };
     let h = response.headers_mut();
     for cookie in [plain, host] {
         if let Ok(v) = header::HeaderValue::from_str(&cookie) {

@@ -12,6 +12,7 @@ pub(crate) mod postgres;
 mod sql;
 pub(crate) mod sqlite;
 mod user_secrets;
+mod web_sessions;
 
 use std::sync::Arc;
 
@@ -19,6 +20,11 @@ use async_trait::async_trait;
 
 pub use sql::{SEARCH_PROBE, SearchBy, SearchIndex, list_query};
 pub use user_secrets::{StoredLogin, StoredSecret};
+pub use web_sessions::WebSession;
+
+/// How long an ended sign-in through the identity provider is kept (seconds), so that every
+/// replica sees it ended before it is forgotten.
+pub const WEB_SESSIONS_KEPT_SECS: i64 = 7 * 24 * 3600;
 
 /// Longest wait for a pooled connection: a database that does not answer fails a request well
 /// within the contract's 5 s, and pools open new connections once it is back.
@@ -164,6 +170,18 @@ impl Store for Bounded {
     }
     async fn logins(&self, owner: &str) -> Result<Vec<StoredLogin>, StoreError> {
         self.within(self.inner.logins(owner)).await
+    }
+    async fn put_web_session(&self, s: &WebSession) -> Result<(), StoreError> {
+        self.within(self.inner.put_web_session(s)).await
+    }
+    async fn web_session(&self, id: &str) -> Result<Option<WebSession>, StoreError> {
+        self.within(self.inner.web_session(id)).await
+    }
+    async fn revoke_web_session(&self, id: &str, reason: &str) -> Result<(), StoreError> {
+        self.within(self.inner.revoke_web_session(id, reason)).await
+    }
+    async fn due_web_sessions(&self, checked_before: i64, limit: i64) -> Result<Vec<WebSession>, StoreError> {
+        self.within(self.inner.due_web_sessions(checked_before, limit)).await
     }
 }
 
@@ -336,6 +354,15 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     async fn put_login(&self, owner: &str, login: &StoredLogin) -> Result<(), StoreError>;
     /// `owner`'s completed logins, by agent.
     async fn logins(&self, owner: &str) -> Result<Vec<StoredLogin>, StoreError>;
+    /// Stores a sign-in through the identity provider, or what a check changed in it.
+    async fn put_web_session(&self, s: &WebSession) -> Result<(), StoreError>;
+    /// The sign-in `id` (revoked ones too).
+    async fn web_session(&self, id: &str) -> Result<Option<WebSession>, StoreError>;
+    /// Ends the sign-in `id`, saying why.
+    async fn revoke_web_session(&self, id: &str, reason: &str) -> Result<(), StoreError>;
+    /// Live sign-ins last checked before `checked_before` (epoch seconds), oldest first; sign-ins
+    /// that ended long ago are forgotten on the way.
+    async fn due_web_sessions(&self, checked_before: i64, limit: i64) -> Result<Vec<WebSession>, StoreError>;
 }
 
 /// Opens the store named by `url`, creating a SQLite file (and its directory) when needed, and

@@ -797,6 +797,18 @@ mod tests {
         async fn logins(&self, _: &str) -> Result<Vec<crate::store::StoredLogin>, StoreError> {
             unimplemented!()
         }
+        async fn put_web_session(&self, _: &crate::store::WebSession) -> Result<(), StoreError> {
+            unimplemented!()
+        }
+        async fn web_session(&self, _: &str) -> Result<Option<crate::store::WebSession>, StoreError> {
+            unimplemented!()
+        }
+        async fn revoke_web_session(&self, _: &str, _: &str) -> Result<(), StoreError> {
+            unimplemented!()
+        }
+        async fn due_web_sessions(&self, _: i64, _: i64) -> Result<Vec<crate::store::WebSession>, StoreError> {
+            unimplemented!()
+        }
     }
 
     #[derive(Default)]

@@ -26,9 +26,10 @@ use sqlx::{Postgres, Transaction};
 
 use super::sql::{RunList, SearchBy, Sql};
 use super::user_secrets::SecretSql;
+use super::web_sessions::WebSessionSql;
 use super::{
     EventChunk, ListFilter, NewSession, Position, SessionRecord, SessionWrite, Store, StoreError, StoredLogin,
-    StoredSecret,
+    StoredSecret, WEB_SESSIONS_KEPT_SECS, WebSession,
 };
 
 /// Longest wait for a pooled connection (see [`super::ACQUIRE_TIMEOUT`]).
@@ -299,6 +300,24 @@ impl Store for PgStore {
         let rows = Postgres::logins(&mut *tx, owner).await?;
         tx.commit().await?;
         Ok(rows)
+    }
+
+    async fn put_web_session(&self, s: &WebSession) -> Result<(), StoreError> {
+        Ok(Postgres::put_web_session(&self.pool, s).await?)
+    }
+
+    async fn web_session(&self, id: &str) -> Result<Option<WebSession>, StoreError> {
+        Ok(Postgres::web_session(&self.pool, id).await?)
+    }
+
+    async fn revoke_web_session(&self, id: &str, reason: &str) -> Result<(), StoreError> {
+        Ok(Postgres::revoke_web_session(&self.pool, id, crate::auth::now_secs() as i64, reason).await?)
+    }
+
+    async fn due_web_sessions(&self, checked_before: i64, limit: i64) -> Result<Vec<WebSession>, StoreError> {
+        let now = crate::auth::now_secs() as i64;
+        Postgres::prune_web_sessions(&self.pool, now - WEB_SESSIONS_KEPT_SECS).await?;
+        Ok(Postgres::due_web_sessions(&self.pool, checked_before, now, limit).await?)
     }
 
     async fn list_sessions(

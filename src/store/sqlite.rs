@@ -12,9 +12,10 @@ use sqlx::sqlite::{
 
 use super::sql::{RunList, SearchBy, Sql};
 use super::user_secrets::SecretSql;
+use super::web_sessions::WebSessionSql;
 use super::{
     EventChunk, ListFilter, NewSession, Position, SessionRecord, SessionWrite, Store, StoreError, StoredLogin,
-    StoredSecret,
+    StoredSecret, WEB_SESSIONS_KEPT_SECS, WebSession,
 };
 
 /// A SQLite-backed [`Store`].
@@ -214,5 +215,23 @@ impl Store for SqliteStore {
 
     async fn logins(&self, owner: &str) -> Result<Vec<StoredLogin>, StoreError> {
         Ok(Sqlite::logins(&self.pool, owner).await?)
+    }
+
+    async fn put_web_session(&self, s: &WebSession) -> Result<(), StoreError> {
+        Ok(Sqlite::put_web_session(&self.pool, s).await?)
+    }
+
+    async fn web_session(&self, id: &str) -> Result<Option<WebSession>, StoreError> {
+        Ok(Sqlite::web_session(&self.pool, id).await?)
+    }
+
+    async fn revoke_web_session(&self, id: &str, reason: &str) -> Result<(), StoreError> {
+        Ok(Sqlite::revoke_web_session(&self.pool, id, crate::auth::now_secs() as i64, reason).await?)
+    }
+
+    async fn due_web_sessions(&self, checked_before: i64, limit: i64) -> Result<Vec<WebSession>, StoreError> {
+        let now = crate::auth::now_secs() as i64;
+        Sqlite::prune_web_sessions(&self.pool, now - WEB_SESSIONS_KEPT_SECS).await?;
+        Ok(Sqlite::due_web_sessions(&self.pool, checked_before, now, limit).await?)
     }
 }

@@ -9,6 +9,10 @@ use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
+mod oidc;
+
+pub use oidc::OidcConfig;
+
 use figment::Figment;
 use figment::providers::{Format, Serialized, Toml};
 use secrecy::SecretString;
@@ -52,6 +56,8 @@ pub struct Config {
     pub secrets_key: Option<SecretString>,
     /// Signing users in to agents.
     pub signin: SigninConfig,
+    /// Signing people in through the team's identity provider (OpenID Connect).
+    pub oidc: OidcConfig,
 }
 
 /// Signing users in to agents (`authMethods`).
@@ -85,6 +91,9 @@ pub struct JwtConfig {
     pub issuer: Option<String>,
     /// Required `aud`, when set.
     pub audience: Option<String>,
+    /// The JWKS of an identity provider whose tokens are accepted too (default with `[oidc]`:
+    /// the provider's own, from discovery).
+    pub jwks_url: Option<String>,
     /// Lifetime of tokens printed by `serve` and `token` when no `--ttl` is given.
     pub default_ttl_secs: u64,
 }
@@ -317,6 +326,7 @@ impl Default for Config {
             workspace_roots: vec![String::from("{data_dir}/workspaces/{user}")],
             secrets_key: None,
             signin: SigninConfig::default(),
+            oidc: OidcConfig::default(),
         }
     }
 }
@@ -356,6 +366,7 @@ const ENV_KEYS: &[(&str, &str)] = &[
     ("ACP_GATEWAY_JWT_PUBLIC_KEY", "jwt.public_key"),
     ("ACP_GATEWAY_JWT_ISSUER", "jwt.issuer"),
     ("ACP_GATEWAY_JWT_AUDIENCE", "jwt.audience"),
+    ("ACP_GATEWAY_JWT_JWKS_URL", "jwt.jwks_url"),
     ("ACP_GATEWAY_AGENT", "agent"),
     ("ACP_GATEWAY_DATA_DIR", "data_dir"),
     ("ACP_GATEWAY_STATIC_DIR", "static_dir"),
@@ -388,12 +399,12 @@ impl Config {
             figment = figment.merge(Toml::file_exact(path));
         }
         // Values are merged as strings, never guessed at: a numeric-looking secret stays a secret.
-        for (var, key) in ENV_KEYS {
+        for (var, key) in ENV_KEYS.iter().chain(oidc::ENV_KEYS) {
             if let Some(value) = env(var).filter(|v| !v.is_empty()) {
                 figment = figment.merge((*key, value));
             }
         }
-        for (var, key) in ENV_NUMBERS {
+        for (var, key) in ENV_NUMBERS.iter().chain(oidc::ENV_NUMBERS) {
             if let Some(value) = env(var).filter(|v| !v.trim().is_empty()) {
                 let n: u64 = value.trim().parse().map_err(|_| {
                     ConfigError::Invalid(format!("{var} ({key}): expected a whole number, found {value:?}"))
@@ -402,6 +413,17 @@ impl Config {
             }
         }
         // A list in the environment: comma-separated.
+        for (var, key) in oidc::ENV_LISTS {
+            if let Some(value) = env(var).filter(|v| !v.trim().is_empty()) {
+                let list: Vec<String> = value
+                    .split(',')
+                    .map(str::trim)
+                    .filter(|v| !v.is_empty())
+                    .map(String::from)
+                    .collect();
+                figment = figment.merge((*key, list));
+            }
+        }
         if let Some(roots) = env("ACP_GATEWAY_WORKSPACE_ROOTS").filter(|v| !v.trim().is_empty()) {
             let roots: Vec<String> = roots
                 .split(',')
@@ -489,6 +511,15 @@ impl Config {
                 "jwt: set either secret (ACP_GATEWAY_JWT_SECRET) or public_key (ACP_GATEWAY_JWT_PUBLIC_KEY), not both"
                     .into(),
             ));
+        }
+        self.oidc.validate()?;
+        if let Some(url) = &self.jwt.jwks_url
+            && (self.jwt.issuer.is_none() || self.jwt.audience.is_none())
+            && !self.oidc.enabled()
+        {
+            return Err(ConfigError::Invalid(format!(
+                "jwt.jwks_url (ACP_GATEWAY_JWT_JWKS_URL) {url:?}: tokens verified against it need an issuer (ACP_GATEWAY_JWT_ISSUER) and an audience (ACP_GATEWAY_JWT_AUDIENCE)"
+            )));
         }
         // Key rules (secret length, audience with a public key) are checked where keys are set
         // up, `auth::Authenticator::from_config`, which every command that needs them runs first.

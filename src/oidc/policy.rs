@@ -1,0 +1,133 @@
+//! Who may use the gateway, from the claims of a verified provider token: the user is one claim
+//! (`user_claim`), and with `allowed_groups` or `allowed_domains` set, only members of one of
+//! those groups, or people with a verified e-mail address in one of those domains, get in.
+
+use serde_json::{Map, Value};
+
+use crate::config::OidcConfig;
+
+/// The rules.
+#[derive(Debug, Clone)]
+pub struct Policy {
+    user_claim: String,
+    groups_claim: String,
+    allowed_groups: Vec<String>,
+    allowed_domains: Vec<String>,
+}
+
+/// A person the rules keep out: who they signed in as, and why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Refused {
+    /// The account they used (the user claim, else `sub`, else `email`).
+    pub account: String,
+    /// Why, for them and for the log.
+    pub why: String,
+}
+
+impl Policy {
+    /// The rules of `cfg`.
+    pub fn from_config(cfg: &OidcConfig) -> Self {
+        Self {
+            user_claim: cfg.user_claim.clone(),
+            groups_claim: cfg.groups_claim.clone(),
+            allowed_groups: cfg.allowed_groups.clone(),
+            allowed_domains: cfg.allowed_domains.iter().map(|d| d.to_ascii_lowercase()).collect(),
+        }
+    }
+
+    /// The user the claims name, if the rules let them in.
+    pub fn admit(&self, claims: &Map<String, Value>) -> Result<String, Refused> {
+        let named = |claim: &str| {
+            claims
+                .get(claim)
+                .and_then(Value::as_str)
+                .filter(|s| !s.trim().is_empty())
+        };
+        let account = named(&self.user_claim)
+            .or_else(|| named("sub"))
+            .or_else(|| named("email"))
+            .unwrap_or("(unnamed account)")
+            .to_string();
+        let refuse = |why: String| Refused {
+            account: account.clone(),
+            why,
+        };
+        let Some(user) = named(&self.user_claim) else {
+            return Err(refuse(format!(
+                "the provider did not send the claim {:?} that names users here",
+                self.user_claim
+            )));
+        };
+        if !self.allowed_groups.is_empty() {
+            let groups = groups_of(claims.get(&self.groups_claim));
+            if !groups.iter().any(|g| self.allowed_groups.iter().any(|a| a == g)) {
+                return Err(refuse(format!(
+                    "not in an allowed group (allowed: {}; yours: {})",
+                    self.allowed_groups.join(", "),
+                    if groups.is_empty() {
+                        String::from("none")
+                    } else {
+                        groups.join(", ")
+                    }
+                )));
+            }
+        }
+        if !self.allowed_domains.is_empty() {
+            let verified = claims.get("email_verified").and_then(Value::as_bool) != Some(false);
+            let domain = named("email")
+                .filter(|_| verified)
+                .and_then(|e| e.rsplit_once('@'))
+                .map(|(_, d)| d.to_ascii_lowercase());
+            if !domain.as_ref().is_some_and(|d| self.allowed_domains.contains(d)) {
+                return Err(refuse(format!(
+                    "no verified e-mail address in an allowed domain (allowed: {})",
+                    self.allowed_domains.join(", ")
+                )));
+            }
+        }
+        Ok(user.to_string())
+    }
+}
+
+/// A groups claim as a list (an array of strings, or one string).
+fn groups_of(value: Option<&Value>) -> Vec<String> {
+    match value {
+        Some(Value::Array(items)) => items.iter().filter_map(Value::as_str).map(String::from).collect(),
+        Some(Value::String(s)) => vec![s.clone()],
+        _ => Vec::new(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn claims(v: Value) -> Map<String, Value> {
+        v.as_object().cloned().expect("object")
+    }
+
+    #[test]
+    fn groups_and_domains_decide() {
+        let cfg = OidcConfig {
+            user_claim: "email".into(),
+            allowed_groups: vec!["devs".into()],
+            allowed_domains: vec!["Example.com".into()],
+            ..OidcConfig::default()
+        };
+        let p = Policy::from_config(&cfg);
+        let alice = claims(json!({"sub":"a1","email":"alice@example.com","groups":["devs"]}));
+        assert_eq!(p.admit(&alice), Ok("alice@example.com".into()));
+        let carol = claims(json!({"sub":"c1","email":"carol@example.com","groups":"sales"}));
+        let refused = p.admit(&carol).expect_err("not in devs");
+        assert_eq!(refused.account, "carol@example.com");
+        assert!(refused.why.contains("yours: sales"), "{}", refused.why);
+        let unverified =
+            claims(json!({"sub":"a1","email":"alice@example.com","email_verified":false,"groups":["devs"]}));
+        assert!(p.admit(&unverified).is_err());
+        let other = claims(json!({"sub":"o","email":"o@other.example","groups":["devs"]}));
+        assert!(p.admit(&other).is_err());
+        let nameless = claims(json!({"sub":"x","groups":["devs"]}));
+        assert_eq!(p.admit(&nameless).expect_err("no email").account, "x");
+    }
+}

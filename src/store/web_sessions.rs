@@ -1,0 +1,121 @@
+//! The statements behind sign-ins through the identity provider (`web_sessions`), written once for
+//! both databases. The provider's tokens are only ever stored sealed (`secrets::Sealer`). This is
+//! the gateway's own bookkeeping: on Postgres it runs as the gateway's login role, never as a
+//! user's request.
+
+use sqlx::{Database, Encode, Executor, FromRow, IntoArguments, Postgres, Sqlite, Type};
+
+/// One sign-in as stored.
+#[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
+pub struct WebSession {
+    /// The `sid` in the gateway's cookie.
+    pub id: String,
+    /// Who signed in.
+    pub owner: String,
+    /// Fingerprint of the key that sealed `sealed`.
+    pub key_id: String,
+    /// Its nonce.
+    pub nonce: Vec<u8>,
+    /// The provider's tokens (refresh and ID token), sealed.
+    pub sealed: Vec<u8>,
+    /// When (epoch seconds) it began, ends, and was last checked with the provider.
+    pub created_at: i64,
+    /// When it ends.
+    pub expires_at: i64,
+    /// When the provider last said the person may stay.
+    pub checked_at: i64,
+    /// When it was ended (sign-out, or the provider no longer lets the person in).
+    pub revoked_at: Option<i64>,
+}
+
+const COLUMNS: &str = "id, owner, key_id, nonce, sealed, created_at, expires_at, checked_at, revoked_at";
+
+/// The `web_sessions` statements, for any database that can run them.
+pub(crate) trait WebSessionSql: Database
+where
+    for<'q> Self::Arguments<'q>: IntoArguments<'q, Self>,
+    for<'c> &'c mut Self::Connection: Executor<'c, Database = Self>,
+    for<'q> &'q str: Encode<'q, Self> + Type<Self>,
+    for<'q> &'q [u8]: Encode<'q, Self> + Type<Self>,
+    for<'q> i64: Encode<'q, Self> + Type<Self>,
+    for<'r> WebSession: FromRow<'r, Self::Row>,
+{
+    /// Stores a new sign-in, or what a check changed (tokens, `checked_at`) in one.
+    async fn put_web_session<'c>(e: impl Executor<'c, Database = Self>, s: &WebSession) -> Result<(), sqlx::Error> {
+        sqlx::query(
+            "INSERT INTO web_sessions (id, owner, key_id, nonce, sealed, created_at, expires_at, checked_at)
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
+             ON CONFLICT (id) DO UPDATE SET key_id = excluded.key_id, nonce = excluded.nonce,
+                 sealed = excluded.sealed, checked_at = excluded.checked_at",
+        )
+        .bind(s.id.as_str())
+        .bind(s.owner.as_str())
+        .bind(s.key_id.as_str())
+        .bind(s.nonce.as_slice())
+        .bind(s.sealed.as_slice())
+        .bind(s.created_at)
+        .bind(s.expires_at)
+        .bind(s.checked_at)
+        .execute(e)
+        .await?;
+        Ok(())
+    }
+
+    /// The sign-in `id`.
+    async fn web_session<'c>(
+        e: impl Executor<'c, Database = Self>,
+        id: &str,
+    ) -> Result<Option<WebSession>, sqlx::Error> {
+        let sql = format!("SELECT {COLUMNS} FROM web_sessions WHERE id = $1");
+        sqlx::query_as(&sql).bind(id).fetch_optional(e).await
+    }
+
+    /// Ends the sign-in `id` (kept, revoked, so every replica sees it ended).
+    async fn revoke_web_session<'c>(
+        e: impl Executor<'c, Database = Self>,
+        id: &str,
+        at: i64,
+        reason: &str,
+    ) -> Result<(), sqlx::Error> {
+        sqlx::query(
+            "UPDATE web_sessions SET revoked_at = $2, revoked_reason = $3 WHERE id = $1 AND revoked_at IS NULL",
+        )
+        .bind(id)
+        .bind(at)
+        .bind(reason)
+        .execute(e)
+        .await?;
+        Ok(())
+    }
+
+    /// Live sign-ins last checked before `checked_before`, oldest first, at most `limit`.
+    async fn due_web_sessions<'c>(
+        e: impl Executor<'c, Database = Self>,
+        checked_before: i64,
+        now: i64,
+        limit: i64,
+    ) -> Result<Vec<WebSession>, sqlx::Error> {
+        let sql = format!(
+            "SELECT {COLUMNS} FROM web_sessions WHERE revoked_at IS NULL AND checked_at < $1 AND expires_at > $2
+             ORDER BY checked_at LIMIT $3"
+        );
+        sqlx::query_as(&sql)
+            .bind(checked_before)
+            .bind(now)
+            .bind(limit)
+            .fetch_all(e)
+            .await
+    }
+
+    /// Forgets sign-ins that ended before `before` (revoked or expired).
+    async fn prune_web_sessions<'c>(e: impl Executor<'c, Database = Self>, before: i64) -> Result<(), sqlx::Error> {
+        sqlx::query("DELETE FROM web_sessions WHERE expires_at < $1 OR revoked_at < $1")
+            .bind(before)
+            .execute(e)
+            .await?;
+        Ok(())
+    }
+}
+
+impl WebSessionSql for Sqlite {}
+impl WebSessionSql for Postgres {}

@@ -1,0 +1,406 @@
+//! Team sign-in through a real OpenID provider (`tests/oidc/provider.mjs`: `oidc-provider` from
+//! npm, on loopback) against a real gateway: the authorization code flow through the provider's
+//! own login pages, the group policy (a person outside it is refused, named; one removed from it
+//! mid-session loses access and their WebSocket is closed with 1008), sign-out, the provider's
+//! tokens on the API (key rotation, a removed key, algorithm confusion, wrong claims, a flood of
+//! unknown keys), and the provider down.
+
+mod common;
+
+use std::net::SocketAddr;
+
+use acp_gateway::config::Config;
+use common::oidc_provider::{ClientReg, Provider, browser, walk};
+use common::{Client, Db, TestGateway, WAIT};
+use jsonwebtoken::{Algorithm, EncodingKey, Header};
+use reqwest::StatusCode;
+use serde_json::{Value, json};
+use tokio_tungstenite::tungstenite::Message;
+
+const CLIENT_ID: &str = "acp-gateway";
+const CLIENT_SECRET: &str = "a-client-secret-for-the-test-provider";
+
+/// A port for the gateway, known before it starts (the provider must know the redirect URL).
+fn free_addr() -> SocketAddr {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    l.local_addr().expect("addr")
+}
+
+struct Setup {
+    provider: Provider,
+    gw: TestGateway,
+}
+
+async fn setup(tweak: impl FnOnce(&mut Config)) -> Setup {
+    let addr = free_addr();
+    let reg = ClientReg {
+        id: CLIENT_ID,
+        secret: CLIENT_SECRET,
+        redirect: format!("http://{addr}/auth/oidc/callback"),
+    };
+    let provider = Provider::start(&reg, &format!("http://{addr}/")).await;
+    let issuer = provider.issuer.clone();
+    let gw = TestGateway::start(Db::Sqlite, move |c| {
+        c.listen = addr;
+        c.oidc.issuer = Some(issuer);
+        c.oidc.client_id = Some(CLIENT_ID.into());
+        c.oidc.client_secret = Some(CLIENT_SECRET.to_string().into());
+        c.oidc.redirect_url = Some(reg.redirect.clone());
+        c.oidc.label = Some("Test IdP".into());
+        c.oidc.scopes = ["openid", "profile", "email", "groups"].map(String::from).to_vec();
+        c.oidc.allowed_groups = vec!["devs".into()];
+        c.oidc.recheck_secs = 1;
+        c.oidc.jwks_refetch_secs = 30;
+        tweak(c);
+    })
+    .await;
+    Setup { provider, gw }
+}
+
+/// Signs `login` in through the provider's pages; the callback's response.
+async fn sign_in(s: &Setup, http: &reqwest::Client, login: &str) -> (String, reqwest::Response) {
+    let res = http.get(s.gw.http_url("/auth/oidc/login")).send().await.expect("login");
+    assert_eq!(res.status(), StatusCode::SEE_OTHER);
+    let to_provider = res.headers()[reqwest::header::LOCATION]
+        .to_str()
+        .expect("location")
+        .to_string();
+    assert!(to_provider.starts_with(&s.provider.issuer), "{to_provider}");
+    assert!(
+        to_provider.contains("code_challenge_method=S256") && to_provider.contains("nonce="),
+        "{to_provider}"
+    );
+    let callback = walk(http, &to_provider, &s.gw.http_url("/auth/oidc/callback"), login).await;
+    let res = http.get(&callback).send().await.expect("callback");
+    (callback, res)
+}
+
+/// The gateway's cookie token a callback response sets.
+fn cookie_token(res: &reqwest::Response) -> String {
+    res.headers()
+        .get_all(reqwest::header::SET_COOKIE)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .find_map(|c| c.strip_prefix("acp_gateway_token="))
+        .and_then(|c| c.split(';').next())
+        .expect("the gateway's cookie")
+        .to_string()
+}
+
+async fn me(s: &Setup, token: &str) -> reqwest::Response {
+    reqwest::Client::new()
+        .get(s.gw.http_url("/api/me"))
+        .bearer_auth(token)
+        .send()
+        .await
+        .expect("me")
+}
+
+/// Reads until the close frame; its code.
+async fn close_code(client: &mut Client) -> Option<u16> {
+    loop {
+        match client.recv_frame().await? {
+            Message::Close(frame) => return frame.map(|f| u16::from(f.code)),
+            _ => continue,
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_team_member_signs_in_and_loses_access_when_removed_from_the_group() {
+    let s = setup(|_| {}).await;
+    let http = browser();
+    let (callback, res) = sign_in(&s, &http, "alice").await;
+    assert_eq!(res.status(), StatusCode::SEE_OTHER, "{:?}", res.text().await);
+    let token = cookie_token(&res);
+    // The browser's cookie works on the API, and names the user by the configured claim.
+    let who: Value = http
+        .get(s.gw.http_url("/api/me"))
+        .send()
+        .await
+        .expect("me")
+        .json()
+        .await
+        .expect("json");
+    assert_eq!(who["user"], "alice", "{who}");
+    // The callback once only: a replay is refused.
+    let replay = http.get(&callback).send().await.expect("replay");
+    assert_eq!(replay.status(), StatusCode::BAD_REQUEST);
+    // The provider's tokens stay on the server, sealed: nothing of them in the cookie.
+    assert!(token.len() < 600, "the cookie is the gateway's own short token");
+
+    let mut ws = Client::connect(&s.gw.ws_url(), &token).await.expect("connect");
+    let r = ws.request("initialize", json!({"protocolVersion": 1})).await;
+    assert!(r.get("result").is_some(), "{r}");
+
+    // Removed from the allowed group: the next check ends the sign-in, on the socket too.
+    s.provider
+        .control("groups", json!({"user": "alice", "groups": ["sales"]}))
+        .await;
+    let code = tokio::time::timeout(WAIT, close_code(&mut ws))
+        .await
+        .expect("closed in time");
+    assert_eq!(code, Some(1008));
+    assert_eq!(me(&s, &token).await.status(), StatusCode::UNAUTHORIZED);
+    s.gw.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn someone_outside_the_allowed_groups_is_refused_by_name() {
+    let s = setup(|_| {}).await;
+    let http = browser();
+    let (_, res) = sign_in(&s, &http, "carol").await;
+    assert_eq!(res.status(), StatusCode::FORBIDDEN);
+    let page = res.text().await.expect("page");
+    assert!(
+        page.contains("You signed in as carol") && page.contains("yours: sales"),
+        "{page}"
+    );
+    assert_eq!(
+        http.get(s.gw.http_url("/api/me")).send().await.expect("me").status(),
+        StatusCode::UNAUTHORIZED
+    );
+    s.gw.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sign_out_ends_the_sign_in_and_sends_the_browser_to_the_provider() {
+    let s = setup(|_| {}).await;
+    let http = browser();
+    let (_, res) = sign_in(&s, &http, "bob").await;
+    let token = cookie_token(&res);
+    let origin = format!("http://{}", s.gw.addr);
+    let res = http
+        .post(s.gw.http_url("/auth/logout"))
+        .header("origin", &origin)
+        .send()
+        .await
+        .expect("logout");
+    assert_eq!(res.status(), StatusCode::OK);
+    let body: Value = res.json().await.expect("json");
+    let redirect = body["redirect"].as_str().expect("redirect");
+    assert!(
+        redirect.starts_with(&format!("{}/session/end?", s.provider.issuer)) && redirect.contains("id_token_hint="),
+        "{redirect}"
+    );
+    // The gateway's token of that sign-in no longer works anywhere, even held elsewhere.
+    assert_eq!(me(&s, &token).await.status(), StatusCode::UNAUTHORIZED);
+    s.gw.stop().await;
+}
+
+/// A token as the provider would sign it (with its real key), for the API.
+fn provider_token(s: &Setup, kid: &str, claims: Value) -> String {
+    let mut header = Header::new(Algorithm::RS256);
+    header.kid = Some(kid.to_string());
+    let key = EncodingKey::from_rsa_pem(&s.provider.private_pem(kid)).expect("key");
+    jsonwebtoken::encode(&header, &claims, &key).expect("sign")
+}
+
+fn claims(s: &Setup, sub: &str, tweak: impl FnOnce(&mut Value)) -> Value {
+    let now = acp_gateway::auth::now_secs();
+    let mut c = json!({
+        "iss": s.provider.issuer, "aud": CLIENT_ID, "sub": sub, "groups": ["devs"],
+        "iat": now, "exp": now + 300,
+    });
+    tweak(&mut c);
+    c
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn provider_tokens_on_the_api_are_verified_against_its_keys() {
+    let s = setup(|_| {}).await;
+    let kid = s.provider.control("rotate", json!({"drop_old": false})).await["kid"]
+        .as_str()
+        .expect("kid")
+        .to_string();
+    let ok = provider_token(&s, &kid, claims(&s, "alice", |_| {}));
+    let res = me(&s, &ok).await;
+    assert_eq!(res.status(), StatusCode::OK);
+    assert_eq!(res.json::<Value>().await.expect("json")["user"], "alice");
+
+    // Wrong audience, issuer, expired, outside the groups: refused.
+    for (what, c) in [
+        ("audience", claims(&s, "alice", |c| c["aud"] = json!("another-app"))),
+        (
+            "issuer",
+            claims(&s, "alice", |c| c["iss"] = json!("http://127.0.0.1:1")),
+        ),
+        (
+            "expired",
+            claims(&s, "alice", |c| c["exp"] = json!(acp_gateway::auth::now_secs() - 600)),
+        ),
+        ("group", claims(&s, "carol", |c| c["groups"] = json!(["sales"]))),
+        (
+            "no audience",
+            claims(&s, "alice", |c| {
+                c.as_object_mut().expect("object").remove("aud");
+            }),
+        ),
+    ] {
+        let t = provider_token(&s, &kid, c);
+        assert_eq!(me(&s, &t).await.status(), StatusCode::UNAUTHORIZED, "{what}");
+    }
+    // Algorithm confusion: HS256 with the provider's public key as the secret, and `none`.
+    let public = s.provider.public_pem(&kid);
+    let mut header = Header::new(Algorithm::HS256);
+    header.kid = Some(kid.clone());
+    let forged = jsonwebtoken::encode(
+        &header,
+        &claims(&s, "alice", |_| {}),
+        &EncodingKey::from_secret(public.as_bytes()),
+    )
+    .expect("sign");
+    assert_eq!(
+        me(&s, &forged).await.status(),
+        StatusCode::UNAUTHORIZED,
+        "HS256 with the public key"
+    );
+    let body = ok.split('.').nth(1).expect("payload");
+    let none = format!(
+        "{}.{body}.",
+        base64_url(&json!({"alg": "none", "kid": kid}).to_string())
+    );
+    assert_eq!(me(&s, &none).await.status(), StatusCode::UNAUTHORIZED, "alg none");
+
+    // A flood of unknown kids costs the provider at most one fetch (refetch interval 30 s).
+    let before = s.provider.jwks_requests().await;
+    for i in 0..40 {
+        let mut header = Header::new(Algorithm::RS256);
+        header.kid = Some(format!("random-{i}"));
+        let key = EncodingKey::from_rsa_pem(&s.provider.private_pem(&kid)).expect("key");
+        let t = jsonwebtoken::encode(&header, &claims(&s, "alice", |_| {}), &key).expect("sign");
+        assert_eq!(me(&s, &t).await.status(), StatusCode::UNAUTHORIZED);
+    }
+    let fetched = s.provider.jwks_requests().await - before;
+    assert!(fetched <= 1, "{fetched} JWKS fetches for 40 unknown kids");
+    s.gw.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rotated_key_is_taken_and_a_removed_one_refused_once_the_cache_expires() {
+    let s = setup(|c| c.oidc.jwks_refetch_secs = 1).await;
+    s.provider.control("jwks-cache", json!({"max_age": 1})).await;
+    let old = s.provider.control("rotate", json!({"drop_old": false})).await["kid"]
+        .as_str()
+        .expect("kid")
+        .to_string();
+    let old_token = provider_token(&s, &old, claims(&s, "alice", |_| {}));
+    assert_eq!(me(&s, &old_token).await.status(), StatusCode::OK);
+    // A new key: a token naming it is taken at once (an unknown kid fetches the set again).
+    let new = s.provider.control("rotate", json!({"drop_old": true})).await["kid"]
+        .as_str()
+        .expect("kid")
+        .to_string();
+    let new_token = provider_token(&s, &new, claims(&s, "alice", |_| {}));
+    until("the new key to be taken", || async {
+        me(&s, &new_token).await.status() == StatusCode::OK
+    })
+    .await;
+    // The removed key is refused once the cached set has expired (max-age 1 s).
+    until("the removed key to be refused", || async {
+        me(&s, &old_token).await.status() == StatusCode::UNAUTHORIZED
+    })
+    .await;
+    s.gw.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_the_provider_down_signed_in_people_keep_working() {
+    let s = setup(|_| {}).await;
+    let http = browser();
+    let (_, res) = sign_in(&s, &http, "alice").await;
+    let token = cookie_token(&res);
+    let kid = s.provider.control("rotate", json!({"drop_old": false})).await["kid"]
+        .as_str()
+        .expect("kid")
+        .to_string();
+    let api_token = provider_token(&s, &kid, claims(&s, "alice", |_| {}));
+    assert_eq!(
+        me(&s, &api_token).await.status(),
+        StatusCode::OK,
+        "its key is now cached"
+    );
+    let pem = s.provider.private_pem(&kid);
+    let unknown_kid = {
+        let mut header = Header::new(Algorithm::RS256);
+        header.kid = Some("a-key-after-the-outage".into());
+        jsonwebtoken::encode(
+            &header,
+            &claims(&s, "alice", |_| {}),
+            &EncodingKey::from_rsa_pem(&pem).expect("key"),
+        )
+        .expect("sign")
+    };
+    let Setup { provider, gw } = s;
+    provider.stop().await;
+    let me = |t: String| {
+        let url = gw.http_url("/api/me");
+        async move {
+            reqwest::Client::new()
+                .get(url)
+                .bearer_auth(t)
+                .send()
+                .await
+                .expect("me")
+                .status()
+        }
+    };
+    // The next check of alice's sign-in (every second here) cannot reach the provider:
+    // /readyz stays 200 and says so, and she is not signed out for it.
+    let readyz = || async {
+        let ready = reqwest::get(gw.http_url("/readyz")).await.expect("readyz");
+        assert_eq!(ready.status(), StatusCode::OK);
+        let body: Value = ready.json().await.expect("json");
+        body["checks"]["oidc"].as_str().unwrap_or_default().to_string()
+    };
+    until("/readyz to name the provider degraded", || async {
+        readyz().await.starts_with("degraded:")
+    })
+    .await;
+    // People signed in, and tokens whose keys are cached, keep working.
+    assert_eq!(me(token.clone()).await, StatusCode::OK, "signed-in people keep working");
+    assert_eq!(me(api_token.clone()).await, StatusCode::OK, "cached keys keep working");
+    // A key the gateway does not hold cannot be had: refused.
+    assert_eq!(me(unknown_kid).await, StatusCode::UNAUTHORIZED);
+    // A new login gets a page that says so.
+    let res = http
+        .get(gw.http_url("/auth/oidc/login"))
+        .header("accept", "text/html")
+        .send()
+        .await
+        .expect("login");
+    assert_eq!(res.status(), StatusCode::SERVICE_UNAVAILABLE);
+    let page = res.text().await.expect("page");
+    assert!(
+        page.contains("cannot be reached") && page.contains("already signed in are not affected"),
+        "{page}"
+    );
+    let metrics = acp_gateway::telemetry::render_metrics();
+    assert!(
+        metrics
+            .lines()
+            .any(|l| l.starts_with("acp_gateway_oidc_provider_requests_total")
+                && l.contains("outcome=\"error\"")
+                && !l.ends_with(" 0")),
+        "the outage is counted"
+    );
+    gw.stop().await;
+}
+
+/// Asks `cond` until it holds (every 100 ms, at most [`WAIT`]).
+async fn until<F: std::future::Future<Output = bool>>(what: &str, cond: impl Fn() -> F) {
+    let deadline = tokio::time::Instant::now() + WAIT;
+    let mut tick = tokio::time::interval(std::time::Duration::from_millis(100));
+    loop {
+        tick.tick().await;
+        if cond().await {
+            return;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "timed out waiting for {what}");
+    }
+}
+
+fn base64_url(s: &str) -> String {
+    use base64::Engine;
+    base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(s)
+}

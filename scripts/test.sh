@@ -53,6 +53,8 @@ fi
 if [ -f tests/ui/package.json ]; then
   echo "== vendored web UI libraries match their pinned npm packages"
   bash scripts/vendor-ui.sh --check
+  echo "== the test OpenID provider's own check"
+  (cd tests/oidc && node --test)
   echo "== browser tests (chromium)"
   cargo build --quiet
   (cd tests/ui && node --test)

@@ -171,7 +171,7 @@ fn failed(e: &LoginError) -> Response {
 fn page(status: StatusCode, title: &str, message: &str) -> Response {
     let html = format!(
         "<!doctype html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">\
-         <title>{t} · ACP Gateway</title><link rel=\"stylesheet\" href=\"/style.css\"></head><body><main class=\"signin\">\
+         <title>{t} · ACP Gateway</title><link rel=\"icon\" href=\"/favicon.svg\" type=\"image/svg+xml\"><link rel=\"stylesheet\" href=\"/style.css\"></head><body><main class=\"signin\">\
          <section class=\"signin-card\"><h1 data-testid=\"oidc-title\">{t}</h1><p data-testid=\"oidc-message\">{m}</p>\
          <p><a href=\"/\">Back to the sign-in page</a></p></section></main></body></html>\n",
         t = escape(title),

@@ -203,7 +203,7 @@ fn refusal(headers: &HeaderMap, status: StatusCode, message: &'static str) -> Re
     if wants_html {
         let page = format!(
             "<!doctype html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>Not signed in · ACP Gateway</title>\
-             <link rel=\"stylesheet\" href=\"/style.css\"></head><body><main class=\"signin\"><section class=\"signin-card\">\
+             <link rel=\"icon\" href=\"/favicon.svg\" type=\"image/svg+xml\"><link rel=\"stylesheet\" href=\"/style.css\"></head><body><main class=\"signin\"><section class=\"signin-card\">\
              <h1>Not signed in</h1><p>{message}</p><p><a href=\"/\">Back to the sign-in page</a></p></section></main></body></html>\n"
         );
         (status, cache, Html(page)).into_response()

@@ -93,10 +93,10 @@ export function processesWithEnv(dir) {
  *   env:    extra environment; `bare: true` starts it as a new user would (no secret, no
  *           database URL: the defaults under the working directory).
  */
-export async function startGateway({ agent, config, env: extra = {}, bare = false } = {}) {
+export async function startGateway({ agent, config, env: extra = {}, bare = false, port: chosenPort } = {}) {
   assert.ok(existsSync(BINARY), `${BINARY} is missing: run \`cargo build\` first`);
   const tmp = mkdtempSync(path.join(os.tmpdir(), 'acp-gateway-ui-'));
-  const port = await freePort();
+  const port = chosenPort ?? await freePort();
   const base = `http://127.0.0.1:${port}`;
   const env = { ...process.env, ACP_GATEWAY_LISTEN: `127.0.0.1:${port}`, RUST_LOG: process.env.RUST_LOG || 'info', NO_COLOR: '1' };
   for (const name of ['ACP_GATEWAY_JWT_PUBLIC_KEY', 'ACP_GATEWAY_JWT_ISSUER', 'ACP_GATEWAY_JWT_AUDIENCE',

@@ -38,6 +38,8 @@ pub struct Application {
     persister_task: tokio::task::JoinHandle<()>,
     /// Stops the transcript writer at the end of shutdown.
     persister_cancel: CancellationToken,
+    /// The audit log's writer (stops with the persister, after the connections).
+    audit_task: tokio::task::JoinHandle<()>,
 }
 
 impl Application {
@@ -111,6 +113,12 @@ impl Application {
             asks: shared.clone().map(crate::session::asks::Asks::new),
             replica: shared,
         };
+        let (audit, audit_task) = crate::audit::Audit::spawn(
+            store.clone(),
+            replica.clone(),
+            config.audit.retention_days,
+            persister_cancel.clone(),
+        );
         let gateway = Arc::new(Gateway {
             connection_slots: Arc::new(Semaphore::new(config.limits.max_connections)),
             quotas,
@@ -129,12 +137,14 @@ impl Application {
             signins: Arc::default(),
             oidc,
             jwks,
+            audit,
         });
         Ok(Self {
             listener,
             gateway,
             persister_task,
             persister_cancel,
+            audit_task,
         })
     }
 
@@ -235,6 +245,7 @@ impl Application {
         }
         drop(gw);
         let _ = tokio::time::timeout(grace, self.persister_task).await;
+        let _ = tokio::time::timeout(grace, self.audit_task).await;
         tracing::info!("stopped");
         Ok(())
     }

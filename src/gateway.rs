@@ -54,9 +54,17 @@ pub struct Gateway {
     pub oidc: Option<Arc<crate::oidc::Oidc>>,
     /// An identity provider's keys named by `jwt.jwks_url` (without `[oidc]`, or beside it).
     pub jwks: Option<Arc<crate::auth::jwks::Jwks>>,
+    /// Who did what.
+    pub audit: Arc<crate::audit::Audit>,
 }
 
 impl Gateway {
+    /// Whether `who` administers this gateway: a user `[admin].users` names, or one whose token
+    /// said they are in an `[admin].groups` group.
+    pub fn is_admin(&self, who: &crate::auth::Identity) -> bool {
+        who.admin || self.config.admin.users.contains(&who.user)
+    }
+
     /// The keys provider tokens on the API are verified with, once known.
     pub fn provider_keys(&self) -> Option<Arc<crate::auth::jwks::Jwks>> {
         self.jwks

@@ -13,6 +13,7 @@
 //! - [`gateway`]: the state handlers reach (config, auth, sessions, pools, tenancy).
 //! - [`http`]: the routes: health, metrics, `/acp` upgrade, REST API, the web UI's workspace
 //!   browser (`/api/fs/*`), login, static web UI.
+//! - [`audit`]: the audit log (who did what), as log lines and rows.
 //! - [`auth`]: JWT verification and minting; where tokens come from; an identity provider's keys.
 //! - [`oidc`]: signing people in through the team's identity provider (OpenID Connect).
 //! - [`bridge`]: one WebSocket connection: reading, writing, and what each method does.
@@ -33,6 +34,7 @@
 //! - [`traces`]: OpenTelemetry spans per client and agent request (OTLP/HTTP), W3C context to agents.
 
 pub mod app;
+pub mod audit;
 pub mod auth;
 pub(crate) mod bridge;
 pub(crate) mod budget;

@@ -48,6 +48,8 @@ pub const AGENT_SPAWNS: &str = "acp_gateway_agent_spawns_total";
 pub const AGENT_SPAWN_FAILURES: &str = "acp_gateway_agent_spawn_failures_total";
 /// Sign-ins to agents, by `agent`, `method_type` and `outcome` (counter).
 pub const AGENT_SIGNINS: &str = "acp_gateway_agent_signins_total";
+/// Audit entries that could not be stored (queue full, or the store failed) (counter).
+pub const AUDIT_DROPPED: &str = "acp_gateway_audit_dropped_total";
 /// Requests to the OpenID provider, by `what` (discovery, jwks, token, userinfo) and `outcome`
 /// (ok, error) (counter).
 pub const OIDC_FETCHES: &str = "acp_gateway_oidc_provider_requests_total";
@@ -314,6 +316,7 @@ pub fn describe_and_zero<'a>(agents: impl IntoIterator<Item = &'a str>) {
     for reason in REFUSAL_REASONS {
         metrics::counter!(CONNECTIONS_REFUSED, "reason" => *reason).increment(0);
     }
+    metrics::counter!(AUDIT_DROPPED).increment(0);
     for reason in AUTH_FAILURE_REASONS {
         metrics::counter!(AUTH_FAILURES, "reason" => *reason).increment(0);
     }
@@ -387,6 +390,10 @@ fn describe() {
     describe_counter!(
         AGENT_SIGNINS,
         "Sign-ins to agents, by agent, method_type (terminal) and outcome: ok, failed (the program exited non-zero), cancelled (by the user or a closed socket), timeout, output_limit, shutdown, error (could not start)."
+    );
+    describe_counter!(
+        AUDIT_DROPPED,
+        "Audit entries not stored (queue full or store failing); each is still in the log (target audit)."
     );
     describe_counter!(
         OIDC_FETCHES,

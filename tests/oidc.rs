@@ -180,7 +180,9 @@ async fn sign_out_ends_the_sign_in_and_sends_the_browser_to_the_provider() {
     let body: Value = res.json().await.expect("json");
     let redirect = body["redirect"].as_str().expect("redirect");
     assert!(
-        redirect.starts_with(&format!("{}/session/end?", s.provider.issuer)) && redirect.contains("id_token_hint="),
+        redirect.starts_with(&format!("{}/session/end?", s.provider.issuer))
+            && redirect.contains(&format!("client_id={CLIENT_ID}"))
+            && !redirect.contains("id_token_hint"),
         "{redirect}"
     );
     // The gateway's token of that sign-in no longer works anywhere, even held elsewhere.

@@ -41,6 +41,8 @@ pub struct Identity {
     /// For a sign-in through the identity provider: its id (`sid`), which ends when the person
     /// signs out or the provider no longer lets them in.
     pub session: Option<String>,
+    /// Whether the token says its user is in an admin group (`[admin].groups`).
+    pub admin: bool,
 }
 
 /// Why a token was refused. Callers answer every variant the same way (`401`); the variant is
@@ -120,8 +122,12 @@ struct Claims {
     iss: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     aud: Option<serde_json::Value>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    /// The gateway's own: the sign-in through the identity provider this cookie belongs to.
+    #[serde(default, rename = "acp_sid", skip_serializing_if = "Option::is_none")]
     sid: Option<String>,
+    /// The gateway's own: set on the cookie of an admin's sign-in through the identity provider.
+    #[serde(default, rename = "acp_adm", skip_serializing_if = "std::ops::Not::not")]
+    adm: bool,
 }
 
 /// Verifies tokens (and, with an HS256 secret, mints them).
@@ -226,7 +232,10 @@ impl Authenticator {
         Ok(Identity {
             user: data.claims.sub,
             expires_at: data.claims.exp,
-            session: data.claims.sid,
+            // Only tokens the gateway signed itself (its HS256 key) carry its own claims; a
+            // provider's token verified with a PEM key never does, whatever it says.
+            session: data.claims.sid.filter(|_| self.encoding.is_some()),
+            admin: data.claims.adm && self.encoding.is_some(),
         })
     }
 
@@ -237,15 +246,16 @@ impl Authenticator {
 
     /// Mints an HS256 token for `sub`, valid for `ttl_secs`.
     pub fn mint(&self, sub: &str, ttl_secs: u64) -> Result<String, KeyError> {
-        self.mint_claims(sub, ttl_secs, None)
+        self.mint_claims(sub, ttl_secs, None, false)
     }
 
-    /// Mints the cookie of a sign-in through the identity provider: valid while its `sid` is.
-    pub fn mint_session(&self, sub: &str, ttl_secs: u64, sid: &str) -> Result<String, KeyError> {
-        self.mint_claims(sub, ttl_secs, Some(sid.to_string()))
+    /// Mints the cookie of a sign-in through the identity provider: valid while its `sid` is;
+    /// `admin` when the provider put the user in an admin group.
+    pub fn mint_session(&self, sub: &str, ttl_secs: u64, sid: &str, admin: bool) -> Result<String, KeyError> {
+        self.mint_claims(sub, ttl_secs, Some(sid.to_string()), admin)
     }
 
-    fn mint_claims(&self, sub: &str, ttl_secs: u64, sid: Option<String>) -> Result<String, KeyError> {
+    fn mint_claims(&self, sub: &str, ttl_secs: u64, sid: Option<String>, adm: bool) -> Result<String, KeyError> {
         let key = self.encoding.as_ref().ok_or(KeyError::CannotMint)?;
         let now = now_secs();
         let claims = Claims {
@@ -255,6 +265,7 @@ impl Authenticator {
             iss: self.issuer.clone(),
             aud: self.audience.clone().map(serde_json::Value::String),
             sid,
+            adm,
         };
         Ok(jsonwebtoken::encode(&Header::new(Algorithm::HS256), &claims, key)?)
     }

@@ -271,6 +271,9 @@ impl Connection {
             return;
         }
         if let Err(cap) = self.gw.quotas.request(&self.client.user) {
+            self.gw
+                .audit
+                .cap_refused(&self.client.user, cap.cap, Some(&self.client.id));
             answer(&self.client, id.get(), Err(cap.rpc())).await;
             return;
         }
@@ -285,6 +288,9 @@ impl Connection {
         let Ok(slot) = self.inflight.clone().try_acquire_owned() else {
             let limit = self.gw.config.limits.max_inflight_per_connection;
             crate::metrics::cap_hit("requests_in_flight");
+            self.gw
+                .audit
+                .cap_refused(&self.client.user, "requests_in_flight", Some(&self.client.id));
             let err = RpcError::new(
                 CAP_REACHED,
                 "too many requests in flight on this connection; try again later",
@@ -570,6 +576,12 @@ impl Ctx {
         self.attach(&session, false, 0).await?;
         metrics::counter!(crate::metrics::SESSIONS_CREATED, "agent" => self.pool.name.to_string()).increment(1);
         tracing::info!(connection = %self.client.id, user = %self.client.user, session = %id, "session created");
+        self.audit(
+            "session_create",
+            Some(&id),
+            "ok",
+            Some(json!({ "agent": &*self.pool.name })),
+        );
         let result = protocol::with_session_id(&result, &id)
             .ok_or_else(|| RpcError::internal("agent's session/new result is not an object"))?;
         // The agent's stdout reader may be waiting for `early` to be handed on (the agent sent
@@ -590,6 +602,12 @@ impl Ctx {
 
     async fn load(&self, sid: &str, cwd: Option<&str>, dirs: &[String], after: u64, replay: bool) -> Handled {
         let session = self.owned(sid).await?;
+        self.audit(
+            if replay { "session_load" } else { "session_resume" },
+            Some(sid),
+            "ok",
+            None,
+        );
         // The stored cwd is what the agent gets on restore; a client's must still be its own.
         self.workspace_dirs(cwd, dirs)?;
         self.attach(&session, replay, after).await?;
@@ -626,16 +644,35 @@ impl Ctx {
         self.tracked.left(sid);
         if delete {
             self.gw.sessions.delete(&self.client.user, sid, &self.gw.pools).await?;
+            self.audit("session_delete", Some(sid), "ok", None);
         } else {
             self.gw.sessions.close_on_agent(&session, &self.gw.pools).await;
         }
         Ok(Reply::Result(String::from("{}")))
     }
 
+    /// Records what the caller did in the audit log.
+    fn audit(&self, action: &'static str, target: Option<&str>, outcome: &'static str, detail: Option<Value>) {
+        self.gw.audit.record(crate::audit::Event {
+            actor: &self.client.user,
+            action,
+            target,
+            outcome,
+            detail,
+            connection: Some(&self.client.id),
+            client: None,
+        });
+    }
+
     /// Whether the caller may put one more session on an agent process.
     fn room_for_a_live_session(&self) -> Result<(), RpcError> {
         let live = self.gw.sessions.live_count(&self.client.user);
-        self.gw.quotas.live_session(live).map_err(|cap| cap.rpc())
+        self.gw.quotas.live_session(live).map_err(|cap| {
+            self.gw
+                .audit
+                .cap_refused(&self.client.user, cap.cap, Some(&self.client.id));
+            cap.rpc()
+        })
     }
 
     /// Whether the caller may store more transcript (`max_stored_bytes_per_user`).

@@ -67,6 +67,15 @@ pub(super) async fn authenticate(gw: &Gateway, client: &Client, pool: &Arc<Agent
     }
     crate::metrics::signin(&pool.name, "agent", outcome);
     tracing::info!(connection = %client.id, user = %client.user, agent = %pool.name, method = %method, method_type = "agent", outcome, "agent sign-in");
+    gw.audit.record(crate::audit::Event {
+        actor: &client.user,
+        action: "agent_sign_in",
+        target: Some(&pool.name),
+        outcome: if result.is_ok() { "ok" } else { "failed" },
+        detail: Some(serde_json::json!({ "method": method, "methodType": "agent" })),
+        connection: Some(&client.id),
+        client: None,
+    });
     Ok(Reply::Result(result?.get().to_string()))
 }
 

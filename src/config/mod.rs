@@ -10,8 +10,10 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
 mod oidc;
+mod team;
 
 pub use oidc::OidcConfig;
+pub use team::{AdminConfig, AuditConfig};
 
 use figment::Figment;
 use figment::providers::{Format, Serialized, Toml};
@@ -58,6 +60,10 @@ pub struct Config {
     pub signin: SigninConfig,
     /// Signing people in through the team's identity provider (OpenID Connect).
     pub oidc: OidcConfig,
+    /// Who administers the gateway.
+    pub admin: AdminConfig,
+    /// The audit log.
+    pub audit: AuditConfig,
 }
 
 /// Signing users in to agents (`authMethods`).
@@ -327,6 +333,8 @@ impl Default for Config {
             secrets_key: None,
             signin: SigninConfig::default(),
             oidc: OidcConfig::default(),
+            admin: AdminConfig::default(),
+            audit: AuditConfig::default(),
         }
     }
 }
@@ -404,7 +412,7 @@ impl Config {
                 figment = figment.merge((*key, value));
             }
         }
-        for (var, key) in ENV_NUMBERS.iter().chain(oidc::ENV_NUMBERS) {
+        for (var, key) in ENV_NUMBERS.iter().chain(oidc::ENV_NUMBERS).chain(team::ENV_NUMBERS) {
             if let Some(value) = env(var).filter(|v| !v.trim().is_empty()) {
                 let n: u64 = value.trim().parse().map_err(|_| {
                     ConfigError::Invalid(format!("{var} ({key}): expected a whole number, found {value:?}"))
@@ -413,7 +421,7 @@ impl Config {
             }
         }
         // A list in the environment: comma-separated.
-        for (var, key) in oidc::ENV_LISTS {
+        for (var, key) in oidc::ENV_LISTS.iter().chain(team::ENV_LISTS) {
             if let Some(value) = env(var).filter(|v| !v.trim().is_empty()) {
                 let list: Vec<String> = value
                     .split(',')

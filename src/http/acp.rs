@@ -87,6 +87,7 @@ async fn upgrade(
             crate::metrics::connection_refused("per_user");
             let peer = peer.as_ref().map(|p| p.addr.to_string()).unwrap_or_default();
             tracing::info!(user = %identity.user, peer, cap = cap.cap, "per-user cap reached");
+            gw.audit.cap_refused(&identity.user, cap.cap, None);
             let body = json!({ "error": cap.message(), "cap": cap.cap, "limit": cap.limit });
             return (StatusCode::TOO_MANY_REQUESTS, axum::Json(body)).into_response();
         }

@@ -238,6 +238,13 @@ async fn provider_token(gw: &Gateway, keys: &crate::auth::jwks::Jwks, token: &st
         tracing::info!(error = %e, "provider token refused");
         Unauthorized
     })?;
+    // An ID token (it carries the login's `nonce`) is the browser sign-in's, checked against its
+    // sign-in by the gateway's cookie; replayed as a bearer token it would outlive a sign-out.
+    if claims.contains_key("nonce") {
+        crate::metrics::auth_failure("invalid");
+        tracing::info!("an ID token used as a bearer token refused");
+        return Err(Unauthorized);
+    }
     let user = match &gw.oidc {
         Some(oidc) => oidc.policy.admit(&claims).map_err(|r| {
             crate::metrics::auth_failure("not_allowed");
@@ -255,10 +262,15 @@ async fn provider_token(gw: &Gateway, keys: &crate::auth::jwks::Jwks, token: &st
             })?,
     };
     let expires_at = claims.get("exp").and_then(serde_json::Value::as_u64).unwrap_or(0);
+    let admin = gw
+        .oidc
+        .as_ref()
+        .is_some_and(|o| o.policy.in_any_group(&claims, &gw.config.admin.groups));
     Ok(Identity {
         user,
         expires_at,
         session: None,
+        admin,
     })
 }
 

@@ -21,8 +21,10 @@ use super::auth::{cookie_named, is_https, own_cookie_identity, request_origin};
 use crate::gateway::Gateway;
 use crate::oidc::login::{LOGIN_TTL_SECS, LoginError};
 
-/// The login state cookie.
+/// The login state cookie over plain HTTP.
 const STATE_COOKIE: &str = "acp_gateway_oidc";
+/// The login state cookie over HTTPS.
+const SECURE_STATE_COOKIE: &str = "__Host-acp_gateway_oidc";
 
 pub(super) fn router() -> Router<Arc<Gateway>> {
     Router::new()
@@ -52,10 +54,14 @@ async fn login(State(gw): State<Arc<Gateway>>, headers: HeaderMap) -> Response {
     };
     match oidc.start().await {
         Ok((url, state)) => {
-            let secure = if is_https(&headers) { "; Secure" } else { "" };
-            let cookie = format!(
-                "{STATE_COOKIE}={state}; Path=/auth/oidc; HttpOnly; SameSite=Lax; Max-Age={LOGIN_TTL_SECS}{secure}"
-            );
+            // Over HTTPS the `__Host-` name: a sibling subdomain cannot plant one (login CSRF).
+            let cookie = if is_https(&headers) {
+                format!(
+                    "{SECURE_STATE_COOKIE}={state}; Path=/; Secure; HttpOnly; SameSite=Lax; Max-Age={LOGIN_TTL_SECS}"
+                )
+            } else {
+                format!("{STATE_COOKIE}={state}; Path=/auth/oidc; HttpOnly; SameSite=Lax; Max-Age={LOGIN_TTL_SECS}")
+            };
             (
                 StatusCode::SEE_OTHER,
                 [
@@ -96,30 +102,40 @@ async fn callback(State(gw): State<Arc<Gateway>>, headers: HeaderMap, Query(q): 
             Err(LoginError::Provider(format!("{error}{detail}")))
         }
         (None, Some(code), Some(state)) => {
-            oidc.finish(code, state, cookie_named(&headers, STATE_COOKIE).as_deref())
-                .await
+            let cookie = if is_https(&headers) {
+                cookie_named(&headers, SECURE_STATE_COOKIE)
+            } else {
+                cookie_named(&headers, STATE_COOKIE)
+            };
+            oidc.finish(code, state, cookie.as_deref()).await
         }
         _ => Err(LoginError::BadState),
     };
-    let clear_state = format!("{STATE_COOKIE}=; Path=/auth/oidc; HttpOnly; SameSite=Lax; Max-Age=0");
+    let clear_state = if is_https(&headers) {
+        format!("{SECURE_STATE_COOKIE}=; Path=/; Secure; HttpOnly; SameSite=Lax; Max-Age=0")
+    } else {
+        format!("{STATE_COOKIE}=; Path=/auth/oidc; HttpOnly; SameSite=Lax; Max-Age=0")
+    };
     let mut response = match outcome {
-        Ok(signed_in) => match gw
-            .auth
-            .mint_session(&signed_in.user, signed_in.ttl_secs, &signed_in.sid)
-        {
-            Ok(token) => {
-                tracing::info!(user = %signed_in.user, "signed in through the identity provider");
-                super::rest::signed_in(&headers, &token, signed_in.ttl_secs)
+        Ok(signed_in) => {
+            match gw
+                .auth
+                .mint_session(&signed_in.user, signed_in.ttl_secs, &signed_in.sid, signed_in.admin)
+            {
+                Ok(token) => {
+                    tracing::info!(user = %signed_in.user, "signed in through the identity provider");
+                    super::rest::signed_in(&headers, &token, signed_in.ttl_secs)
+                }
+                Err(e) => {
+                    tracing::error!(error = %e, "cannot mint the cookie of a sign-in");
+                    page(
+                        StatusCode::INTERNAL_SERVER_ERROR,
+                        "Not signed in",
+                        "This gateway cannot sign you in: it cannot sign its own cookie.",
+                    )
+                }
             }
-            Err(e) => {
-                tracing::error!(error = %e, "cannot mint the cookie of a sign-in");
-                page(
-                    StatusCode::INTERNAL_SERVER_ERROR,
-                    "Not signed in",
-                    "This gateway cannot sign you in: it cannot sign its own cookie.",
-                )
-            }
-        },
+        }
         Err(e) => failed(&e),
     };
     if let Ok(v) = header::HeaderValue::from_str(&clear_state) {

@@ -26,6 +26,8 @@ use crate::store::WebSession;
 
 /// How long a login may take at the provider.
 pub const LOGIN_TTL_SECS: u64 = 600;
+/// Used `state`s held at most (each for [`LOGIN_TTL_SECS`]).
+const USED_STATES_MAX: usize = 50_000;
 /// The associated data the login state cookie is sealed under.
 const STATE_AAD: (&str, &str, &str) = ("", "oidc", "login-state");
 
@@ -81,6 +83,8 @@ pub struct SignedIn {
     pub sid: String,
     /// Seconds the cookie lasts.
     pub ttl_secs: u64,
+    /// Whether the provider puts them in an admin group (`[admin].groups`).
+    pub admin: bool,
 }
 
 impl Oidc {
@@ -169,9 +173,10 @@ impl Oidc {
             .ok_or_else(|| LoginError::Invalid("the token response has no ID token".into()))?;
         let claims = self.verified_claims(&client, &d, id_token, Some(&login.nonce)).await?;
         let user = self.policy.admit(&claims).map_err(LoginError::Refused)?;
+        let admin = self.policy.in_any_group(&claims, &self.admin_groups);
         let provider_tokens = ProviderTokens {
             refresh_token: tokens.refresh_token().map(|r| r.secret().clone()),
-            id_token: Some(id_token.to_string()),
+            id_token: None,
         };
         let sid = B64.encode(rand::random::<[u8; 32]>());
         let now = crate::auth::now_secs();
@@ -181,7 +186,12 @@ impl Oidc {
             .put_web_session(&record)
             .await
             .map_err(|e| LoginError::Store(e.to_string()))?;
-        Ok(SignedIn { user, sid, ttl_secs })
+        Ok(SignedIn {
+            user,
+            sid,
+            ttl_secs,
+            admin,
+        })
     }
 
     /// Verifies an ID token with the provider's keys (looking for new keys once, after a
@@ -255,16 +265,12 @@ impl Oidc {
         let d = self.provider(false).await.ok()?;
         let end = d.end_session_endpoint.clone()?;
         let mut url = reqwest::Url::parse(&end).ok()?;
-        let record = self.store.web_session(sid).await.ok().flatten();
-        let hint = record.and_then(|r| self.open_session(&r)).and_then(|t| t.id_token);
-        {
-            let mut q = url.query_pairs_mut();
-            q.append_pair("client_id", self.cfg.client_id.as_deref().unwrap_or_default());
-            q.append_pair("post_logout_redirect_uri", back);
-            if let Some(hint) = &hint {
-                q.append_pair("id_token_hint", hint);
-            }
-        }
+        // `client_id`, not `id_token_hint`: an ID token in a URL ends up in browser history and
+        // the provider's logs.
+        let _ = sid;
+        url.query_pairs_mut()
+            .append_pair("client_id", self.cfg.client_id.as_deref().unwrap_or_default())
+            .append_pair("post_logout_redirect_uri", back);
         Some(url.to_string())
     }
 
@@ -274,11 +280,18 @@ impl Oidc {
         serde_json::from_str(json.expose_secret()).ok()
     }
 
-    /// Marks `state` used; false when it already was.
+    /// Marks `state` used; false when it already was, or when too many are held (a flood of
+    /// forged callbacks: logins wait until the oldest expire).
     fn use_state(&self, state: &str) -> bool {
         let mut used = self.used_states.lock().unwrap_or_else(|e| e.into_inner());
         let now = std::time::Instant::now();
-        used.retain(|_, at| now.duration_since(*at).as_secs() < LOGIN_TTL_SECS);
+        if used.len() >= USED_STATES_MAX {
+            used.retain(|_, at| now.duration_since(*at).as_secs() < LOGIN_TTL_SECS);
+            if used.len() >= USED_STATES_MAX {
+                tracing::warn!("too many sign-in callbacks in the last {LOGIN_TTL_SECS} s; refused");
+                return false;
+            }
+        }
         used.insert(state.to_string(), now).is_none()
     }
 }

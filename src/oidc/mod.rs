@@ -55,6 +55,8 @@ pub struct Oidc {
     pub cfg: OidcConfig,
     /// Who may sign in.
     pub policy: Policy,
+    /// Groups whose members administer the gateway (`[admin].groups`).
+    pub admin_groups: Vec<String>,
     /// For the provider: no redirects followed (the token endpoint must answer itself).
     pub http: reqwest::Client,
     /// Seals the login state cookie and the provider's tokens at rest.
@@ -84,7 +86,12 @@ impl std::fmt::Debug for Oidc {
 
 impl Oidc {
     /// The provider of `cfg` (not contacted yet: see [`Oidc::discover`]).
-    pub fn new(cfg: OidcConfig, sealer: Sealer, store: Arc<dyn Store>) -> Result<Self, String> {
+    pub fn new(
+        cfg: OidcConfig,
+        admin_groups: Vec<String>,
+        sealer: Sealer,
+        store: Arc<dyn Store>,
+    ) -> Result<Self, String> {
         let http = reqwest::Client::builder()
             .redirect(reqwest::redirect::Policy::none())
             .timeout(PROVIDER_TIMEOUT)
@@ -92,6 +99,7 @@ impl Oidc {
             .map_err(|e| format!("cannot build the HTTP client for the identity provider: {e}"))?;
         Ok(Self {
             policy: Policy::from_config(&cfg),
+            admin_groups,
             cfg,
             http,
             sealer,
@@ -243,7 +251,7 @@ pub fn build(
                 "oidc: the gateway signs its own cookie after a sign-in, which needs an HS256 secret (jwt.secret / ACP_GATEWAY_JWT_SECRET, or none to generate one); jwt.public_key only verifies. Provider tokens are verified with the provider's keys (jwt.jwks_url or discovery) instead",
             ));
         }
-        let oidc = Oidc::new(config.oidc.clone(), sealer, store.clone())?;
+        let oidc = Oidc::new(config.oidc.clone(), config.admin.groups.clone(), sealer, store.clone())?;
         Some(Arc::new(oidc))
     } else {
         None

@@ -1,6 +1,7 @@
 //! Who may use the gateway, from the claims of a verified provider token: the user is one claim
 //! (`user_claim`), and with `allowed_groups` or `allowed_domains` set, only members of one of
-//! those groups, or people with a verified e-mail address in one of those domains, get in.
+//! those groups, or people with a verified e-mail address (`email_verified: true`) in one of
+//! those domains, get in.
 
 use serde_json::{Map, Value};
 
@@ -58,10 +59,23 @@ impl Policy {
                 self.user_claim
             )));
         };
-        if !self.allowed_groups.is_empty() {
-            let groups = groups_of(claims.get(&self.groups_claim));
-            if !groups.iter().any(|g| self.allowed_groups.iter().any(|a| a == g)) {
-                return Err(refuse(format!(
+        // Either rule lets a person in (a group, or a verified address in a domain).
+        if self.allowed_groups.is_empty() && self.allowed_domains.is_empty() {
+            return Ok(user.to_string());
+        }
+        let groups = groups_of(claims.get(&self.groups_claim));
+        let in_group = groups.iter().any(|g| self.allowed_groups.iter().any(|a| a == g));
+        // Only an address the provider says it verified (`email_verified: true`) counts.
+        let verified = claims.get("email_verified").and_then(Value::as_bool) == Some(true);
+        let domain = named("email")
+            .filter(|_| verified)
+            .and_then(|e| e.rsplit_once('@'))
+            .map(|(_, d)| d.to_ascii_lowercase());
+        let in_domain = domain.as_ref().is_some_and(|d| self.allowed_domains.contains(d));
+        if !in_group && !in_domain {
+            let mut why = Vec::new();
+            if !self.allowed_groups.is_empty() {
+                why.push(format!(
                     "not in an allowed group (allowed: {}; yours: {})",
                     self.allowed_groups.join(", "),
                     if groups.is_empty() {
@@ -69,23 +83,27 @@ impl Policy {
                     } else {
                         groups.join(", ")
                     }
-                )));
+                ));
             }
-        }
-        if !self.allowed_domains.is_empty() {
-            let verified = claims.get("email_verified").and_then(Value::as_bool) != Some(false);
-            let domain = named("email")
-                .filter(|_| verified)
-                .and_then(|e| e.rsplit_once('@'))
-                .map(|(_, d)| d.to_ascii_lowercase());
-            if !domain.as_ref().is_some_and(|d| self.allowed_domains.contains(d)) {
-                return Err(refuse(format!(
+            if !self.allowed_domains.is_empty() {
+                why.push(format!(
                     "no verified e-mail address in an allowed domain (allowed: {})",
                     self.allowed_domains.join(", ")
-                )));
+                ));
             }
+            return Err(refuse(why.join("; and ")));
         }
         Ok(user.to_string())
+    }
+}
+
+impl Policy {
+    /// Whether the claims put the person in one of `groups` (e.g. `[admin].groups`).
+    pub fn in_any_group(&self, claims: &Map<String, Value>, groups: &[String]) -> bool {
+        !groups.is_empty()
+            && groups_of(claims.get(&self.groups_claim))
+                .iter()
+                .any(|g| groups.iter().any(|a| a == g))
     }
 }
 
@@ -117,16 +135,24 @@ mod tests {
         };
         let p = Policy::from_config(&cfg);
         let alice = claims(json!({"sub":"a1","email":"alice@example.com","groups":["devs"]}));
-        assert_eq!(p.admit(&alice), Ok("alice@example.com".into()));
-        let carol = claims(json!({"sub":"c1","email":"carol@example.com","groups":"sales"}));
-        let refused = p.admit(&carol).expect_err("not in devs");
-        assert_eq!(refused.account, "carol@example.com");
+        assert_eq!(p.admit(&alice), Ok("alice@example.com".into()), "in the group");
+        let dana = claims(json!({"sub":"d1","email":"dana@example.com","email_verified":true,"groups":"sales"}));
+        assert_eq!(
+            p.admit(&dana),
+            Ok("dana@example.com".into()),
+            "a verified address in the domain"
+        );
+        let carol = claims(json!({"sub":"c1","email":"carol@other.example","email_verified":true,"groups":"sales"}));
+        let refused = p.admit(&carol).expect_err("neither");
+        assert_eq!(refused.account, "carol@other.example");
         assert!(refused.why.contains("yours: sales"), "{}", refused.why);
-        let unverified =
-            claims(json!({"sub":"a1","email":"alice@example.com","email_verified":false,"groups":["devs"]}));
-        assert!(p.admit(&unverified).is_err());
-        let other = claims(json!({"sub":"o","email":"o@other.example","groups":["devs"]}));
-        assert!(p.admit(&other).is_err());
+        for unverified in [json!(false), json!("true"), serde_json::Value::Null] {
+            let c = claims(json!({"sub":"e","email":"eve@example.com","email_verified":unverified,"groups":[]}));
+            assert!(
+                p.admit(&c).is_err(),
+                "email_verified {unverified} is not a verified address"
+            );
+        }
         let nameless = claims(json!({"sub":"x","groups":["devs"]}));
         assert_eq!(p.admit(&nameless).expect_err("no email").account, "x");
     }

@@ -77,19 +77,37 @@ impl Drop for Watch {
     }
 }
 
-/// Checks sign-ins until `stop`.
+/// Checks sign-ins until `stop`. Ended sign-ins close their sockets on their own beat, so a slow
+/// provider never delays a sign-out reaching this replica.
 pub async fn run(oidc: Arc<Oidc>, stop: CancellationToken) {
     let every = Duration::from_secs((oidc.cfg.recheck_secs / 2).clamp(1, 30));
+    let watcher = {
+        let (oidc, stop) = (oidc.clone(), stop.clone());
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(every.min(Duration::from_secs(5)));
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tokio::select! {
+                    _ = tick.tick() => oidc.end_watched().await,
+                    () = stop.cancelled() => return,
+                }
+            }
+        })
+    };
     let mut tick = tokio::time::interval(every);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tokio::select! {
             _ = tick.tick() => {}
-            () = stop.cancelled() => return,
+            () = stop.cancelled() => break,
+        }
+        // While the provider is known to be down, one look at it (discovery) before the batch.
+        if oidc.degraded().await.is_some() {
+            let _ = oidc.provider(true).await;
         }
         oidc.check_due().await;
-        oidc.end_watched().await;
     }
+    let _ = watcher.await;
 }
 
 impl Oidc {
@@ -108,6 +126,15 @@ impl Oidc {
             }
         };
         for record in due {
+            // Another replica may be checking it: only one uses its (rotating) refresh token.
+            match self.store.claim_web_session(&record.id, record.checked_at, now).await {
+                Ok(true) => {}
+                Ok(false) => continue,
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot take a sign-in for its check");
+                    return;
+                }
+            }
             let Some(tokens) = self.open_session(&record) else {
                 tracing::warn!(user = %record.owner, "a sign-in's provider tokens cannot be opened (another secrets key?); it is ended");
                 self.end(&record.id, "its provider tokens cannot be opened").await;
@@ -147,8 +174,14 @@ impl Oidc {
                     self.end(&record.id, &why).await;
                 }
                 Err(why) => {
-                    // The provider is down: the person keeps working; checked again next tick.
+                    // The provider is down (or answered with something other than a refusal):
+                    // the person keeps working, checked again next time; the rest of the batch
+                    // waits for the provider to come back.
                     tracing::debug!(user = %record.owner, error = %why, "sign-in not checked: provider unreachable");
+                    let mut kept = record.clone();
+                    kept.checked_at = record.checked_at;
+                    let _ = self.store.put_web_session(&kept).await;
+                    return;
                 }
             }
         }
@@ -169,8 +202,18 @@ impl Oidc {
                 self.recovered();
                 r
             }
-            Err(openidconnect::RequestTokenError::ServerResponse(e)) => {
+            // Only `invalid_grant` says the person's grant is gone (revoked, expired, the user
+            // removed); any other error (a rotated client secret, `temporarily_unavailable`) is
+            // the provider's trouble, not a sign-out.
+            Err(openidconnect::RequestTokenError::ServerResponse(e))
+                if *e.error() == openidconnect::core::CoreErrorResponseType::InvalidGrant =>
+            {
                 return Ok(Err(format!("the provider refused the refresh: {e}")));
+            }
+            Err(openidconnect::RequestTokenError::ServerResponse(e)) => {
+                let why = format!("token endpoint: {e}");
+                self.failed("token", &why);
+                return Err(why);
             }
             Err(e) => {
                 let why = format!("token endpoint: {}", error_chain(&e));

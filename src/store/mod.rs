@@ -6,6 +6,7 @@
 //! second become a handful of rows per flush, and `afterSeq` replays start at the chunk that holds
 //! the first missing update.
 
+mod audit;
 pub(crate) mod cursor;
 pub mod persister;
 pub(crate) mod postgres;
@@ -18,6 +19,7 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 
+pub use audit::{AuditEntry, AuditFilter};
 pub use sql::{SEARCH_PROBE, SearchBy, SearchIndex, list_query};
 pub use user_secrets::{StoredLogin, StoredSecret};
 pub use web_sessions::WebSession;
@@ -182,6 +184,18 @@ impl Store for Bounded {
     }
     async fn due_web_sessions(&self, checked_before: i64, limit: i64) -> Result<Vec<WebSession>, StoreError> {
         self.within(self.inner.due_web_sessions(checked_before, limit)).await
+    }
+    async fn claim_web_session(&self, id: &str, seen: i64, now: i64) -> Result<bool, StoreError> {
+        self.within(self.inner.claim_web_session(id, seen, now)).await
+    }
+    async fn append_audit(&self, entries: &[AuditEntry]) -> Result<(), StoreError> {
+        self.within(self.inner.append_audit(entries)).await
+    }
+    async fn audit_page(&self, filter: &AuditFilter) -> Result<Vec<AuditEntry>, StoreError> {
+        self.within(self.inner.audit_page(filter)).await
+    }
+    async fn prune_audit(&self, before: i64) -> Result<(), StoreError> {
+        self.within(self.inner.prune_audit(before)).await
     }
 }
 
@@ -363,6 +377,15 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     /// Live sign-ins last checked before `checked_before` (epoch seconds), oldest first; sign-ins
     /// that ended long ago are forgotten on the way.
     async fn due_web_sessions(&self, checked_before: i64, limit: i64) -> Result<Vec<WebSession>, StoreError>;
+    /// Takes the sign-in `id` for a check (`checked_at` from `seen` to `now`); false when another
+    /// replica took it first.
+    async fn claim_web_session(&self, id: &str, seen: i64, now: i64) -> Result<bool, StoreError>;
+    /// Appends entries to the audit log.
+    async fn append_audit(&self, entries: &[AuditEntry]) -> Result<(), StoreError>;
+    /// A page of the audit log, newest first.
+    async fn audit_page(&self, filter: &AuditFilter) -> Result<Vec<AuditEntry>, StoreError>;
+    /// Removes audit entries older than `before` (epoch µs).
+    async fn prune_audit(&self, before: i64) -> Result<(), StoreError>;
 }
 
 /// Opens the store named by `url`, creating a SQLite file (and its directory) when needed, and

@@ -809,6 +809,18 @@ mod tests {
         async fn due_web_sessions(&self, _: i64, _: i64) -> Result<Vec<crate::store::WebSession>, StoreError> {
             unimplemented!()
         }
+        async fn claim_web_session(&self, _: &str, _: i64, _: i64) -> Result<bool, StoreError> {
+            unimplemented!()
+        }
+        async fn append_audit(&self, _: &[crate::store::AuditEntry]) -> Result<(), StoreError> {
+            unimplemented!()
+        }
+        async fn audit_page(&self, _: &crate::store::AuditFilter) -> Result<Vec<crate::store::AuditEntry>, StoreError> {
+            unimplemented!()
+        }
+        async fn prune_audit(&self, _: i64) -> Result<(), StoreError> {
+            unimplemented!()
+        }
     }
 
     #[derive(Default)]

@@ -24,12 +24,13 @@ use sha2::Sha256;
 use sqlx::postgres::{PgConnection, PgPool, PgPoolOptions};
 use sqlx::{Postgres, Transaction};
 
+use super::audit::AuditSql;
 use super::sql::{RunList, SearchBy, Sql};
 use super::user_secrets::SecretSql;
 use super::web_sessions::WebSessionSql;
 use super::{
-    EventChunk, ListFilter, NewSession, Position, SessionRecord, SessionWrite, Store, StoreError, StoredLogin,
-    StoredSecret, WEB_SESSIONS_KEPT_SECS, WebSession,
+    AuditEntry, AuditFilter, EventChunk, ListFilter, NewSession, Position, SessionRecord, SessionWrite, Store,
+    StoreError, StoredLogin, StoredSecret, WEB_SESSIONS_KEPT_SECS, WebSession,
 };
 
 /// Longest wait for a pooled connection (see [`super::ACQUIRE_TIMEOUT`]).
@@ -318,6 +319,22 @@ impl Store for PgStore {
         let now = crate::auth::now_secs() as i64;
         Postgres::prune_web_sessions(&self.pool, now - WEB_SESSIONS_KEPT_SECS).await?;
         Ok(Postgres::due_web_sessions(&self.pool, checked_before, now, limit).await?)
+    }
+
+    async fn claim_web_session(&self, id: &str, seen: i64, now: i64) -> Result<bool, StoreError> {
+        Ok(Postgres::claim_web_session(&self.pool, id, seen, now).await?)
+    }
+
+    async fn append_audit(&self, entries: &[AuditEntry]) -> Result<(), StoreError> {
+        Ok(Postgres::append_audit(&self.pool, entries).await?)
+    }
+
+    async fn audit_page(&self, filter: &AuditFilter) -> Result<Vec<AuditEntry>, StoreError> {
+        Ok(Postgres::audit_page(&self.pool, filter).await?)
+    }
+
+    async fn prune_audit(&self, before: i64) -> Result<(), StoreError> {
+        Ok(Postgres::prune_audit(&self.pool, before).await?)
     }
 
     async fn list_sessions(

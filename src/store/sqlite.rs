@@ -10,12 +10,13 @@ use sqlx::sqlite::{
     SqliteConnectOptions, SqliteConnection, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
 };
 
+use super::audit::AuditSql;
 use super::sql::{RunList, SearchBy, Sql};
 use super::user_secrets::SecretSql;
 use super::web_sessions::WebSessionSql;
 use super::{
-    EventChunk, ListFilter, NewSession, Position, SessionRecord, SessionWrite, Store, StoreError, StoredLogin,
-    StoredSecret, WEB_SESSIONS_KEPT_SECS, WebSession,
+    AuditEntry, AuditFilter, EventChunk, ListFilter, NewSession, Position, SessionRecord, SessionWrite, Store,
+    StoreError, StoredLogin, StoredSecret, WEB_SESSIONS_KEPT_SECS, WebSession,
 };
 
 /// A SQLite-backed [`Store`].
@@ -233,5 +234,21 @@ impl Store for SqliteStore {
         let now = crate::auth::now_secs() as i64;
         Sqlite::prune_web_sessions(&self.pool, now - WEB_SESSIONS_KEPT_SECS).await?;
         Ok(Sqlite::due_web_sessions(&self.pool, checked_before, now, limit).await?)
+    }
+
+    async fn claim_web_session(&self, id: &str, seen: i64, now: i64) -> Result<bool, StoreError> {
+        Ok(Sqlite::claim_web_session(&self.pool, id, seen, now).await?)
+    }
+
+    async fn append_audit(&self, entries: &[AuditEntry]) -> Result<(), StoreError> {
+        Ok(Sqlite::append_audit(&self.pool, entries).await?)
+    }
+
+    async fn audit_page(&self, filter: &AuditFilter) -> Result<Vec<AuditEntry>, StoreError> {
+        Ok(Sqlite::audit_page(&self.pool, filter).await?)
+    }
+
+    async fn prune_audit(&self, before: i64) -> Result<(), StoreError> {
+        Ok(Sqlite::prune_audit(&self.pool, before).await?)
     }
 }

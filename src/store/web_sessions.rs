@@ -107,6 +107,25 @@ where
             .await
     }
 
+    /// Takes the sign-in `id` for a check: moves `checked_at` from `seen` to `now`; false when
+    /// another replica took it first (its `checked_at` moved already).
+    async fn claim_web_session<'c>(
+        e: impl Executor<'c, Database = Self>,
+        id: &str,
+        seen: i64,
+        now: i64,
+    ) -> Result<bool, sqlx::Error> {
+        let taken: Vec<WebSession> = sqlx::query_as(&format!(
+            "UPDATE web_sessions SET checked_at = $3 WHERE id = $1 AND checked_at = $2 AND revoked_at IS NULL RETURNING {COLUMNS}"
+        ))
+        .bind(id)
+        .bind(seen)
+        .bind(now)
+        .fetch_all(e)
+        .await?;
+        Ok(!taken.is_empty())
+    }
+
     /// Forgets sign-ins that ended before `before` (revoked or expired).
     async fn prune_web_sessions<'c>(e: impl Executor<'c, Database = Self>, before: i64) -> Result<(), sqlx::Error> {
         sqlx::query("DELETE FROM web_sessions WHERE expires_at < $1 OR revoked_at < $1")

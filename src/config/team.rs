@@ -1,0 +1,37 @@
+//! `[admin]` (who administers the gateway) and `[audit]` (how long the audit log is kept).
+
+use serde::{Deserialize, Serialize};
+
+/// Who is an admin: named users, or members of named groups (the identity provider's groups
+/// claim, `oidc.groups_claim`).
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct AdminConfig {
+    /// Users who are admins (`ACP_GATEWAY_ADMIN_USERS`, comma-separated).
+    pub users: Vec<String>,
+    /// Groups whose members are admins (`ACP_GATEWAY_ADMIN_GROUPS`).
+    pub groups: Vec<String>,
+}
+
+/// The audit log.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct AuditConfig {
+    /// Days an entry is kept (`ACP_GATEWAY_AUDIT_RETENTION_DAYS`); 0 keeps everything.
+    pub retention_days: u64,
+}
+
+impl Default for AuditConfig {
+    fn default() -> Self {
+        Self { retention_days: 90 }
+    }
+}
+
+/// Environment variables of `[admin]` that set a comma-separated list.
+pub(super) const ENV_LISTS: &[(&str, &str)] = &[
+    ("ACP_GATEWAY_ADMIN_USERS", "admin.users"),
+    ("ACP_GATEWAY_ADMIN_GROUPS", "admin.groups"),
+];
+
+/// Environment variables of `[audit]` that set a number.
+pub(super) const ENV_NUMBERS: &[(&str, &str)] = &[("ACP_GATEWAY_AUDIT_RETENTION_DAYS", "audit.retention_days")];

@@ -274,6 +274,27 @@ async fn provider_token(gw: &Gateway, keys: &crate::auth::jwks::Jwks, token: &st
     })
 }
 
+/// Records what a caller of an HTTP route did in the audit log, with their address.
+pub fn audit(
+    gw: &Gateway,
+    peer: Option<&super::server::Peer>,
+    actor: &str,
+    action: &'static str,
+    target: Option<&str>,
+    outcome: &'static str,
+    detail: Option<serde_json::Value>,
+) {
+    gw.audit.record(crate::audit::Event {
+        actor,
+        action,
+        target,
+        outcome,
+        detail,
+        connection: None,
+        client: peer.map(|p| p.addr.ip().to_string()),
+    });
+}
+
 /// The one answer to a missing or bad token.
 #[derive(Debug)]
 pub struct Unauthorized;

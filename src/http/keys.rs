@@ -14,7 +14,7 @@ use axum::{Json, Router};
 use secrecy::SecretString;
 use serde::Deserialize;
 
-use super::auth::Caller;
+use super::auth::{Caller, audit};
 use super::error::refuse;
 use crate::gateway::Gateway;
 use crate::pool::AgentPool;
@@ -147,6 +147,15 @@ async fn set_keys(
     let recycled = pool.recycle_user(&who.user);
     let names: Vec<&str> = vars.iter().map(|(n, _)| n.as_str()).collect();
     tracing::info!(user = %who.user, agent = %agent, method = %body.method_id, method_type = "env_var", vars = ?names, recycled, outcome = "ok", "agent sign-in");
+    audit(
+        &gw,
+        None,
+        &who.user,
+        "agent_sign_in",
+        Some(&agent),
+        "ok",
+        Some(serde_json::json!({ "method": body.method_id, "methodType": "env_var", "vars": names })),
+    );
     StatusCode::NO_CONTENT.into_response()
 }
 
@@ -170,6 +179,15 @@ async fn sign_out(State(gw): State<Arc<Gateway>>, Caller(who): Caller, Path(agen
     };
     let recycled = pool.recycle_user(&who.user);
     tracing::info!(user = %who.user, agent = %agent, removed, recycled, outcome = "ok", "agent sign-out");
+    audit(
+        &gw,
+        None,
+        &who.user,
+        "agent_sign_out",
+        Some(&agent),
+        "ok",
+        Some(serde_json::json!({ "keysRemoved": removed })),
+    );
     StatusCode::NO_CONTENT.into_response()
 }
 

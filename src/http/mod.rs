@@ -4,6 +4,7 @@
 //! what they share: who the caller is (`auth`) and how a failed call becomes an answer (`error`).
 
 mod acp;
+mod admin;
 mod auth;
 mod error;
 mod fs;
@@ -57,6 +58,7 @@ pub fn router(gw: Arc<Gateway>) -> Router {
         .merge(keys::router())
         .merge(signin::router())
         .merge(oidc::router())
+        .merge(admin::router())
         .route_service("/signin-terminal.html", terminal_page)
         .fallback_service(static_files)
         .layer(SetResponseHeaderLayer::if_not_present(

@@ -13,11 +13,12 @@ use axum::extract::{Query, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{Html, IntoResponse, Response};
 use axum::routing::get;
-use axum::{Json, Router};
+use axum::{Extension, Json, Router};
 use serde::Deserialize;
 use serde_json::json;
 
-use super::auth::{cookie_named, is_https, own_cookie_identity, request_origin};
+use super::auth::{audit, cookie_named, is_https, own_cookie_identity, request_origin};
+use super::server::Peer;
 use crate::gateway::Gateway;
 use crate::oidc::login::{LOGIN_TTL_SECS, LoginError};
 
@@ -84,7 +85,13 @@ struct Callback {
     error_description: Option<String>,
 }
 
-async fn callback(State(gw): State<Arc<Gateway>>, headers: HeaderMap, Query(q): Query<Callback>) -> Response {
+async fn callback(
+    State(gw): State<Arc<Gateway>>,
+    headers: HeaderMap,
+    peer: Option<Extension<Peer>>,
+    Query(q): Query<Callback>,
+) -> Response {
+    let peer = peer.as_deref();
     let Some(oidc) = &gw.oidc else {
         return page(
             StatusCode::NOT_FOUND,
@@ -124,6 +131,15 @@ async fn callback(State(gw): State<Arc<Gateway>>, headers: HeaderMap, Query(q): 
             {
                 Ok(token) => {
                     tracing::info!(user = %signed_in.user, "signed in through the identity provider");
+                    audit(
+                        &gw,
+                        peer,
+                        &signed_in.user,
+                        "sign_in",
+                        None,
+                        "ok",
+                        Some(json!({ "method": "oidc", "admin": signed_in.admin })),
+                    );
                     super::rest::signed_in(&headers, &token, signed_in.ttl_secs)
                 }
                 Err(e) => {
@@ -136,7 +152,27 @@ async fn callback(State(gw): State<Arc<Gateway>>, headers: HeaderMap, Query(q): 
                 }
             }
         }
-        Err(e) => failed(&e),
+        Err(e) => {
+            let actor = match &e {
+                LoginError::Refused(r) => r.account.clone(),
+                _ => String::new(),
+            };
+            let outcome = if matches!(e, LoginError::Refused(_)) {
+                "refused"
+            } else {
+                "failed"
+            };
+            audit(
+                &gw,
+                peer,
+                &actor,
+                "sign_in",
+                None,
+                outcome,
+                Some(json!({ "method": "oidc", "reason": e.to_string() })),
+            );
+            failed(&e)
+        }
     };
     if let Ok(v) = header::HeaderValue::from_str(&clear_state) {
         response.headers_mut().append(header::SET_COOKIE, v);

@@ -9,12 +9,13 @@ use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{Html, IntoResponse, Response};
 use axum::routing::{delete, get, post};
-use axum::{Json, Router};
+use axum::{Extension, Json, Router};
 use serde::Deserialize;
 use serde_json::json;
 
-use super::auth::{COOKIE, Caller, NoOrigin, SECURE_COOKIE, is_https, same_origin};
+use super::auth::{COOKIE, Caller, NoOrigin, SECURE_COOKIE, audit, is_https, same_origin};
 use super::error::HttpError;
+use super::server::Peer;
 use crate::auth::now_secs;
 use crate::config::DEFAULT_AGENT;
 use crate::gateway::Gateway;
@@ -32,6 +33,7 @@ pub(super) fn router() -> Router<Arc<Gateway>> {
 
 /// Who the caller is, and the workspace roots their sessions may use (created on first use).
 async fn me(State(gw): State<Arc<Gateway>>, Caller(who): Caller) -> Json<serde_json::Value> {
+    let admin = gw.is_admin(&who);
     let roots: Vec<String> = match gw.tenancy.roots(&who.user) {
         Ok(roots) => roots.iter().map(|r| r.to_string_lossy().into_owned()).collect(),
         Err(e) => {
@@ -39,7 +41,7 @@ async fn me(State(gw): State<Arc<Gateway>>, Caller(who): Caller) -> Json<serde_j
             Vec::new()
         }
     };
-    Json(json!({ "user": who.user, "expiresAt": who.expires_at, "workspaceRoots": roots }))
+    Json(json!({ "user": who.user, "expiresAt": who.expires_at, "workspaceRoots": roots, "admin": admin }))
 }
 
 async fn agents(State(gw): State<Arc<Gateway>>, Caller(who): Caller) -> Json<serde_json::Value> {
@@ -92,9 +94,11 @@ async fn sessions(
 async fn delete_session(
     State(gw): State<Arc<Gateway>>,
     Caller(who): Caller,
+    peer: Option<Extension<Peer>>,
     Path(id): Path<String>,
 ) -> Result<StatusCode, HttpError> {
     gw.sessions.delete(&who.user, &id, &gw.pools).await?;
+    audit(&gw, peer.as_deref(), &who.user, "session_delete", Some(&id), "ok", None);
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -105,7 +109,13 @@ struct CodeQuery {
 
 /// `GET /auth/login?code=`: trades a one-time code (the link `serve` prints) for the cookie.
 /// Refused when a page on another site sent the browser here (login CSRF).
-async fn login_with_code(State(gw): State<Arc<Gateway>>, headers: HeaderMap, Query(q): Query<CodeQuery>) -> Response {
+async fn login_with_code(
+    State(gw): State<Arc<Gateway>>,
+    headers: HeaderMap,
+    peer: Option<Extension<Peer>>,
+    Query(q): Query<CodeQuery>,
+) -> Response {
+    let peer = peer.as_deref();
     if headers.get("sec-fetch-site").is_some_and(|v| v == "cross-site") {
         crate::metrics::auth_failure("cross_origin");
         tracing::warn!("login link followed from another site refused");
@@ -117,6 +127,15 @@ async fn login_with_code(State(gw): State<Arc<Gateway>>, headers: HeaderMap, Que
     }
     let Some(user) = q.code.as_deref().and_then(|code| gw.login_codes.redeem(code)) else {
         crate::metrics::auth_failure("bad_login_code");
+        audit(
+            &gw,
+            peer,
+            "",
+            "sign_in",
+            None,
+            "refused",
+            Some(json!({ "method": "login_code" })),
+        );
         return refusal(
             &headers,
             StatusCode::UNAUTHORIZED,
@@ -125,7 +144,18 @@ async fn login_with_code(State(gw): State<Arc<Gateway>>, headers: HeaderMap, Que
     };
     let ttl = gw.config.jwt.default_ttl_secs;
     match gw.auth.mint(&user, ttl) {
-        Ok(token) => signed_in(&headers, &token, ttl),
+        Ok(token) => {
+            audit(
+                &gw,
+                peer,
+                &user,
+                "sign_in",
+                None,
+                "ok",
+                Some(json!({ "method": "login_code" })),
+            );
+            signed_in(&headers, &token, ttl)
+        }
         Err(e) => {
             tracing::error!(error = %e, "cannot mint a token for a login code");
             refusal(
@@ -147,8 +177,10 @@ struct LoginForm {
 async fn login_with_token(
     State(gw): State<Arc<Gateway>>,
     headers: HeaderMap,
+    peer: Option<Extension<Peer>>,
     form: Result<Form<LoginForm>, FormRejection>,
 ) -> Response {
+    let peer = peer.as_deref();
     if !same_origin(&headers, NoOrigin::SameOriginOnly) {
         crate::metrics::auth_failure("cross_origin");
         tracing::warn!("sign-in from another origin refused");
@@ -158,10 +190,30 @@ async fn login_with_token(
         return refusal(&headers, StatusCode::BAD_REQUEST, "Expected a form with a token field.");
     };
     match gw.auth.verify(form.token.trim()) {
-        Ok(who) => signed_in(&headers, form.token.trim(), who.expires_at.saturating_sub(now_secs())),
+        Ok(who) => {
+            audit(
+                &gw,
+                peer,
+                &who.user,
+                "sign_in",
+                None,
+                "ok",
+                Some(json!({ "method": "token" })),
+            );
+            signed_in(&headers, form.token.trim(), who.expires_at.saturating_sub(now_secs()))
+        }
         Err(e) => {
             crate::metrics::auth_failure(e.reason());
             tracing::info!(error = %e, "sign-in token refused");
+            audit(
+                &gw,
+                peer,
+                "",
+                "sign_in",
+                None,
+                "refused",
+                Some(json!({ "method": "token", "reason": e.reason() })),
+            );
             refusal(
                 &headers,
                 StatusCode::UNAUTHORIZED,
@@ -215,13 +267,16 @@ fn refusal(headers: &HeaderMap, status: StatusCode, message: &'static str) -> Re
 /// Clears both cookie names. Only our own pages may sign a browser out. A sign-in through the
 /// identity provider ends too (on every replica), and where the provider has a sign-out endpoint
 /// the answer is `200 {"redirect": URL}` for the page to go there.
-async fn logout(State(gw): State<Arc<Gateway>>, headers: HeaderMap) -> Response {
+async fn logout(State(gw): State<Arc<Gateway>>, headers: HeaderMap, peer: Option<Extension<Peer>>) -> Response {
     if !same_origin(&headers, NoOrigin::SameOriginOnly) {
         return refusal(
             &headers,
             StatusCode::FORBIDDEN,
             "Sign out from this gateway's own page.",
         );
+    }
+    if let Some(who) = super::auth::own_cookie_identity(&gw, &headers) {
+        audit(&gw, peer.as_deref(), &who.user, "sign_out", None, "ok", None);
     }
     let redirect = super::oidc::sign_out(&gw, &headers).await;
     let plain = format!("{COOKIE}=; Path=/; HttpOnly; SameSite=Strict; Max-Age=0");

@@ -226,6 +226,15 @@ async fn run(
     if let Ending::Failed(why) = &ending {
         tracing::warn!(user = %user, agent = %pool.name, method = %method.id, error = %why, "terminal sign-in failed");
     }
+    super::auth::audit(
+        gw,
+        None,
+        user,
+        "agent_sign_in",
+        Some(&pool.name),
+        if outcome == "ok" { "ok" } else { "failed" },
+        Some(serde_json::json!({ "method": method.id, "methodType": "terminal", "outcome": outcome, "code": code })),
+    );
     if let Some(word) = ending.last_word(limit) {
         let _ = tokio::time::timeout(FINAL_SEND, async {
             let _ = socket.send(Message::Text(word.to_string().into())).await;

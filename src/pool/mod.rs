@@ -468,6 +468,17 @@ impl AgentPool {
         states
     }
 
+    /// Live processes per owning user (shared and warm ones are nobody's).
+    pub fn owners(&self) -> Vec<Arc<str>> {
+        self.procs
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .filter(|p| !p.is_dead())
+            .filter_map(|p| p.owner())
+            .collect()
+    }
+
     /// OS process ids of the live processes (for operators' tooling and tests).
     pub fn pids(&self) -> Vec<u32> {
         self.procs
@@ -569,6 +580,17 @@ impl Pools {
                 pool.maintain().await;
             }
         }
+    }
+
+    /// Live agent processes per owning user, over every agent (for admins).
+    pub fn processes_by_owner(&self) -> std::collections::HashMap<Arc<str>, usize> {
+        let mut by = std::collections::HashMap::new();
+        for pool in self.pools.values() {
+            for owner in pool.owners() {
+                *by.entry(owner).or_insert(0) += 1;
+            }
+        }
+        by
     }
 
     /// Stops every process of every agent.

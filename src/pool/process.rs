@@ -508,6 +508,11 @@ impl AgentProcess {
         agent_ids.len()
     }
 
+    /// The sessions (the gateway's ids) whose prompt the agent is answering now.
+    pub fn prompting(&self) -> Vec<String> {
+        self.rpc.prompting_sessions()
+    }
+
     /// Whether the request sent under `agent_id` is still waiting for the agent's answer.
     pub fn is_pending(&self, agent_id: u64) -> bool {
         self.rpc.is_pending(agent_id)

@@ -43,6 +43,8 @@ pub struct Binding {
     pub process: Arc<AgentProcess>,
     /// The agent's id for the session (what the process's messages name).
     pub agent_session_id: Arc<str>,
+    /// When it was put on the process (epoch µs).
+    pub since: i64,
 }
 
 /// A client attached to the session.
@@ -368,6 +370,7 @@ impl LiveSession {
         *self.lock_binding() = Some(Binding {
             process,
             agent_session_id,
+            since: now_micros(),
         });
         Ok(())
     }
@@ -561,6 +564,17 @@ impl LiveSession {
             self.dispatch_agent_request(request);
         }
         Ok(())
+    }
+
+    /// Sends `frame` to every client attached now (outside the transcript: a notice, not an
+    /// update); how many got it.
+    pub fn tell_clients(&self, frame: &Utf8Bytes) -> usize {
+        let f = self.fanout();
+        f.subscribers
+            .iter()
+            .filter(|s| !s.client.is_closed())
+            .filter(|s| s.client.outbox.push(frame.clone()))
+            .count()
     }
 
     /// Stops sending updates to `client`.
@@ -769,6 +783,7 @@ impl LiveSession {
         let b = Binding {
             process,
             agent_session_id: agent_sid,
+            since: now_micros(),
         };
         *self.lock_binding() = Some(b.clone());
         Ok(b)

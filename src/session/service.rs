@@ -137,6 +137,16 @@ impl Sessions {
         self.registry.live_of(user)
     }
 
+    /// Every session on an agent process of this replica (for admins).
+    pub fn all_bound(&self) -> Vec<Arc<LiveSession>> {
+        self.registry.all().into_iter().filter(|s| s.is_bound_now()).collect()
+    }
+
+    /// Session `id` of any user, if it is in memory (for admins).
+    pub fn any_live(&self, id: &str) -> Option<Arc<LiveSession>> {
+        self.registry.get(id)
+    }
+
     /// `user`'s session `id` if it is in memory.
     pub fn live(&self, user: &str, id: &str) -> Option<Arc<LiveSession>> {
         self.registry.get(id).filter(|s| &*s.owner == user)

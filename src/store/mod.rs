@@ -6,6 +6,7 @@
 //! second become a handful of rows per flush, and `afterSeq` replays start at the chunk that holds
 //! the first missing update.
 
+mod admin;
 mod audit;
 pub(crate) mod cursor;
 pub mod persister;
@@ -19,6 +20,7 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 
+pub use admin::UserOverview;
 pub use audit::{AuditEntry, AuditFilter};
 pub use sql::{SEARCH_PROBE, SearchBy, SearchIndex, list_query};
 pub use user_secrets::{StoredLogin, StoredSecret};
@@ -196,6 +198,12 @@ impl Store for Bounded {
     }
     async fn prune_audit(&self, before: i64) -> Result<(), StoreError> {
         self.within(self.inner.prune_audit(before)).await
+    }
+    async fn users_overview(&self, limit: i64) -> Result<Vec<UserOverview>, StoreError> {
+        self.within(self.inner.users_overview(limit)).await
+    }
+    async fn last_sign_ins(&self) -> Result<Vec<(String, i64)>, StoreError> {
+        self.within(self.inner.last_sign_ins()).await
     }
 }
 
@@ -386,6 +394,11 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     async fn audit_page(&self, filter: &AuditFilter) -> Result<Vec<AuditEntry>, StoreError>;
     /// Removes audit entries older than `before` (epoch µs).
     async fn prune_audit(&self, before: i64) -> Result<(), StoreError>;
+    /// Every user with a stored session, most recently active first (the gateway's own work,
+    /// across users: for admins; never a transcript).
+    async fn users_overview(&self, limit: i64) -> Result<Vec<UserOverview>, StoreError>;
+    /// Each user's last successful sign-in (epoch µs).
+    async fn last_sign_ins(&self) -> Result<Vec<(String, i64)>, StoreError>;
 }
 
 /// Opens the store named by `url`, creating a SQLite file (and its directory) when needed, and

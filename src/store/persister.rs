@@ -821,6 +821,12 @@ mod tests {
         async fn prune_audit(&self, _: i64) -> Result<(), StoreError> {
             unimplemented!()
         }
+        async fn users_overview(&self, _: i64) -> Result<Vec<crate::store::UserOverview>, StoreError> {
+            unimplemented!()
+        }
+        async fn last_sign_ins(&self) -> Result<Vec<(String, i64)>, StoreError> {
+            unimplemented!()
+        }
     }
 
     #[derive(Default)]

@@ -24,6 +24,7 @@ use sha2::Sha256;
 use sqlx::postgres::{PgConnection, PgPool, PgPoolOptions};
 use sqlx::{Postgres, Transaction};
 
+use super::admin::AdminSql;
 use super::audit::AuditSql;
 use super::sql::{RunList, SearchBy, Sql};
 use super::user_secrets::SecretSql;
@@ -331,6 +332,17 @@ impl Store for PgStore {
 
     async fn audit_page(&self, filter: &AuditFilter) -> Result<Vec<AuditEntry>, StoreError> {
         Ok(Postgres::audit_page(&self.pool, filter).await?)
+    }
+
+    async fn users_overview(&self, limit: i64) -> Result<Vec<super::UserOverview>, StoreError> {
+        let mut tx = self.as_system().await?;
+        let rows = Postgres::users_overview(&mut *tx, limit).await?;
+        tx.commit().await?;
+        Ok(rows)
+    }
+
+    async fn last_sign_ins(&self) -> Result<Vec<(String, i64)>, StoreError> {
+        Ok(Postgres::last_sign_ins(&self.pool).await?)
     }
 
     async fn prune_audit(&self, before: i64) -> Result<(), StoreError> {

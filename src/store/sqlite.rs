@@ -10,6 +10,7 @@ use sqlx::sqlite::{
     SqliteConnectOptions, SqliteConnection, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
 };
 
+use super::admin::AdminSql;
 use super::audit::AuditSql;
 use super::sql::{RunList, SearchBy, Sql};
 use super::user_secrets::SecretSql;
@@ -246,6 +247,14 @@ impl Store for SqliteStore {
 
     async fn audit_page(&self, filter: &AuditFilter) -> Result<Vec<AuditEntry>, StoreError> {
         Ok(Sqlite::audit_page(&self.pool, filter).await?)
+    }
+
+    async fn users_overview(&self, limit: i64) -> Result<Vec<super::UserOverview>, StoreError> {
+        Ok(Sqlite::users_overview(&self.pool, limit).await?)
+    }
+
+    async fn last_sign_ins(&self) -> Result<Vec<(String, i64)>, StoreError> {
+        Ok(Sqlite::last_sign_ins(&self.pool).await?)
     }
 
     async fn prune_audit(&self, before: i64) -> Result<(), StoreError> {

@@ -40,6 +40,8 @@ pub struct Application {
     persister_cancel: CancellationToken,
     /// The audit log's writer (stops with the persister, after the connections).
     audit_task: tokio::task::JoinHandle<()>,
+    /// The usage recorder's writer (stops with the persister).
+    usage_task: tokio::task::JoinHandle<()>,
 }
 
 impl Application {
@@ -106,7 +108,10 @@ impl Application {
         let listener = TcpListener::bind(config.listen)
             .await
             .with_context(|| format!("binding {}", config.listen))?;
+        let (usage, usage_task) =
+            crate::usage::Usage::spawn(store.clone(), config.usage.clone(), persister_cancel.clone());
         let options = SessionOptions {
+            usage: Some(usage.clone()),
             persister,
             permission_wait: Duration::from_secs(config.limits.permission_wait_secs),
             catch_up_bytes: config.limits.client_queue_bytes,
@@ -138,6 +143,7 @@ impl Application {
             oidc,
             jwks,
             audit,
+            usage,
         });
         Ok(Self {
             listener,
@@ -145,6 +151,7 @@ impl Application {
             persister_task,
             persister_cancel,
             audit_task,
+            usage_task,
         })
     }
 
@@ -246,6 +253,7 @@ impl Application {
         drop(gw);
         let _ = tokio::time::timeout(grace, self.persister_task).await;
         let _ = tokio::time::timeout(grace, self.audit_task).await;
+        let _ = tokio::time::timeout(grace, self.usage_task).await;
         tracing::info!("stopped");
         Ok(())
     }

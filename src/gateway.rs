@@ -56,6 +56,8 @@ pub struct Gateway {
     pub jwks: Option<Arc<crate::auth::jwks::Jwks>>,
     /// Who did what.
     pub audit: Arc<crate::audit::Audit>,
+    /// What each person spends.
+    pub usage: Arc<crate::usage::Usage>,
 }
 
 impl Gateway {

@@ -30,6 +30,7 @@
 //! - [`secrets`]: keys users give their agents, sealed at rest (XChaCha20-Poly1305).
 //! - [`signin`]: signing users in to agents: a `terminal` method's login program in a
 //!   pseudo-terminal, in the user's sandbox.
+//! - [`usage`]: what each person spends (agents' `usage_update` costs), and caps on it.
 //! - [`tenancy`]: what a user's agent process can reach: environment, home, workspaces, sandbox.
 //! - [`traces`]: OpenTelemetry spans per client and agent request (OTLP/HTTP), W3C context to agents.
 
@@ -58,3 +59,4 @@ pub mod store;
 pub mod telemetry;
 pub mod tenancy;
 pub mod traces;
+pub mod usage;

@@ -717,6 +717,12 @@ impl Ctx {
         }
         if prompt.is_some() {
             self.room_to_store().await?;
+            if let Err(e) = self.gw.usage.check(&self.client.user).await {
+                self.gw
+                    .audit
+                    .cap_refused(&self.client.user, "cost", Some(&self.client.id));
+                return Err(e);
+            }
         }
         self.attach(&session, false, 0).await?;
         if !session.is_bound_now() {

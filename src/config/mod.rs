@@ -13,7 +13,7 @@ mod oidc;
 mod team;
 
 pub use oidc::OidcConfig;
-pub use team::{AdminConfig, AuditConfig};
+pub use team::{AdminConfig, AuditConfig, UsageConfig};
 
 use figment::Figment;
 use figment::providers::{Format, Serialized, Toml};
@@ -64,6 +64,8 @@ pub struct Config {
     pub admin: AdminConfig,
     /// The audit log.
     pub audit: AuditConfig,
+    /// What each person spends, and caps on it.
+    pub usage: UsageConfig,
 }
 
 /// Signing users in to agents (`authMethods`).
@@ -335,6 +337,7 @@ impl Default for Config {
             oidc: OidcConfig::default(),
             admin: AdminConfig::default(),
             audit: AuditConfig::default(),
+            usage: UsageConfig::default(),
         }
     }
 }

@@ -27,6 +27,28 @@ impl Default for AuditConfig {
     }
 }
 
+/// What each person may spend, from their agents' `usage_update` costs (UTC days and months).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct UsageConfig {
+    /// Most a user may spend in a UTC day, in `currency` (none: no cap).
+    pub daily_cost_cap: Option<f64>,
+    /// Most a user may spend in a UTC month, in `currency` (none: no cap).
+    pub monthly_cost_cap: Option<f64>,
+    /// The currency the caps are in (what the agents report, e.g. `USD`).
+    pub currency: String,
+}
+
+impl Default for UsageConfig {
+    fn default() -> Self {
+        Self {
+            daily_cost_cap: None,
+            monthly_cost_cap: None,
+            currency: String::from("USD"),
+        }
+    }
+}
+
 /// Environment variables of `[admin]` that set a comma-separated list.
 pub(super) const ENV_LISTS: &[(&str, &str)] = &[
     ("ACP_GATEWAY_ADMIN_USERS", "admin.users"),

@@ -14,6 +14,7 @@ mod oidc;
 mod rest;
 mod server;
 mod signin;
+mod usage;
 
 pub(crate) use server::serve;
 
@@ -59,6 +60,7 @@ pub fn router(gw: Arc<Gateway>) -> Router {
         .merge(signin::router())
         .merge(oidc::router())
         .merge(admin::router())
+        .merge(usage::router())
         .route_service("/signin-terminal.html", terminal_page)
         .fallback_service(static_files)
         .layer(SetResponseHeaderLayer::if_not_present(

@@ -153,6 +153,8 @@ pub struct LiveSession {
     persister: Persister,
     /// How long an agent's request may wait for an answer.
     permission_wait: Duration,
+    /// Where `usage_update` costs are recorded.
+    usage: Option<Arc<crate::usage::Usage>>,
     /// Agent requests asked across replicas, when several share the database.
     asks: Option<Arc<super::asks::Asks>>,
     /// How many bytes of live updates a replaying client may fall behind by.
@@ -208,6 +210,8 @@ pub struct SessionOptions {
     pub replica: Option<Arc<crate::replica::Replica>>,
     /// Agent requests asked across replicas (with `replica`).
     pub asks: Option<Arc<super::asks::Asks>>,
+    /// What each person spends (`usage_update` costs).
+    pub usage: Option<Arc<crate::usage::Usage>>,
 }
 
 impl LiveSession {
@@ -233,6 +237,7 @@ impl LiveSession {
             persister: options.persister.clone(),
             permission_wait: options.permission_wait,
             asks: options.asks.clone(),
+            usage: options.usage.clone(),
             catch_up_bytes: options.catch_up_bytes,
             me: me.clone(),
             numbering: tokio::sync::Mutex::new(()),
@@ -430,6 +435,9 @@ impl LiveSession {
                         title,
                     })
                     .await;
+            }
+            if let Some(usage) = &self.usage {
+                usage.observe(&self.owner, &self.agent, &self.id, update);
             }
             if (update.contains("\"current_mode_update\"") || update.contains("\"config_option_update\""))
                 && self.controls_known.load(Ordering::Acquire)

@@ -13,6 +13,7 @@ pub mod persister;
 pub(crate) mod postgres;
 mod sql;
 pub(crate) mod sqlite;
+mod usage;
 mod user_secrets;
 mod web_sessions;
 
@@ -23,6 +24,7 @@ use async_trait::async_trait;
 pub use admin::UserOverview;
 pub use audit::{AuditEntry, AuditFilter};
 pub use sql::{SEARCH_PROBE, SearchBy, SearchIndex, list_query};
+pub use usage::{UsageRow, UsageSample};
 pub use user_secrets::{StoredLogin, StoredSecret};
 pub use web_sessions::WebSession;
 
@@ -204,6 +206,15 @@ impl Store for Bounded {
     }
     async fn last_sign_ins(&self) -> Result<Vec<(String, i64)>, StoreError> {
         self.within(self.inner.last_sign_ins()).await
+    }
+    async fn record_usage(&self, sample: &UsageSample) -> Result<(), StoreError> {
+        self.within(self.inner.record_usage(sample)).await
+    }
+    async fn usage(&self, owner: Option<&str>, since: &str) -> Result<Vec<UsageRow>, StoreError> {
+        self.within(self.inner.usage(owner, since)).await
+    }
+    async fn cost_since(&self, owner: &str, since: &str, currency: &str) -> Result<f64, StoreError> {
+        self.within(self.inner.cost_since(owner, since, currency)).await
     }
 }
 
@@ -399,6 +410,12 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     async fn users_overview(&self, limit: i64) -> Result<Vec<UserOverview>, StoreError>;
     /// Each user's last successful sign-in (epoch µs).
     async fn last_sign_ins(&self) -> Result<Vec<(String, i64)>, StoreError>;
+    /// Adds what a session's cumulative cost grew by to its user's day, in one transaction.
+    async fn record_usage(&self, sample: &UsageSample) -> Result<(), StoreError>;
+    /// Spending per user, agent, day and currency from day `since` on (`owner`'s, or everyone's).
+    async fn usage(&self, owner: Option<&str>, since: &str) -> Result<Vec<UsageRow>, StoreError>;
+    /// What `owner` spent in `currency` from day `since` on.
+    async fn cost_since(&self, owner: &str, since: &str, currency: &str) -> Result<f64, StoreError>;
 }
 
 /// Opens the store named by `url`, creating a SQLite file (and its directory) when needed, and

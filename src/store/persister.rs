@@ -827,6 +827,15 @@ mod tests {
         async fn last_sign_ins(&self) -> Result<Vec<(String, i64)>, StoreError> {
             unimplemented!()
         }
+        async fn record_usage(&self, _: &crate::store::UsageSample) -> Result<(), StoreError> {
+            unimplemented!()
+        }
+        async fn usage(&self, _: Option<&str>, _: &str) -> Result<Vec<crate::store::UsageRow>, StoreError> {
+            unimplemented!()
+        }
+        async fn cost_since(&self, _: &str, _: &str, _: &str) -> Result<f64, StoreError> {
+            unimplemented!()
+        }
     }
 
     #[derive(Default)]

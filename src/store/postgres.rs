@@ -27,6 +27,7 @@ use sqlx::{Postgres, Transaction};
 use super::admin::AdminSql;
 use super::audit::AuditSql;
 use super::sql::{RunList, SearchBy, Sql};
+use super::usage::UsageSql;
 use super::user_secrets::SecretSql;
 use super::web_sessions::WebSessionSql;
 use super::{
@@ -343,6 +344,29 @@ impl Store for PgStore {
 
     async fn last_sign_ins(&self) -> Result<Vec<(String, i64)>, StoreError> {
         Ok(Postgres::last_sign_ins(&self.pool).await?)
+    }
+
+    async fn record_usage(&self, s: &super::UsageSample) -> Result<(), StoreError> {
+        let mut tx = self.as_system().await?;
+        let last = Postgres::last_cost(&mut *tx, &s.session).await?;
+        let delta = match last {
+            Some((currency, cost)) if currency == s.currency => (s.cumulative - cost).max(0.0),
+            _ => s.cumulative.max(0.0),
+        };
+        Postgres::set_last_cost(&mut *tx, &s.session, &s.currency, s.cumulative).await?;
+        if delta > 0.0 {
+            Postgres::add_cost(&mut *tx, s, delta).await?;
+        }
+        tx.commit().await?;
+        Ok(())
+    }
+
+    async fn usage(&self, owner: Option<&str>, since: &str) -> Result<Vec<super::UsageRow>, StoreError> {
+        Ok(Postgres::usage_rows(&self.pool, owner, since).await?)
+    }
+
+    async fn cost_since(&self, owner: &str, since: &str, currency: &str) -> Result<f64, StoreError> {
+        Ok(Postgres::cost_since(&self.pool, owner, since, currency).await?)
     }
 
     async fn prune_audit(&self, before: i64) -> Result<(), StoreError> {

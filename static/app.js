@@ -1002,6 +1002,9 @@ function handleMessage(msg) {
     case '_gateway/authenticate/progress':
       state.agentLogin?.progress?.(params);
       return;
+    case '_gateway/session_stopped':
+      if (params.sessionId === state.current?.id) conv.note(typeof params.reason === 'string' ? params.reason : 'This session was stopped.');
+      return;
     case '$/cancel_request': {
       const key = String(params.requestId);
       state.permissions.get(key)?.remove();
@@ -1113,6 +1116,23 @@ const tabHooks = {
 
 window.addEventListener('online', () => conn.reconnectNow());
 
+// --- administration and spending ------------------------------------------------------------
+
+$('admin-open').addEventListener('click', async () => (await import('./js/admin.js')).openAdmin());
+
+/** "This month: 1.23 USD" under the user's name, when their agents report a cost. */
+async function showMyUsage() {
+  let usage;
+  try { usage = await api('/api/usage'); } catch { return; }
+  const totals = new Map();
+  for (const d of Array.isArray(usage?.days) ? usage.days : []) {
+    if (typeof d?.cost === 'number' && typeof d?.currency === 'string') totals.set(d.currency, (totals.get(d.currency) ?? 0) + d.cost);
+  }
+  if (!totals.size) return;
+  $('my-usage').textContent = `This month: ${[...totals].map(([c, v]) => `${v.toFixed(2)} ${c}`).join(', ')}`;
+  $('my-usage').hidden = false;
+}
+
 // --- boot ----------------------------------------------------------------------------------
 
 async function boot() {
@@ -1127,6 +1147,8 @@ async function boot() {
   ui.signin.hidden = true;
   ui.app.hidden = false;
   $('user-name').textContent = me?.user ?? '';
+  $('admin-open').hidden = me?.admin !== true;
+  showMyUsage();
   initTabs(me?.user ?? '', tabHooks);
   state.roots = Array.isArray(me?.workspaceRoots) ? me.workspaceRoots.filter((r) => typeof r === 'string') : [];
   if (state.roots.length) ui.cwd.value = state.roots[0];

@@ -65,7 +65,7 @@ fn find_token(headers: &HeaderMap, query: Option<&str>) -> Option<(String, Sourc
         .map(|t| (t.to_string(), Source::Query))
 }
 
-/// The value of the cookie `name`, if the request carries it.
+/// The value of the cookie `name`, if the request carries it (and it is not empty).
 pub fn cookie_named(headers: &HeaderMap, name: &str) -> Option<String> {
     headers
         .get_all(header::COOKIE)
@@ -73,7 +73,7 @@ pub fn cookie_named(headers: &HeaderMap, name: &str) -> Option<String> {
         .filter_map(|v| v.to_str().ok())
         .flat_map(|v| v.split(';'))
         .filter_map(|c| c.trim().split_once('='))
-        .find(|(k, _)| *k == name)
+        .find(|(k, v)| *k == name && !v.is_empty())
         .map(|(_, v)| v.to_string())
 }
 
@@ -85,20 +85,13 @@ pub fn own_cookie_identity(gw: &Gateway, headers: &HeaderMap) -> Option<Identity
 /// The web UI's cookie. Over HTTPS only the `__Host-` one counts (a plain-named cookie there may
 /// have been planted by a sibling subdomain); over HTTP either, the `__Host-` one first.
 fn cookie_token(headers: &HeaderMap) -> Option<String> {
-    let cookies = || {
-        headers
-            .get_all(header::COOKIE)
-            .iter()
-            .filter_map(|v| v.to_str().ok())
-            .flat_map(|v| v.split(';'))
-            .filter_map(|c| c.trim().split_once('='))
-    };
-    let named = |name: &str| {
-        cookies()
-            .find(|(n, v)| *n == name && !v.is_empty())
-            .map(|(_, v)| v.to_string())
-    };
-    named(SECURE_COOKIE).or_else(|| if is_https(headers) { None } else { named(COOKIE) })
+    cookie_named(headers, SECURE_COOKIE).or_else(|| {
+        if is_https(headers) {
+            None
+        } else {
+            cookie_named(headers, COOKIE)
+        }
+    })
 }
 
 /// The first element of a `Forwarded` header (RFC 7239): the proxy nearest the client.

@@ -660,8 +660,10 @@ impl AgentProcess {
     /// Called once stdout has closed: fails everything waiting and unbinds every session.
     async fn on_exit(self: &Arc<Self>) {
         self.stop.cancel();
-        // Wait (briefly) for the waiter to record how the process ended, for the error text.
-        let _ = tokio::time::timeout(Duration::from_millis(500), self.dead.cancelled()).await;
+        // Wait (briefly) for the waiter to record how the process ended, for the error text. The
+        // waiter itself waits up to 500 ms for the end of stderr after the exit: longer here, so
+        // that on a loaded machine the answer still carries bubblewrap's line, not "gone".
+        let _ = tokio::time::timeout(Duration::from_millis(2000), self.dead.cancelled()).await;
         self.rpc.fail_all();
         let sessions: Vec<Arc<dyn SessionRoute>> = {
             let mut routes = lock(&self.routes);

@@ -71,6 +71,8 @@ pub struct Sealer {
     cipher: XChaCha20Poly1305,
     /// The key's fingerprint (hex of the first 8 bytes of a SHA-256 over it).
     key_id: String,
+    /// What [`Sealer::derive`] derives keys from (itself derived from the key, never the key).
+    derive_root: [u8; 32],
 }
 
 impl std::fmt::Debug for Sealer {
@@ -100,7 +102,14 @@ impl Sealer {
         Self {
             cipher: XChaCha20Poly1305::new(key.into()),
             key_id: id[..8].iter().map(|b| format!("{b:02x}")).collect(),
+            derive_root: hmac_sha256(key, b"acp-gateway derived keys v1"),
         }
+    }
+
+    /// A 32-byte key for `purpose`, derived from the secrets key (HMAC-SHA256): the same on every
+    /// replica that shares the secrets key, useless for anything else.
+    pub fn derive(&self, purpose: &str) -> [u8; 32] {
+        hmac_sha256(&self.derive_root, purpose.as_bytes())
     }
 
     /// This key's fingerprint.
@@ -154,6 +163,15 @@ impl Sealer {
             .map(SecretString::from)
             .map_err(|_| SecretsError::Corrupt)
     }
+}
+
+fn hmac_sha256(key: &[u8], data: &[u8]) -> [u8; 32] {
+    use hmac::{Hmac, Mac};
+    let Ok(mut mac) = <Hmac<Sha256> as Mac>::new_from_slice(key) else {
+        unreachable!("HMAC takes keys of any length")
+    };
+    mac.update(data);
+    mac.finalize().into_bytes().into()
 }
 
 /// Users' keys: sealed into the store, opened for their own agent processes only.

@@ -402,6 +402,70 @@ async fn until<F: std::future::Future<Output = bool>>(what: &str, cond: impl Fn(
     }
 }
 
+/// With a PEM key (which only verifies) the gateway still signs sign-in cookies (with a key derived
+/// from its secrets key), and a token under the PEM key that carries the gateway's own claim names
+/// neither a sign-in nor an admin.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pem_key_keeps_working_beside_the_provider() {
+    let addr = free_addr();
+    let reg = ClientReg {
+        id: CLIENT_ID,
+        secret: CLIENT_SECRET,
+        redirect: format!("http://{addr}/auth/oidc/callback"),
+    };
+    let provider = Provider::start(&reg, &format!("http://{addr}/")).await;
+    let kid = provider.control("rotate", json!({"drop_old": false})).await["kid"]
+        .as_str()
+        .expect("kid")
+        .to_string();
+    let pem_file = provider.keys_dir.path().join("gateway-public.pem");
+    std::fs::write(&pem_file, provider.public_pem(&kid)).expect("pem");
+    let issuer = provider.issuer.clone();
+    let gw = TestGateway::start(Db::Sqlite, move |c| {
+        c.listen = addr;
+        c.jwt.secret = None;
+        c.jwt.public_key = Some(pem_file);
+        c.jwt.audience = Some("pem-audience".into());
+        c.admin.groups = vec!["devs".into()];
+        c.oidc.issuer = Some(issuer);
+        c.oidc.client_id = Some(CLIENT_ID.into());
+        c.oidc.client_secret = Some(CLIENT_SECRET.to_string().into());
+        c.oidc.redirect_url = Some(reg.redirect.clone());
+        c.oidc.scopes = ["openid", "profile", "email", "groups"].map(String::from).to_vec();
+    })
+    .await;
+    let s = Setup { provider, gw };
+    let http = browser();
+    let (_, res) = sign_in(&s, &http, "alice").await;
+    assert_eq!(res.status(), StatusCode::SEE_OTHER);
+    let cookie = cookie_token(&res);
+    let who: Value = me(&s, &cookie).await.json().await.expect("json");
+    assert_eq!(
+        (who["user"].clone(), who["admin"].clone()),
+        (json!("alice"), json!(true)),
+        "{who}"
+    );
+    // A PEM-signed token (no kid, the gateway's audience) works as before, and its `acp_sid` and
+    // `acp_adm` claims mean nothing.
+    let now = acp_gateway::auth::now_secs();
+    let key = EncodingKey::from_rsa_pem(&s.provider.private_pem(&kid)).expect("key");
+    let pem_token = jsonwebtoken::encode(
+        &Header::new(Algorithm::RS256),
+        &json!({"sub": "mallory", "aud": "pem-audience", "exp": now + 300, "acp_sid": "forged", "acp_adm": true}),
+        &key,
+    )
+    .expect("sign");
+    let res = me(&s, &pem_token).await;
+    assert_eq!(res.status(), StatusCode::OK);
+    let who: Value = res.json().await.expect("json");
+    assert_eq!(
+        (who["user"].clone(), who["admin"].clone()),
+        (json!("mallory"), json!(false)),
+        "{who}"
+    );
+    s.gw.stop().await;
+}
+
 fn base64_url(s: &str) -> String {
     use base64::Engine;
     base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(s)

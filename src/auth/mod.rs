@@ -142,6 +142,10 @@ pub struct Authenticator {
     issuer: Option<String>,
     /// `aud` of minted tokens, for the same reason.
     audience: Option<String>,
+    /// With a PEM key (which only verifies): the HS256 key the gateway signs and checks the
+    /// cookies of sign-ins through its identity provider with (derived from the secrets key, so
+    /// replicas share it). Only tokens with a sign-in (`acp_sid`) are accepted under it.
+    session_key: std::sync::OnceLock<(DecodingKey, EncodingKey, Validation)>,
 }
 
 impl std::fmt::Debug for Authenticator {
@@ -220,12 +224,34 @@ impl Authenticator {
             encoding,
             issuer: cfg.issuer.clone(),
             audience: cfg.audience.clone(),
+            session_key: std::sync::OnceLock::new(),
         })
+    }
+
+    /// With a PEM key: the key sign-in cookies are signed with (no effect with an HS256 secret,
+    /// which signs them itself).
+    pub fn use_session_key(&self, key: &[u8; 32]) {
+        if self.encoding.is_some() {
+            return;
+        }
+        let mut validation = self.validation.clone();
+        validation.algorithms = vec![Algorithm::HS256];
+        let _ = self
+            .session_key
+            .set((DecodingKey::from_secret(key), EncodingKey::from_secret(key), validation));
+    }
+
+    /// Whether this gateway can sign the cookie of a sign-in through its identity provider.
+    pub fn can_mint_sessions(&self) -> bool {
+        self.encoding.is_some() || self.session_key.get().is_some()
     }
 
     /// Verifies a token and returns its caller.
     pub fn verify(&self, token: &str) -> Result<Identity, AuthError> {
-        let data = jsonwebtoken::decode::<Claims>(token, &self.decoding, &self.validation)?;
+        let data = match jsonwebtoken::decode::<Claims>(token, &self.decoding, &self.validation) {
+            Ok(data) => data,
+            Err(e) => return self.verify_session_cookie(token).ok_or(AuthError::Invalid(e)),
+        };
         if data.claims.sub.trim().is_empty() {
             return Err(AuthError::EmptySubject);
         }
@@ -236,6 +262,19 @@ impl Authenticator {
             // provider's token verified with a PEM key never does, whatever it says.
             session: data.claims.sid.filter(|_| self.encoding.is_some()),
             admin: data.claims.adm && self.encoding.is_some(),
+        })
+    }
+
+    /// A sign-in cookie under the session key (PEM deployments), if `token` is one.
+    fn verify_session_cookie(&self, token: &str) -> Option<Identity> {
+        let (decoding, _, validation) = self.session_key.get()?;
+        let data = jsonwebtoken::decode::<Claims>(token, decoding, validation).ok()?;
+        let sid = data.claims.sid.filter(|_| !data.claims.sub.trim().is_empty())?;
+        Some(Identity {
+            user: data.claims.sub,
+            expires_at: data.claims.exp,
+            session: Some(sid),
+            admin: data.claims.adm,
         })
     }
 
@@ -256,7 +295,8 @@ impl Authenticator {
     }
 
     fn mint_claims(&self, sub: &str, ttl_secs: u64, sid: Option<String>, adm: bool) -> Result<String, KeyError> {
-        let key = self.encoding.as_ref().ok_or(KeyError::CannotMint)?;
+        let session_key = sid.as_ref().and_then(|_| self.session_key.get()).map(|(_, e, _)| e);
+        let key = self.encoding.as_ref().or(session_key).ok_or(KeyError::CannotMint)?;
         let now = now_secs();
         let claims = Claims {
             sub: sub.to_string(),

@@ -1,5 +1,6 @@
 //! The browser's way in through the team's identity provider (`[oidc]`):
-//! - `GET /auth/oidc`: whether it is configured, and the button's label (the sign-in page asks);
+//! - `GET /auth/oidc`: `{configured, label, login}`, whether it is configured and the button's
+//!   label (the sign-in page asks; always `200`);
 //! - `GET /auth/oidc/login`: sends the browser to the provider, with the login's state in a
 //!   sealed cookie (`SameSite=Lax`: the provider's redirect back is a cross-site navigation);
 //! - `GET /auth/oidc/callback`: ends the login with the gateway's own cookie and `303 /`, or a
@@ -34,14 +35,11 @@ pub(super) fn router() -> Router<Arc<Gateway>> {
         .route("/auth/oidc/callback", get(callback))
 }
 
-async fn about(State(gw): State<Arc<Gateway>>) -> Response {
+async fn about(State(gw): State<Arc<Gateway>>) -> Json<serde_json::Value> {
+    // Always 200 (the sign-in page asks on every load): `configured` says whether to offer it.
     match &gw.oidc {
-        Some(oidc) => Json(json!({ "label": oidc.label(), "login": "/auth/oidc/login" })).into_response(),
-        None => (
-            StatusCode::NOT_FOUND,
-            Json(json!({ "error": "sign-in through an identity provider is not configured" })),
-        )
-            .into_response(),
+        Some(oidc) => Json(json!({ "configured": true, "label": oidc.label(), "login": "/auth/oidc/login" })),
+        None => Json(json!({ "configured": false })),
     }
 }
 

@@ -246,7 +246,8 @@ pub fn build(
     store: &Arc<dyn Store>,
 ) -> Result<(Option<Arc<Oidc>>, Option<Arc<Jwks>>), String> {
     let oidc = if config.oidc.enabled() {
-        if !auth.can_mint() {
+        auth.use_session_key(&sealer.derive("acp-gateway sign-in cookies v1"));
+        if !auth.can_mint_sessions() {
             return Err(String::from(
                 "oidc: the gateway signs its own cookie after a sign-in, which needs an HS256 secret (jwt.secret / ACP_GATEWAY_JWT_SECRET, or none to generate one); jwt.public_key only verifies. Provider tokens are verified with the provider's keys (jwt.jwks_url or discovery) instead",
             ));

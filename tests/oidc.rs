@@ -145,6 +145,57 @@ async fn a_team_member_signs_in_and_loses_access_when_removed_from_the_group() {
     s.gw.stop().await;
 }
 
+/// A code from another browser's login (code injection) is refused: its state is not this
+/// browser's, and with this browser's state its PKCE verifier (and nonce) do not match.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_code_from_another_login_is_refused() {
+    let s = setup(|_| {}).await;
+    let start = |http: reqwest::Client| {
+        let url = s.gw.http_url("/auth/oidc/login");
+        async move {
+            let res = http.get(url).send().await.expect("login");
+            res.headers()[reqwest::header::LOCATION]
+                .to_str()
+                .expect("location")
+                .to_string()
+        }
+    };
+    let (attacker, victim) = (browser(), browser());
+    let attacker_url = start(attacker.clone()).await;
+    let attacker_callback = walk(&attacker, &attacker_url, &s.gw.http_url("/auth/oidc/callback"), "carol").await;
+    let victim_url = start(victim.clone()).await;
+    let param = |url: &str, name: &str| {
+        reqwest::Url::parse(url)
+            .expect("url")
+            .query_pairs()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.to_string())
+            .expect("param")
+    };
+    // The attacker's whole callback in the victim's browser: not a login it started.
+    let res = victim.get(&attacker_callback).send().await.expect("callback");
+    assert_eq!(res.status(), StatusCode::BAD_REQUEST);
+    // The attacker's code under the victim's own state: the provider refuses the code for the
+    // victim's PKCE verifier.
+    let forged = format!(
+        "{}?code={}&state={}",
+        s.gw.http_url("/auth/oidc/callback"),
+        param(&attacker_callback, "code"),
+        param(&victim_url, "state")
+    );
+    let res = victim.get(&forged).send().await.expect("callback");
+    assert!(
+        res.status().is_client_error() || res.status().is_server_error(),
+        "{}",
+        res.status()
+    );
+    assert_eq!(
+        victim.get(s.gw.http_url("/api/me")).send().await.expect("me").status(),
+        StatusCode::UNAUTHORIZED
+    );
+    s.gw.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn someone_outside_the_allowed_groups_is_refused_by_name() {
     let s = setup(|_| {}).await;

@@ -212,6 +212,8 @@ fn failed(e: &LoginError) -> Response {
             "You signed in as {}, who is not allowed on this gateway: {}. Ask its operator, or sign in with another account.",
             r.account, r.why
         ),
+        // What the database said stays in the log.
+        LoginError::Store(_) => String::from("The sign-in could not be recorded; try again in a minute."),
         _ => e.to_string(),
     };
     page(status, title, &message)

@@ -211,6 +211,13 @@ async fn someone_outside_the_allowed_groups_is_refused_by_name() {
         http.get(s.gw.http_url("/api/me")).send().await.expect("me").status(),
         StatusCode::UNAUTHORIZED
     );
+    // A crafted link with the provider's error words shows them only for a login this browser
+    // started.
+    let crafted =
+        s.gw.http_url("/auth/oidc/callback?error=access_denied&error_description=Call%20+1-555-PHISH");
+    let res = browser().get(&crafted).send().await.expect("callback");
+    assert_eq!(res.status(), StatusCode::BAD_REQUEST);
+    assert!(!res.text().await.expect("page").contains("PHISH"));
     s.gw.stop().await;
 }
 

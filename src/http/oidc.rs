@@ -97,8 +97,15 @@ async fn callback(
             "Sign-in through an identity provider is not configured on this gateway.",
         );
     };
+    let cookie = if is_https(&headers) {
+        cookie_named(&headers, SECURE_STATE_COOKIE)
+    } else {
+        cookie_named(&headers, STATE_COOKIE)
+    };
     let outcome = match (&q.error, &q.code, &q.state) {
-        (Some(error), _, _) => {
+        // The provider's own words, only for a login this browser started (anyone can craft a
+        // link with an `error_description`).
+        (Some(error), _, state) if oidc.state_matches(state.as_deref(), cookie.as_deref()) => {
             let detail = q
                 .error_description
                 .as_deref()
@@ -106,14 +113,8 @@ async fn callback(
                 .unwrap_or_default();
             Err(LoginError::Provider(format!("{error}{detail}")))
         }
-        (None, Some(code), Some(state)) => {
-            let cookie = if is_https(&headers) {
-                cookie_named(&headers, SECURE_STATE_COOKIE)
-            } else {
-                cookie_named(&headers, STATE_COOKIE)
-            };
-            oidc.finish(code, state, cookie.as_deref()).await
-        }
+        (Some(_), _, _) => Err(LoginError::BadState),
+        (None, Some(code), Some(state)) => oidc.finish(code, state, cookie.as_deref()).await,
         _ => Err(LoginError::BadState),
     };
     let clear_state = if is_https(&headers) {

@@ -274,6 +274,14 @@ impl Oidc {
         Some(url.to_string())
     }
 
+    /// Whether `state` is the one of the login this browser's cookie holds (not consumed).
+    pub fn state_matches(&self, state: Option<&str>, cookie: Option<&str>) -> bool {
+        match (state, self.open_state(cookie)) {
+            (Some(state), Some(login)) => constant_time_eq(login.state.as_bytes(), state.as_bytes()),
+            _ => false,
+        }
+    }
+
     fn open_state(&self, cookie: Option<&str>) -> Option<LoginState> {
         let sealed = decode_sealed(cookie?)?;
         let json = self.sealer.open(STATE_AAD.0, STATE_AAD.1, STATE_AAD.2, &sealed).ok()?;

@@ -14,9 +14,8 @@ import assert from 'node:assert/strict';
 import { readFileSync, writeFileSync } from 'node:fs';
 import path from 'node:path';
 import { createRequire } from 'node:module';
-import { connected, DESKTOP, NO_ERRORS, openBrowser, PHONE, SCREENSHOTS, startGateway, waitUntil } from './harness.mjs';
+import { axeScan, connected, DESKTOP, NO_ERRORS, openBrowser, PHONE, SCREENSHOTS, startGateway, waitUntil } from './harness.mjs';
 
-const AXE_SOURCE = readFileSync(createRequire(import.meta.url).resolve('axe-core/axe.min.js'), 'utf8');
 const BLOCKING = new Set(['serious', 'critical']);
 
 const VARIANTS = [
@@ -25,21 +24,6 @@ const VARIANTS = [
   { name: 'phone-light', viewport: PHONE, colorScheme: 'light' },
   { name: 'phone-dark', viewport: PHONE, colorScheme: 'dark' },
 ];
-
-/** Runs axe on the page as it is; returns its violations, trimmed to what a report needs. */
-async function scan(page) {
-  await page.evaluate(AXE_SOURCE);
-  return page.evaluate(async () => {
-    // eslint-disable-next-line no-undef
-    const result = await axe.run(document, { resultTypes: ['violations'] });
-    return result.violations.map((v) => ({
-      id: v.id,
-      impact: v.impact,
-      help: v.help,
-      nodes: v.nodes.map((n) => ({ target: n.target.join(' '), summary: n.failureSummary?.split('\n').slice(1, 3).join(' ') })),
-    }));
-  });
-}
 
 describe('accessibility (axe-core)', { timeout: 300_000 }, () => {
   let gw;
@@ -66,7 +50,7 @@ describe('accessibility (axe-core)', { timeout: 300_000 }, () => {
 
   /** Scans the page; returns what blocks (asserted by the caller once every view is scanned). */
   async function check(variant, view, page, shot) {
-    const violations = await scan(page);
+    const violations = await axeScan(page);
     results.push({ variant, view, violations });
     if (shot) await shot(`a11y-${variant}-${view}`);
     return violations.filter((v) => BLOCKING.has(v.impact)).map((v) => ({ view, ...v }));

@@ -6,7 +6,7 @@
 
 import { after, before, describe } from 'node:test';
 import assert from 'node:assert/strict';
-import { NO_ERRORS, connected, openBrowser, scenario, startGateway } from './harness.mjs';
+import { NO_ERRORS, axeScan, connected, openBrowser, scenario, startGateway } from './harness.mjs';
 
 describe('administration in the browser', { timeout: 120_000 }, () => {
   let gw;
@@ -70,6 +70,16 @@ describe('administration in the browser', { timeout: 120_000 }, () => {
     assert.ok(texts.every((t) => t.includes('bob')), texts.join('\n'));
     assert.ok(texts.some((t) => t.includes('sign_in')), 'bob\'s sign-in is there');
     await root.shot('admin-audit');
+  });
+
+  step('axe finds nothing serious in the dialog, on each tab', async () => {
+    const dialog = root.page.locator('[data-testid="admin-dialog"]');
+    for (const tab of ['users', 'live-sessions', 'spending', 'audit-log']) {
+      await dialog.locator(`[data-testid="admin-tab-${tab}"]`).click();
+      await dialog.locator('.admin-content table').first().waitFor();
+      const blocking = (await axeScan(root.page)).filter((v) => v.impact === 'serious' || v.impact === 'critical');
+      assert.deepEqual(blocking, [], `${tab}: ${JSON.stringify(blocking, null, 1)}`);
+    }
   });
 
   step('raised no page errors, console errors or CSP violations', () => {

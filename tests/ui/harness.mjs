@@ -16,6 +16,7 @@ import { existsSync, mkdirSync, mkdtempSync, readdirSync, readFileSync, rmSync, 
 import net from 'node:net';
 import os from 'node:os';
 import path from 'node:path';
+import { createRequire } from 'node:module';
 import { fileURLToPath } from 'node:url';
 import { promisify } from 'node:util';
 import { chromium } from 'playwright-core';
@@ -290,5 +291,27 @@ export function scenario(onFailure) {
       }
       throw err;
     }
+  });
+}
+
+/** axe-core's source, for `axeScan`. */
+let axeSource = null;
+
+/**
+ * Runs axe-core on the page as it is (through CDP: the page keeps its real CSP); returns its
+ * violations, trimmed to what a report needs.
+ */
+export async function axeScan(page) {
+  axeSource ??= readFileSync(createRequire(import.meta.url).resolve('axe-core/axe.min.js'), 'utf8');
+  await page.evaluate(axeSource);
+  return page.evaluate(async () => {
+    // eslint-disable-next-line no-undef
+    const result = await axe.run(document, { resultTypes: ['violations'] });
+    return result.violations.map((v) => ({
+      id: v.id,
+      impact: v.impact,
+      help: v.help,
+      nodes: v.nodes.map((n) => ({ target: n.target.join(' '), summary: n.failureSummary?.split('\n').slice(1, 3).join(' ') })),
+    }));
   });
 }

@@ -32,6 +32,11 @@ struct Setup {
 }
 
 async fn setup(tweak: impl FnOnce(&mut Config)) -> Setup {
+    setup_with(|_, c| tweak(c)).await
+}
+
+/// [`setup`], with the running provider at hand for the gateway's settings.
+async fn setup_with(tweak: impl FnOnce(&Provider, &mut Config)) -> Setup {
     let addr = free_addr();
     let reg = ClientReg {
         id: CLIENT_ID,
@@ -40,7 +45,7 @@ async fn setup(tweak: impl FnOnce(&mut Config)) -> Setup {
     };
     let provider = Provider::start(&reg, &format!("http://{addr}/")).await;
     let issuer = provider.issuer.clone();
-    let gw = TestGateway::start(Db::Sqlite, move |c| {
+    let gw = TestGateway::start(Db::Sqlite, |c| {
         c.listen = addr;
         c.oidc.issuer = Some(issuer);
         c.oidc.client_id = Some(CLIENT_ID.into());
@@ -51,7 +56,7 @@ async fn setup(tweak: impl FnOnce(&mut Config)) -> Setup {
         c.oidc.allowed_groups = vec!["devs".into()];
         c.oidc.recheck_secs = 1;
         c.oidc.jwks_refetch_secs = 30;
-        tweak(c);
+        tweak(&provider, c);
     })
     .await;
     Setup { provider, gw }
@@ -465,34 +470,19 @@ async fn until<F: std::future::Future<Output = bool>>(what: &str, cond: impl Fn(
 /// neither a sign-in nor an admin.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pem_key_keeps_working_beside_the_provider() {
-    let addr = free_addr();
-    let reg = ClientReg {
-        id: CLIENT_ID,
-        secret: CLIENT_SECRET,
-        redirect: format!("http://{addr}/auth/oidc/callback"),
-    };
-    let provider = Provider::start(&reg, &format!("http://{addr}/")).await;
-    let kid = provider.control("rotate", json!({"drop_old": false})).await["kid"]
-        .as_str()
-        .expect("kid")
-        .to_string();
-    let pem_file = provider.keys_dir.path().join("gateway-public.pem");
-    std::fs::write(&pem_file, provider.public_pem(&kid)).expect("pem");
-    let issuer = provider.issuer.clone();
-    let gw = TestGateway::start(Db::Sqlite, move |c| {
-        c.listen = addr;
+    let s = setup_with(|provider, c| {
+        // The provider's first key doubles as the gateway's PEM key (it signs the tokens below).
+        let pem_file = provider.keys_dir.path().join("gateway-public.pem");
+        std::fs::write(&pem_file, provider.public_pem(&provider.kid)).expect("pem");
         c.jwt.secret = None;
         c.jwt.public_key = Some(pem_file);
         c.jwt.audience = Some("pem-audience".into());
         c.admin.groups = vec!["devs".into()];
-        c.oidc.issuer = Some(issuer);
-        c.oidc.client_id = Some(CLIENT_ID.into());
-        c.oidc.client_secret = Some(CLIENT_SECRET.to_string().into());
-        c.oidc.redirect_url = Some(reg.redirect.clone());
-        c.oidc.scopes = ["openid", "profile", "email", "groups"].map(String::from).to_vec();
+        c.oidc.allowed_groups = Vec::new();
+        c.oidc.recheck_secs = 900;
     })
     .await;
-    let s = Setup { provider, gw };
+    let kid = s.provider.kid.clone();
     let http = browser();
     let (_, res) = sign_in(&s, &http, "alice").await;
     assert_eq!(res.status(), StatusCode::SEE_OTHER);

@@ -17,6 +17,8 @@ pub struct Provider {
     pub issuer: String,
     /// Where it writes its signing keys (`<kid>.pem`, `<kid>.json`).
     pub keys_dir: tempfile::TempDir,
+    /// Its first signing key's id.
+    pub kid: String,
     child: Child,
 }
 
@@ -67,6 +69,7 @@ impl Provider {
         let started: Value = serde_json::from_str(&line).expect("the provider's start line");
         Self {
             issuer: started["issuer"].as_str().expect("issuer").to_string(),
+            kid: started["kid"].as_str().expect("kid").to_string(),
             keys_dir,
             child,
         }

@@ -41,24 +41,25 @@ pub(super) async fn authenticate(gw: &Gateway, client: &Client, pool: &Arc<Agent
         .unwrap_or_default();
     let process = pool.process_for(&client.user).await?;
     let watch = process.signin_watch();
-    let mut notes = watch.watch();
+    let mut notes = watch.watch(&method);
+    let pass_on = |note: String| {
+        client
+            .outbox
+            .push(Utf8Bytes::from(protocol::notification(PROGRESS, &note)))
+    };
     let request = process.request("authenticate", &forwarded, pool.request_timeout());
     tokio::pin!(request);
     let result = loop {
         tokio::select! {
             biased;
-            Some(note) = notes.recv() => {
-                let frame = protocol::notification(PROGRESS, &with_method(&note, &method));
-                client.outbox.push(Utf8Bytes::from(frame));
-            }
+            Some(note) = notes.recv() => { pass_on(note); }
             result = &mut request => break result,
         }
     };
     watch.stop();
     // What was said just before the answer still goes first.
     while let Ok(note) = notes.try_recv() {
-        let frame = protocol::notification(PROGRESS, &with_method(&note, &method));
-        client.outbox.push(Utf8Bytes::from(frame));
+        pass_on(note);
     }
     // One line and one count per sign-in, whatever the agent answered (never its content).
     let outcome = if result.is_ok() { "ok" } else { "failed" };
@@ -71,7 +72,7 @@ pub(super) async fn authenticate(gw: &Gateway, client: &Client, pool: &Arc<Agent
         actor: &client.user,
         action: "agent_sign_in",
         target: Some(&pool.name),
-        outcome: if result.is_ok() { "ok" } else { "failed" },
+        outcome,
         detail: Some(serde_json::json!({ "method": method, "methodType": "agent" })),
         connection: Some(&client.id),
         client: None,
@@ -89,13 +90,4 @@ pub(super) async fn status(client: &Client, pool: &Arc<AgentPool>, params: &RawV
         .request("auth/status", &forwarded, pool.request_timeout())
         .await?;
     Ok(Reply::Result(result.get().to_string()))
-}
-
-/// `note` (a JSON object) with the sign-in's `methodId`.
-fn with_method(note: &str, method: &str) -> String {
-    let mut value: serde_json::Value = serde_json::from_str(note).unwrap_or_default();
-    if let Some(object) = value.as_object_mut() {
-        object.insert("methodId".into(), method.into());
-    }
-    value.to_string()
 }

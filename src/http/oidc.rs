@@ -28,6 +28,16 @@ const STATE_COOKIE: &str = "acp_gateway_oidc";
 /// The login state cookie over HTTPS.
 const SECURE_STATE_COOKIE: &str = "__Host-acp_gateway_oidc";
 
+/// The login state cookie's `Set-Cookie` (`value` empty and `max_age` 0 clear it). Over HTTPS the
+/// `__Host-` name: a sibling subdomain cannot plant one (login CSRF).
+fn state_cookie(headers: &HeaderMap, value: &str, max_age: u64) -> String {
+    if is_https(headers) {
+        format!("{SECURE_STATE_COOKIE}={value}; Path=/; Secure; HttpOnly; SameSite=Lax; Max-Age={max_age}")
+    } else {
+        format!("{STATE_COOKIE}={value}; Path=/auth/oidc; HttpOnly; SameSite=Lax; Max-Age={max_age}")
+    }
+}
+
 pub(super) fn router() -> Router<Arc<Gateway>> {
     Router::new()
         .route("/auth/oidc", get(about))
@@ -53,14 +63,7 @@ async fn login(State(gw): State<Arc<Gateway>>, headers: HeaderMap) -> Response {
     };
     match oidc.start().await {
         Ok((url, state)) => {
-            // Over HTTPS the `__Host-` name: a sibling subdomain cannot plant one (login CSRF).
-            let cookie = if is_https(&headers) {
-                format!(
-                    "{SECURE_STATE_COOKIE}={state}; Path=/; Secure; HttpOnly; SameSite=Lax; Max-Age={LOGIN_TTL_SECS}"
-                )
-            } else {
-                format!("{STATE_COOKIE}={state}; Path=/auth/oidc; HttpOnly; SameSite=Lax; Max-Age={LOGIN_TTL_SECS}")
-            };
+            let cookie = state_cookie(&headers, &state, LOGIN_TTL_SECS);
             (
                 StatusCode::SEE_OTHER,
                 [
@@ -97,11 +100,14 @@ async fn callback(
             "Sign-in through an identity provider is not configured on this gateway.",
         );
     };
-    let cookie = if is_https(&headers) {
-        cookie_named(&headers, SECURE_STATE_COOKIE)
-    } else {
-        cookie_named(&headers, STATE_COOKIE)
-    };
+    let cookie = cookie_named(
+        &headers,
+        if is_https(&headers) {
+            SECURE_STATE_COOKIE
+        } else {
+            STATE_COOKIE
+        },
+    );
     let outcome = match (&q.error, &q.code, &q.state) {
         // The provider's own words, only for a login this browser started (anyone can craft a
         // link with an `error_description`).
@@ -117,11 +123,7 @@ async fn callback(
         (None, Some(code), Some(state)) => oidc.finish(code, state, cookie.as_deref()).await,
         _ => Err(LoginError::BadState),
     };
-    let clear_state = if is_https(&headers) {
-        format!("{SECURE_STATE_COOKIE}=; Path=/; Secure; HttpOnly; SameSite=Lax; Max-Age=0")
-    } else {
-        format!("{STATE_COOKIE}=; Path=/auth/oidc; HttpOnly; SameSite=Lax; Max-Age=0")
-    };
+    let clear_state = state_cookie(&headers, "", 0);
     let mut response = match outcome {
         Ok(signed_in) => {
             match gw

@@ -92,11 +92,7 @@ impl Oidc {
         sealer: Sealer,
         store: Arc<dyn Store>,
     ) -> Result<Self, String> {
-        let http = reqwest::Client::builder()
-            .redirect(reqwest::redirect::Policy::none())
-            .timeout(PROVIDER_TIMEOUT)
-            .build()
-            .map_err(|e| format!("cannot build the HTTP client for the identity provider: {e}"))?;
+        let http = provider_http()?;
         Ok(Self {
             policy: Policy::from_config(&cfg),
             admin_groups,
@@ -257,30 +253,44 @@ pub fn build(
     } else {
         None
     };
-    let jwks = config.jwt.jwks_url.as_ref().map(|url| {
-        let issuer = config
-            .jwt
-            .issuer
-            .clone()
-            .or_else(|| config.oidc.issuer().map(String::from))
-            .unwrap_or_default();
-        let audiences = match &config.jwt.audience {
-            Some(aud) => vec![aud.clone()],
-            None => config.oidc.audiences(),
-        };
-        Arc::new(Jwks::new(
-            url.clone(),
-            issuer,
-            audiences,
-            Duration::from_secs(config.oidc.jwks_refetch_secs.max(1)),
-            reqwest::Client::builder()
-                .redirect(reqwest::redirect::Policy::none())
-                .timeout(PROVIDER_TIMEOUT)
-                .build()
-                .unwrap_or_default(),
-        ))
-    });
+    let jwks = match &config.jwt.jwks_url {
+        None => None,
+        Some(url) => {
+            let issuer = config
+                .jwt
+                .issuer
+                .clone()
+                .or_else(|| config.oidc.issuer().map(String::from))
+                .unwrap_or_default();
+            let audiences = match &config.jwt.audience {
+                Some(aud) => vec![aud.clone()],
+                None => config.oidc.audiences(),
+            };
+            // The provider's client where there is one; its own otherwise.
+            let http = match &oidc {
+                Some(o) => o.http.clone(),
+                None => provider_http()?,
+            };
+            Some(Arc::new(Jwks::new(
+                url.clone(),
+                issuer,
+                audiences,
+                Duration::from_secs(config.oidc.jwks_refetch_secs.max(1)),
+                http,
+            )))
+        }
+    };
     Ok((oidc, jwks))
+}
+
+/// The HTTP client for an identity provider: no redirects followed (an endpoint must answer
+/// itself), every request bounded by [`PROVIDER_TIMEOUT`].
+fn provider_http() -> Result<reqwest::Client, String> {
+    reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .timeout(PROVIDER_TIMEOUT)
+        .build()
+        .map_err(|e| format!("cannot build the HTTP client for the identity provider: {e}"))
 }
 
 /// An error and its sources, on one line.

@@ -178,9 +178,8 @@ impl Oidc {
                     // the person keeps working, checked again next time; the rest of the batch
                     // waits for the provider to come back.
                     tracing::debug!(user = %record.owner, error = %why, "sign-in not checked: provider unreachable");
-                    let mut kept = record.clone();
-                    kept.checked_at = record.checked_at;
-                    let _ = self.store.put_web_session(&kept).await;
+                    // Its `checked_at` back to before the claim: it is due again next tick.
+                    let _ = self.store.put_web_session(&record).await;
                     return;
                 }
             }

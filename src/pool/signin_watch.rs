@@ -24,15 +24,16 @@ pub const NOTE_BYTES_MAX: usize = 2048;
 /// `_gateway/authenticate/progress` notification (JSON).
 pub type Note = String;
 
-/// The current sign-in's listener, if one is running.
+/// The current sign-in's listener, if one is running, and its method's id.
 #[derive(Default)]
-pub struct SigninWatch(Mutex<Option<mpsc::Sender<Note>>>);
+pub struct SigninWatch(Mutex<Option<(mpsc::Sender<Note>, String)>>);
 
 impl SigninWatch {
-    /// Starts passing notes on, replacing any earlier listener.
-    pub fn watch(&self) -> mpsc::Receiver<Note> {
+    /// Starts passing notes on for the sign-in with `method_id` (each note names it), replacing
+    /// any earlier listener.
+    pub fn watch(&self, method_id: &str) -> mpsc::Receiver<Note> {
         let (tx, rx) = mpsc::channel(NOTES_MAX);
-        *lock(&self.0) = Some(tx);
+        *lock(&self.0) = Some((tx, method_id.to_string()));
         rx
     }
 
@@ -41,9 +42,10 @@ impl SigninWatch {
         lock(&self.0).take();
     }
 
-    fn pass(&self, note: serde_json::Value) {
+    fn pass(&self, mut note: serde_json::Value) {
         let guard = lock(&self.0);
-        let Some(tx) = guard.as_ref() else { return };
+        let Some((tx, method_id)) = guard.as_ref() else { return };
+        note["methodId"] = method_id.as_str().into();
         if tx.try_send(note.to_string()).is_err() {
             tracing::debug!("sign-in note dropped: the listener is full or gone");
         }
@@ -129,7 +131,7 @@ mod tests {
     async fn only_lines_for_the_user_pass_and_only_while_watched() {
         let watch = SigninWatch::default();
         watch.stderr("Go to https://example/device before anything");
-        let mut rx = watch.watch();
+        let mut rx = watch.watch("device");
         watch.stderr("debug: loading config");
         watch.stderr("Enter code ABCD-1234");
         watch.stderr("Go to https://example/device");
@@ -145,6 +147,7 @@ mod tests {
         }
         assert_eq!(notes.len(), 3, "{notes:?}");
         assert_eq!(notes[0]["text"], "Enter code ABCD-1234");
+        assert_eq!(notes[0]["methodId"], "device");
         assert!(notes[0].get("url").is_none());
         assert_eq!(notes[1]["url"], "https://example/device");
         assert_eq!(notes[2]["source"], "notification");

@@ -8,19 +8,9 @@ mod common;
 
 use common::{Db, TestGateway};
 use reqwest::StatusCode;
-use serde_json::{Value, json};
+use serde_json::json;
 
 const ADMIN: &str = "root";
-
-async fn call(gw: &TestGateway, user: Option<&str>, method: reqwest::Method, path: &str) -> (StatusCode, Value) {
-    let mut req = reqwest::Client::new().request(method, gw.http_url(path));
-    if let Some(user) = user {
-        req = req.bearer_auth(gw.token(user));
-    }
-    let res = req.send().await.expect("request");
-    let status = res.status();
-    (status, res.json().await.unwrap_or(Value::Null))
-}
 
 async fn an_admin_stops_a_prompt_and_everything_is_audited(db: Db) {
     let gw = TestGateway::start(db, |c| c.admin.users = vec![ADMIN.into()]).await;
@@ -34,21 +24,21 @@ async fn an_admin_stops_a_prompt_and_everything_is_audited(db: Db) {
     ];
     for (method, path) in &routes {
         assert_eq!(
-            call(&gw, None, method.clone(), path).await.0,
+            gw.api(None, method.clone(), path).await.0,
             StatusCode::UNAUTHORIZED,
             "{path}"
         );
-        let (status, body) = call(&gw, Some("alice"), method.clone(), path).await;
+        let (status, body) = gw.api(Some("alice"), method.clone(), path).await;
         assert_eq!(status, StatusCode::FORBIDDEN, "{path}: {body}");
         assert!(
             body["error"].as_str().unwrap_or_default().contains("administrators"),
             "{body}"
         );
     }
-    let (status, me) = call(&gw, Some(ADMIN), reqwest::Method::GET, "/api/me").await;
+    let (status, me) = gw.api(Some(ADMIN), reqwest::Method::GET, "/api/me").await;
     assert_eq!((status, me["admin"].clone()), (StatusCode::OK, json!(true)));
     assert_eq!(
-        call(&gw, Some("bob"), reqwest::Method::GET, "/api/me").await.1["admin"],
+        gw.api(Some("bob"), reqwest::Method::GET, "/api/me").await.1["admin"],
         false
     );
 
@@ -63,7 +53,7 @@ async fn an_admin_stops_a_prompt_and_everything_is_audited(db: Db) {
         .await;
     bob.wait_for(|m| m["params"]["update"]["sessionUpdate"] == "plan").await;
 
-    let (status, live) = call(&gw, Some(ADMIN), reqwest::Method::GET, "/api/admin/sessions").await;
+    let (status, live) = gw.api(Some(ADMIN), reqwest::Method::GET, "/api/admin/sessions").await;
     assert_eq!(status, StatusCode::OK);
     let listed = live["sessions"]
         .as_array()
@@ -79,13 +69,13 @@ async fn an_admin_stops_a_prompt_and_everything_is_audited(db: Db) {
         "no transcript in admin routes"
     );
 
-    let (status, stopped) = call(
-        &gw,
-        Some(ADMIN),
-        reqwest::Method::POST,
-        &format!("/api/admin/sessions/{session}/stop"),
-    )
-    .await;
+    let (status, stopped) = gw
+        .api(
+            Some(ADMIN),
+            reqwest::Method::POST,
+            &format!("/api/admin/sessions/{session}/stop"),
+        )
+        .await;
     assert_eq!(status, StatusCode::OK, "{stopped}");
     assert_eq!(stopped["clientsTold"], 1);
     let told = bob.wait_for(|m| m["method"] == "_gateway/session_stopped").await;
@@ -101,7 +91,7 @@ async fn an_admin_stops_a_prompt_and_everything_is_audited(db: Db) {
     let answer = bob.answer(prompt).await;
     assert_eq!(answer["result"]["stopReason"], "cancelled", "{answer}");
 
-    let (_, users) = call(&gw, Some(ADMIN), reqwest::Method::GET, "/api/admin/users").await;
+    let (_, users) = gw.api(Some(ADMIN), reqwest::Method::GET, "/api/admin/users").await;
     let row = users["users"]
         .as_array()
         .expect("users")
@@ -119,13 +109,9 @@ async fn an_admin_stops_a_prompt_and_everything_is_audited(db: Db) {
             let mut found = Vec::new();
             // Entries are written a moment after they happen: look until they are there.
             for _ in 0..100 {
-                let (status, page) = call(
-                    gw,
-                    Some(ADMIN),
-                    reqwest::Method::GET,
-                    &format!("/api/admin/audit?{query}"),
-                )
-                .await;
+                let (status, page) = gw
+                    .api(Some(ADMIN), reqwest::Method::GET, &format!("/api/admin/audit?{query}"))
+                    .await;
                 assert_eq!(status, StatusCode::OK);
                 found = page["entries"].as_array().cloned().unwrap_or_default();
                 if !found.is_empty() {
@@ -152,15 +138,17 @@ async fn an_admin_stops_a_prompt_and_everything_is_audited(db: Db) {
     }
     assert!(!text.contains("secret plans"), "no transcript in the audit log");
     // Paging: one entry a page, newest first, each page older than the last.
-    let (_, first) = call(&gw, Some(ADMIN), reqwest::Method::GET, "/api/admin/audit?limit=1").await;
+    let (_, first) = gw
+        .api(Some(ADMIN), reqwest::Method::GET, "/api/admin/audit?limit=1")
+        .await;
     let before = first["nextBefore"].as_i64().expect("a next page");
-    let (_, second) = call(
-        &gw,
-        Some(ADMIN),
-        reqwest::Method::GET,
-        &format!("/api/admin/audit?limit=1&before={before}"),
-    )
-    .await;
+    let (_, second) = gw
+        .api(
+            Some(ADMIN),
+            reqwest::Method::GET,
+            &format!("/api/admin/audit?limit=1&before={before}"),
+        )
+        .await;
     assert!(second["entries"][0]["id"].as_i64().expect("id") < before);
     gw.stop().await;
 }

@@ -32,18 +32,6 @@ fn agent(script: &'static str) -> impl FnOnce(&mut Config) {
     }
 }
 
-async fn agents(gw: &TestGateway, user: &str) -> Value {
-    reqwest::Client::new()
-        .get(gw.http_url("/api/agents"))
-        .bearer_auth(gw.token(user))
-        .send()
-        .await
-        .expect("request")
-        .json()
-        .await
-        .expect("json")
-}
-
 fn is_progress(m: &Value) -> bool {
     m["method"] == PROGRESS
 }
@@ -110,10 +98,10 @@ async fn a_device_login_shows_its_code_to_its_user_only(db: Db) {
         .filter_map(|u| u["params"]["update"]["content"]["text"].as_str().map(String::from))
         .collect();
     assert_eq!(said, "signed in with ChatGPT");
-    let mine = agents(&gw, "alice").await;
+    let mine = gw.api(Some("alice"), reqwest::Method::GET, "/api/agents").await.1;
     assert_eq!(mine["agents"][0]["login"]["methodId"], "chatgpt", "{mine}");
     assert!(mine["agents"][0]["login"]["signedInAt"].as_str().is_some(), "{mine}");
-    let theirs = agents(&gw, "bob").await;
+    let theirs = gw.api(Some("bob"), reqwest::Method::GET, "/api/agents").await.1;
     assert_eq!(theirs["agents"][0]["login"], Value::Null, "{theirs}");
     let bobs = bob.new_session().await;
     assert_eq!(bob.prompt(&bobs, "hello").await["error"]["code"], -32000);
@@ -127,7 +115,10 @@ async fn a_device_login_shows_its_code_to_its_user_only(db: Db) {
         .expect("request")
         .status();
     assert_eq!(status, StatusCode::NO_CONTENT);
-    assert_eq!(agents(&gw, "alice").await["agents"][0]["login"], Value::Null);
+    assert_eq!(
+        gw.api(Some("alice"), reqwest::Method::GET, "/api/agents").await.1["agents"][0]["login"],
+        Value::Null
+    );
     assert!(dir.join("homes/alice/keys-agent-logged-out").exists());
     gw.stop().await;
 }

@@ -24,24 +24,13 @@ fn showcase(daily: Option<f64>, monthly: Option<f64>) -> impl FnOnce(&mut Config
     }
 }
 
-async fn get(gw: &TestGateway, user: &str, path: &str) -> (StatusCode, Value) {
-    let res = reqwest::Client::new()
-        .get(gw.http_url(path))
-        .bearer_auth(gw.token(user))
-        .send()
-        .await
-        .expect("request");
-    let status = res.status();
-    (status, res.json().await.unwrap_or(Value::Null))
-}
-
 /// `user`'s cost so far this month, once the recorder has it (it records a moment after).
 async fn spent(gw: &TestGateway, user: &str, at_least: f64) -> f64 {
     let deadline = tokio::time::Instant::now() + WAIT;
     let mut tick = tokio::time::interval(std::time::Duration::from_millis(50));
     loop {
         tick.tick().await;
-        let (_, usage) = get(gw, user, "/api/usage").await;
+        let (_, usage) = gw.api(Some(user), reqwest::Method::GET, "/api/usage").await;
         let total: f64 = usage["days"]
             .as_array()
             .map(|d| d.iter().filter_map(|r| r["cost"].as_f64()).sum())
@@ -87,7 +76,7 @@ async fn the_daily_cap_refuses_and_resets_the_next_day(db: Db) {
     let bobs = bob.new_session().await;
     assert!(prompt(&mut bob, &bobs).await.get("result").is_some());
     spent(&gw, "bob", 0.0).await;
-    let (_, mine) = get(&gw, "alice", "/api/usage").await;
+    let (_, mine) = gw.api(Some("alice"), reqwest::Method::GET, "/api/usage").await;
     assert!(
         mine["days"]
             .as_array()
@@ -97,8 +86,11 @@ async fn the_daily_cap_refuses_and_resets_the_next_day(db: Db) {
         "{mine}"
     );
     assert_eq!(mine["caps"]["daily"], json!(0.000_001));
-    assert_eq!(get(&gw, "alice", "/api/admin/usage").await.0, StatusCode::FORBIDDEN);
-    let (status, all) = get(&gw, "root", "/api/admin/usage").await;
+    assert_eq!(
+        gw.api(Some("alice"), reqwest::Method::GET, "/api/admin/usage").await.0,
+        StatusCode::FORBIDDEN
+    );
+    let (status, all) = gw.api(Some("root"), reqwest::Method::GET, "/api/admin/usage").await;
     assert_eq!(status, StatusCode::OK);
     let owners: Vec<&str> = all["days"]
         .as_array()

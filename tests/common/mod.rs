@@ -156,6 +156,18 @@ impl TestGateway {
         format!("http://{}{}", self.addr, path)
     }
 
+    /// `method path` on the REST API, as `user` (a bearer token) or nobody: the status and the
+    /// JSON body (`null` when there is none).
+    pub async fn api(&self, user: Option<&str>, method: reqwest::Method, path: &str) -> (reqwest::StatusCode, Value) {
+        let mut req = reqwest::Client::new().request(method, self.http_url(path));
+        if let Some(user) = user {
+            req = req.bearer_auth(self.token(user));
+        }
+        let res = req.send().await.expect("request");
+        let status = res.status();
+        (status, res.json().await.unwrap_or(Value::Null))
+    }
+
     /// Connects and initializes a client for `user`.
     pub async fn client(&self, user: &str) -> Client {
         let mut c = Client::connect(&self.ws_url(), &self.token(user))

@@ -114,7 +114,8 @@ impl Application {
             usage: Some(usage.clone()),
             persister,
             permission_wait: Duration::from_secs(config.limits.permission_wait_secs),
-            catch_up_bytes: config.limits.client_queue_bytes,
+            store: None,
+            tracker: tracker.clone(),
             asks: shared.clone().map(crate::session::asks::Asks::new),
             replica: shared,
         };

@@ -6,9 +6,11 @@
 //! [`ByteBudget::take`] waits for room); the side that drains the queue gives it back once the
 //! item is written ([`ByteBudget::give_back`]), so the budget covers an item from the moment it
 //! is queued until it has left the process. An item larger than the whole budget takes all of it:
-//! it still passes, alone.
+//! it still passes, alone. What must be queued whatever the room ([`ByteBudget::take_anyway`])
+//! goes into debt, paid back first.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use tokio::sync::Semaphore;
 
@@ -16,6 +18,8 @@ use tokio::sync::Semaphore;
 #[derive(Debug, Clone)]
 pub struct ByteBudget {
     room: Arc<Semaphore>,
+    /// Taken beyond the room ([`ByteBudget::take_anyway`]), not yet given back.
+    debt: Arc<AtomicUsize>,
     max: usize,
 }
 
@@ -25,6 +29,7 @@ impl ByteBudget {
         let max = max.clamp(1, Semaphore::MAX_PERMITS);
         Self {
             room: Arc::new(Semaphore::new(max)),
+            debt: Arc::new(AtomicUsize::new(0)),
             max,
         }
     }
@@ -53,10 +58,36 @@ impl ByteBudget {
         }
     }
 
-    /// Gives back what items of `lens` bytes took.
+    /// Takes `len` bytes now, from the room if there is some, else as debt (paid back first
+    /// when bytes are given back). Returns the debt now.
+    pub fn take_anyway(&self, len: usize) -> usize {
+        if self.try_take(len) {
+            return self.debt.load(Ordering::Acquire);
+        }
+        let cost = self.cost(len) as usize;
+        self.debt.fetch_add(cost, Ordering::AcqRel) + cost
+    }
+
+    /// Gives back what items of `lens` bytes took: the debt first, then the room.
     pub fn give_back(&self, lens: impl IntoIterator<Item = usize>) {
-        let n: usize = lens.into_iter().map(|len| self.cost(len) as usize).sum();
-        self.room.add_permits(n);
+        let mut n: usize = lens.into_iter().map(|len| self.cost(len) as usize).sum();
+        let mut debt = self.debt.load(Ordering::Acquire);
+        while debt > 0 && n > 0 {
+            let pay = debt.min(n);
+            match self
+                .debt
+                .compare_exchange(debt, debt - pay, Ordering::AcqRel, Ordering::Acquire)
+            {
+                Ok(_) => {
+                    n -= pay;
+                    break;
+                }
+                Err(now) => debt = now,
+            }
+        }
+        if n > 0 {
+            self.room.add_permits(n);
+        }
     }
 
     /// Bytes free now.
@@ -90,5 +121,20 @@ mod tests {
             .expect("room came back")
             .expect("join");
         assert_eq!(budget.available(), 95);
+    }
+
+    #[test]
+    fn what_is_taken_anyway_is_debt_paid_back_first() {
+        let budget = ByteBudget::new(100);
+        assert!(budget.try_take(100));
+        assert_eq!(budget.take_anyway(30), 30, "no room: debt");
+        assert_eq!(budget.take_anyway(20), 50);
+        budget.give_back([40]);
+        assert_eq!(budget.available(), 0, "the debt is paid first");
+        budget.give_back([10]);
+        assert_eq!(budget.available(), 0);
+        budget.give_back([100]);
+        assert_eq!(budget.available(), 100);
+        assert_eq!(budget.take_anyway(10), 0, "room again: no debt");
     }
 }

@@ -1,18 +1,25 @@
 //! One client's outgoing queue: bounded in frames and in bytes, at the bottom of the stack.
 //!
-//! Two ways in, chosen by the caller (the shape of jsonrpsee's `MethodSink`):
-//! - [`Outbox::push`] never waits. It is what fan-out uses (a session's updates, an agent's
-//!   requests): when the queue is full, the client is closed with `1013` (try again later) at
-//!   once, its queued frames are dropped, and it catches up with `session/load` + `afterSeq`.
-//!   One client that stops reading therefore never slows anyone else.
-//! - [`Outbox::send`] waits for room. It is for what a client asked for itself (the answer to
-//!   its own request, the replay of its own `session/load`): only that client's own task waits.
+//! Three ways in, chosen by the caller (the shape of jsonrpsee's `MethodSink`):
+//! - [`Outbox::offer`] never waits and never closes: it is how a session's live updates go out.
+//!   When the queue is full it says no, and the session feeds that client from the store instead,
+//!   at its own pace, until it has caught up (every update is stored before it is offered).
+//! - [`Outbox::push`] never waits and is never refused for room: answers and agent requests,
+//!   which cannot be read back from anywhere. What is pushed beyond the room is debt, repaid
+//!   first; past [`Outbox::push`]'s hard cap (four times the byte budget) the client is closed
+//!   with `1013` (try again later).
+//! - [`Outbox::send`] waits for room: what a client asked for itself (the answer to its own
+//!   request, a replay or catch-up from the store): only that client's own task waits.
 //!
 //! The connection's writer drains the queue with [`OutboxReceiver`] and gives bytes back once
-//! they are written. Closing (for any reason) wakes the writer at once, so the socket and its
-//! queue are released without waiting for the peer.
+//! they are written; while a write waits on the peer it says so ([`Outbox::writing`]), which is
+//! how a client that reads nothing is told from one that is merely behind. Closing (for any
+//! reason) wakes the writer at once, so the socket and its queue are released without waiting
+//! for the peer.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
 
 use axum::extract::ws::Utf8Bytes;
 use tokio::sync::mpsc;
@@ -20,8 +27,12 @@ use tokio_util::sync::CancellationToken;
 
 use crate::budget::ByteBudget;
 
-/// Close code for a client whose queue overflowed (RFC 6455 1013, "try again later").
+/// Close code for a client that reads nothing, or whose unread answers pass the hard cap
+/// (RFC 6455 1013, "try again later").
 pub const CLOSE_TOO_SLOW: u16 = 1013;
+
+/// How many times the byte budget pushed frames may hold before the client is closed.
+const PUSH_CAP_BUDGETS: usize = 4;
 
 /// Why a connection is being closed: the close frame the writer sends.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -40,88 +51,148 @@ pub struct Outbox {
 
 #[derive(Debug)]
 struct Inner {
-    /// Frames, bounded by count.
-    tx: mpsc::Sender<Utf8Bytes>,
+    /// Frames in order; bounded by `frames` and `room`, not by the channel.
+    tx: mpsc::UnboundedSender<Utf8Bytes>,
+    /// Frames that may still be queued (one unit each).
+    frames: ByteBudget,
     /// Bytes that may still be queued; a queued frame holds its length until written.
     room: ByteBudget,
+    /// Debt in bytes past which a push closes the client.
+    push_cap: usize,
     /// Fired when the connection is closing.
     closed: CancellationToken,
     /// The first close reason given.
     reason: OnceLock<CloseReason>,
     /// The close [`Outbox::close_when_written`] asked for, once its mark is written.
     closing: OnceLock<CloseReason>,
+    /// While the writer waits on the peer: since when (ms after [`epoch`], plus one); else 0.
+    writing_since: AtomicU64,
 }
 
 /// The writer's side.
 #[derive(Debug)]
 pub struct OutboxReceiver {
-    rx: mpsc::Receiver<Utf8Bytes>,
+    rx: mpsc::UnboundedReceiver<Utf8Bytes>,
+    frames: ByteBudget,
     room: ByteBudget,
     closed: CancellationToken,
 }
 
 /// A new outbox holding at most `max_frames` frames and `max_bytes` bytes.
 pub fn outbox(max_frames: usize, max_bytes: usize) -> (Outbox, OutboxReceiver) {
-    let (tx, rx) = mpsc::channel(max_frames.max(1));
+    let (tx, rx) = mpsc::unbounded_channel();
+    let frames = ByteBudget::new(max_frames.max(1));
     let room = ByteBudget::new(max_bytes);
     let closed = CancellationToken::new();
     let inner = Inner {
         tx,
+        frames: frames.clone(),
         room: room.clone(),
+        push_cap: max_bytes.saturating_mul(PUSH_CAP_BUDGETS).max(1 << 20),
         closed: closed.clone(),
         reason: OnceLock::new(),
         closing: OnceLock::new(),
+        writing_since: AtomicU64::new(0),
     };
-    (Outbox { inner: Arc::new(inner) }, OutboxReceiver { rx, room, closed })
+    let rx = OutboxReceiver {
+        rx,
+        frames,
+        room,
+        closed,
+    };
+    (Outbox { inner: Arc::new(inner) }, rx)
+}
+
+/// The instant `writing_since` counts from.
+fn epoch() -> Instant {
+    static EPOCH: OnceLock<Instant> = OnceLock::new();
+    *EPOCH.get_or_init(Instant::now)
 }
 
 impl Outbox {
-    /// Queues `frame` without waiting; a full queue closes the client with `1013` (its queued
-    /// frames are dropped). `false` when the frame was not queued.
+    /// Queues a live update if there is room for it now; `false` (and nothing queued, nothing
+    /// closed) when there is not: the caller feeds the client from the store instead.
+    pub fn offer(&self, frame: Utf8Bytes) -> bool {
+        if self.is_closed() {
+            return false;
+        }
+        let len = frame.len();
+        if !self.inner.frames.try_take(1) {
+            return false;
+        }
+        if !self.inner.room.try_take(len) {
+            self.inner.frames.give_back([1]);
+            return false;
+        }
+        self.enqueue(frame, len)
+    }
+
+    /// Queues `frame` without waiting, room or not (an answer or an agent request, which cannot
+    /// be fetched again); `false` when the client is closing, or this frame takes what it holds
+    /// past the hard cap (then it is closed with `1013`).
     pub fn push(&self, frame: Utf8Bytes) -> bool {
         if self.is_closed() {
             return false;
         }
         let len = frame.len();
-        if !self.inner.room.try_take(len) {
-            self.overflow();
+        self.inner.frames.take_anyway(1);
+        if self.inner.room.take_anyway(len) > self.inner.push_cap {
+            if self.close(
+                CLOSE_TOO_SLOW,
+                "too many unread answers; reconnect and resume with afterSeq",
+            ) {
+                metrics::counter!(crate::metrics::SLOW_CLIENTS_DROPPED).increment(1);
+                tracing::warn!("a client's unread answers passed four times its queue; closed with 1013");
+            }
             return false;
         }
-        match self.inner.tx.try_send(frame) {
-            Ok(()) => true,
-            Err(e) => {
-                self.inner.room.give_back([len]);
-                if matches!(e, mpsc::error::TrySendError::Full(_)) {
-                    self.overflow();
-                }
-                false
-            }
-        }
+        self.enqueue(frame, len)
     }
 
     /// Queues `frame`, waiting for room; `false` when the client is closing.
     pub async fn send(&self, frame: Utf8Bytes) -> bool {
-        // A place in the queue, then bytes in the budget: either wait may be cancelled (the
-        // client closing, or the caller giving up) without losing any of either.
-        let slot = tokio::select! {
-            slot = self.inner.tx.reserve() => match slot {
-                Ok(slot) => slot,
-                Err(_) => return false,
-            },
-            () = self.inner.closed.cancelled() => return false,
-        };
+        // A frame's place, then bytes in the budget: either wait may be cancelled (the client
+        // closing, or the caller giving up) without losing any of either.
         tokio::select! {
-            () = self.inner.room.take(frame.len()) => {}
+            () = self.inner.frames.take(1) => {}
             () = self.inner.closed.cancelled() => return false,
         };
-        slot.send(frame);
-        true
+        let len = frame.len();
+        tokio::select! {
+            () = self.inner.room.take(len) => {}
+            () = self.inner.closed.cancelled() => {
+                self.inner.frames.give_back([1]);
+                return false;
+            }
+        };
+        self.enqueue(frame, len)
     }
 
-    fn overflow(&self) {
-        if self.close(CLOSE_TOO_SLOW, "client too slow; reconnect and resume with afterSeq") {
-            metrics::counter!(crate::metrics::SLOW_CLIENTS_DROPPED).increment(1);
-            tracing::warn!("a client's queue is full; closed with 1013");
+    /// Puts a frame whose room is taken on the queue.
+    fn enqueue(&self, frame: Utf8Bytes, len: usize) -> bool {
+        if self.inner.tx.send(frame).is_ok() {
+            return true;
+        }
+        self.inner.frames.give_back([1]);
+        self.inner.room.give_back([len]);
+        false
+    }
+
+    /// For the writer: whether it is waiting on the peer to take what it writes.
+    pub fn writing(&self, busy: bool) {
+        let since = if busy {
+            u64::try_from(epoch().elapsed().as_millis()).unwrap_or(u64::MAX - 1) + 1
+        } else {
+            0
+        };
+        self.inner.writing_since.store(since, Ordering::Release);
+    }
+
+    /// How long the writer has been waiting on the peer, if it is.
+    pub fn write_stalled_for(&self) -> Option<Duration> {
+        match self.inner.writing_since.load(Ordering::Acquire) {
+            0 => None,
+            since => Some(epoch().elapsed().saturating_sub(Duration::from_millis(since - 1))),
         }
     }
 
@@ -188,8 +259,9 @@ impl OutboxReceiver {
         }
     }
 
-    /// Gives the bytes of written frames back to the budget.
+    /// Gives the places and bytes of written frames back to the budget.
     pub fn written(&self, frames: &[Utf8Bytes]) {
+        self.frames.give_back(frames.iter().map(|_| 1));
         self.room.give_back(frames.iter().map(|f| f.len()));
     }
 }
@@ -199,32 +271,56 @@ mod tests {
     use super::*;
 
     #[tokio::test]
-    async fn a_full_outbox_closes_with_1013_instead_of_waiting() {
+    async fn a_full_outbox_refuses_live_updates_without_closing() {
         let (tx, mut rx) = outbox(4, 100);
-        assert!(tx.push(Utf8Bytes::from("a".repeat(60))));
-        assert!(!tx.push(Utf8Bytes::from("b".repeat(60))), "over the byte budget");
-        assert_eq!(tx.close_reason().map(|r| r.code), Some(CLOSE_TOO_SLOW));
-        assert!(!tx.push(Utf8Bytes::from("c")), "closed stays closed");
+        assert!(tx.offer(Utf8Bytes::from("a".repeat(60))));
+        assert!(!tx.offer(Utf8Bytes::from("b".repeat(60))), "over the byte budget");
+        assert!(!tx.is_closed(), "a client that is behind is not cut off");
+        assert!(tx.push(Utf8Bytes::from("answer")), "answers go in whatever the room");
         let mut got = Vec::new();
-        assert_eq!(rx.recv_many(&mut got, 8).await, 0, "the writer stops at once");
+        assert_eq!(rx.recv_many(&mut got, 8).await, 2);
+        assert_eq!(got, ["a".repeat(60), "answer".to_string()]);
+        rx.written(&got);
+        assert!(tx.offer(Utf8Bytes::from("b".repeat(60))), "room is back once written");
     }
 
     #[tokio::test]
     async fn frames_count_too_and_written_bytes_come_back() {
         let (tx, mut rx) = outbox(2, 1000);
-        assert!(tx.push(Utf8Bytes::from("1")) && tx.push(Utf8Bytes::from("2")));
+        assert!(tx.offer(Utf8Bytes::from("1")) && tx.offer(Utf8Bytes::from("2")));
+        assert!(!tx.offer(Utf8Bytes::from("3")), "a third queued frame is one too many");
         let mut got = Vec::new();
         assert_eq!(rx.recv_many(&mut got, 8).await, 2);
         rx.written(&got);
-        assert!(tx.push(Utf8Bytes::from("3")) && tx.push(Utf8Bytes::from("4")));
-        assert!(!tx.push(Utf8Bytes::from("5")), "a third queued frame is one too many");
-        assert!(tx.is_closed());
+        assert!(tx.offer(Utf8Bytes::from("3")) && tx.offer(Utf8Bytes::from("4")));
+        assert!(!tx.is_closed());
+    }
+
+    #[tokio::test]
+    async fn pushes_past_the_hard_cap_close_with_1013() {
+        let (tx, _rx) = outbox(8, 1 << 20);
+        let big = Utf8Bytes::from("x".repeat(1 << 20));
+        for _ in 0..(PUSH_CAP_BUDGETS + 1) {
+            assert!(tx.push(big.clone()));
+        }
+        assert!(!tx.push(big), "past four budgets of debt");
+        assert_eq!(tx.close_reason().map(|r| r.code), Some(CLOSE_TOO_SLOW));
+    }
+
+    #[test]
+    fn the_writer_says_how_long_it_waits() {
+        let (tx, _rx) = outbox(8, 100);
+        assert_eq!(tx.write_stalled_for(), None);
+        tx.writing(true);
+        assert!(tx.write_stalled_for().is_some());
+        tx.writing(false);
+        assert_eq!(tx.write_stalled_for(), None);
     }
 
     #[tokio::test]
     async fn a_close_when_written_comes_after_what_was_queued() {
         let (tx, mut rx) = outbox(8, 1000);
-        assert!(tx.push(Utf8Bytes::from("1")) && tx.push(Utf8Bytes::from("2")));
+        assert!(tx.offer(Utf8Bytes::from("1")) && tx.offer(Utf8Bytes::from("2")));
         tx.close_when_written(1001, "going away").await;
         assert!(!tx.is_closed(), "not before the frames queued ahead of it are written");
         let mut got = Vec::new();

@@ -53,6 +53,8 @@ const STUCK_RECV_BUFFER: u32 = 4096;
 const CLIENT_QUEUE: usize = 256;
 /// Bytes per client outbox in these tests.
 const CLIENT_QUEUE_BYTES: usize = 256 << 10;
+/// How long the stuck tab may take nothing before it is closed.
+const STUCK_TIMEOUT_SECS: u64 = 2;
 
 /// `/proc/net/tcp`'s state number for an established connection.
 const TCP_ESTABLISHED: u8 = 1;
@@ -111,7 +113,8 @@ fn more_fds_than(before: &[String]) -> Vec<(String, usize)> {
 
 /// One user's tab stops reading in the middle of a fast stream; another tab (of the same user, or
 /// of another user on the same shared agent process) keeps prompting. The contract: the stuck tab
-/// never slows the other one, is closed with 1013, and its socket is released.
+/// never slows the other one, is closed with 1013 once it has taken nothing for
+/// `slow_client_timeout_secs`, and its socket is released.
 async fn stuck_tab(shared_process: bool) {
     let _serial = SERIAL.lock().await;
     let gw = TestGateway::start(Db::Sqlite, |cfg| {
@@ -119,6 +122,7 @@ async fn stuck_tab(shared_process: bool) {
         cfg.limits.client_queue_bytes = CLIENT_QUEUE_BYTES;
         // Keepalive must not be what ends the stuck tab (it sends no pongs while stuck).
         cfg.limits.ping_interval_secs = 120;
+        cfg.limits.slow_client_timeout_secs = STUCK_TIMEOUT_SECS;
         let agent = cfg.agents.get_mut(DEFAULT_AGENT).expect("default agent");
         agent.pool.share_between_users = shared_process;
     })

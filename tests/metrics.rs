@@ -23,6 +23,7 @@ const SERIES: &[(&str, &str)] = &[
     ("acp_gateway_auth_failures_total", "counter"),
     ("acp_gateway_cap_hits_total", "counter"),
     ("acp_gateway_slow_clients_dropped_total", "counter"),
+    ("acp_gateway_client_catch_ups_total", "counter"),
     ("acp_gateway_sessions_live", "gauge"),
     ("acp_gateway_sessions_in_memory", "gauge"),
     ("acp_gateway_sessions_created_total", "counter"),

@@ -20,7 +20,7 @@ use futures_util::{SinkExt, StreamExt};
 
 use crate::auth::{Identity, now_secs};
 use crate::gateway::Gateway;
-use crate::outbox::{Outbox, OutboxReceiver};
+use crate::outbox::{CLOSE_TOO_SLOW, Outbox, OutboxReceiver};
 use crate::pool::AgentPool;
 use crate::protocol::{self, Incoming, Kind, ParseFailure, RpcError, codes};
 use crate::session::Client;
@@ -36,6 +36,14 @@ const CLOSE_GOING_AWAY: u16 = 1001;
 /// How long a closing connection's writer tries to deliver its close frame (a peer that does not
 /// read may never take it) before the socket is dropped.
 const CLOSE_FRAME_WAIT: Duration = Duration::from_millis(500);
+/// The same for a client closed because it read nothing: what its socket already holds goes
+/// first, so it gets longer (its queue and sessions are released meanwhile; only the socket waits).
+const SLOW_CLOSE_FRAME_WAIT: Duration = Duration::from_secs(5);
+/// After the close frame, how long the peer has to answer with its own before the socket is
+/// dropped (dropping a socket with unread input resets it, and the peer may lose the close frame).
+const CLOSE_REPLY_WAIT: Duration = Duration::from_secs(1);
+/// Most bytes written between two checks that the peer is reading.
+const WRITE_CHUNK_BYTES: usize = 256 << 10;
 
 /// Serves one upgraded connection until it ends.
 pub async fn serve(socket: WebSocket, gw: Arc<Gateway>, identity: Identity, conn_id: Arc<str>, pool: Arc<AgentPool>) {
@@ -44,7 +52,8 @@ pub async fn serve(socket: WebSocket, gw: Arc<Gateway>, identity: Identity, conn
     let client = Client::new(conn_id.clone(), Arc::from(identity.user.as_str()), outbox.clone());
     let (sink, mut stream) = socket.split();
     let ping_every = Duration::from_secs(limits.ping_interval_secs.max(1));
-    let writer = tokio::spawn(write_frames(sink, rx, outbox.clone(), ping_every));
+    let slow_after = Duration::from_secs(limits.slow_client_timeout_secs.max(1));
+    let writer = tokio::spawn(write_frames(sink, rx, outbox.clone(), ping_every, slow_after));
     metrics::gauge!(crate::metrics::CONNECTIONS).increment(1.0);
     metrics::counter!(crate::metrics::CONNECTIONS_OPENED).increment(1);
     tracing::info!(connection = %conn_id, user = %identity.user, agent = %pool.name, "client connected");
@@ -97,6 +106,9 @@ pub async fn serve(socket: WebSocket, gw: Arc<Gateway>, identity: Identity, conn
             }
         };
         match frame {
+            // A client that does not read gets no pings to answer: the writer's slow-client
+            // timer decides about it.
+            Err(_) if outbox.write_stalled_for().is_some() => {}
             Err(_) => {
                 tracing::info!(connection = %conn_id, "no traffic or pong for two ping intervals; closing");
                 outbox.close(CLOSE_GOING_AWAY, "keepalive timeout");
@@ -141,20 +153,42 @@ pub async fn serve(socket: WebSocket, gw: Arc<Gateway>, identity: Identity, conn
     }
     outbox.close(1000, "");
     conn.finish();
+    // The closing handshake: the writer sends the close frame while the peer's input is read
+    // (and dropped) until its own close frame, so the socket is not reset under the peer's
+    // feet; then the peer has a moment to answer.
+    let peer_closed = async {
+        while let Some(Ok(message)) = stream.next().await {
+            if matches!(message, Message::Close(_)) {
+                break;
+            }
+        }
+    };
+    tokio::pin!(peer_closed);
+    let mut writer = writer;
+    let replied = tokio::select! {
+        _ = &mut writer => false,
+        () = &mut peer_closed => true,
+    };
+    if replied {
+        let _ = writer.await;
+    } else {
+        let _ = tokio::time::timeout(CLOSE_REPLY_WAIT, peer_closed).await;
+    }
     drop(stream);
-    let _ = writer.await;
     metrics::gauge!(crate::metrics::CONNECTIONS).decrement(1.0);
     tracing::info!(connection = %conn_id, user = %identity.user, "client disconnected");
 }
 
-/// Writes queued frames, several per flush, and pings every `ping_every`; when the outbox
-/// closes, sends the close frame if the peer takes it within [`CLOSE_FRAME_WAIT`], and returns
-/// (dropping its half of the socket and whatever was still queued).
+/// Writes queued frames, several per flush, and pings every `ping_every`. A peer that takes
+/// nothing for `slow_after` is closed with `1013`. When the outbox closes, sends the close frame
+/// if the peer takes it in time, and returns (dropping its half of the socket and whatever was
+/// still queued).
 async fn write_frames(
     mut sink: futures_util::stream::SplitSink<WebSocket, Message>,
     mut rx: OutboxReceiver,
     outbox: Outbox,
     ping_every: Duration,
+    slow_after: Duration,
 ) {
     let mut ping = tokio::time::interval_at(tokio::time::Instant::now() + ping_every, ping_every);
     // Grows to what the busiest burst needed; an idle connection holds none.
@@ -164,46 +198,85 @@ async fn write_frames(
             tokio::select! {
                 n = rx.recv_many(&mut batch, 512) => {
                     if n == 0 {
-                        return;
+                        return Written::Stopped;
                     }
+                    outbox.writing(true);
+                    let mut chunk = 0;
                     for text in &batch {
                         if text.is_empty() {
                             // `Outbox::close_when_written`'s mark: what came before it is out.
                             let _ = sink.flush().await;
                             outbox.close_at_mark();
-                            return;
+                            return Written::Stopped;
                         }
-                        if sink.feed(Message::Text(text.clone())).await.is_err() {
-                            return;
+                        chunk += text.len();
+                        match tokio::time::timeout(slow_after, sink.feed(Message::Text(text.clone()))).await {
+                            Ok(Ok(())) => {}
+                            Ok(Err(_)) => return Written::Stopped,
+                            Err(_) => return Written::PeerStuck,
+                        }
+                        // Each timer covers at most a chunk's worth of the peer's reading.
+                        if chunk >= WRITE_CHUNK_BYTES {
+                            chunk = 0;
+                            match tokio::time::timeout(slow_after, sink.flush()).await {
+                                Ok(Ok(())) => {}
+                                Ok(Err(_)) => return Written::Stopped,
+                                Err(_) => return Written::PeerStuck,
+                            }
                         }
                     }
-                    if sink.flush().await.is_err() {
-                        return;
+                    match tokio::time::timeout(slow_after, sink.flush()).await {
+                        Ok(Ok(())) => {}
+                        Ok(Err(_)) => return Written::Stopped,
+                        Err(_) => return Written::PeerStuck,
                     }
+                    outbox.writing(false);
                     rx.written(&batch);
                     batch.clear();
                 }
                 _ = ping.tick() => {
-                    if sink.send(Message::Ping(bytes::Bytes::new())).await.is_err() {
-                        return;
+                    outbox.writing(true);
+                    match tokio::time::timeout(slow_after, sink.send(Message::Ping(bytes::Bytes::new()))).await {
+                        Ok(Ok(())) => outbox.writing(false),
+                        Ok(Err(_)) => return Written::Stopped,
+                        Err(_) => return Written::PeerStuck,
                     }
                 }
             }
         }
     };
     // A write blocked on a peer that does not read ends as soon as the outbox closes.
-    tokio::select! {
-        () = sent => {}
-        () = outbox.closed() => {}
+    let stuck = tokio::select! {
+        written = sent => written == Written::PeerStuck,
+        () = outbox.closed() => false,
+    };
+    if stuck
+        && outbox.close(
+            CLOSE_TOO_SLOW,
+            "client read nothing; reconnect and resume with afterSeq",
+        )
+    {
+        metrics::counter!(crate::metrics::SLOW_CLIENTS_DROPPED).increment(1);
+        tracing::warn!(
+            after_secs = slow_after.as_secs(),
+            "a client took nothing written to it for slow_client_timeout_secs; closed with 1013"
+        );
     }
+    // Its queue goes at once, whatever the close frame does.
     drop(rx);
+    drop(batch);
     outbox.close(1000, "");
     if let Some(reason) = outbox.close_reason() {
         let frame = CloseFrame {
             code: reason.code,
             reason: Utf8Bytes::from_static(reason.reason),
         };
-        let _ = tokio::time::timeout(CLOSE_FRAME_WAIT, async {
+        let wait = if reason.code == CLOSE_TOO_SLOW {
+            SLOW_CLOSE_FRAME_WAIT
+        } else {
+            CLOSE_FRAME_WAIT
+        };
+        let _ = tokio::time::timeout(wait, async {
             // When the client closed first, the library has queued the reply to its close frame
             // and refuses a second one: closing the sink flushes that reply.
             if sink.send(Message::Close(Some(frame))).await.is_err() {
@@ -212,6 +285,15 @@ async fn write_frames(
         })
         .await;
     }
+}
+
+/// How the writing loop ended.
+#[derive(Debug, PartialEq, Eq)]
+enum Written {
+    /// The outbox closed, or the socket failed.
+    Stopped,
+    /// The peer took nothing for the slow-client timeout.
+    PeerStuck,
 }
 
 /// The error frame for a frame that is not a usable JSON-RPC message.

@@ -35,11 +35,16 @@ pub struct Limits {
     pub requests_per_second_per_user: u32,
     /// How many requests a user may make at once above that rate.
     pub request_burst_per_user: u32,
-    /// Frames queued for one client; one more closes it with `1013` (it catches up with
-    /// `session/load` + `afterSeq`; nothing is lost). Never waited on.
+    /// Frames queued for one client. A session's live updates that find it full are not
+    /// queued: the client is fed them from the store at its own pace, then live again (nothing
+    /// lost, nothing twice). Answers and agent requests are queued whatever the room (up to four
+    /// times `client_queue_bytes`; past that the client is closed with `1013`).
     pub client_queue: usize,
     /// Bytes queued for one client, likewise.
     pub client_queue_bytes: usize,
+    /// A client that takes nothing the gateway writes for this long is closed with `1013` (it
+    /// resumes with `session/load` + `afterSeq`) and everything held for it is released.
+    pub slow_client_timeout_secs: u64,
     /// WebSocket ping interval; a connection silent for two intervals is closed.
     pub ping_interval_secs: u64,
     /// Requests one connection may have being handled at once.
@@ -83,6 +88,7 @@ impl Default for Limits {
             request_burst_per_user: 2000,
             client_queue: 4096,
             client_queue_bytes: 16 << 20,
+            slow_client_timeout_secs: 60,
             ping_interval_secs: 20,
             max_inflight_per_connection: 256,
             agent_queue_bytes: 16 << 20,

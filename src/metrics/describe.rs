@@ -23,7 +23,11 @@ pub(super) fn describe() {
     );
     describe_counter!(
         SLOW_CLIENTS_DROPPED,
-        "Clients closed with 1013 because their queue was full (they resume with afterSeq)."
+        "Clients closed with 1013: they read nothing for slow_client_timeout_secs, or their unread answers passed four times their queue (they resume with afterSeq)."
+    );
+    describe_counter!(
+        CLIENT_CATCH_UPS,
+        "Times a client fell behind a session's live updates (its queue full) and was fed from the store until it caught up."
     );
     describe_gauge!(SESSIONS_LIVE, "Sessions on a live agent process.");
     describe_gauge!(SESSIONS_IN_MEMORY, "Sessions held in the gateway's memory.");

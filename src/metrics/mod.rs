@@ -35,6 +35,8 @@ pub const AUTH_FAILURES: &str = "acp_gateway_auth_failures_total";
 pub const CAP_HITS: &str = "acp_gateway_cap_hits_total";
 /// Clients closed because they did not read (counter).
 pub const SLOW_CLIENTS_DROPPED: &str = "acp_gateway_slow_clients_dropped_total";
+/// Counter: times a client fell behind a session's live updates and was fed from the store.
+pub const CLIENT_CATCH_UPS: &str = "acp_gateway_client_catch_ups_total";
 /// Sessions on a live agent process (gauge, set at scrape).
 pub const SESSIONS_LIVE: &str = "acp_gateway_sessions_live";
 /// Sessions in the gateway's memory (gauge, set at scrape).
@@ -296,6 +298,7 @@ pub fn describe_and_zero<'a>(agents: impl IntoIterator<Item = &'a str>) {
     for name in [
         CONNECTIONS_OPENED,
         SLOW_CLIENTS_DROPPED,
+        CLIENT_CATCH_UPS,
         UPDATES,
         PROMPTS,
         TRANSCRIPT_UPDATES_STORED,

@@ -172,23 +172,39 @@ impl AgentRequest {
         self.done.load(Ordering::Acquire)
     }
 
-    /// Asks `targets` (each under an id of its own connection). Never waits: a client whose
-    /// queue is full is closed, and the request waits for the next client.
+    /// Asks `targets` (each under an id of its own connection). Never waits.
     pub(crate) fn ask(self: &Arc<Self>, targets: &[Arc<Client>]) {
         for client in targets {
             if self.is_done() {
                 return;
             }
-            let out_id = client.ask(self.clone());
-            self.asked
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .push((Arc::downgrade(client), out_id));
-            client
-                .outbox
-                .push(Utf8Bytes::from(protocol::request(out_id, &self.method, &self.params)));
-            crate::metrics::message_out(crate::metrics::Peer::Client, &self.method, 1);
+            let out_id = self.assign(client);
+            self.send_to(client, out_id);
         }
+    }
+
+    /// Records that `client` is asked, under an id of its own connection, before the request is
+    /// sent to it ([`AgentRequest::send_to`]): a client that leaves meanwhile is a client gone
+    /// like any other asked one.
+    pub(crate) fn assign(self: &Arc<Self>, client: &Arc<Client>) -> u64 {
+        let out_id = client.ask(self.clone());
+        self.asked
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push((Arc::downgrade(client), out_id));
+        out_id
+    }
+
+    /// Sends the request to `client` under `out_id` (from [`AgentRequest::assign`]), unless it
+    /// has been settled meanwhile.
+    pub(crate) fn send_to(&self, client: &Client, out_id: u64) {
+        if self.is_done() {
+            return;
+        }
+        client
+            .outbox
+            .push(Utf8Bytes::from(protocol::request(out_id, &self.method, &self.params)));
+        crate::metrics::message_out(crate::metrics::Peer::Client, &self.method, 1);
     }
 
     /// Marks it settled; `false` if it already was.

@@ -60,9 +60,11 @@ const USAGE_TTL: Duration = Duration::from_secs(5);
 
 impl Sessions {
     /// The service over `store` (each call bounded), its writer and cursor key.
-    pub(crate) fn new(store: Arc<dyn Store>, options: SessionOptions, cursors: CursorCodec) -> Self {
+    pub(crate) fn new(store: Arc<dyn Store>, mut options: SessionOptions, cursors: CursorCodec) -> Self {
+        let store: Arc<dyn Store> = Arc::new(Bounded::new(store, STORE_CALL_TIMEOUT));
+        options.store = Some(store.clone());
         Self {
-            store: Arc::new(Bounded::new(store, STORE_CALL_TIMEOUT)),
+            store,
             persister: options.persister.clone(),
             registry: Registry::default(),
             cursors,

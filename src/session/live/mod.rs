@@ -1,0 +1,552 @@
+//! One session known to this gateway process: its sequence, its clients, the agent process that
+//! serves it.
+//!
+//! The publish path, in the order an update takes it:
+//! 1. [`LiveSession::publish`] numbers the update and queues it for the transcript writer, under
+//!    `numbering` (so `seq` order is storage order). It waits only for the writer's queue: the
+//!    database's pace.
+//! 2. The writer commits a batch and calls [`Committed::committed`]; only then are the updates
+//!    offered to the attached clients' outboxes. That never waits: a client whose outbox is full
+//!    is fed from the store instead until it has caught up ([`fanout`], [`clients`]). Whatever a
+//!    client saw is stored.
+//! 3. What must follow those updates (the answer to a client's prompt, an agent's permission
+//!    request) waits in `deferred` until everything numbered before it is released, and for a
+//!    client being fed, until it has been given them.
+//!
+//! No lock here is held across an await on anything a client or an agent controls. Parts:
+//! [`fanout`] (what clients get), [`clients`] (attach, feeds, answers and agent requests),
+//! [`follow`] (sessions another replica serves), [`restore`] (back onto an agent process).
+
+mod clients;
+mod fanout;
+mod follow;
+mod restore;
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::time::Duration;
+
+use axum::extract::ws::Utf8Bytes;
+use serde_json::value::RawValue;
+
+use self::fanout::{Deferred, Fanout};
+use super::controls::Controls;
+use super::requests::AgentRequest;
+use crate::outbox::Outbox;
+use crate::pool::{AgentProcess, SessionRoute};
+use crate::protocol::{self, RpcError};
+use crate::store::persister::{Committed, Item, Persister};
+use crate::store::{SessionRecord, Store, now_micros};
+
+/// How many transcript chunks a replay reads per query (memory stays flat).
+const REPLAY_PAGE_CHUNKS: u32 = 4;
+/// Longest title made from a prompt.
+const TITLE_CHARS: usize = 100;
+
+/// The agent process a session runs on.
+#[derive(Debug, Clone)]
+pub struct Binding {
+    /// Where prompts go.
+    pub process: Arc<AgentProcess>,
+    /// The agent's id for the session (what the process's messages name).
+    pub agent_session_id: Arc<str>,
+    /// When it was put on the process (epoch µs).
+    pub since: i64,
+}
+
+/// The error of a request whose session's transcript can no longer be stored.
+pub const LOST: &str = "this session's transcript can no longer be stored (the database refuses its writes), so nothing more of it can be shown; start a new session";
+
+/// One session known to this gateway process.
+pub struct LiveSession {
+    /// Gateway session id.
+    pub id: Arc<str>,
+    /// The user it belongs to: every method that names it checks this.
+    pub owner: Arc<str>,
+    /// The configured agent that serves it.
+    pub agent: Arc<str>,
+    /// Working directory, as resolved at creation (restores pass it again).
+    pub cwd: String,
+    /// `additionalDirectories`, JSON array, as resolved at creation.
+    pub additional_dirs: String,
+    /// The `mcpServers` accepted at creation, JSON array (restores re-check and pass them).
+    pub mcp_servers: String,
+    /// `id` as a JSON string literal, escaped once for every frame.
+    id_json: Box<str>,
+    /// `acp_gateway_updates_total`, looked up once.
+    updates_total: metrics::Counter,
+    /// Time from a prompt to the agent's first update (`acp_gateway_prompt_first_update_seconds`).
+    first_update: crate::metrics::FirstUpdate,
+    /// The transcript writer.
+    persister: Persister,
+    /// How long an agent's request may wait for an answer.
+    permission_wait: Duration,
+    /// Where `usage_update` costs are recorded.
+    usage: Option<Arc<crate::usage::Usage>>,
+    /// Agent requests asked across replicas, when several share the database.
+    asks: Option<Arc<super::asks::Asks>>,
+    /// Where clients that fell behind are fed from.
+    store: Option<Arc<dyn Store>>,
+    /// Tracks their feeds.
+    tracker: tokio_util::task::TaskTracker,
+    /// Itself, for the writer's commit notices.
+    me: Weak<LiveSession>,
+    /// Held while numbering and queueing updates, so `seq` order is storage order.
+    numbering: tokio::sync::Mutex<()>,
+    /// Highest seq given out (or reserved for a prompt being recorded).
+    assigned: AtomicU64,
+    /// What clients get.
+    fanout: Mutex<Fanout>,
+    /// The process serving it, if any.
+    binding: Mutex<Option<Binding>>,
+    /// The agent's last known id for the session (kept across process deaths for restore).
+    agent_session_id: Mutex<Option<Arc<str>>>,
+    /// The agent's modes, config options and models as this replica last knew them: current
+    /// while the session is served here (see [`LiveSession::controls_json`]).
+    controls: Mutex<Controls>,
+    /// Whether `controls` holds what the store does (or newer): read from it, or set here.
+    controls_known: std::sync::atomic::AtomicBool,
+    /// Whether other replicas share the database, and may change the stored controls.
+    replicated: bool,
+    /// One restore at a time; held across the agent's answer, so nothing else takes it.
+    restoring: tokio::sync::Mutex<()>,
+    /// One read of updates another replica committed at a time (see [`LiveSession::catch_up`]).
+    catching_up: tokio::sync::Mutex<()>,
+    /// Highest seq another replica said it committed.
+    committed_elsewhere: AtomicU64,
+    /// Whether a catch-up task is under way or due (notices that arrive meanwhile join it).
+    catch_up_due: std::sync::atomic::AtomicBool,
+}
+
+impl std::fmt::Debug for LiveSession {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LiveSession")
+            .field("id", &self.id)
+            .field("owner", &self.owner)
+            .finish_non_exhaustive()
+    }
+}
+
+/// How a session is set up in memory.
+#[derive(Debug, Clone)]
+pub struct SessionOptions {
+    /// The transcript writer.
+    pub persister: Persister,
+    /// How long an agent's request may wait for an answer.
+    pub permission_wait: Duration,
+    /// Where clients that fell behind are fed from (set by [`crate::session::Sessions`]).
+    pub store: Option<Arc<dyn Store>>,
+    /// Tracks the tasks that feed them.
+    pub tracker: tokio_util::task::TaskTracker,
+    /// This replica's leases and bus, when several share a Postgres database.
+    pub replica: Option<Arc<crate::replica::Replica>>,
+    /// Agent requests asked across replicas (with `replica`).
+    pub asks: Option<Arc<super::asks::Asks>>,
+    /// What each person spends (`usage_update` costs).
+    pub usage: Option<Arc<crate::usage::Usage>>,
+}
+
+impl LiveSession {
+    /// A session as stored, not yet on any process.
+    pub fn from_record(r: &SessionRecord, options: &SessionOptions) -> Arc<Self> {
+        let mcp_servers = serde_json::from_str::<serde_json::Value>(&r.meta)
+            .ok()
+            .and_then(|m| m.get("mcpServers").map(ToString::to_string))
+            .unwrap_or_else(|| String::from("[]"));
+        let mut id_json = String::new();
+        protocol::push_json_str(&mut id_json, &r.id);
+        let last_seq = u64::try_from(r.last_seq).unwrap_or(0);
+        Arc::new_cyclic(|me| Self {
+            id_json: id_json.into(),
+            updates_total: metrics::counter!(crate::metrics::UPDATES),
+            first_update: crate::metrics::FirstUpdate::new(&r.agent),
+            id: Arc::from(r.id.as_str()),
+            owner: Arc::from(r.owner.as_str()),
+            agent: Arc::from(r.agent.as_str()),
+            cwd: r.cwd.clone(),
+            additional_dirs: r.additional_dirs.clone(),
+            mcp_servers,
+            persister: options.persister.clone(),
+            permission_wait: options.permission_wait,
+            asks: options.asks.clone(),
+            usage: options.usage.clone(),
+            store: options.store.clone(),
+            tracker: options.tracker.clone(),
+            me: me.clone(),
+            numbering: tokio::sync::Mutex::new(()),
+            assigned: AtomicU64::new(last_seq),
+            fanout: Mutex::new(Fanout {
+                released: last_seq,
+                ..Default::default()
+            }),
+            binding: Mutex::new(None),
+            agent_session_id: Mutex::new(r.agent_session_id.as_deref().map(Arc::from)),
+            controls: Mutex::default(),
+            controls_known: std::sync::atomic::AtomicBool::new(false),
+            replicated: options.replica.is_some(),
+            restoring: tokio::sync::Mutex::new(()),
+            catching_up: tokio::sync::Mutex::new(()),
+            committed_elsewhere: AtomicU64::new(last_seq),
+            catch_up_due: std::sync::atomic::AtomicBool::new(false),
+        })
+    }
+
+    fn fanout(&self) -> MutexGuard<'_, Fanout> {
+        self.fanout.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn lock_binding(&self) -> MutexGuard<'_, Option<Binding>> {
+        self.binding.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn lock_controls(&self) -> MutexGuard<'_, Controls> {
+        self.controls.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The agent's controls as `session/load` answers them (a JSON object). Current while the
+    /// session is served here, or when [`LiveSession::controls_need_store`] says so.
+    pub fn controls_json(&self) -> String {
+        self.lock_controls().to_json()
+    }
+
+    /// Whether the store may hold newer controls than this replica: it never read them, or
+    /// (when other replicas share the database and it does not serve the session now) another
+    /// replica may have changed them.
+    pub fn controls_need_store(&self) -> bool {
+        !self.controls_known.load(Ordering::Acquire) || (self.replicated && !self.is_bound_now())
+    }
+
+    /// Takes what the store holds.
+    pub fn stored_controls(&self, stored: &str) {
+        *self.lock_controls() = Controls::from_result(stored);
+        self.controls_known.store(true, Ordering::Release);
+    }
+
+    /// Changes the controls with `change` (which says whether it changed anything) and, if it
+    /// did, stores them.
+    pub async fn change_controls(&self, change: impl FnOnce(&mut Controls) -> bool) {
+        if !self.change_controls_now(change) {
+            return;
+        }
+        if self.replicated {
+            self.store_controls_now().await;
+        } else {
+            self.store_controls_in_order().await;
+        }
+    }
+
+    /// Changes the controls in memory only (the caller stores them with
+    /// [`LiveSession::store_controls_in_order`]); whether `change` changed anything.
+    pub fn change_controls_now(&self, change: impl FnOnce(&mut Controls) -> bool) -> bool {
+        let changed = change(&mut self.lock_controls());
+        self.controls_known.store(true, Ordering::Release);
+        changed
+    }
+
+    /// Queues the controls as they are now for the writer.
+    pub async fn store_controls_in_order(&self) {
+        let _numbering = self.numbering.lock().await;
+        self.store_controls().await;
+    }
+
+    /// Whether other replicas read this session's controls from the store.
+    pub fn replicated(&self) -> bool {
+        self.replicated
+    }
+
+    /// Stores the controls as they are now and waits until they are written (at most the
+    /// writer's flush timeout), so other replicas read what this one answered.
+    pub async fn store_controls_now(&self) {
+        self.store_controls_in_order().await;
+        if let Err(e) = self.persister.flush().await {
+            tracing::warn!(session = %self.id, error = %e, "session controls not yet stored");
+        }
+    }
+
+    /// Queues the controls for the writer. Called under `numbering`, and the controls are read
+    /// there, so the writer gets them in the order they changed (the last write is the newest).
+    async fn store_controls(&self) {
+        let controls = self.controls_json();
+        self.persister
+            .send(Item::Controls {
+                session: self.id.clone(),
+                controls,
+            })
+            .await;
+    }
+
+    /// Binds the session to a process that already knows it (right after `session/new`).
+    /// Refused when the process already routes that agent session id to another session.
+    pub fn bind(self: &Arc<Self>, process: Arc<AgentProcess>, agent_session_id: Arc<str>) -> Result<(), RpcError> {
+        let route: Arc<dyn SessionRoute> = self.clone();
+        if !process.bind_session(agent_session_id.clone(), route) {
+            return Err(id_in_use());
+        }
+        *self.agent_session_id.lock().unwrap_or_else(|e| e.into_inner()) = Some(agent_session_id.clone());
+        *self.lock_binding() = Some(Binding {
+            process,
+            agent_session_id,
+            since: now_micros(),
+        });
+        Ok(())
+    }
+
+    /// Ends the binding (close/delete), returning it.
+    pub fn take_binding(&self) -> Option<Binding> {
+        let b = self.lock_binding().take();
+        if let Some(b) = &b {
+            b.process.unbind_session(&b.agent_session_id);
+        }
+        b
+    }
+
+    /// The current binding, if its process is alive.
+    pub fn binding(&self) -> Option<Binding> {
+        self.lock_binding().clone().filter(|b| !b.process.is_dead())
+    }
+
+    /// Whether the session is on a live process right now.
+    pub fn is_bound_now(&self) -> bool {
+        self.binding().is_some()
+    }
+
+    /// Whether the session can be dropped from memory: no clients, no process, nothing waiting,
+    /// nothing unstored (so the database's `last_seq` is the session's).
+    pub fn is_dormant(&self) -> bool {
+        let idle = {
+            let f = self.fanout();
+            f.subscribers.iter().all(|s| s.client.is_closed())
+                && f.waiting.is_empty()
+                && f.unreleased.is_empty()
+                && f.deferred.is_empty()
+                && f.released == self.assigned.load(Ordering::Acquire)
+        };
+        idle && self.binding().is_none()
+    }
+
+    /// Numbers one update and queues it for the writer; clients get it once it is stored.
+    async fn publish_raw(&self, update: &str, agent_meta: Option<&RawValue>) {
+        let _numbering = self.numbering.lock().await;
+        let seq = self.assigned.load(Ordering::Acquire) + 1;
+        self.assigned.store(seq, Ordering::Release);
+        self.enqueue(seq, update, agent_meta).await;
+    }
+
+    /// Queues update `seq` (caller holds `numbering`).
+    async fn enqueue(&self, seq: u64, update: &str, agent_meta: Option<&RawValue>) {
+        // One scan passes the bulk of a stream (message and thought chunks) by; the few kinds
+        // that change the session are then told apart by name and parsed.
+        if update.contains("_update\"") {
+            if update.contains("\"session_info_update\"")
+                && let Some(title) = info_update_title(update)
+            {
+                self.persister
+                    .send(Item::AgentTitle {
+                        session: self.id.clone(),
+                        title,
+                    })
+                    .await;
+            }
+            if let Some(usage) = &self.usage {
+                usage.observe(&self.owner, &self.agent, &self.id, update);
+            }
+            if (update.contains("\"current_mode_update\"") || update.contains("\"config_option_update\""))
+                && self.controls_known.load(Ordering::Acquire)
+                && self.lock_controls().apply_update(update)
+            {
+                self.store_controls().await;
+            }
+        }
+        let frame = Utf8Bytes::from(protocol::session_update_raw_id(&self.id_json, update, seq, agent_meta));
+        self.fanout().unreleased.push_back((seq, frame));
+        let Some(me) = self.me.upgrade() else { return };
+        self.persister
+            .send(Item::Update {
+                session: self.id.clone(),
+                notify: me,
+                seq,
+                update: update.into(),
+                at: now_micros(),
+            })
+            .await;
+        self.updates_total.increment(1);
+    }
+
+    /// Records a prompt and sends it to the agent with `forward`, which must not wait. The
+    /// user's prompt becomes `user_message_chunk` updates (one per content block, sharing a
+    /// `messageId`), counts as a message, and titles an untitled session. Its seqs are reserved
+    /// before the prompt is sent, so the agent's answer is delivered after them; a prompt the
+    /// agent never got is not recorded.
+    pub async fn forward_prompt<T>(
+        &self,
+        prompt: Option<&RawValue>,
+        forward: impl FnOnce() -> Result<T, RpcError>,
+    ) -> Result<T, RpcError> {
+        let blocks: Vec<serde_json::Value> = prompt
+            .and_then(|p| serde_json::from_str(p.get()).ok())
+            .unwrap_or_default();
+        let title = blocks
+            .iter()
+            .find_map(|b| b.get("text").and_then(serde_json::Value::as_str))
+            .map(make_title);
+        let _numbering = self.numbering.lock().await;
+        if self.is_lost() {
+            return Err(Self::lost_error());
+        }
+        let base = self.assigned.load(Ordering::Acquire);
+        self.assigned.store(base + blocks.len() as u64, Ordering::Release);
+        let sent = match forward() {
+            Ok(sent) => sent,
+            Err(e) => {
+                self.assigned.store(base, Ordering::Release);
+                return Err(e);
+            }
+        };
+        self.first_update.prompt_sent();
+        self.persister
+            .send(Item::Prompt {
+                session: self.id.clone(),
+                title,
+            })
+            .await;
+        // One `messageId` for the prompt's chunks: a replay shows two prompts in a row (the first
+        // refused by the agent, say) as two messages.
+        let message_id = uuid::Uuid::new_v4();
+        for (seq, block) in (base + 1..).zip(blocks) {
+            // Re-serialized compactly: a client's pretty-printed JSON must not span lines.
+            let update =
+                format!(r#"{{"sessionUpdate":"user_message_chunk","messageId":"{message_id}","content":{block}}}"#);
+            self.enqueue(seq, &update, None).await;
+        }
+        Ok(sent)
+    }
+
+    /// Whether the transcript writer has given up on this session.
+    pub fn is_lost(&self) -> bool {
+        self.fanout().lost
+    }
+
+    /// What a client gets instead of an answer whose updates can never be stored.
+    fn lost_error() -> RpcError {
+        RpcError::internal(LOST)
+    }
+}
+impl Committed for LiveSession {
+    fn lost(&self) {
+        let failed: Vec<Deferred> = {
+            let mut f = self.fanout();
+            if f.lost {
+                return;
+            }
+            f.lost = true;
+            f.unreleased.clear();
+            f.deferred.drain(..).map(|(_, what)| what).collect()
+        };
+        tracing::error!(session = %self.id, "the session's transcript cannot be stored; what waits on it is failed");
+        for what in failed {
+            self.fail(what);
+        }
+    }
+
+    fn fenced(&self) {
+        self.leave();
+    }
+
+    fn committed(&self, seq: u64) {
+        let mut due = Vec::new();
+        let mut fell = Vec::new();
+        {
+            let mut f = self.fanout();
+            while f.unreleased.front().is_some_and(|(s, _)| *s <= seq) {
+                let Some((s, frame)) = f.unreleased.pop_front() else {
+                    break;
+                };
+                f.released = s;
+                f.deliver(s, &frame, &mut fell);
+            }
+            f.released = f.released.max(seq);
+            while f.deferred.front().is_some_and(|(after, _)| *after <= f.released) {
+                if let Some(what) = f.deferred.pop_front() {
+                    due.push(what);
+                }
+            }
+        }
+        if !fell.is_empty() {
+            self.start_feeds(fell);
+        }
+        for (after, what) in due {
+            self.run(after, what);
+        }
+    }
+}
+
+#[async_trait::async_trait]
+impl SessionRoute for LiveSession {
+    fn session_id(&self) -> &str {
+        &self.id
+    }
+
+    async fn publish(&self, update: &RawValue, meta: Option<&RawValue>) {
+        self.first_update.update();
+        self.publish_raw(update.get(), meta).await;
+    }
+
+    fn agent_request(self: Arc<Self>, process: &Arc<AgentProcess>, id: Box<RawValue>, method: &str, params: String) {
+        let request = AgentRequest::new(&self, process, id, method, params, self.permission_wait);
+        self.after_released(Deferred::Ask(request));
+    }
+
+    fn respond(&self, to: &Outbox, client_id: &RawValue, frame: Utf8Bytes) {
+        self.after_released(Deferred::Respond(to.clone(), client_id.to_owned(), frame));
+    }
+
+    fn unbound(&self, process_id: u64) {
+        let mut binding = self.lock_binding();
+        if binding.as_ref().is_some_and(|b| b.process.id == process_id) {
+            *binding = None;
+            tracing::info!(session = %self.id, "session lost its agent process; it will be restored when next used");
+        }
+    }
+}
+
+/// The answer when an agent's session id already routes to another live session.
+fn id_in_use() -> RpcError {
+    RpcError::internal("the agent answered with a session id that is already bound to another session; refused")
+}
+
+/// Title from a prompt's text: first line, at most [`TITLE_CHARS`] characters.
+fn make_title(text: &str) -> String {
+    let line = text.lines().map(str::trim).find(|l| !l.is_empty()).unwrap_or("");
+    let mut title: String = line.chars().take(TITLE_CHARS).collect();
+    if line.chars().count() > TITLE_CHARS {
+        title.push('…');
+    }
+    title
+}
+
+/// The `title` of a `session_info_update`, if it is one and has one.
+fn info_update_title(update: &str) -> Option<String> {
+    let v: serde_json::Value = serde_json::from_str(update).ok()?;
+    (v.get("sessionUpdate")?.as_str()? == "session_info_update").then_some(())?;
+    // Stored and listed: an agent's title is held to the same length as one made from a prompt.
+    v.get("title")?.as_str().map(make_title)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn titles() {
+        assert_eq!(make_title("\n  hello world \nmore"), "hello world");
+        assert_eq!(make_title(&"x".repeat(150)).chars().count(), TITLE_CHARS + 1);
+        assert_eq!(
+            info_update_title(r#"{"sessionUpdate":"session_info_update","title":"T"}"#),
+            Some("T".into())
+        );
+        assert_eq!(
+            info_update_title(r#"{"sessionUpdate":"agent_message_chunk","title":"session_info_update"}"#),
+            None
+        );
+    }
+}

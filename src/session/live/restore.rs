@@ -1,0 +1,133 @@
+//! Putting a stored session back on an agent process: the agent's `session/resume` or
+//! `session/load`, and the user's controls put back on an agent that forgot them.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use agent_client_protocol_schema::v1::McpServer;
+use serde_json::value::RawValue;
+
+use super::{Binding, LiveSession, id_in_use};
+use crate::pool::{AgentProcess, Pools, SessionRoute};
+use crate::protocol::RpcError;
+use crate::session::controls::Controls;
+use crate::store::now_micros;
+
+impl LiveSession {
+    /// After a restore: an agent that forgot the mode, config options or model the user chose
+    /// (a new process starts with its defaults) is put back to them, so the pickers the user sees
+    /// are what the agent does; what it refuses, or says otherwise, is taken as it is.
+    async fn reapply_controls(&self, process: &AgentProcess, agent_sid: &str, answer: &RawValue, timeout: Duration) {
+        let mut agent = Controls::from_result(answer.get());
+        if agent.is_empty() {
+            return;
+        }
+        let wanted = self.lock_controls().clone();
+        for (method, params) in wanted.reapply(&agent, agent_sid) {
+            match process.request(method, &params, timeout).await {
+                Ok(result) => {
+                    agent.apply_answer(method, &params, result.get());
+                }
+                Err(e) => {
+                    tracing::info!(session = %self.id, method, error = %e, "restored agent kept its own setting")
+                }
+            }
+        }
+        self.change_controls(|c| c.merge(agent)).await;
+    }
+
+    /// The process serving this session, restoring the session onto one if it has none: the
+    /// agent's `session/resume` if it has it, else its `session/load` (its replay is dropped:
+    /// the client has the history from the store). One restore runs at a time; publishing and
+    /// clients never wait for it.
+    pub async fn ensure_bound(self: &Arc<Self>, pools: &Pools) -> Result<Binding, RpcError> {
+        if let Some(b) = self.binding() {
+            return Ok(b);
+        }
+        let _restoring = self.restoring.lock().await;
+        if let Some(b) = self.binding() {
+            return Ok(b);
+        }
+        let pool = pools
+            .get(&self.agent)
+            .ok_or_else(|| RpcError::internal(format!("agent {} is no longer configured", self.agent)))?;
+        let agent_sid = self.agent_session_id.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        let Some(agent_sid) = agent_sid else {
+            return Err(RpcError::internal("session has no agent-side id to restore"));
+        };
+        let process = pool.acquire(&self.owner).await?;
+        let info = pool.info_for(&self.owner).await?;
+        let method = if info.can_resume() {
+            "session/resume"
+        } else if info.can_load() {
+            "session/load"
+        } else {
+            process.release();
+            return Err(RpcError::internal(format!(
+                "agent {} supports neither session/resume nor session/load, so this session cannot continue; its history is still available with session/load",
+                self.agent
+            )));
+        };
+        // The MCP servers accepted at creation, checked again: an operator may have taken a
+        // stdio command off the allow list since.
+        // Stored before the schema check existed, an entry may not parse: it is not restored.
+        let stored: Vec<serde_json::Value> = serde_json::from_str(&self.mcp_servers).unwrap_or_default();
+        let servers: Vec<McpServer> = stored
+            .into_iter()
+            .filter_map(|v| serde_json::from_value(v).ok())
+            .collect();
+        let servers: Vec<McpServer> = servers
+            .into_iter()
+            .filter(|s| {
+                let ok =
+                    crate::tenancy::check_mcp_servers(std::slice::from_ref(s), pool.config(), info.mcp_transports());
+                if let Err(e) = &ok {
+                    tracing::warn!(session = %self.id, error = %e, "MCP server no longer allowed; not restored");
+                }
+                ok.is_ok()
+            })
+            .collect();
+        let params = format!(
+            r#"{{"sessionId":{},"cwd":{},"additionalDirectories":{},"mcpServers":{}}}"#,
+            serde_json::to_string(&*agent_sid).unwrap_or_default(),
+            serde_json::to_string(&self.cwd).unwrap_or_default(),
+            self.additional_dirs,
+            serde_json::to_string(&servers).unwrap_or_else(|_| String::from("[]")),
+        );
+        let restored = process.request(method, &params, pool.request_timeout()).await;
+        if let Ok(answer) = &restored {
+            self.reapply_controls(&process, &agent_sid, answer, pool.request_timeout())
+                .await;
+        }
+        let outcome = if restored.is_ok() { "ok" } else { "error" };
+        metrics::counter!(crate::metrics::SESSION_RESTORES, "agent" => self.agent.to_string(), "method" => method, "outcome" => outcome)
+            .increment(1);
+        if let Err(e) = restored {
+            process.release();
+            tracing::warn!(session = %self.id, method, error = %e, "agent could not restore session");
+            // A timeout keeps the contract's wording, and "authentication required" its code
+            // (the client offers a sign-in on it); anything else says what failed.
+            if e.message == "agent timed out" || e.code == crate::protocol::codes::AUTH_REQUIRED {
+                return Err(e);
+            }
+            return Err(RpcError::internal(format!(
+                "agent could not restore this session: {}",
+                e.message
+            )));
+        }
+        let route: Arc<dyn SessionRoute> = self.clone();
+        if !process.bind_session(agent_sid.clone(), route) {
+            process.release();
+            tracing::warn!(session = %self.id, process = process.id, "restored agent session id is already bound to another session; refused");
+            return Err(id_in_use());
+        }
+        tracing::info!(session = %self.id, process = process.id, method, "session restored on agent process");
+        let b = Binding {
+            process,
+            agent_session_id: agent_sid,
+            since: now_micros(),
+        };
+        *self.lock_binding() = Some(b.clone());
+        Ok(b)
+    }
+}

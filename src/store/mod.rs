@@ -13,6 +13,7 @@ pub mod persister;
 pub(crate) mod postgres;
 mod sql;
 pub(crate) mod sqlite;
+pub mod sqlite_writer;
 mod usage;
 mod user_secrets;
 mod web_sessions;
@@ -55,6 +56,14 @@ pub enum StoreError {
     /// The database did not answer in time (unreachable, stopped, or the writer is stuck).
     #[error("database did not answer within {0:?}")]
     Timeout(std::time::Duration),
+    /// SQLite refused or failed, on the transcript writer's own connection.
+    #[error("database error: {message} (SQLite code {code})")]
+    Sqlite {
+        /// SQLite's extended result code.
+        code: i32,
+        /// What it said.
+        message: String,
+    },
 }
 
 impl StoreError {
@@ -65,6 +74,7 @@ impl StoreError {
         match self {
             StoreError::Timeout(_) => true,
             StoreError::Db(e) => db_error_is_transient(e),
+            StoreError::Sqlite { code, .. } => sqlite_code_is_transient(*code),
             StoreError::Migrate(_) | StoreError::UnsupportedUrl(_) | StoreError::Roles(_) => false,
         }
     }
@@ -77,10 +87,7 @@ fn db_error_is_transient(e: &sqlx::Error) -> bool {
         E::Database(db) => {
             let code = db.code().unwrap_or_default();
             if let Ok(sqlite) = code.parse::<i32>() {
-                // SQLite (numeric extended result codes): BUSY, LOCKED, NOMEM, READONLY,
-                // INTERRUPT, IOERR, FULL, CANTOPEN, PROTOCOL; and a RAISE() in a trigger
-                // (SQLITE_CONSTRAINT_TRIGGER): a rule of the database's operator, not this row's.
-                matches!(sqlite & 0xff, 5..=10 | 13..=15) || sqlite == 1811
+                sqlite_code_is_transient(sqlite)
             } else {
                 // Postgres SQLSTATE classes: 08 connection, 40 serialization/deadlock, 53
                 // insufficient resources (disk full), 55 lock not available, 57 operator
@@ -90,6 +97,13 @@ fn db_error_is_transient(e: &sqlx::Error) -> bool {
         }
         _ => false,
     }
+}
+
+/// SQLite (numeric extended result codes): BUSY, LOCKED, NOMEM, READONLY, INTERRUPT, IOERR,
+/// FULL, CANTOPEN, PROTOCOL; and a RAISE() in a trigger (SQLITE_CONSTRAINT_TRIGGER): a rule of
+/// the database's operator, not this row's.
+fn sqlite_code_is_transient(code: i32) -> bool {
+    matches!(code & 0xff, 5..=10 | 13..=15) || code == 1811
 }
 
 /// A [`Store`] whose calls on a request's path answer within `limit`: a database that does not
@@ -368,6 +382,12 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     async fn write_batch_leased(&self, writes: &[SessionWrite], holder: &str) -> Result<Vec<Arc<str>>, StoreError> {
         let _ = holder;
         self.write_batch(writes).await.map(|()| Vec::new())
+    }
+    /// A connection of the transcript writer's own that writes batches on the caller's thread
+    /// (SQLite: the writer then runs on a thread of its own, see [`persister`]); `None` when
+    /// batches go through [`Store::write_batch`].
+    fn transcript_writer(&self) -> Option<Result<Box<dyn sqlite_writer::BatchWriter>, StoreError>> {
+        None
     }
     /// Bytes of `owner`'s stored transcripts: the payloads of every chunk stored for their
     /// sessions (a deleted session no longer counts). Each session keeps its own total as chunks

@@ -27,6 +27,7 @@ use std::time::Duration;
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
+use super::sqlite_writer::BatchWriter;
 use super::{EventChunk, SessionWrite, Store, StoreError, now_micros};
 use crate::budget::ByteBudget;
 
@@ -178,7 +179,37 @@ impl Persister {
         let (tx, rx) = mpsc::channel(capacity);
         let room = ByteBudget::new(bytes);
         let health = Arc::new(Health::default());
-        let task = tokio::spawn(run(store, rx, room.clone(), cancel, health.clone(), holder));
+        // SQLite: the writer's own connection, on a thread of its own (a commit is a call, not a
+        // hop to a connection's worker thread and back); the commit notices go out from there.
+        let direct = match holder.is_none().then(|| store.transcript_writer()).flatten() {
+            Some(Ok(direct)) => Some(direct),
+            Some(Err(e)) => {
+                tracing::warn!(error = %e, "the transcript writer's own connection could not be opened; writing through the pool");
+                None
+            }
+            None => None,
+        };
+        let task = match direct {
+            Some(direct) => {
+                let (done, finished) = oneshot::channel::<()>();
+                let health = health.clone();
+                let room = room.clone();
+                let thread = std::thread::Builder::new().name("transcript-writer".into()).spawn(move || {
+                    match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+                        Ok(rt) => rt.block_on(run(store, rx, room, cancel, health, holder, Some(direct))),
+                        Err(e) => tracing::error!(error = %e, "the transcript writer's runtime could not start; nothing is stored"),
+                    }
+                    let _ = done.send(());
+                });
+                if let Err(e) = thread {
+                    tracing::error!(error = %e, "the transcript writer's thread could not start; nothing is stored");
+                }
+                tokio::spawn(async move {
+                    let _ = finished.await;
+                })
+            }
+            None => tokio::spawn(run(store, rx, room.clone(), cancel, health.clone(), holder, None)),
+        };
         (Self { tx, room, health }, task)
     }
 
@@ -242,6 +273,7 @@ async fn run(
     cancel: CancellationToken,
     health: Arc<Health>,
     holder: Option<Arc<str>>,
+    direct: Option<Box<dyn BatchWriter>>,
 ) {
     let mut items = Vec::with_capacity(1024);
     // Message counts and titles not yet written (see below).
@@ -258,6 +290,7 @@ async fn run(
         health: &health,
         holder: holder.as_deref(),
         refused: Mutex::new(HashSet::new()),
+        direct: direct.map(Mutex::new),
     };
     loop {
         // Once cancelled, write what is still queued and stop (handles may outlive the gateway).
@@ -363,6 +396,8 @@ struct Writer<'a> {
     /// Sessions whose chunks the store refused (their lease is another replica's), since the
     /// last batch's commit notices.
     refused: Mutex<HashSet<Arc<str>>>,
+    /// The store's connection for this thread ([`Store::transcript_writer`]), if it has one.
+    direct: Option<Mutex<Box<dyn BatchWriter>>>,
 }
 
 impl Writer<'_> {
@@ -433,9 +468,10 @@ impl Writer<'_> {
         let mut permanent = 0;
         loop {
             self.health.writing_since.store(now_micros(), Ordering::Release);
-            let result = match self.holder {
-                None => self.store.write_batch(writes).await,
-                Some(holder) => self.store.write_batch_leased(writes, holder).await.map(|refused| {
+            let result = match (self.holder, &self.direct) {
+                (None, Some(direct)) => direct.lock().unwrap_or_else(|e| e.into_inner()).write_batch(writes),
+                (None, None) => self.store.write_batch(writes).await,
+                (Some(holder), _) => self.store.write_batch_leased(writes, holder).await.map(|refused| {
                     if !refused.is_empty() {
                         tracing::warn!(sessions = ?refused, "updates refused: another replica holds these sessions now");
                     }

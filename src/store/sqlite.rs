@@ -26,6 +26,8 @@ use super::{
 pub struct SqliteStore {
     /// Connections to the file (WAL: readers never block the transcript writer).
     pool: SqlitePool,
+    /// The file, for the transcript writer's own connection (`None` in memory).
+    path: Option<String>,
 }
 
 impl SqliteStore {
@@ -33,7 +35,8 @@ impl SqliteStore {
     pub async fn connect(url: &str) -> Result<Self, StoreError> {
         let path = url.trim_start_matches("sqlite://").trim_start_matches("sqlite:");
         let path = path.split('?').next().unwrap_or(path);
-        if !path.is_empty() && path != ":memory:" && !url.contains("mode=memory") {
+        let on_disk = !path.is_empty() && path != ":memory:" && !url.contains("mode=memory");
+        if on_disk {
             private_files(Path::new(path)).map_err(|e| StoreError::Db(sqlx::Error::Io(e)))?;
         }
         let options = SqliteConnectOptions::from_str(url)?
@@ -51,7 +54,10 @@ impl SqliteStore {
             .connect_with(options)
             .await?;
         sqlx::migrate!("./migrations/sqlite").run(&pool).await?;
-        Ok(Self { pool })
+        Ok(Self {
+            pool,
+            path: on_disk.then(|| path.to_string()),
+        })
     }
 }
 
@@ -167,6 +173,14 @@ impl Store for SqliteStore {
         Sqlite::write_batch(&mut tx, writes).await?;
         tx.commit().await?;
         Ok(())
+    }
+
+    fn transcript_writer(&self) -> Option<Result<Box<dyn super::sqlite_writer::BatchWriter>, StoreError>> {
+        let path = self.path.as_deref()?;
+        Some(
+            super::sqlite_writer::SqliteWriter::open(path)
+                .map(|w| Box::new(w) as Box<dyn super::sqlite_writer::BatchWriter>),
+        )
     }
 
     async fn read_events(

@@ -20,6 +20,9 @@ use crate::store::Store;
 /// up (they are committed before they are released, so this is a database that lies).
 const FEED_MISSING_WAIT: Duration = Duration::from_secs(2);
 
+/// Most frames a feed queues in one go.
+const FEED_RUN_FRAMES: usize = 512;
+
 /// Why a feed stopped.
 enum FeedEnd {
     /// The client left, or was given another feed (a new `session/load`).
@@ -106,14 +109,17 @@ impl LiveSession {
         for (client, feed) in fell {
             tracing::debug!(session = %self.id, connection = %client.id, "client fell behind; feeding it from the store");
             let (me, store) = (me.clone(), store.clone());
-            self.tracker.spawn(async move {
+            self.tracker.spawn_on(
+                async move {
                 if let Err(FeedEnd::Store(e)) = me.feed(&client, feed, &*store).await {
                     tracing::warn!(session = %me.id, connection = %client.id, error = %e.message, "cannot feed a client that fell behind; closing it (it resumes with afterSeq)");
                     client
                         .outbox
                         .close(CLOSE_TOO_SLOW, "cannot read the transcript now; resume with afterSeq");
                 }
-            });
+            },
+                &self.handle,
+            );
         }
     }
 
@@ -150,29 +156,30 @@ impl LiveSession {
                     tracing::error!(session = %self.id, error = %e, "cannot read transcript");
                     FeedEnd::Store(RpcError::internal("cannot read the session transcript"))
                 })?;
+            // The page's updates go out in runs, several frames per wait for room (so the writer
+            // takes them in one go); a run ends where something held for the client is due.
+            let mut hold_at = self.next_held(feed)?;
             let mut cursor = from;
+            let mut run = Vec::new();
             for chunk in chunks {
                 for (seq, update) in (chunk.seq_from as u64..).zip(chunk.payload.split('\n')) {
                     if seq <= cursor {
                         continue;
                     }
-                    let frame = protocol::session_update_raw_id(&self.id_json, update, seq, None);
-                    if !client.outbox.send(Utf8Bytes::from(frame)).await {
-                        return Err(FeedEnd::Gone);
-                    }
+                    run.push(Utf8Bytes::from(protocol::session_update_raw_id(
+                        &self.id_json,
+                        update,
+                        seq,
+                        None,
+                    )));
                     cursor = seq;
-                    let due = {
-                        let mut f = self.fanout();
-                        let Some(sub) = f.fed_by(feed) else {
-                            return Err(FeedEnd::Gone);
-                        };
-                        sub.sent_up_to = seq;
-                        sub.take_due()
-                    };
-                    for what in due {
-                        give(client, what);
+                    if hold_at.is_some_and(|at| seq >= at) || run.len() >= FEED_RUN_FRAMES {
+                        hold_at = self.give_run(client, feed, &mut run, cursor).await?;
                     }
                 }
+            }
+            if !run.is_empty() {
+                self.give_run(client, feed, &mut run, cursor).await?;
             }
             crate::metrics::message_out(crate::metrics::Peer::Client, "session/update", cursor - from);
             if cursor > from {
@@ -189,6 +196,39 @@ impl LiveSession {
                 tokio::time::sleep(Duration::from_millis(20)).await;
             }
         }
+    }
+
+    /// The seq after which the next thing held for the subscriber of `feed` is due.
+    fn next_held(&self, feed: u64) -> Result<Option<u64>, FeedEnd> {
+        let mut f = self.fanout();
+        let sub = f.fed_by(feed).ok_or(FeedEnd::Gone)?;
+        Ok(sub.held.front().map(|(after, _)| *after))
+    }
+
+    /// Queues `run` (updates up to `last`) for the subscriber of `feed`, notes how far it has
+    /// been given the transcript, and sends what is held for it that is now due; the seq after
+    /// which the next held thing is due.
+    async fn give_run(
+        &self,
+        client: &Arc<Client>,
+        feed: u64,
+        run: &mut Vec<Utf8Bytes>,
+        last: u64,
+    ) -> Result<Option<u64>, FeedEnd> {
+        if !client.outbox.send_all(run).await {
+            return Err(FeedEnd::Gone);
+        }
+        run.clear();
+        let (due, next) = {
+            let mut f = self.fanout();
+            let sub = f.fed_by(feed).ok_or(FeedEnd::Gone)?;
+            sub.sent_up_to = last;
+            (sub.take_due(), sub.held.front().map(|(after, _)| *after))
+        };
+        for what in due {
+            give(client, what);
+        }
+        Ok(next)
     }
 
     /// Asks an agent request of the attached clients (a permission request of all of them,
@@ -306,7 +346,7 @@ impl LiveSession {
                 to.push(Utf8Bytes::from(protocol::error(Some(id.get()), &Self::lost_error())));
             }
             Deferred::Ask(request) => {
-                tokio::spawn(async move { request.give_up().await });
+                self.handle.spawn(async move { request.give_up().await });
             }
         }
     }

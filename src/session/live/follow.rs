@@ -121,7 +121,7 @@ impl LiveSession {
                     to.push(Utf8Bytes::from(protocol::error(Some(id.get()), &e)));
                 }
                 Deferred::Ask(request) => {
-                    tokio::spawn(async move { request.give_up().await });
+                    self.handle.spawn(async move { request.give_up().await });
                 }
             }
         }

@@ -89,6 +89,9 @@ pub struct LiveSession {
     store: Option<Arc<dyn Store>>,
     /// Tracks their feeds.
     tracker: tokio_util::task::TaskTracker,
+    /// The gateway's runtime: what runs on the transcript writer's thread (commit notices)
+    /// spawns its tasks here.
+    handle: tokio::runtime::Handle,
     /// Itself, for the writer's commit notices.
     me: Weak<LiveSession>,
     /// Held while numbering and queueing updates, so `seq` order is storage order.
@@ -172,6 +175,7 @@ impl LiveSession {
             usage: options.usage.clone(),
             store: options.store.clone(),
             tracker: options.tracker.clone(),
+            handle: tokio::runtime::Handle::current(),
             me: me.clone(),
             numbering: tokio::sync::Mutex::new(()),
             assigned: AtomicU64::new(last_seq),

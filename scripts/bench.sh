@@ -81,14 +81,25 @@ which records the user's prompt too), the paths taking turns in blocks of 20 so 
 them alike; "added p50" is the median over blocks of the path's p50 minus direct's in the same
 block. Streaming: one prompt of 200,000 updates as fast as the agent writes them, on one
 connection; then eight connections (eight users, so eight agent processes, as websocketd runs one
-per connection) at once. These machines are noisy: compare columns of one run, not runs.
+per connection) at once. These machines are noisy: compare columns of one run, not runs. On the
+2-core development machine the one-connection streaming figure is the noisiest: the gateway,
+its transcript writer, its checkpoint thread, the agent and the client share two cores, and the
+same build's median ranged from 76,000 to 305,000 updates/s between runs on one afternoon
+(websocketd's from 60,000 to 100,000); the latency figures move by about 10 %.
 
 ## Results
 
 | backend | figure | direct stdio | gateway | websocketd |
 |---|---|---|---|---|
 EOF
-  cat "$out/sqlite.md" "$out/postgres.md"
+  sed 's/^| |/| SQLite |/' "$out/sqlite.md"
+  sed 's/^| |/| Postgres |/' "$out/postgres.md"
+  cat <<EOF
+
+Not in the table: the official ACP rust-sdk's WebSocket server (\`agent-client-protocol-http\`),
+which needs a program of its own around the SDK to front a stdio agent; earlier measurements
+put its round trip at about 44 ms (Nagle's algorithm on its socket).
+EOF
   echo
   echo "## Raw output"
   echo

@@ -10,7 +10,7 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::procfs;
-use common::{Client, Db, TestGateway, WAIT};
+use common::{Client, Db, TestGateway, WAIT, metric_sum, wait_until};
 use serde_json::{Value, json};
 
 /// One test at a time in this binary (see the module docs).
@@ -22,30 +22,6 @@ const RECV_BUFFER: u32 = 4096;
 const CHUNKS: u64 = 200_000;
 /// Updates of a demo-agent prompt besides its chunks, the user's prompt included.
 const EXTRAS: u64 = 5;
-
-/// A counter of this process's metrics (the in-process gateway's recorder).
-fn counter(name: &str) -> f64 {
-    acp_gateway::telemetry::render_metrics()
-        .lines()
-        .filter(|l| l.starts_with(name))
-        .filter_map(|l| l.split_whitespace().last()?.parse::<f64>().ok())
-        .sum()
-}
-
-/// Waits until `cond` holds, polling every 5 ms, for at most `limit`; how long it took, or `None`.
-/// (For state with no event to wait on: counters, fd tables.)
-async fn wait_until(limit: Duration, mut cond: impl FnMut() -> bool) -> Option<Duration> {
-    let start = Instant::now();
-    loop {
-        if cond() {
-            return Some(start.elapsed());
-        }
-        if start.elapsed() >= limit {
-            return None;
-        }
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-}
 
 /// This process's resident memory, in MiB.
 fn rss_mib() -> f64 {
@@ -66,8 +42,8 @@ fn rss_mib() -> f64 {
 async fn a_reader_that_pauses_gets_every_update_once_in_order_and_is_not_cut_off() {
     let _serial = SERIAL.lock().await;
     let gw = TestGateway::start(Db::Sqlite, |_| {}).await;
-    let catch_ups_before = counter("acp_gateway_client_catch_ups_total");
-    let drops_before = counter("acp_gateway_slow_clients_dropped_total");
+    let catch_ups_before = metric_sum("acp_gateway_client_catch_ups_total");
+    let drops_before = metric_sum("acp_gateway_slow_clients_dropped_total");
     let mut c = Client::connect_with_recv_buffer(&gw.ws_url(), gw.addr, &gw.token("alice"), RECV_BUFFER).await;
     c.initialize().await;
     let session = c.new_session().await;
@@ -135,7 +111,7 @@ async fn a_reader_that_pauses_gets_every_update_once_in_order_and_is_not_cut_off
         }
     }
     let took = started.elapsed();
-    let catch_ups = counter("acp_gateway_client_catch_ups_total") - catch_ups_before;
+    let catch_ups = metric_sum("acp_gateway_client_catch_ups_total") - catch_ups_before;
     println!(
         "paused reader: {updates} updates in order in {:.1} s (10 s of it paused), fell behind and was fed from the store {catch_ups} time(s)",
         took.as_secs_f64()
@@ -163,7 +139,7 @@ async fn a_reader_that_pauses_gets_every_update_once_in_order_and_is_not_cut_off
         "the reader never fell behind: the test did not test the catch-up"
     );
     assert_eq!(
-        counter("acp_gateway_slow_clients_dropped_total"),
+        metric_sum("acp_gateway_slow_clients_dropped_total"),
         drops_before,
         "nobody was cut off"
     );
@@ -194,7 +170,7 @@ async fn readers_that_never_read_are_closed_with_1013_and_leave_nothing_behind()
     let mut rss = Vec::new();
     let mut closed_after = Vec::new();
     for i in 0..READERS {
-        let drops = counter("acp_gateway_slow_clients_dropped_total");
+        let drops = metric_sum("acp_gateway_slow_clients_dropped_total");
         let mut stuck = Client::connect_with_recv_buffer(&gw.ws_url(), gw.addr, &gw.token("alice"), RECV_BUFFER).await;
         stuck.initialize().await;
         let session = stuck.new_session().await;
@@ -205,7 +181,7 @@ async fn readers_that_never_read_are_closed_with_1013_and_leave_nothing_behind()
             )
             .await;
         let since = Instant::now();
-        let dropped = wait_until(WAIT, || counter("acp_gateway_slow_clients_dropped_total") > drops).await;
+        let dropped = wait_until(WAIT, || metric_sum("acp_gateway_slow_clients_dropped_total") > drops).await;
         let dropped = dropped.unwrap_or_else(|| panic!("reader {i} was never closed"));
         closed_after.push(dropped);
         assert!(

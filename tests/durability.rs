@@ -16,26 +16,11 @@ use std::time::{Duration, Instant};
 use acp_gateway::config::DEFAULT_AGENT;
 use common::procfs::{self, TcpSocket};
 use common::serve_process::{ServeProcess, marked_gateway_bin};
-use common::{Client, Db, TestGateway, WAIT, seq};
+use common::{Client, Db, TestGateway, WAIT, seq, wait_until};
 use serde_json::{Value, json};
 
 /// One test at a time in this binary (see the module docs).
 static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
-
-/// Waits until `cond` holds, polling every 5 ms, for at most `limit`; how long it took, or `None`.
-/// (For state with no event to wait on: process tables, socket queues, counters.)
-async fn wait_until(limit: Duration, mut cond: impl FnMut() -> bool) -> Option<Duration> {
-    let start = Instant::now();
-    loop {
-        if cond() {
-            return Some(start.elapsed());
-        }
-        if start.elapsed() >= limit {
-            return None;
-        }
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-}
 
 fn ms(d: Duration) -> String {
     format!("{:.1} ms", d.as_secs_f64() * 1e3)
@@ -81,11 +66,7 @@ fn p50_max(samples: &[Duration]) -> (Duration, Duration) {
 
 /// `acp_gateway_slow_clients_dropped_total` of this process (the in-process gateway's recorder).
 fn slow_clients_dropped() -> f64 {
-    acp_gateway::telemetry::render_metrics()
-        .lines()
-        .filter(|l| l.starts_with("acp_gateway_slow_clients_dropped_total"))
-        .filter_map(|l| l.split_whitespace().last()?.parse::<f64>().ok())
-        .sum()
+    common::metric_sum("acp_gateway_slow_clients_dropped_total")
 }
 
 /// WebSocket connections the gateway holds a slot for.

@@ -36,9 +36,11 @@ const CLOSE_GOING_AWAY: u16 = 1001;
 /// How long a closing connection's writer tries to deliver its close frame (a peer that does not
 /// read may never take it) before the socket is dropped.
 const CLOSE_FRAME_WAIT: Duration = Duration::from_millis(500);
-/// The same for a client closed because it read nothing: what its socket already holds goes
-/// first, so it gets longer (its queue and sessions are released meanwhile; only the socket waits).
-const SLOW_CLOSE_FRAME_WAIT: Duration = Duration::from_secs(5);
+/// The same for a client closed because it read nothing: what its socket already holds (up to
+/// the kernel's send buffer, megabytes) goes first, so it gets long enough for a client that
+/// reads again to drain that and get the 1013. Its queue and sessions are released at once;
+/// only the socket waits.
+const SLOW_CLOSE_FRAME_WAIT: Duration = Duration::from_secs(30);
 /// After the close frame, how long the peer has to answer with its own before the socket is
 /// dropped (dropping a socket with unread input resets it, and the peer may lose the close frame).
 const CLOSE_REPLY_WAIT: Duration = Duration::from_secs(1);

@@ -18,6 +18,10 @@
 //!
 //! The writer reports how it is doing ([`Persister::health`]) for `/readyz`: failing since when,
 //! and with what, or waiting on the database for too long.
+//!
+//! Where the store has a connection for the writer alone ([`Store::transcript_writer`]: SQLite),
+//! the writer runs on a thread of its own and commits through it directly; otherwise it is a task
+//! on the gateway's runtime writing through the store's pool.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};

@@ -420,6 +420,30 @@ pub fn seq(update: &Value) -> u64 {
         .unwrap_or_else(|| panic!("update without seq: {update}"))
 }
 
+/// Waits until `cond` holds, polling every 5 ms, for at most `limit`; how long it took, or `None`.
+/// (For state with no event to wait on: counters, process tables, socket queues, fd tables.)
+pub async fn wait_until(limit: Duration, mut cond: impl FnMut() -> bool) -> Option<Duration> {
+    let start = std::time::Instant::now();
+    loop {
+        if cond() {
+            return Some(start.elapsed());
+        }
+        if start.elapsed() >= limit {
+            return None;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// The sum of a metric's series in this process (the in-process gateway's recorder).
+pub fn metric_sum(name: &str) -> f64 {
+    acp_gateway::telemetry::render_metrics()
+        .lines()
+        .filter(|l| l.starts_with(name))
+        .filter_map(|l| l.split_whitespace().last()?.parse::<f64>().ok())
+        .sum()
+}
+
 /// Waits, polling every 20 ms, until `cond` holds (for state with no event to wait on, like a
 /// process count); panics after [`WAIT`].
 pub async fn eventually(what: &str, mut cond: impl FnMut() -> bool) {

@@ -860,14 +860,23 @@ function defaultCwd() {
   return roots.find((r) => typeof r === 'string' && r) ?? '/';
 }
 
-async function newSession() {
+/** The session/new in flight, if any: a prompt sent meanwhile goes to it, and a second click
+ * does not make another. */
+let creating = null;
+
+function newSession() {
+  creating ??= createSession().finally(() => { creating = null; });
+  return creating;
+}
+
+async function createSession() {
   const cwd = ui.cwd.value.trim() || defaultCwd();
   let result;
   try {
     result = await conn.request('session/new', { cwd, mcpServers: [] });
   } catch (err) {
     if (err instanceof RpcError && err.code === AUTH_REQUIRED && authMethods().length) {
-      showAgentLogin(err, async (note) => { await newSession(); conv.note(note); });
+      showAgentLogin(err, async (note) => { await createSession(); conv.note(note); });
       throw new AgentLoginNeeded();
     }
     throw err;
@@ -916,7 +925,8 @@ async function sendPrompt() {
   askForNotifications(); // before any await: the browser wants the user's gesture
 
   ui.input.value = '';
-  let id = state.current?.id;
+  // A session being made (New session, just clicked) is where the user is about to be.
+  let id = creating ? null : state.current?.id;
   if (!id) {
     try {
       id = await newSession();

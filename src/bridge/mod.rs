@@ -166,6 +166,7 @@ pub async fn serve(socket: WebSocket, gw: Arc<Gateway>, identity: Identity, conn
         }
     };
     tokio::pin!(peer_closed);
+    let closing_since = tokio::time::Instant::now();
     let mut writer = writer;
     let replied = tokio::select! {
         _ = &mut writer => false,
@@ -174,7 +175,18 @@ pub async fn serve(socket: WebSocket, gw: Arc<Gateway>, identity: Identity, conn
     if replied {
         let _ = writer.await;
     } else {
-        let _ = tokio::time::timeout(CLOSE_REPLY_WAIT, peer_closed).await;
+        // A client closed for reading nothing may still be draining megabytes before it reaches
+        // the close frame: dropping the socket under it (with its pongs unread here) would reset
+        // the connection and wipe what it has not read yet.
+        // Bounded by the same 30 s as its close frame, counted from when closing began.
+        let slow = outbox.close_reason().is_some_and(|r| r.code == CLOSE_TOO_SLOW);
+        let at_least = tokio::time::Instant::now() + CLOSE_REPLY_WAIT;
+        let until = if slow {
+            (closing_since + SLOW_CLOSE_FRAME_WAIT).max(at_least)
+        } else {
+            at_least
+        };
+        let _ = tokio::time::timeout_at(until, peer_closed).await;
     }
     drop(stream);
     metrics::gauge!(crate::metrics::CONNECTIONS).decrement(1.0);

@@ -16,8 +16,13 @@ use serde_json::{Value, json};
 /// One test at a time in this binary (see the module docs).
 static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
-/// The lagging clients' kernel receive buffer (the kernel doubles it).
-const RECV_BUFFER: u32 = 4096;
+/// The lagging clients' kernel receive buffer (the kernel doubles it): fixed, so that a client
+/// that stops reading backs the gateway's writes up after a bounded amount, and at least two
+/// loopback segments (64 KiB each), so that a reader that starts again opens its window in
+/// whole segments. A smaller one (4 KiB) makes the receiver too small to announce the window
+/// it frees: the gateway's kernel then sends only on its zero-window probes, whose interval
+/// has backed off during the stall, and a resumed reader gets ~30 frames a second.
+const RECV_BUFFER: u32 = 256 << 10;
 /// Updates of the long stream.
 const CHUNKS: u64 = 200_000;
 /// Updates of a demo-agent prompt besides its chunks, the user's prompt included.

@@ -287,7 +287,7 @@ async fn write_frames(
         } else {
             CLOSE_FRAME_WAIT
         };
-        let _ = tokio::time::timeout(wait, async {
+        let delivered = tokio::time::timeout(wait, async {
             // When the client closed first, the library has queued the reply to its close frame
             // and refuses a second one: closing the sink flushes that reply.
             if sink.send(Message::Close(Some(frame))).await.is_err() {
@@ -295,6 +295,12 @@ async fn write_frames(
             }
         })
         .await;
+        if delivered.is_err() && reason.code == CLOSE_TOO_SLOW {
+            tracing::info!(
+                wait_secs = wait.as_secs(),
+                "a client closed for reading nothing did not take what its socket held within the wait; dropped without its close frame"
+            );
+        }
     }
 }
 

@@ -1,0 +1,310 @@
+//! What the transcript writer writes: the items sessions hand it, and how one transaction's
+//! worth of them becomes one write per session (one chunk per run of consecutive updates).
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use tokio::sync::oneshot;
+
+use crate::store::{EventChunk, SessionWrite};
+
+/// Told how far a session's updates are stored, right after each commit that holds some.
+pub trait Committed: Send + Sync {
+    /// Every update of the session up to `seq` is committed.
+    fn committed(&self, seq: u64);
+
+    /// The session's updates cannot be stored (a write failed for good): none of them will be
+    /// committed any more, and what waits on them must be answered.
+    fn lost(&self);
+
+    /// Updates of the session were refused: this replica no longer holds its lease (another
+    /// one serves it now). Those updates are not stored. Nothing by default.
+    fn fenced(&self) {}
+}
+
+/// Something to persist.
+pub enum Item {
+    /// One transcript update (the `update` object, raw JSON) with its sequence number.
+    Update {
+        /// Gateway session id.
+        session: Arc<str>,
+        /// Told once it is committed.
+        notify: Arc<dyn Committed>,
+        /// Its sequence number.
+        seq: u64,
+        /// The raw `update` object.
+        update: Box<str>,
+        /// When it was received (epoch µs).
+        at: i64,
+    },
+    /// A prompt was sent: counts a message and offers a title for an untitled session.
+    Prompt {
+        /// Gateway session id.
+        session: Arc<str>,
+        /// A title made from the prompt's text.
+        title: Option<String>,
+    },
+    /// The agent named the session (`session_info_update`).
+    AgentTitle {
+        /// Gateway session id.
+        session: Arc<str>,
+        /// The new title.
+        title: String,
+    },
+    /// The agent's session controls changed (`modes`, `configOptions`, `models`).
+    Controls {
+        /// Gateway session id.
+        session: Arc<str>,
+        /// All of them, a JSON object: replaces what is stored.
+        controls: String,
+    },
+    /// Answer once everything queued before this is written.
+    Flush(oneshot::Sender<()>),
+}
+
+impl std::fmt::Debug for Item {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Item::Update { session, seq, .. } => write!(f, "Update({session}, {seq})"),
+            Item::Prompt { session, .. } => write!(f, "Prompt({session})"),
+            Item::AgentTitle { session, .. } => write!(f, "AgentTitle({session})"),
+            Item::Controls { session, .. } => write!(f, "Controls({session})"),
+            Item::Flush(_) => f.write_str("Flush"),
+        }
+    }
+}
+
+/// A session's write as its updates (if any) and its message count and titles (if any).
+pub(super) fn split(w: SessionWrite) -> (Option<SessionWrite>, Option<SessionWrite>) {
+    let has_metadata = w.prompts != 0 || w.prompt_title.is_some() || w.agent_title.is_some() || w.controls.is_some();
+    let metadata = has_metadata.then(|| SessionWrite {
+        session_id: w.session_id.clone(),
+        chunk: None,
+        prompt_title: w.prompt_title.clone(),
+        agent_title: w.agent_title.clone(),
+        prompts: w.prompts,
+        controls: w.controls.clone(),
+        updated_at: w.updated_at,
+    });
+    let updates = w.chunk.is_some().then_some(SessionWrite {
+        prompt_title: None,
+        agent_title: None,
+        prompts: 0,
+        controls: None,
+        ..w
+    });
+    (updates, metadata)
+}
+
+/// Metadata writes gathered over several batches, one per session.
+pub(super) fn merge_metadata(writes: Vec<SessionWrite>) -> Vec<SessionWrite> {
+    let mut merged: Vec<SessionWrite> = Vec::new();
+    let mut index: HashMap<Arc<str>, usize> = HashMap::new();
+    for w in writes {
+        match index.get(&w.session_id) {
+            Some(&i) => {
+                let m = &mut merged[i];
+                m.prompts += w.prompts;
+                m.prompt_title = m.prompt_title.take().or(w.prompt_title);
+                m.agent_title = w.agent_title.or(m.agent_title.take());
+                m.controls = w.controls.or(m.controls.take());
+                m.updated_at = m.updated_at.max(w.updated_at);
+            }
+            None => {
+                index.insert(w.session_id.clone(), merged.len());
+                merged.push(w);
+            }
+        }
+    }
+    merged
+}
+
+pub(super) fn item_bytes(item: &Item) -> usize {
+    match item {
+        Item::Update { update, .. } => update.len() + 1,
+        Item::Controls { controls, .. } => controls.len() + 64,
+        _ => 64,
+    }
+}
+
+/// One transaction's worth of items.
+pub(super) struct Batch {
+    /// One write per session (one chunk per run of consecutive updates).
+    pub(super) writes: Vec<SessionWrite>,
+    /// Flushes to answer once it is written.
+    pub(super) acks: Vec<oneshot::Sender<()>>,
+    /// Updates in it.
+    pub(super) updates: u64,
+    /// Each session's highest seq in it, and whom to tell once it is committed.
+    pub(super) stored_up_to: Vec<(Arc<str>, Arc<dyn Committed>, u64)>,
+    /// When each session's oldest update in it was received (epoch µs), in `stored_up_to`'s
+    /// order: its commit lag.
+    pub(super) oldest: Vec<i64>,
+}
+
+/// Groups a batch into one write per session (one chunk per run of consecutive updates).
+pub(super) fn coalesce(items: impl Iterator<Item = Item>) -> Batch {
+    let mut writes: Vec<SessionWrite> = Vec::new();
+    let mut current: HashMap<Arc<str>, usize> = HashMap::new();
+    let mut acks = Vec::new();
+    let mut updates = 0;
+    let mut stored_up_to: Vec<(Arc<str>, Arc<dyn Committed>, u64)> = Vec::new();
+    let mut oldest: Vec<i64> = Vec::new();
+    let mut notify_slot: HashMap<Arc<str>, usize> = HashMap::new();
+    fn slot(writes: &mut Vec<SessionWrite>, current: &mut HashMap<Arc<str>, usize>, session: &Arc<str>) -> usize {
+        *current.entry(session.clone()).or_insert_with(|| {
+            writes.push(SessionWrite {
+                session_id: session.clone(),
+                ..Default::default()
+            });
+            writes.len() - 1
+        })
+    }
+    for item in items {
+        match item {
+            Item::Update {
+                session,
+                notify,
+                seq,
+                update,
+                at,
+            } => {
+                updates += 1;
+                match notify_slot.get(&session) {
+                    Some(&i) => stored_up_to[i].2 = stored_up_to[i].2.max(seq),
+                    None => {
+                        notify_slot.insert(session.clone(), stored_up_to.len());
+                        stored_up_to.push((session.clone(), notify, seq));
+                        oldest.push(at);
+                    }
+                }
+                let mut i = slot(&mut writes, &mut current, &session);
+                let seq = seq as i64;
+                let contiguous = writes[i].chunk.as_ref().is_none_or(|c| c.seq_to + 1 == seq);
+                if !contiguous {
+                    // Never expected (one publisher per session numbers them in order); keep
+                    // every run intact rather than merge across a gap.
+                    writes.push(SessionWrite {
+                        session_id: session.clone(),
+                        ..Default::default()
+                    });
+                    i = writes.len() - 1;
+                    current.insert(session, i);
+                }
+                let w = &mut writes[i];
+                w.updated_at = w.updated_at.max(at);
+                match &mut w.chunk {
+                    Some(c) => {
+                        c.seq_to = seq;
+                        c.payload.push('\n');
+                        c.payload.push_str(&update);
+                    }
+                    None => {
+                        w.chunk = Some(EventChunk {
+                            seq_from: seq,
+                            seq_to: seq,
+                            payload: update.into_string(),
+                        })
+                    }
+                }
+            }
+            Item::Prompt { session, title } => {
+                let i = slot(&mut writes, &mut current, &session);
+                writes[i].prompts += 1;
+                if writes[i].prompt_title.is_none() {
+                    writes[i].prompt_title = title;
+                }
+            }
+            Item::AgentTitle { session, title } => {
+                let i = slot(&mut writes, &mut current, &session);
+                writes[i].agent_title = Some(title);
+            }
+            Item::Controls { session, controls } => {
+                let i = slot(&mut writes, &mut current, &session);
+                writes[i].controls = Some(controls);
+            }
+            Item::Flush(ack) => acks.push(ack),
+        }
+    }
+    Batch {
+        writes,
+        acks,
+        updates,
+        stored_up_to,
+        oldest,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    struct Nobody;
+    impl Committed for Nobody {
+        fn committed(&self, _: u64) {}
+        fn lost(&self) {}
+    }
+
+    fn upd(s: &Arc<str>, seq: u64) -> Item {
+        Item::Update {
+            session: s.clone(),
+            notify: Arc::new(Nobody),
+            seq,
+            update: format!("{{\"n\":{seq}}}").into(),
+            at: seq as i64,
+        }
+    }
+
+    #[test]
+    fn coalesces_runs_per_session() {
+        let a: Arc<str> = Arc::from("a");
+        let b: Arc<str> = Arc::from("b");
+        let items = vec![
+            upd(&a, 1),
+            upd(&b, 5),
+            upd(&a, 2),
+            Item::Prompt {
+                session: a.clone(),
+                title: Some("t".into()),
+            },
+            upd(&a, 3),
+        ];
+        let Batch {
+            writes,
+            acks,
+            updates: n,
+            stored_up_to,
+            oldest,
+        } = coalesce(items.into_iter());
+        assert_eq!(n, 4);
+        assert_eq!(oldest, vec![1, 5], "each session's oldest update, for its commit lag");
+        assert!(acks.is_empty());
+        assert_eq!(
+            stored_up_to.iter().map(|(_, _, seq)| *seq).collect::<Vec<_>>(),
+            vec![3, 5],
+            "each session is told its highest stored seq"
+        );
+        assert_eq!(writes.len(), 2);
+        let wa = &writes[0];
+        assert_eq!(
+            wa.chunk,
+            Some(EventChunk {
+                seq_from: 1,
+                seq_to: 3,
+                payload: "{\"n\":1}\n{\"n\":2}\n{\"n\":3}".into()
+            })
+        );
+        assert_eq!(
+            (wa.prompts, wa.prompt_title.as_deref(), wa.updated_at),
+            (1, Some("t"), 3)
+        );
+        assert_eq!(writes[1].chunk.as_ref().map(|c| (c.seq_from, c.seq_to)), Some((5, 5)));
+    }
+
+    #[test]
+    fn a_gap_starts_a_new_chunk() {
+        let a: Arc<str> = Arc::from("a");
+        let batch = coalesce(vec![upd(&a, 1), upd(&a, 3)].into_iter());
+        assert_eq!(batch.writes.len(), 2);
+    }
+}

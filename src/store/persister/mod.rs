@@ -1,0 +1,460 @@
+//! The transcript writer: one task that drains a bounded queue and writes whatever has gathered in
+//! one transaction (group commit), one row per session per flush, and only then tells each
+//! session how far its updates are stored.
+//!
+//! Sessions hand an update to clients only once it is committed ([`Committed`]), so whatever a
+//! client has seen survives a crash of the gateway, and `seq` numbers continue above it after a
+//! restart. There is no linger: while one transaction commits, the next batch gathers, so a
+//! burst becomes a few transactions and a lone update waits for one commit. The queue is
+//! bounded, so a slow or unreachable database slows the agents' streams down instead of growing
+//! memory. Failed writes are retried with backoff until they succeed (a database restart loses
+//! nothing) or shutdown gives up on them (nobody saw those updates).
+//!
+//! A write that fails for good (an error that is not [transient](StoreError::is_transient), a few
+//! times in a row) does not wedge the writer: a batch of several sessions is split and each
+//! session written on its own, and only a session whose own write keeps failing is dropped, loudly
+//! (an error log naming it, `acp_gateway_transcript_writes_dropped_total`). Its updates, and every
+//! later one of that session, are never released to clients: nothing is shown that is not stored.
+//!
+//! The writer reports how it is doing ([`Persister::health`]) for `/readyz`: failing since when,
+//! and with what, or waiting on the database for too long.
+//!
+//! Where the store has a connection for the writer alone ([`Store::transcript_writer`]: SQLite),
+//! the writer runs on a thread of its own and commits through it directly; otherwise it is a task
+//! on the gateway's runtime writing through the store's pool.
+
+use std::collections::HashSet;
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::sync::{mpsc, oneshot};
+use tokio_util::sync::CancellationToken;
+
+use super::sqlite_writer::BatchWriter;
+use super::{SessionWrite, Store, StoreError, now_micros};
+use crate::budget::ByteBudget;
+
+/// Most items written in one transaction.
+const MAX_BATCH_ITEMS: usize = 8192;
+/// Metadata writes (message counts, titles) held back while updates keep coming, at most.
+const MAX_PENDING_METADATA: usize = 1024;
+/// Most payload bytes written in one transaction.
+const MAX_BATCH_BYTES: usize = 8 << 20;
+/// How long [`Persister::flush`] waits: a request that needs the transcript written answers
+/// within the contract's 5 s even when the database does not.
+pub const FLUSH_TIMEOUT: Duration = Duration::from_secs(4);
+/// Attempts at a write failing with a permanent error before it is given up on.
+const PERMANENT_ATTEMPTS: u32 = 3;
+/// A write waiting on the database longer than this makes the writer unhealthy.
+const STALLED_AFTER: Duration = Duration::from_secs(5);
+/// Longest pause between attempts at a failing write.
+const MAX_BACKOFF: Duration = Duration::from_secs(2);
+
+/// How the writer is doing (for `/readyz`), updated by the writer at every attempt.
+#[derive(Debug, Default)]
+struct Health {
+    /// When the current run of failed attempts began (epoch µs); 0 while writes succeed.
+    failing_since: AtomicI64,
+    /// When the attempt under way began (epoch µs); 0 when none is.
+    writing_since: AtomicI64,
+    /// The last failed attempt's error.
+    last_error: Mutex<String>,
+    /// Session writes given up on for good since start.
+    dropped: AtomicU64,
+}
+
+impl Health {
+    fn succeeded(&self) {
+        self.failing_since.store(0, Ordering::Release);
+    }
+
+    fn failed(&self, e: &StoreError) {
+        if let Ok(mut last) = self.last_error.lock() {
+            *last = e.to_string();
+        }
+        let _ = self
+            .failing_since
+            .compare_exchange(0, now_micros(), Ordering::AcqRel, Ordering::Acquire);
+    }
+}
+
+mod batch;
+#[cfg(test)]
+mod tests;
+
+use batch::{Batch, coalesce, item_bytes, merge_metadata, split};
+pub use batch::{Committed, Item};
+/// Handle to the writer task. Cheap to clone.
+#[derive(Debug, Clone)]
+pub struct Persister {
+    /// The queue, bounded in items...
+    tx: mpsc::Sender<Item>,
+    /// ... and in bytes, held from [`Persister::send`] until the writer is done with an item.
+    room: ByteBudget,
+    /// How the writer is doing.
+    health: Arc<Health>,
+}
+
+impl Persister {
+    /// Starts the writer on `store`. It runs until every handle is dropped, or until `cancel`
+    /// fires: then it writes what is queued (giving up on it if the database is unreachable) and
+    /// stops.
+    /// The queue holds at most `capacity` items and `bytes` bytes.
+    pub fn spawn(
+        store: Arc<dyn Store>,
+        capacity: usize,
+        bytes: usize,
+        cancel: CancellationToken,
+    ) -> (Self, tokio::task::JoinHandle<()>) {
+        Self::spawn_leased(store, capacity, bytes, cancel, None)
+    }
+
+    /// [`Self::spawn`] for a replica sharing the database: with `holder`, a session's updates are
+    /// stored only while that replica holds its lease ([`Store::write_batch_leased`]), and a
+    /// session whose updates were refused is told so ([`Committed::fenced`]).
+    pub fn spawn_leased(
+        store: Arc<dyn Store>,
+        capacity: usize,
+        bytes: usize,
+        cancel: CancellationToken,
+        holder: Option<Arc<str>>,
+    ) -> (Self, tokio::task::JoinHandle<()>) {
+        let (tx, rx) = mpsc::channel(capacity);
+        let room = ByteBudget::new(bytes);
+        let health = Arc::new(Health::default());
+        // SQLite: the writer's own connection, on a thread of its own (a commit is a call, not a
+        // hop to a connection's worker thread and back); the commit notices go out from there.
+        let direct = match holder.is_none().then(|| store.transcript_writer()).flatten() {
+            Some(Ok(direct)) => Some(direct),
+            Some(Err(e)) => {
+                tracing::warn!(error = %e, "the transcript writer's own connection could not be opened; writing through the pool");
+                None
+            }
+            None => None,
+        };
+        let task = match direct {
+            Some(direct) => {
+                let (done, finished) = oneshot::channel::<()>();
+                let health = health.clone();
+                let room = room.clone();
+                let thread = std::thread::Builder::new().name("transcript-writer".into()).spawn(move || {
+                    match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+                        Ok(rt) => rt.block_on(run(store, rx, room, cancel, health, holder, Some(direct))),
+                        Err(e) => tracing::error!(error = %e, "the transcript writer's runtime could not start; nothing is stored"),
+                    }
+                    let _ = done.send(());
+                });
+                if let Err(e) = thread {
+                    tracing::error!(error = %e, "the transcript writer's thread could not start; nothing is stored");
+                }
+                tokio::spawn(async move {
+                    let _ = finished.await;
+                })
+            }
+            None => tokio::spawn(run(store, rx, room.clone(), cancel, health.clone(), holder, None)),
+        };
+        (Self { tx, room, health }, task)
+    }
+
+    /// `Ok` while the writer's writes succeed; otherwise what is wrong: its writes have failed
+    /// since some time (with the last error), or one has waited on the database too long.
+    pub fn health(&self) -> Result<(), String> {
+        let now = now_micros();
+        let failing_since = self.health.failing_since.load(Ordering::Acquire);
+        if failing_since != 0 {
+            let error = self.health.last_error.lock().map(|e| e.clone()).unwrap_or_default();
+            let secs = (now - failing_since).max(0) as f64 / 1e6;
+            return Err(format!("transcript writes failing for {secs:.1} s: {error}"));
+        }
+        let writing_since = self.health.writing_since.load(Ordering::Acquire);
+        if writing_since != 0 && now - writing_since > STALLED_AFTER.as_micros() as i64 {
+            let secs = (now - writing_since) as f64 / 1e6;
+            return Err(format!("a transcript write has waited {secs:.1} s for the database"));
+        }
+        Ok(())
+    }
+
+    /// Session writes given up on for good since start.
+    pub fn dropped_writes(&self) -> u64 {
+        self.health.dropped.load(Ordering::Relaxed)
+    }
+
+    /// Queues an item, waiting while the queue is full (in items or bytes).
+    pub async fn send(&self, item: Item) {
+        // A place in the queue, then bytes: either wait may be cancelled without losing any.
+        let Ok(slot) = self.tx.reserve().await else {
+            tracing::error!("transcript writer has stopped; an update was not stored");
+            return;
+        };
+        self.room.take(item_bytes(&item)).await;
+        slot.send(item);
+    }
+
+    /// Waits until everything queued so far is in the database, at most [`FLUSH_TIMEOUT`]
+    /// (then [`StoreError::Timeout`]: the database is unreachable or the writer failing).
+    pub async fn flush(&self) -> Result<(), StoreError> {
+        self.flush_within(FLUSH_TIMEOUT).await
+    }
+
+    /// [`Self::flush`], waiting at most `limit`.
+    pub async fn flush_within(&self, limit: Duration) -> Result<(), StoreError> {
+        let (ack, done) = oneshot::channel();
+        let flushed = async {
+            self.send(Item::Flush(ack)).await;
+            let _ = done.await;
+        };
+        tokio::time::timeout(limit, flushed)
+            .await
+            .map_err(|_| StoreError::Timeout(limit))
+    }
+}
+
+async fn run(
+    store: Arc<dyn Store>,
+    mut rx: mpsc::Receiver<Item>,
+    room: ByteBudget,
+    cancel: CancellationToken,
+    health: Arc<Health>,
+    holder: Option<Arc<str>>,
+    direct: Option<Box<dyn BatchWriter>>,
+) {
+    let mut items = Vec::with_capacity(1024);
+    // Message counts and titles not yet written (see below).
+    let mut pending_metadata: Vec<SessionWrite> = Vec::new();
+    // Sessions whose updates could not be stored for good: none of their updates is released
+    // any more (a later commit would release the lost ones with it).
+    let mut lost: HashSet<Arc<str>> = HashSet::new();
+    // Looked up once: recorded per batch and per session in it.
+    let batch_updates = metrics::histogram!(crate::metrics::TRANSCRIPT_BATCH_UPDATES);
+    let commit_lag = metrics::histogram!(crate::metrics::TRANSCRIPT_COMMIT_LAG_SECONDS);
+    let w = Writer {
+        store: &*store,
+        cancel: &cancel,
+        health: &health,
+        holder: holder.as_deref(),
+        refused: Mutex::new(HashSet::new()),
+        direct: direct.map(Mutex::new),
+    };
+    loop {
+        // Once cancelled, write what is still queued and stop (handles may outlive the gateway).
+        let received = tokio::select! {
+            biased;
+            n = rx.recv_many(&mut items, MAX_BATCH_ITEMS) => n,
+            () = cancel.cancelled() => {
+                while items.len() < MAX_BATCH_ITEMS {
+                    match rx.try_recv() {
+                        Ok(item) => items.push(item),
+                        Err(_) => break,
+                    }
+                }
+                items.len()
+            }
+        };
+        if received == 0 {
+            break;
+        }
+        // Take what else is already waiting, up to the byte cap.
+        let mut bytes: usize = items.iter().map(item_bytes).sum();
+        while items.len() < MAX_BATCH_ITEMS && bytes < MAX_BATCH_BYTES {
+            match rx.try_recv() {
+                Ok(item) => {
+                    bytes += item_bytes(&item);
+                    items.push(item);
+                }
+                Err(_) => break,
+            }
+        }
+        // The batch's bytes are held until it is written (or given up on).
+        let held: Vec<usize> = items.iter().map(item_bytes).collect();
+        let Batch {
+            writes,
+            acks,
+            updates,
+            stored_up_to,
+            oldest,
+        } = coalesce(items.drain(..));
+        // Updates first, on their own: clients wait for them. Message counts and titles wait
+        // until the queue is idle (or someone waits for a flush): nobody waits for those.
+        let mut chunks: Vec<SessionWrite> = Vec::with_capacity(writes.len());
+        for (updates, metadata) in writes.into_iter().map(split) {
+            match updates {
+                Some(u) if lost.contains(&u.session_id) => {
+                    let n = u.chunk.as_ref().map_or(0, |c| c.seq_to - c.seq_from + 1);
+                    metrics::counter!(crate::metrics::TRANSCRIPT_UPDATES_DROPPED).increment(n as u64);
+                    tracing::error!(session = %u.session_id, updates = n, "session's transcript cannot be stored; update dropped, never shown");
+                }
+                u => chunks.extend(u),
+            }
+            pending_metadata.extend(metadata);
+        }
+        let stored = if chunks.is_empty() {
+            Some(HashSet::new())
+        } else {
+            batch_updates.record(updates as f64);
+            w.write(&chunks, updates).await
+        };
+        if let Some(dropped) = stored {
+            lost.extend(dropped);
+            let refused = std::mem::take(&mut *w.refused.lock().unwrap_or_else(|e| e.into_inner()));
+            let now = now_micros();
+            for ((session, notify, seq), received) in stored_up_to.into_iter().zip(oldest) {
+                if lost.contains(&session) {
+                    notify.lost();
+                } else if refused.contains(&session) {
+                    notify.fenced();
+                } else {
+                    commit_lag.record((now - received).max(0) as f64 / 1e6);
+                    notify.committed(seq);
+                }
+            }
+        }
+        let due = rx.is_empty() || !acks.is_empty() || cancel.is_cancelled();
+        if !pending_metadata.is_empty() && (due || pending_metadata.len() >= MAX_PENDING_METADATA) {
+            let metadata = merge_metadata(std::mem::take(&mut pending_metadata));
+            w.write(&metadata, 0).await;
+        }
+        room.give_back(held);
+        for ack in acks {
+            let _ = ack.send(());
+        }
+    }
+}
+
+/// What an attempt at a write came to.
+enum Attempt {
+    Stored,
+    /// Shutdown gave up on it (the database was unreachable).
+    GaveUp,
+    /// It failed with a permanent error [`PERMANENT_ATTEMPTS`] times.
+    Failed(StoreError),
+}
+
+/// The writer's store, shutdown signal and health.
+struct Writer<'a> {
+    store: &'a dyn Store,
+    cancel: &'a CancellationToken,
+    health: &'a Health,
+    /// This replica, when sessions are leased ([`Persister::spawn_leased`]).
+    holder: Option<&'a str>,
+    /// Sessions whose chunks the store refused (their lease is another replica's), since the
+    /// last batch's commit notices.
+    refused: Mutex<HashSet<Arc<str>>>,
+    /// The store's connection for this thread ([`Store::transcript_writer`]), if it has one.
+    direct: Option<Mutex<Box<dyn BatchWriter>>>,
+}
+
+impl Writer<'_> {
+    /// Writes `writes`, retrying until it succeeds or shutdown gives up on it (`None`: nobody saw
+    /// those updates, they are released only once stored). A batch failing for good is written
+    /// session by session; the sessions whose own writes still fail for good are returned
+    /// (dropped, logged): everything else is stored.
+    async fn write(&self, writes: &[SessionWrite], updates: u64) -> Option<HashSet<Arc<str>>> {
+        let started = std::time::Instant::now();
+        let mut dropped = HashSet::new();
+        match self.attempt(writes, updates).await {
+            Attempt::Stored => {}
+            Attempt::GaveUp => return None,
+            Attempt::Failed(e) => {
+                let mut sessions: Vec<&Arc<str>> = Vec::new();
+                for w in writes {
+                    if !sessions.contains(&&w.session_id) {
+                        sessions.push(&w.session_id);
+                    }
+                }
+                if sessions.len() > 1 {
+                    tracing::warn!(error = %e, sessions = sessions.len(), "transcript batch failed for good; writing each session on its own");
+                }
+                for session in sessions {
+                    let own: Vec<SessionWrite>;
+                    let (own, error) = if writes.iter().all(|w| w.session_id == *session) {
+                        (writes, Some(&e))
+                    } else {
+                        own = writes.iter().filter(|w| w.session_id == *session).cloned().collect();
+                        (&own[..], None)
+                    };
+                    let n = own
+                        .iter()
+                        .filter_map(|w| w.chunk.as_ref())
+                        .map(|c| (c.seq_to - c.seq_from + 1) as u64)
+                        .sum::<u64>();
+                    let failed = match error {
+                        Some(e) => e.to_string(),
+                        None => match self.attempt(own, n).await {
+                            Attempt::Stored => continue,
+                            Attempt::GaveUp => return None,
+                            Attempt::Failed(e) => e.to_string(),
+                        },
+                    };
+                    self.health.dropped.fetch_add(1, Ordering::Relaxed);
+                    metrics::counter!(crate::metrics::TRANSCRIPT_WRITES_DROPPED).increment(1);
+                    metrics::counter!(crate::metrics::TRANSCRIPT_UPDATES_DROPPED).increment(n);
+                    tracing::error!(
+                        session = %session,
+                        error = %failed,
+                        updates = n,
+                        "transcript write failed for good: dropped; this session's updates are never shown"
+                    );
+                    dropped.insert(session.clone());
+                }
+                // The writer moves on: it is not failing for what was dropped.
+                self.health.succeeded();
+            }
+        }
+        metrics::histogram!(crate::metrics::TRANSCRIPT_COMMIT_SECONDS).record(started.elapsed().as_secs_f64());
+        Some(dropped)
+    }
+
+    /// Writes `writes` in one go, retrying transient errors with backoff until it succeeds or
+    /// shutdown gives up on it, and permanent ones a few times.
+    async fn attempt(&self, writes: &[SessionWrite], updates: u64) -> Attempt {
+        let mut backoff = Duration::from_millis(50);
+        let mut permanent = 0;
+        loop {
+            self.health.writing_since.store(now_micros(), Ordering::Release);
+            let result = match (self.holder, &self.direct) {
+                (None, Some(direct)) => direct.lock().unwrap_or_else(|e| e.into_inner()).write_batch(writes),
+                (None, None) => self.store.write_batch(writes).await,
+                (Some(holder), _) => self.store.write_batch_leased(writes, holder).await.map(|refused| {
+                    if !refused.is_empty() {
+                        tracing::warn!(sessions = ?refused, "updates refused: another replica holds these sessions now");
+                    }
+                    // Only sessions whose updates were in this batch are told they were fenced
+                    // (a refused controls-only write has no update waiting on it).
+                    let with_updates = |s: &Arc<str>| writes.iter().any(|w| w.session_id == *s && w.chunk.is_some());
+                    self.refused
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .extend(refused.into_iter().filter(with_updates));
+                }),
+            };
+            self.health.writing_since.store(0, Ordering::Release);
+            let e = match result {
+                Ok(()) => {
+                    self.health.succeeded();
+                    metrics::counter!(crate::metrics::TRANSCRIPT_UPDATES_STORED).increment(updates);
+                    return Attempt::Stored;
+                }
+                Err(e) => e,
+            };
+            self.health.failed(&e);
+            metrics::counter!(crate::metrics::TRANSCRIPT_WRITE_ERRORS).increment(1);
+            if self.cancel.is_cancelled() {
+                tracing::error!(error = %e, updates, "shutting down with the database unreachable: not stored");
+                return Attempt::GaveUp;
+            }
+            if !e.is_transient() {
+                permanent += 1;
+                if permanent >= PERMANENT_ATTEMPTS {
+                    return Attempt::Failed(e);
+                }
+            }
+            tracing::warn!(error = %e, transient = e.is_transient(), retry_in_ms = backoff.as_millis() as u64, "transcript write failed; retrying");
+            tokio::select! {
+                () = tokio::time::sleep(backoff) => {}
+                () = self.cancel.cancelled() => {}
+            }
+            backoff = (backoff * 2).min(MAX_BACKOFF);
+        }
+    }
+}

@@ -1,0 +1,264 @@
+//! The transcript writer against a store that fails on command.
+
+use super::*;
+use crate::store::EventChunk;
+
+/// Succeeds, except: every write holding session `bad` fails permanently, and while `down`
+/// is set every write fails transiently.
+#[derive(Debug)]
+struct Flaky {
+    down: std::sync::atomic::AtomicBool,
+    /// A write holding session `first` waits for a permit here, after telling `entered`.
+    gate: tokio::sync::Semaphore,
+    entered: tokio::sync::Notify,
+    stored: Mutex<Vec<(String, i64)>>,
+}
+
+impl Default for Flaky {
+    fn default() -> Self {
+        Self {
+            down: Default::default(),
+            gate: tokio::sync::Semaphore::new(0),
+            entered: Default::default(),
+            stored: Default::default(),
+        }
+    }
+}
+
+#[async_trait::async_trait]
+impl Store for Flaky {
+    async fn ping(&self) -> Result<(), StoreError> {
+        Ok(())
+    }
+    async fn create_session(&self, _: &crate::store::NewSession<'_>) -> Result<(), StoreError> {
+        unimplemented!()
+    }
+    async fn get_session(&self, _: &str, _: &str) -> Result<Option<crate::store::SessionRecord>, StoreError> {
+        unimplemented!()
+    }
+    async fn list_sessions(
+        &self,
+        _: &str,
+        _: &crate::store::ListFilter,
+        _: Option<crate::store::Position<'_>>,
+        _: u32,
+    ) -> Result<Vec<crate::store::SessionRecord>, StoreError> {
+        unimplemented!()
+    }
+    async fn delete_session(&self, _: &str, _: &str) -> Result<bool, StoreError> {
+        unimplemented!()
+    }
+    async fn write_batch(&self, writes: &[SessionWrite]) -> Result<(), StoreError> {
+        if writes.iter().any(|w| &*w.session_id == "first") {
+            self.entered.notify_one();
+            let _ = self.gate.acquire().await.expect("gate").forget();
+        }
+        if self.down.load(Ordering::SeqCst) {
+            return Err(StoreError::Db(sqlx::Error::PoolTimedOut));
+        }
+        if writes.iter().any(|w| &*w.session_id == "bad") {
+            return Err(StoreError::Db(sqlx::Error::Encode("cannot encode".into())));
+        }
+        let mut stored = self.stored.lock().expect("lock");
+        for w in writes {
+            if let Some(c) = &w.chunk {
+                stored.push((w.session_id.to_string(), c.seq_to));
+            }
+        }
+        Ok(())
+    }
+    async fn read_events(&self, _: &str, _: &str, _: i64, _: u32) -> Result<Vec<EventChunk>, StoreError> {
+        unimplemented!()
+    }
+    async fn cursor_key(&self) -> Result<Vec<u8>, StoreError> {
+        unimplemented!()
+    }
+    async fn stored_bytes(&self, _: &str) -> Result<u64, StoreError> {
+        unimplemented!()
+    }
+    async fn session_controls(&self, _: &str, _: &str) -> Result<Option<String>, StoreError> {
+        unimplemented!()
+    }
+    async fn put_secrets(&self, _: &str, _: &[crate::store::StoredSecret]) -> Result<(), StoreError> {
+        unimplemented!()
+    }
+    async fn secrets(&self, _: &str, _: Option<&str>) -> Result<Vec<crate::store::StoredSecret>, StoreError> {
+        unimplemented!()
+    }
+    async fn delete_secrets(&self, _: &str, _: &str) -> Result<u64, StoreError> {
+        unimplemented!()
+    }
+    async fn put_login(&self, _: &str, _: &crate::store::StoredLogin) -> Result<(), StoreError> {
+        unimplemented!()
+    }
+    async fn logins(&self, _: &str) -> Result<Vec<crate::store::StoredLogin>, StoreError> {
+        unimplemented!()
+    }
+    async fn put_web_session(&self, _: &crate::store::WebSession) -> Result<(), StoreError> {
+        unimplemented!()
+    }
+    async fn web_session(&self, _: &str) -> Result<Option<crate::store::WebSession>, StoreError> {
+        unimplemented!()
+    }
+    async fn revoke_web_session(&self, _: &str, _: &str) -> Result<(), StoreError> {
+        unimplemented!()
+    }
+    async fn due_web_sessions(&self, _: i64, _: i64) -> Result<Vec<crate::store::WebSession>, StoreError> {
+        unimplemented!()
+    }
+    async fn claim_web_session(&self, _: &str, _: i64, _: i64) -> Result<bool, StoreError> {
+        unimplemented!()
+    }
+    async fn append_audit(&self, _: &[crate::store::AuditEntry]) -> Result<(), StoreError> {
+        unimplemented!()
+    }
+    async fn audit_page(&self, _: &crate::store::AuditFilter) -> Result<Vec<crate::store::AuditEntry>, StoreError> {
+        unimplemented!()
+    }
+    async fn prune_audit(&self, _: i64) -> Result<(), StoreError> {
+        unimplemented!()
+    }
+    async fn users_overview(&self, _: i64) -> Result<Vec<crate::store::UserOverview>, StoreError> {
+        unimplemented!()
+    }
+    async fn last_sign_ins(&self) -> Result<Vec<(String, i64)>, StoreError> {
+        unimplemented!()
+    }
+    async fn record_usage(&self, _: &crate::store::UsageSample) -> Result<(), StoreError> {
+        unimplemented!()
+    }
+    async fn usage(&self, _: Option<&str>, _: &str) -> Result<Vec<crate::store::UsageRow>, StoreError> {
+        unimplemented!()
+    }
+    async fn cost_since(&self, _: &str, _: &str, _: &str) -> Result<f64, StoreError> {
+        unimplemented!()
+    }
+}
+
+#[derive(Default)]
+struct Told(Mutex<u64>, std::sync::atomic::AtomicBool);
+impl Committed for Told {
+    fn committed(&self, seq: u64) {
+        *self.0.lock().expect("lock") = seq;
+    }
+    fn lost(&self) {
+        self.1.store(true, Ordering::SeqCst);
+    }
+}
+
+fn told_upd(s: &str, told: &Arc<Told>, seq: u64) -> Item {
+    Item::Update {
+        session: Arc::from(s),
+        notify: told.clone(),
+        seq,
+        update: "{}".into(),
+        at: 0,
+    }
+}
+
+#[tokio::test]
+async fn a_session_failing_for_good_is_dropped_and_the_others_go_on() {
+    let store = Arc::new(Flaky::default());
+    let (p, _task) = Persister::spawn(store.clone(), 64, 1 << 20, CancellationToken::new());
+    let (first, good, bad) = (
+        Arc::new(Told::default()),
+        Arc::new(Told::default()),
+        Arc::new(Told::default()),
+    );
+    // The writer is held on a first write until both are queued, so they share a batch.
+    p.send(told_upd("first", &first, 1)).await;
+    store.entered.notified().await;
+    p.send(told_upd("good", &good, 1)).await;
+    p.send(told_upd("bad", &bad, 1)).await;
+    store.gate.add_permits(1);
+    p.flush_within(Duration::from_secs(20)).await.expect("flushed");
+    assert_eq!(
+        *good.0.lock().expect("lock"),
+        1,
+        "the healthy session is stored and released"
+    );
+    assert_eq!(*bad.0.lock().expect("lock"), 0, "the failing one is never released");
+    assert!(bad.1.load(Ordering::SeqCst), "it is told it is lost");
+    assert!(!good.1.load(Ordering::SeqCst));
+    assert_eq!(p.dropped_writes(), 1);
+    assert_eq!(p.health(), Ok(()), "the writer is not stuck on it");
+    // Later updates of the dropped session are never released either; others still are.
+    p.send(told_upd("bad", &bad, 2)).await;
+    p.send(told_upd("good", &good, 2)).await;
+    p.flush_within(Duration::from_secs(20)).await.expect("flushed");
+    assert_eq!(*bad.0.lock().expect("lock"), 0);
+    assert_eq!(*good.0.lock().expect("lock"), 2);
+    assert_eq!(
+        *store.stored.lock().expect("lock"),
+        vec![
+            ("first".to_string(), 1),
+            ("good".to_string(), 1),
+            ("good".to_string(), 2)
+        ]
+    );
+}
+
+#[tokio::test]
+async fn an_unreachable_database_makes_the_writer_unhealthy_until_it_is_back() {
+    let store = Arc::new(Flaky::default());
+    let (p, _task) = Persister::spawn(store.clone(), 64, 1 << 20, CancellationToken::new());
+    let s = Arc::new(Told::default());
+    store.down.store(true, Ordering::SeqCst);
+    p.send(told_upd("s", &s, 1)).await;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    while p.health().is_ok() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the writer reports its failures"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let err = p.flush().await.expect_err("a flush does not wait forever");
+    assert!(matches!(err, StoreError::Timeout(_)), "{err}");
+    assert_eq!(*s.0.lock().expect("lock"), 0, "nothing released unstored");
+    store.down.store(false, Ordering::SeqCst);
+    p.flush_within(Duration::from_secs(20))
+        .await
+        .expect("flushed once it is back");
+    assert_eq!(*s.0.lock().expect("lock"), 1);
+    assert_eq!(p.health(), Ok(()));
+}
+
+#[tokio::test]
+async fn the_queue_is_bounded_in_bytes_while_the_database_holds_a_write() {
+    let store = Arc::new(Flaky::default());
+    // Room for 64 items, but only 1,000 bytes.
+    let (p, _task) = Persister::spawn(store.clone(), 64, 1000, CancellationToken::new());
+    let first = Arc::new(Told::default());
+    p.send(told_upd("first", &first, 1)).await;
+    store.entered.notified().await;
+    let big = |seq| Item::Update {
+        session: Arc::from("big"),
+        notify: first.clone(),
+        seq,
+        update: "x".repeat(400).into(),
+        at: 0,
+    };
+    // The write of `first` holds its bytes; two 401-byte updates fit beside it, a third
+    // waits for the write to end.
+    p.send(big(1)).await;
+    p.send(big(2)).await;
+    let third = tokio::spawn({
+        let p = p.clone();
+        let item = big(3);
+        async move { p.send(item).await }
+    });
+    assert!(
+        tokio::time::timeout(Duration::from_millis(200), p.send(big(4)))
+            .await
+            .is_err(),
+        "a full byte budget makes senders wait"
+    );
+    assert!(!third.is_finished());
+    store.gate.add_permits(1);
+    tokio::time::timeout(Duration::from_secs(20), third)
+        .await
+        .expect("room once the write is done")
+        .expect("join");
+    p.flush_within(Duration::from_secs(20)).await.expect("flushed");
+}

@@ -156,21 +156,25 @@ impl Outbox {
 
     /// Queues `frame`, waiting for room; `false` when the client is closing.
     pub async fn send(&self, frame: Utf8Bytes) -> bool {
-        // A frame's place, then bytes in the budget: either wait may be cancelled (the client
-        // closing, or the caller giving up) without losing any of either.
+        let len = frame.len();
+        self.reserve(1, len).await && self.enqueue(frame, len)
+    }
+
+    /// Waits until `frames` places and `bytes` bytes are taken from the budgets; `false` (and
+    /// nothing taken) when the client closes first. Either wait may be cancelled (the client
+    /// closing, or the caller giving up) without losing any of either.
+    async fn reserve(&self, frames: usize, bytes: usize) -> bool {
         tokio::select! {
-            () = self.inner.frames.take(1) => {}
+            () = self.inner.frames.take(frames) => {}
             () = self.inner.closed.cancelled() => return false,
         };
-        let len = frame.len();
         tokio::select! {
-            () = self.inner.room.take(len) => {}
+            () = self.inner.room.take(bytes) => true,
             () = self.inner.closed.cancelled() => {
-                self.inner.frames.give_back([1]);
-                return false;
+                self.inner.frames.give_back(std::iter::repeat_n(1, frames));
+                false
             }
-        };
-        self.enqueue(frame, len)
+        }
     }
 
     /// Queues `frames` in order, waiting for room as it goes, several frames per wait (runs of
@@ -190,17 +194,9 @@ impl Outbox {
                 bytes += len;
                 run.extend(rest.next());
             }
-            tokio::select! {
-                () = self.inner.frames.take(run.len()) => {}
-                () = self.inner.closed.cancelled() => return false,
-            };
-            tokio::select! {
-                () = self.inner.room.take(bytes) => {}
-                () = self.inner.closed.cancelled() => {
-                    self.inner.frames.give_back(run.iter().map(|_| 1));
-                    return false;
-                }
-            };
+            if !self.reserve(run.len(), bytes).await {
+                return false;
+            }
             for frame in run {
                 let len = frame.len();
                 if !self.enqueue(frame, len) {

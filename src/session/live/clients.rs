@@ -202,7 +202,7 @@ impl LiveSession {
     fn next_held(&self, feed: u64) -> Result<Option<u64>, FeedEnd> {
         let mut f = self.fanout();
         let sub = f.fed_by(feed).ok_or(FeedEnd::Gone)?;
-        Ok(sub.held.front().map(|(after, _)| *after))
+        Ok(sub.next_held())
     }
 
     /// Queues `run` (updates up to `last`) for the subscriber of `feed`, notes how far it has
@@ -223,7 +223,7 @@ impl LiveSession {
             let mut f = self.fanout();
             let sub = f.fed_by(feed).ok_or(FeedEnd::Gone)?;
             sub.sent_up_to = last;
-            (sub.take_due(), sub.held.front().map(|(after, _)| *after))
+            (sub.take_due(), sub.next_held())
         };
         for what in due {
             give(client, what);

@@ -70,6 +70,11 @@ impl Subscriber {
         self.feed.is_some() && (self.sent_up_to < after || !self.held.is_empty())
     }
 
+    /// The seq after which the next thing held for it is due.
+    pub(super) fn next_held(&self) -> Option<u64> {
+        self.held.front().map(|(after, _)| *after)
+    }
+
     /// What is held for it that may go now.
     pub(super) fn take_due(&mut self) -> Vec<Held> {
         let mut due = Vec::new();

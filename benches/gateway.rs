@@ -14,13 +14,18 @@
 //! - `BENCH_ONLY=latency` or `BENCH_ONLY=throughput`: run one part (for profiling);
 //! - `BENCH_LIFT_QUEUE=1`: client queues large enough never to fall behind (default limits
 //!   otherwise); `BENCH_SANDBOX=none|bwrap|auto`: the agent's sandbox in the gateway;
-//! - `BENCH_MARKDOWN=path`: also write the results as Markdown table rows there.
+//! - `BENCH_MARKDOWN=path`: also write the results as Markdown table rows there;
+//! - with `--features bench-peers`, a fifth section beside the official ACP rust-sdk WebSocket
+//!   server (`benches/gateway/rust_sdk.rs`; `BENCH_SDK_PROMPTS`, default 200).
 //!
 //! The gateway runs on its own multi-threaded runtime (as it would in its own process); the
 //! benchmark client runs on a single-threaded runtime on the main thread, the same client code
 //! for every path. The client only parses messages that are not notifications, so its cost
 //! stays small and equal on every side. websocketd is skipped (and said so) when not installed.
 
+#[cfg(feature = "bench-peers")]
+#[path = "gateway/rust_sdk.rs"]
+mod rust_sdk;
 #[path = "gateway/stats.rs"]
 mod stats;
 #[path = "gateway/transport.rs"]
@@ -36,7 +41,7 @@ use acp_gateway::config::{CliOverrides, Config, DEFAULT_AGENT};
 use anyhow::{Context, Result, anyhow, bail};
 use serde_json::{Value, json};
 
-use stats::{Stats, rss_kib, stats};
+use stats::{Stats, median, rss_kib, stats};
 use transport::{AgentPipe, Rpc, Transport, Websocketd, WsClient, agent_args, gateway_bin};
 
 /// Updates a prompt produces besides its `agent_message_chunk`s, as the agent writes them:
@@ -222,6 +227,10 @@ async fn run(gw_rt: &tokio::runtime::Runtime, gw: &Arc<Gateway>, addr: SocketAdd
     if only != "throughput" {
         latency(&mut direct, &mut via, peer.as_mut(), k, backend, &mut md).await?;
     }
+    #[cfg(feature = "bench-peers")]
+    if only != "throughput" {
+        rust_sdk::section(&mut direct, &mut via, backend, &mut md).await?;
+    }
     if only != "latency" {
         throughput(gw_rt, gw, &mut direct, &mut via, peer.as_mut(), k, &mut md).await?;
         let tokens: Vec<String> = (0..EIGHT).map(|i| token(&format!("bench{i}"))).collect::<Result<_>>()?;
@@ -282,11 +291,8 @@ async fn latency(
             turn += 1;
         }
     }
-    let median = |v: &mut Vec<f64>| {
-        v.sort_by(|a, b| a.total_cmp(b));
-        v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
-    };
-    let (gw_added, peer_added) = (median(&mut gw_diffs), median(&mut peer_diffs));
+    let blocks = gw_diffs.len();
+    let (gw_added, peer_added) = (median(gw_diffs), median(peer_diffs));
     let d = stats(&direct.samples);
     let g = stats(&via.samples);
     let p = peer.as_deref().map(|p| stats(&p.samples));
@@ -307,10 +313,7 @@ async fn latency(
     if let (Some(s), Some(path)) = (&p, peer.as_deref()) {
         row(path.name, s, peer_added);
     }
-    println!(
-        "(added p50: the median over {} blocks of the path's p50 minus direct's in the same block)",
-        gw_diffs.len()
-    );
+    println!("(added p50: the median over {blocks} blocks of the path's p50 minus direct's in the same block)");
     println!(
         "gateway inside: a transcript commit takes {:.1} µs on average; an update waits {:.1} µs from queued to committed",
         metric_mean("acp_gateway_transcript_commit_seconds") * 1e6,
@@ -477,9 +480,9 @@ async fn throughput(
         if runs.is_empty() {
             continue;
         }
-        let (median, best) = rates(runs);
-        medians.push(median);
-        println!("{:<10} {:>10} {:>16.0} {:>16.0}", name, runs[0].updates, best, median);
+        let (mid, best) = rates(runs);
+        medians.push(mid);
+        println!("{:<10} {:>10} {:>16.0} {:>16.0}", name, runs[0].updates, best, mid);
     }
     let g = rates(&g_runs).0;
     let flush_text: Vec<String> = flush_ms.iter().map(|m| format!("{m:.1}")).collect();

@@ -1,6 +1,8 @@
 //! What the gateway does with each message a client sends: the methods it answers itself
 //! (`initialize`, `session/new|load|resume|list|close|delete`) and the ones it forwards to the
-//! session's agent process after checking the session belongs to the caller.
+//! session's agent process after checking the session belongs to the caller. The session
+//! lifecycle methods are in [`lifecycle`], the handling of answers that change a session's
+//! controls in [`controls`].
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, Weak};
@@ -22,6 +24,11 @@ use crate::pool::{AgentPool, AgentProcess, Pending, SessionRoute};
 use crate::protocol::{self, Incoming, Kind, RpcError, codes};
 use crate::quota::CAP_REACHED;
 use crate::session::{Client, Controls, LiveSession};
+
+mod controls;
+mod lifecycle;
+
+use controls::{CONTROL_METHODS, ControlsAnswer};
 
 /// Per-connection dispatch state.
 pub struct Connection {
@@ -468,230 +475,6 @@ impl Ctx {
         Ok((cwd, dirs))
     }
 
-    /// `session/new`, answered here (`id`): the client gets its answer before the updates the
-    /// agent sent right after its own (commands, mode), which then start the session's
-    /// transcript, as they would have reached a client talking to the agent directly.
-    async fn new_session(&self, new: NewSessionRequest, request_id: &RawValue) -> Handled {
-        let utf8 = |p: &std::path::Path| {
-            p.to_str()
-                .map(str::to_string)
-                .ok_or_else(|| RpcError::invalid_params(format!("{p:?} is not UTF-8")))
-        };
-        let asked_dirs: Vec<String> = new
-            .additional_directories
-            .iter()
-            .map(|d| utf8(d))
-            .collect::<Result<_, _>>()?;
-        if asked_dirs.len() > MAX_ADDITIONAL_DIRECTORIES {
-            return Err(RpcError::invalid_params(format!(
-                "at most {MAX_ADDITIONAL_DIRECTORIES} additionalDirectories"
-            )));
-        }
-        let (cwd, dirs) = self.workspace_dirs(Some(&utf8(&new.cwd)?), &asked_dirs)?;
-        let cwd = cwd.unwrap_or_default();
-        self.room_for_a_live_session()?;
-        self.room_to_store().await?;
-        let info = self.pool.info_for(&self.client.user).await?;
-        let cfg = self.pool.config();
-        crate::tenancy::check_mcp_servers(&new.mcp_servers, cfg, info.mcp_transports())
-            .map_err(RpcError::invalid_params)?;
-        // What the agent gets is built here, not copied: the resolved directories, the accepted
-        // MCP servers, and only the allowed `_meta` keys.
-        let mcp = serde_json::to_string(&new.mcp_servers).map_err(|e| RpcError::internal(e.to_string()))?;
-        let mut raw = format!(r#"{{"cwd":{},"mcpServers":{mcp}"#, json!(cwd));
-        if !dirs.is_empty() {
-            raw.push_str(&format!(r#","additionalDirectories":{}"#, json!(dirs)));
-        }
-        let meta: serde_json::Map<String, Value> = new
-            .meta
-            .unwrap_or_default()
-            .into_iter()
-            .filter(|(k, _)| cfg.forward_meta.contains(k))
-            .collect();
-        if !meta.is_empty() {
-            raw.push_str(&format!(r#","_meta":{}"#, Value::Object(meta)));
-        }
-        raw.push('}');
-        let process = self.pool.acquire(&self.client.user).await?;
-        let result = match process.request("session/new", &raw, self.pool.request_timeout()).await {
-            Ok(r) => r,
-            Err(e) => {
-                process.release();
-                return Err(e);
-            }
-        };
-        let Some(agent_sid) = protocol::session_id_of(Some(&result)) else {
-            process.release();
-            return Err(RpcError::internal("agent answered session/new without a sessionId"));
-        };
-        // Kept from now (and from before: the agent's stdout is read ahead) until handed on
-        // below; forgotten if the session is not created.
-        let early = process.hold_updates(Arc::from(agent_sid.as_str()));
-        let id = uuid::Uuid::new_v4().simple().to_string();
-        let meta = format!(r#"{{"mcpServers":{mcp}}}"#);
-        let dirs = json!(dirs).to_string();
-        let now = crate::store::now_micros();
-        let record = crate::store::SessionRecord {
-            id: id.clone(),
-            owner: self.client.user.to_string(),
-            agent: self.pool.name.to_string(),
-            agent_session_id: Some(agent_sid.clone()),
-            cwd,
-            additional_dirs: dirs,
-            title: None,
-            meta,
-            message_count: 0,
-            last_seq: 0,
-            created_at: now,
-            updated_at: now,
-        };
-        let session = match self.gw.sessions.create(&record).await {
-            Ok(session) => session,
-            Err(e) => {
-                process.release();
-                return Err(e);
-            }
-        };
-        // Leased first: what the serving agent says (its controls, its updates) is stored only
-        // under the lease.
-        if let Err(e) = self.gw.sessions.lease_new(&session).await {
-            process.release();
-            self.gw.sessions.discard(&self.client.user, &id).await;
-            return Err(e);
-        }
-        // The modes, config options and models the agent offers, for session/load to answer with.
-        let controls = Controls::from_result(result.get());
-        session
-            .change_controls(|c| {
-                *c = controls;
-                !c.is_empty()
-            })
-            .await;
-        if let Err(e) = session.bind(process.clone(), Arc::from(agent_sid.as_str())) {
-            process.release();
-            self.gw.sessions.discard(&self.client.user, &id).await;
-            tracing::warn!(connection = %self.client.id, user = %self.client.user, agent_session = %agent_sid, "agent reused a bound session id; session refused");
-            return Err(e);
-        }
-        self.attach(&session, false, 0).await?;
-        metrics::counter!(crate::metrics::SESSIONS_CREATED, "agent" => self.pool.name.to_string()).increment(1);
-        tracing::info!(connection = %self.client.id, user = %self.client.user, session = %id, "session created");
-        self.audit(
-            "session_create",
-            Some(&id),
-            "ok",
-            Some(json!({ "agent": &*self.pool.name })),
-        );
-        let result = protocol::with_session_id(&result, &id)
-            .ok_or_else(|| RpcError::internal("agent's session/new result is not an object"))?;
-        // The agent's stdout reader may be waiting for `early` to be handed on (the agent sent
-        // more than is held): a client that has not made room for its answer in a while is too
-        // slow, as fan-out would find it, and must not hold up the process's other sessions.
-        let frame = Utf8Bytes::from(protocol::response(request_id.get(), &result));
-        if tokio::time::timeout(NEW_SESSION_ANSWER_WAIT, self.client.outbox.send(frame))
-            .await
-            .is_err()
-        {
-            self.client
-                .outbox
-                .close(CLOSE_TOO_SLOW, "client too slow; reconnect and resume with afterSeq");
-        }
-        early.hand_on().await;
-        Ok(Reply::Answered)
-    }
-
-    async fn load(&self, sid: &str, cwd: Option<&str>, dirs: &[String], after: u64, replay: bool) -> Handled {
-        let session = self.owned(sid).await?;
-        self.audit(
-            if replay { "session_load" } else { "session_resume" },
-            Some(sid),
-            "ok",
-            None,
-        );
-        // The stored cwd is what the agent gets on restore; a client's must still be its own.
-        self.workspace_dirs(cwd, dirs)?;
-        self.attach(&session, replay, after).await?;
-        // The agent's modes, config options and models, as they are after what was replayed, so
-        // a reloaded page shows its pickers (ACP lets both answers carry them).
-        if session.controls_need_store() {
-            let stored = self.controls_in_store(&session).await?;
-            if session.is_bound_now() {
-                session.stored_controls(&stored);
-            } else {
-                // Another replica may serve it and change them: this one keeps no copy it
-                // would have to keep current.
-                return Ok(Reply::Result(Controls::from_result(&stored).to_json()));
-            }
-        }
-        Ok(Reply::Result(session.controls_json()))
-    }
-
-    /// The agent's modes, config options and models as the store holds them for `session`
-    /// (`{}` when it holds none).
-    async fn controls_in_store(&self, session: &LiveSession) -> Result<String, RpcError> {
-        let stored = self
-            .gw
-            .sessions
-            .store()
-            .session_controls(&session.owner, &session.id)
-            .await?;
-        Ok(stored.unwrap_or_else(|| String::from("{}")))
-    }
-
-    async fn close(&self, sid: &str, delete: bool) -> Handled {
-        let session = self.owned(sid).await?;
-        session.detach(&self.client);
-        self.tracked.left(sid);
-        if delete {
-            self.gw.sessions.delete(&self.client.user, sid, &self.gw.pools).await?;
-            self.audit("session_delete", Some(sid), "ok", None);
-        } else {
-            self.gw.sessions.close_on_agent(&session, &self.gw.pools).await;
-        }
-        Ok(Reply::Result(String::from("{}")))
-    }
-
-    /// Records what the caller did in the audit log.
-    fn audit(&self, action: &'static str, target: Option<&str>, outcome: &'static str, detail: Option<Value>) {
-        self.gw.audit.record(crate::audit::Event {
-            actor: &self.client.user,
-            action,
-            target,
-            outcome,
-            detail,
-            connection: Some(&self.client.id),
-            client: None,
-        });
-    }
-
-    /// Whether the caller may put one more session on an agent process.
-    fn room_for_a_live_session(&self) -> Result<(), RpcError> {
-        let live = self.gw.sessions.live_count(&self.client.user);
-        self.gw.quotas.live_session(live).map_err(|cap| {
-            self.gw
-                .audit
-                .cap_refused(&self.client.user, cap.cap, Some(&self.client.id));
-            cap.rpc()
-        })
-    }
-
-    /// Whether the caller may store more transcript (`max_stored_bytes_per_user`).
-    async fn room_to_store(&self) -> Result<(), RpcError> {
-        let max = self.gw.config.limits.max_stored_bytes_per_user;
-        self.gw.sessions.check_stored_bytes(&self.client.user, max).await
-    }
-
-    /// Attaches this connection to `session` (and remembers it, to detach when it ends).
-    async fn attach(&self, session: &Arc<LiveSession>, replay: bool, after: u64) -> Result<(), RpcError> {
-        self.tracked.attached(&session.id);
-        session
-            .attach(&self.client, &**self.gw.sessions.store(), replay, after)
-            .await?;
-        // Other replicas' agents may ask this client their requests for the session.
-        self.gw.sessions.watched(session).await;
-        Ok(())
-    }
-
     fn pool_of(&self, session: &LiveSession) -> Option<Arc<AgentPool>> {
         self.gw.pools.get(&session.agent).cloned()
     }
@@ -800,69 +583,5 @@ impl Ctx {
         };
         self.tracked.remember_forwarded(id.get(), &binding.process, agent_id);
         Ok(Reply::Forwarded)
-    }
-}
-
-/// The methods whose successful answers change a session's controls.
-const CONTROL_METHODS: [&str; 3] = ["session/set_mode", "session/set_config_option", "session/set_model"];
-
-/// Where the agent's answer to a [`CONTROL_METHODS`] request goes: the session's controls take
-/// what it changed (before the client sees the answer, so a `session/load` right after it
-/// answers with them), they are stored, and the answer goes on as any other. When other replicas
-/// share the database, the answer waits until they are written: a client of another replica
-/// that loads the session after the answer reads them from the store.
-struct ControlsAnswer {
-    session: Arc<LiveSession>,
-    /// The client's method and params (`session/set_mode` answers `{}`: the mode is in them).
-    method: Box<str>,
-    params: Box<str>,
-    /// Tracks the task that stores them.
-    gw: Arc<Gateway>,
-}
-
-#[async_trait::async_trait]
-impl SessionRoute for ControlsAnswer {
-    fn session_id(&self) -> &str {
-        self.session.session_id()
-    }
-
-    async fn publish(&self, update: &RawValue, meta: Option<&RawValue>) {
-        self.session.publish(update, meta).await;
-    }
-
-    fn agent_request(self: Arc<Self>, process: &Arc<AgentProcess>, id: Box<RawValue>, method: &str, params: String) {
-        self.session.clone().agent_request(process, id, method, params);
-    }
-
-    fn respond(&self, to: &crate::outbox::Outbox, client_id: &RawValue, frame: Utf8Bytes) {
-        #[derive(Deserialize)]
-        struct Answer<'a> {
-            #[serde(borrow, default)]
-            result: Option<&'a RawValue>,
-        }
-        let result = serde_json::from_str::<Answer<'_>>(&frame).ok().and_then(|a| a.result);
-        if let Some(result) = result
-            && self
-                .session
-                .change_controls_now(|c| c.apply_answer(&self.method, &self.params, result.get()))
-        {
-            let session = self.session.clone();
-            if session.replicated() {
-                let (to, client_id) = (to.clone(), client_id.to_owned());
-                self.gw.tracker.spawn(async move {
-                    session.store_controls_now().await;
-                    session.respond(&to, &client_id, frame);
-                });
-                return;
-            }
-            self.gw
-                .tracker
-                .spawn(async move { session.store_controls_in_order().await });
-        }
-        self.session.respond(to, client_id, frame);
-    }
-
-    fn unbound(&self, process_id: u64) {
-        self.session.unbound(process_id);
     }
 }

@@ -256,40 +256,19 @@ async fn latency(
     if let Some(p) = peer.as_deref_mut() {
         p.prompts(k.warmup, false).await?;
     }
-    // Within a round the paths take turns in blocks of `block` prompts (which goes first
-    // rotates), so machine noise hits them alike; the paired estimate is the median over blocks
-    // of (path p50 - direct p50).
     let mut gw_diffs = Vec::new();
     let mut peer_diffs = Vec::new();
     let mut turn = 0usize;
     for _ in 0..k.rounds {
-        let mut done = 0;
-        while done < k.per_round {
-            let n = k.block.min(k.per_round - done);
-            let marks = (
-                direct.samples.len(),
-                via.samples.len(),
-                peer.as_ref().map_or(0, |p| p.samples.len()),
-            );
-            for leg in 0..3 {
-                match (leg + turn) % 3 {
-                    0 => direct.prompts(n, true).await?,
-                    1 => via.prompts(n, true).await?,
-                    _ => {
-                        if let Some(p) = peer.as_deref_mut() {
-                            p.prompts(n, true).await?;
-                        }
-                    }
-                }
-            }
-            let d = stats(&direct.samples[marks.0..]).p50;
-            gw_diffs.push(stats(&via.samples[marks.1..]).p50 - d);
-            if let Some(p) = peer.as_deref() {
-                peer_diffs.push(stats(&p.samples[marks.2..]).p50 - d);
-            }
-            done += n;
-            turn += 1;
-        }
+        take_turns(
+            direct,
+            via,
+            peer.as_deref_mut(),
+            (k.per_round, k.block),
+            &mut turn,
+            (&mut gw_diffs, &mut peer_diffs),
+        )
+        .await?;
     }
     let blocks = gw_diffs.len();
     let (gw_added, peer_added) = (median(gw_diffs), median(peer_diffs));
@@ -358,6 +337,48 @@ async fn latency(
     Ok(())
 }
 
+/// `total` timed prompts on each path, the paths taking turns in blocks of `block` prompts
+/// (which goes first rotates with `turn`, kept across calls), so machine noise hits them alike.
+/// Pushes, per block, the gateway's and the peer's p50 minus direct's p50 in the same block: the
+/// paired estimate of what each adds is the median of those.
+async fn take_turns(
+    direct: &mut Path<AgentPipe>,
+    via: &mut Path<WsClient>,
+    mut peer: Option<&mut Path<WsClient>>,
+    (total, block): (u64, u64),
+    turn: &mut usize,
+    (gw_diffs, peer_diffs): (&mut Vec<f64>, &mut Vec<f64>),
+) -> Result<()> {
+    let mut done = 0;
+    while done < total {
+        let n = block.min(total - done);
+        let marks = (
+            direct.samples.len(),
+            via.samples.len(),
+            peer.as_ref().map_or(0, |p| p.samples.len()),
+        );
+        for leg in 0..3 {
+            match (leg + *turn) % 3 {
+                0 => direct.prompts(n, true).await?,
+                1 => via.prompts(n, true).await?,
+                _ => {
+                    if let Some(p) = peer.as_deref_mut() {
+                        p.prompts(n, true).await?;
+                    }
+                }
+            }
+        }
+        let d = stats(&direct.samples[marks.0..]).p50;
+        gw_diffs.push(stats(&via.samples[marks.1..]).p50 - d);
+        if let Some(p) = peer.as_deref() {
+            peer_diffs.push(stats(&p.samples[marks.2..]).p50 - d);
+        }
+        done += n;
+        *turn += 1;
+    }
+    Ok(())
+}
+
 /// The mean of a histogram of this process's gateway (`_sum / _count` over its label sets).
 fn metric_mean(name: &str) -> f64 {
     let text = acp_gateway::telemetry::render_metrics();
@@ -414,9 +435,9 @@ async fn stream_once<T: Transport>(rpc: &mut Rpc<T>, session: &str, n: u64, extr
 
 /// Median and best rate of some runs.
 fn rates(runs: &[Throughput]) -> (f64, f64) {
-    let mut r: Vec<f64> = runs.iter().map(Throughput::rate).collect();
-    r.sort_by(|a, b| a.total_cmp(b));
-    (r[r.len() / 2], r[r.len() - 1])
+    let r: Vec<f64> = runs.iter().map(Throughput::rate).collect();
+    let best = r.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    (median(r), best)
 }
 
 /// Section 2: one connection streaming as fast as the agent writes; section 3: memory.

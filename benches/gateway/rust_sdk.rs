@@ -21,7 +21,7 @@ use agent_client_protocol_http::AcpHttpServer;
 use anyhow::{Context, Result};
 use axum::serve::ListenerExt as _;
 
-use super::{AGENT_EXTRAS, Path, env_u64};
+use super::{AGENT_EXTRAS, Path, env_u64, take_turns};
 use crate::stats::{median, stats};
 use crate::transport::{AgentPipe, WsClient, agent_args, gateway_bin};
 
@@ -97,23 +97,15 @@ pub(super) async fn section(
     path.prompts(BLOCK, false).await?;
     let marks = (direct.samples.len(), via.samples.len());
     let (mut gw_diffs, mut sdk_diffs) = (Vec::new(), Vec::new());
-    let mut done = 0;
-    let mut turn = 0;
-    while done < total {
-        let at = (direct.samples.len(), via.samples.len(), path.samples.len());
-        for leg in 0..3 {
-            match (leg + turn) % 3 {
-                0 => direct.prompts(BLOCK, true).await?,
-                1 => via.prompts(BLOCK, true).await?,
-                _ => path.prompts(BLOCK, true).await?,
-            }
-        }
-        let d = stats(&direct.samples[at.0..]).p50;
-        gw_diffs.push(stats(&via.samples[at.1..]).p50 - d);
-        sdk_diffs.push(stats(&path.samples[at.2..]).p50 - d);
-        done += BLOCK;
-        turn += 1;
-    }
+    take_turns(
+        direct,
+        via,
+        Some(&mut path),
+        (total, BLOCK),
+        &mut 0,
+        (&mut gw_diffs, &mut sdk_diffs),
+    )
+    .await?;
     let (gw_added, sdk_added) = (median(gw_diffs), median(sdk_diffs));
     let d = stats(&direct.samples[marks.0..]);
     let g = stats(&via.samples[marks.1..]);

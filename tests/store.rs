@@ -968,7 +968,7 @@ async fn stored_bytes_count_each_users_stored_transcript(backend: Backend) {
     assert_eq!(stored(&db.store, "alice").await, 0);
     assert_eq!(stored(&db.store, "nobody").await, 0);
 
-    // One session's updates alone (SQLite: one statement, the trigger counts).
+    // One session's updates alone.
     let c1 = chunk(1, 10);
     s.write_batch(&[events("a1", c1.clone(), BASE + 1)])
         .await
@@ -1127,6 +1127,7 @@ async fn persister_stores_everything_in_order(backend: Backend) {
                     .send(Item::Prompt {
                         session: id.clone(),
                         title: Some(format!("title {k}")),
+                        through: 0,
                     })
                     .await;
             }
@@ -1139,6 +1140,7 @@ async fn persister_stores_everything_in_order(backend: Backend) {
                     seq,
                     update: update.into(),
                     at: BASE + seq as i64,
+                    more: false,
                 })
                 .await;
         }
@@ -1267,4 +1269,67 @@ async fn postgres_search_works_without_pg_trgm() {
         .await;
     let _ = admin.execute(format!("DROP ROLE {role}").as_str()).await;
     let _ = admin.close().await;
+}
+
+/// SQLite's transcript writer stores chunks without touching their sessions and advances the
+/// rows once the queue is quiet. A gateway killed in between leaves rows behind their chunks:
+/// the session still reads with its newest stored seq (updates go on numbering above it), and
+/// opening the database again advances the rows (last_seq, updated_at, stored bytes).
+#[tokio::test]
+async fn sqlite_rows_left_behind_their_chunks_are_advanced_when_opened() {
+    let db = open(Backend::Sqlite).await;
+    create(&*db.store, "k1", "alice", "/w", "{}", BASE).await;
+    create(&*db.store, "k2", "alice", "/w", "{}", BASE).await;
+    let (first, lone, second) = (chunk(1, 5), chunk(6, 6), chunk(1, 2));
+    {
+        let mut writer = db
+            .store
+            .transcript_writer()
+            .expect("a file has a writer of its own")
+            .expect("writer opens");
+        writer
+            .write_batch(&[
+                events("k1", first.clone(), BASE + 5),
+                events("k2", second.clone(), BASE + 7),
+            ])
+            .expect("batch");
+        writer
+            .write_batch(&[events("k1", lone.clone(), BASE + 6)])
+            .expect("lone chunk");
+        assert!(writer.unsettled_since().is_some(), "the rows are put off");
+        // Dropped without settling: as if the gateway were killed here.
+    }
+    let rec = db.store.get_session("alice", "k1").await.expect("get").expect("k1");
+    assert_eq!(rec.last_seq, 6, "a session reads with its newest stored seq");
+    let rows = list_all(&*db.store, "alice", &ListFilter::default()).await;
+    assert!(
+        rows.iter().all(|r| r.last_seq == 0),
+        "the rows themselves lag: {rows:?}"
+    );
+    assert_eq!(stored(&db.store, "alice").await, 0);
+
+    let reopened: Arc<dyn Store> = store::connect(&db.url).await.expect("reopen");
+    let rows = list_all(&*reopened, "alice", &ListFilter::default()).await;
+    let row = |id: &str| rows.iter().find(|r| r.id == id).cloned().expect("row");
+    assert_eq!((row("k1").last_seq, row("k1").updated_at), (6, BASE + 6));
+    assert_eq!((row("k2").last_seq, row("k2").updated_at), (2, BASE + 7));
+    let all = first.payload.len() + lone.payload.len() + second.payload.len();
+    assert_eq!(stored(&reopened, "alice").await, all as u64);
+    assert_eq!(
+        read_back(&*reopened, "alice", "k1").await + read_back(&*reopened, "alice", "k2").await,
+        all as u64
+    );
+
+    // Settled rows are left alone by the next opening, and a settle counts each chunk once.
+    let mut writer = reopened.transcript_writer().expect("writer").expect("opens");
+    writer
+        .write_batch(&[events("k1", chunk(7, 8), BASE + 9)])
+        .expect("write");
+    writer.settle().expect("settle");
+    assert!(writer.unsettled_since().is_none());
+    drop(writer);
+    let again: Arc<dyn Store> = store::connect(&db.url).await.expect("reopen");
+    assert_eq!(stored(&again, "alice").await, (all + chunk(7, 8).payload.len()) as u64);
+    let rec = again.get_session("alice", "k1").await.expect("get").expect("k1");
+    assert_eq!((rec.last_seq, rec.updated_at), (8, BASE + 9));
 }

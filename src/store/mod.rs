@@ -325,6 +325,13 @@ pub struct SessionWrite {
     pub updated_at: i64,
 }
 
+impl SessionWrite {
+    /// Whether it changes the session's message count, titles or controls.
+    pub fn has_metadata(&self) -> bool {
+        self.prompts != 0 || self.prompt_title.is_some() || self.agent_title.is_some() || self.controls.is_some()
+    }
+}
+
 /// A new session row: the [`SessionRecord`] columns known when a session starts (no title, no
 /// prompts, no transcript yet), borrowed.
 #[derive(Debug, Clone)]

@@ -149,6 +149,56 @@ impl PgStore {
     }
 }
 
+/// Stores chunks and advances their sessions in one statement, atomic on its own: the writes
+/// every update waits on before a client sees it are one round trip and one commit, not `BEGIN`,
+/// an `INSERT` and an `UPDATE` per session, and `COMMIT`. A chunk whose session is gone, or whose
+/// seqs are stored already, is skipped (and logged), as [`super::sql::Sql::write_batch`] does.
+const WRITE_CHUNKS: &str = "WITH w AS (
+        SELECT * FROM unnest($1::text[], $2::bigint[], $3::bigint[], $4::text[], $5::bigint[])
+            AS w(session_id, seq_from, seq_to, payload, at)
+    ), stored AS (
+        INSERT INTO session_events (session_id, seq_from, seq_to, payload, created_at)
+        SELECT w.session_id, w.seq_from, w.seq_to, w.payload, w.at FROM w
+        WHERE EXISTS (SELECT 1 FROM sessions s WHERE s.id = w.session_id)
+        ON CONFLICT (session_id, seq_from) DO NOTHING
+        RETURNING session_id, seq_from, seq_to, octet_length(payload) AS bytes, created_at
+    ), advanced AS (
+        UPDATE sessions SET
+            last_seq = GREATEST(last_seq, a.seq_to),
+            updated_at = GREATEST(updated_at, a.at),
+            stored_bytes = stored_bytes + a.bytes
+        FROM (SELECT session_id, MAX(seq_to) AS seq_to, MAX(created_at) AS at, SUM(bytes) AS bytes
+              FROM stored GROUP BY session_id) a
+        WHERE sessions.id = a.session_id
+        RETURNING 1
+    )
+    SELECT session_id, seq_from FROM stored";
+
+impl PgStore {
+    async fn write_chunks(&self, writes: &[SessionWrite]) -> Result<(), StoreError> {
+        let chunks: Vec<(&str, &super::EventChunk, i64)> = writes
+            .iter()
+            .filter_map(|w| Some((&*w.session_id, w.chunk.as_ref()?, w.updated_at)))
+            .collect();
+        let stored: Vec<(String, i64)> = sqlx::query_as(WRITE_CHUNKS)
+            .bind(chunks.iter().map(|c| c.0).collect::<Vec<_>>())
+            .bind(chunks.iter().map(|c| c.1.seq_from).collect::<Vec<_>>())
+            .bind(chunks.iter().map(|c| c.1.seq_to).collect::<Vec<_>>())
+            .bind(chunks.iter().map(|c| c.1.payload.as_str()).collect::<Vec<_>>())
+            .bind(chunks.iter().map(|c| c.2).collect::<Vec<_>>())
+            .fetch_all(&self.pool)
+            .await?;
+        if stored.len() < chunks.len() {
+            let stored: std::collections::HashSet<(&str, i64)> = stored.iter().map(|(s, f)| (s.as_str(), *f)).collect();
+            for (session, chunk, _) in chunks {
+                let rows = u64::from(stored.contains(&(session, chunk.seq_from)));
+                super::sql::note_unstored(session, chunk, rows);
+            }
+        }
+        Ok(())
+    }
+}
+
 /// Reads the identity key, says (once, at start-up) what would weaken the wall, and proves that
 /// request work works: a transaction that switches to the request role and names a user must
 /// come back as that role, with the database agreeing on the user (the same signature on both
@@ -408,6 +458,9 @@ impl Store for PgStore {
     }
 
     async fn write_batch(&self, writes: &[SessionWrite]) -> Result<(), StoreError> {
+        if writes.iter().all(|w| w.chunk.is_some() && !w.has_metadata()) {
+            return self.write_chunks(writes).await;
+        }
         let mut tx = self.as_system().await?;
         Postgres::write_batch(&mut tx, writes).await?;
         tx.commit().await?;

@@ -42,11 +42,12 @@ where
     const LIKE: &'static str;
     /// The text index `session/list` searches can start from (migration `…_session_search`).
     const SEARCH_INDEX: SearchIndex;
-    /// Whether a stored chunk advances its session (`last_seq`, `updated_at`, `stored_bytes`) by
-    /// trigger, in the statement that stores it, so that [`Sql::write_batch`] must not add its
-    /// bytes again. SQLite: yes (one autocommit statement per chunk); Postgres: `write_batch`'s
-    /// own `UPDATE` of the session does it, in the same transaction.
-    const CHUNKS_ADVANCE_SESSION: bool;
+    /// A session's `last_seq` as [`Sql::get_session`] reads it. SQLite's transcript writer
+    /// advances a session's row after its chunks (see `migrations/sqlite/…_chunks_leave_sessions_alone`),
+    /// so it is read there as the larger of the row's and the newest stored chunk's: a session
+    /// loaded again at once numbers its updates above every stored one. Postgres advances the row
+    /// in the transaction that stores the chunk.
+    const LAST_SEQ: &'static str;
 
     /// How many rows a statement changed (sqlx's result types share no trait for it).
     fn rows_affected(done: &Self::QueryResult) -> u64;
@@ -76,7 +77,8 @@ where
         owner: &str,
         id: &str,
     ) -> Result<Option<SessionRecord>, sqlx::Error> {
-        let sql = format!("SELECT {SESSION_COLUMNS} FROM sessions WHERE id = $1 AND owner = $2");
+        let columns = SESSION_COLUMNS.replacen("last_seq", Self::LAST_SEQ, 1);
+        let sql = format!("SELECT {columns} FROM sessions WHERE id = $1 AND owner = $2");
         sqlx::query_as(&sql).bind(id).bind(owner).fetch_optional(e).await
     }
 
@@ -152,7 +154,7 @@ where
             let mut stored_bytes = 0;
             if let Some(chunk) = &w.chunk {
                 let stored = Self::insert_chunk(&mut *conn, &w.session_id, chunk, w.updated_at).await?;
-                if stored && !Self::CHUNKS_ADVANCE_SESSION {
+                if stored {
                     stored_bytes = i64::try_from(chunk.payload.len()).unwrap_or(i64::MAX);
                 }
             }
@@ -189,9 +191,14 @@ where
         max_chunks: u32,
     ) -> Result<Vec<EventChunk>, sqlx::Error> {
         sqlx::query_as(
+            // From the chunk that holds `after_seq` on (chunks never overlap): a range of the
+            // primary key, not a walk over every chunk before it (a session caught up page by
+            // page deep into a long transcript read it all again for each page).
             "SELECT e.seq_from, e.seq_to, e.payload FROM session_events e
              JOIN sessions s ON s.id = e.session_id
              WHERE e.session_id = $1 AND s.owner = $2 AND e.seq_to > $3
+               AND e.seq_from >= COALESCE((SELECT b.seq_from FROM session_events b
+                   WHERE b.session_id = $1 AND b.seq_from <= $3 ORDER BY b.seq_from DESC LIMIT 1), 0)
              ORDER BY e.seq_from LIMIT $4",
         )
         .bind(id)
@@ -294,7 +301,8 @@ impl Sql for Sqlite {
     const GREATEST: &'static str = "MAX";
     const LIKE: &'static str = "LIKE";
     const SEARCH_INDEX: SearchIndex = SearchIndex::Fts5;
-    const CHUNKS_ADVANCE_SESSION: bool = true;
+    const LAST_SEQ: &'static str = "MAX(last_seq, COALESCE((SELECT seq_to FROM session_events e
+        WHERE e.session_id = sessions.id ORDER BY seq_from DESC LIMIT 1), 0)) AS last_seq";
 
     fn rows_affected(done: &Self::QueryResult) -> u64 {
         done.rows_affected()
@@ -305,7 +313,7 @@ impl Sql for Postgres {
     const GREATEST: &'static str = "GREATEST";
     const LIKE: &'static str = "ILIKE";
     const SEARCH_INDEX: SearchIndex = SearchIndex::Trigram;
-    const CHUNKS_ADVANCE_SESSION: bool = false;
+    const LAST_SEQ: &'static str = "last_seq";
 
     fn rows_affected(done: &Self::QueryResult) -> u64 {
         done.rows_affected()
@@ -477,7 +485,7 @@ fn push_list_conditions<'a, DB>(
 
 /// Logs a transcript chunk the database did not take. Such a chunk is skipped, never retried: a
 /// batch that failed on it would block every session's transcript behind it.
-fn note_unstored(session: &str, chunk: &EventChunk, rows: u64) {
+pub(super) fn note_unstored(session: &str, chunk: &EventChunk, rows: u64) {
     if rows == 0 {
         tracing::warn!(
             session,

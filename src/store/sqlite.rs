@@ -54,12 +54,35 @@ impl SqliteStore {
             .connect_with(options)
             .await?;
         sqlx::migrate!("./migrations/sqlite").run(&pool).await?;
+        let behind = sqlx::query(ADVANCE_SESSIONS_BEHIND)
+            .execute(&pool)
+            .await?
+            .rows_affected();
+        if behind > 0 {
+            tracing::info!(
+                sessions = behind,
+                "sessions advanced past chunks stored before the last stop"
+            );
+        }
         Ok(Self {
             pool,
             path: on_disk.then(|| path.to_string()),
         })
     }
 }
+
+/// Advances each session whose row lags its stored chunks (the transcript writer advances rows
+/// after their chunks, see [`super::sqlite_writer`]; a gateway killed in between leaves them so):
+/// the chunks above its `last_seq` are the ones its `stored_bytes` does not count yet. In SQLite
+/// every expression of an `UPDATE` reads the row as it was.
+const ADVANCE_SESSIONS_BEHIND: &str = "UPDATE sessions SET
+        stored_bytes = stored_bytes + (SELECT COALESCE(SUM(octet_length(payload)), 0) FROM session_events e
+            WHERE e.session_id = sessions.id AND e.seq_from > sessions.last_seq),
+        updated_at = MAX(updated_at, (SELECT COALESCE(MAX(created_at), 0) FROM session_events e
+            WHERE e.session_id = sessions.id AND e.seq_from > sessions.last_seq)),
+        last_seq = (SELECT seq_to FROM session_events e WHERE e.session_id = sessions.id ORDER BY seq_from DESC LIMIT 1)
+     WHERE last_seq < COALESCE((SELECT seq_to FROM session_events e WHERE e.session_id = sessions.id
+            ORDER BY seq_from DESC LIMIT 1), 0)";
 
 /// The database holds every transcript and the cursor key: its directory is created 0700, the
 /// file itself 0600 before SQLite opens it (SQLite gives its `-wal` and `-shm` the same mode), and
@@ -151,23 +174,14 @@ impl Store for SqliteStore {
     }
 
     async fn write_batch(&self, writes: &[SessionWrite]) -> Result<(), StoreError> {
-        // One session's updates, or one session's message count and titles: a single statement
-        // (a stored chunk advances its session by trigger), atomic on its own, so no BEGIN and
-        // COMMIT round trips on the path every update waits on before a client sees it.
-        if let [only] = writes {
-            let mut conn = self.pool.acquire().await?;
-            let metadata = only.prompts != 0 || only.agent_title.is_some() || only.prompt_title.is_some();
-            match &only.chunk {
-                Some(chunk) if !metadata => {
-                    Sqlite::insert_chunk(&mut conn, &only.session_id, chunk, only.updated_at).await?;
-                    return Ok(());
-                }
-                None => {
-                    Sqlite::write_batch(&mut conn, writes).await?;
-                    return Ok(());
-                }
-                Some(_) => {}
-            }
+        // Through the pool (an in-memory database; a file uses the transcript writer's own
+        // connection, [`Self::transcript_writer`]): a chunk and the row it advances in one
+        // transaction; a lone metadata write is a single statement, atomic on its own.
+        if let [only] = writes
+            && only.chunk.is_none()
+        {
+            Sqlite::write_batch(&mut *self.pool.acquire().await?, writes).await?;
+            return Ok(());
         }
         let mut tx = self.pool.begin().await?;
         Sqlite::write_batch(&mut tx, writes).await?;

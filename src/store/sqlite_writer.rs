@@ -3,18 +3,26 @@
 //! thread, not a message to a connection's worker thread and back per statement (sqlx's shape):
 //! every update waits for a commit before anyone sees it, so that hop was on every client's path.
 //!
-//! The statements are the ones [`super::sql`] runs for SQLite; the shapes match
-//! [`super::sqlite::SqliteStore`]'s `write_batch`: a lone chunk is one statement (the trigger
-//! advances its session), anything else one `BEGIN IMMEDIATE` transaction.
+//! Chunks are stored on their own: a lone chunk is one statement, anything else one `BEGIN
+//! IMMEDIATE` transaction, and neither touches the sessions they belong to. Advancing a
+//! session's row (`last_seq`, `updated_at`, `stored_bytes`) rewrites the row and both of the
+//! owner's list indexes: twice the pages of the chunk itself, on the commit every update waits
+//! on. The writer keeps those advances and makes them in one transaction when the queue is quiet
+//! ([`BatchWriter::settle`]): nobody waits on them. `last_seq` and `stored_bytes` move together,
+//! so after a crash the store accounts for the chunks above a row's `last_seq` when it opens
+//! ([`super::sqlite::SqliteStore::connect`]), and a session is read with the newest stored
+//! chunk's seq ([`super::sql::Sql::LAST_SEQ`]).
 //!
 //! Checkpoints (copying the WAL into the database file, with an fsync) are off this connection:
 //! SQLite's automatic one runs inside the commit that crosses 1,000 pages, which put a 10 ms
 //! fsync on the path of whichever update came then. A thread of its own checkpoints every
 //! [`CHECKPOINT_EVERY`] instead (`PASSIVE`: it never waits for, nor blocks, the writer).
 
+use std::collections::HashMap;
+use std::sync::Arc;
 use std::sync::mpsc;
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use rusqlite::{Connection, OpenFlags, TransactionBehavior, params};
 
@@ -25,19 +33,49 @@ const INSERT_CHUNK: &str = "INSERT INTO session_events (session_id, seq_from, se
      SELECT ?1, ?2, ?3, ?4, ?5 WHERE EXISTS (SELECT 1 FROM sessions WHERE id = ?1)
      ON CONFLICT (session_id, seq_from) DO NOTHING";
 
-/// A session's row after a batch (its chunk's bytes and `last_seq` are the trigger's).
+/// A session's message count, titles and controls (its chunks advance it in [`ADVANCE_SESSION`]).
 const UPDATE_SESSION: &str = "UPDATE sessions SET
+        updated_at = MAX(updated_at, ?2),
+        message_count = message_count + ?3,
+        title = COALESCE(?4, title, ?5),
+        controls = COALESCE(?6, controls)
+     WHERE id = ?1";
+
+/// A session's row after chunks of it were stored: `last_seq` and `stored_bytes` together.
+const ADVANCE_SESSION: &str = "UPDATE sessions SET
         last_seq = MAX(last_seq, ?2),
         updated_at = MAX(updated_at, ?3),
-        message_count = message_count + ?4,
-        title = COALESCE(?5, title, ?6),
-        controls = COALESCE(?7, controls)
+        stored_bytes = stored_bytes + ?4
      WHERE id = ?1";
 
 /// A batch writer that runs on the caller's thread (the transcript writer's own).
 pub trait BatchWriter: Send {
     /// Writes `writes` atomically.
     fn write_batch(&mut self, writes: &[SessionWrite]) -> Result<(), StoreError>;
+    /// Since when this writer has writes it put off (none: `None`): [`Self::settle`] makes them.
+    fn unsettled_since(&self) -> Option<Instant> {
+        None
+    }
+    /// Makes the writes put off so far, in one transaction.
+    fn settle(&mut self) -> Result<(), StoreError> {
+        Ok(())
+    }
+}
+
+/// How far a session's stored chunks go beyond its row.
+#[derive(Debug, Clone, Copy, Default)]
+struct Advance {
+    last_seq: i64,
+    updated_at: i64,
+    bytes: i64,
+}
+
+impl Advance {
+    fn add(&mut self, chunk: &EventChunk, at: i64) {
+        self.last_seq = self.last_seq.max(chunk.seq_to);
+        self.updated_at = self.updated_at.max(at);
+        self.bytes += i64::try_from(chunk.payload.len()).unwrap_or(i64::MAX);
+    }
 }
 
 /// How often the checkpoint thread copies the WAL into the database file.
@@ -46,6 +84,9 @@ const CHECKPOINT_EVERY: Duration = Duration::from_millis(250);
 /// The transcript writer's own SQLite connection.
 pub struct SqliteWriter {
     conn: Connection,
+    /// Sessions whose rows lag their stored chunks, and since when the oldest has.
+    unsettled: HashMap<Arc<str>, Advance>,
+    unsettled_since: Option<Instant>,
     _checkpoints: Checkpoints,
 }
 
@@ -109,8 +150,21 @@ impl SqliteWriter {
         conn.set_prepared_statement_cache_capacity(8);
         Ok(Self {
             conn,
+            unsettled: HashMap::new(),
+            unsettled_since: None,
             _checkpoints: Checkpoints::start(path)?,
         })
+    }
+
+    /// Keeps the advances of chunks just committed for [`BatchWriter::settle`].
+    fn put_off(&mut self, stored: impl IntoIterator<Item = (Arc<str>, Advance)>) {
+        for (session, a) in stored {
+            let kept = self.unsettled.entry(session).or_default();
+            kept.last_seq = kept.last_seq.max(a.last_seq);
+            kept.updated_at = kept.updated_at.max(a.updated_at);
+            kept.bytes += a.bytes;
+            self.unsettled_since.get_or_insert_with(Instant::now);
+        }
     }
 }
 
@@ -118,44 +172,76 @@ impl BatchWriter for SqliteWriter {
     fn write_batch(&mut self, writes: &[SessionWrite]) -> Result<(), StoreError> {
         if let [only] = writes
             && let Some(chunk) = &only.chunk
-            && !has_metadata(only)
+            && !only.has_metadata()
         {
-            insert_chunk(&self.conn, &only.session_id, chunk, only.updated_at)?;
+            if insert_chunk(&self.conn, &only.session_id, chunk, only.updated_at)? {
+                let mut a = Advance::default();
+                a.add(chunk, only.updated_at);
+                self.put_off([(only.session_id.clone(), a)]);
+            }
             return Ok(());
         }
         let tx = self
             .conn
             .transaction_with_behavior(TransactionBehavior::Immediate)
             .map_err(sqlite)?;
+        let mut stored: Vec<(Arc<str>, Advance)> = Vec::new();
         for w in writes {
-            if let Some(chunk) = &w.chunk {
-                insert_chunk(&tx, &w.session_id, chunk, w.updated_at)?;
+            if let Some(chunk) = &w.chunk
+                && insert_chunk(&tx, &w.session_id, chunk, w.updated_at)?
+            {
+                let mut a = Advance::default();
+                a.add(chunk, w.updated_at);
+                stored.push((w.session_id.clone(), a));
             }
-            let mut update = tx.prepare_cached(UPDATE_SESSION).map_err(sqlite)?;
-            update
-                .execute(params![
-                    &*w.session_id,
-                    w.chunk.as_ref().map_or(0, |c| c.seq_to),
-                    w.updated_at,
-                    w.prompts,
-                    w.agent_title.as_deref(),
-                    w.prompt_title.as_deref(),
-                    w.controls.as_deref(),
-                ])
+            if w.has_metadata() {
+                let mut update = tx.prepare_cached(UPDATE_SESSION).map_err(sqlite)?;
+                update
+                    .execute(params![
+                        &*w.session_id,
+                        w.updated_at,
+                        w.prompts,
+                        w.agent_title.as_deref(),
+                        w.prompt_title.as_deref(),
+                        w.controls.as_deref(),
+                    ])
+                    .map_err(sqlite)?;
+            }
+        }
+        tx.commit().map_err(sqlite)?;
+        self.put_off(stored);
+        Ok(())
+    }
+
+    fn unsettled_since(&self) -> Option<Instant> {
+        self.unsettled_since
+    }
+
+    fn settle(&mut self) -> Result<(), StoreError> {
+        if self.unsettled.is_empty() {
+            return Ok(());
+        }
+        let tx = self
+            .conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)
+            .map_err(sqlite)?;
+        for (session, a) in &self.unsettled {
+            let mut advance = tx.prepare_cached(ADVANCE_SESSION).map_err(sqlite)?;
+            advance
+                .execute(params![&**session, a.last_seq, a.updated_at, a.bytes])
                 .map_err(sqlite)?;
         }
-        tx.commit().map_err(sqlite)
+        tx.commit().map_err(sqlite)?;
+        self.unsettled.clear();
+        self.unsettled_since = None;
+        Ok(())
     }
 }
 
-/// Whether a write changes the session's message count, titles or controls.
-fn has_metadata(w: &SessionWrite) -> bool {
-    w.prompts != 0 || w.agent_title.is_some() || w.prompt_title.is_some() || w.controls.is_some()
-}
-
-fn insert_chunk(conn: &Connection, session_id: &str, chunk: &EventChunk, at: i64) -> Result<(), StoreError> {
+/// Whether the chunk was stored (not: its session is gone, or its seq range already stored).
+fn insert_chunk(conn: &Connection, session_id: &str, chunk: &EventChunk, at: i64) -> Result<bool, StoreError> {
     let mut insert = conn.prepare_cached(INSERT_CHUNK).map_err(sqlite)?;
-    insert
+    let rows = insert
         .execute(params![
             session_id,
             chunk.seq_from,
@@ -164,7 +250,7 @@ fn insert_chunk(conn: &Connection, session_id: &str, chunk: &EventChunk, at: i64
             at
         ])
         .map_err(sqlite)?;
-    Ok(())
+    Ok(rows > 0)
 }
 
 /// rusqlite's error as the store's, keeping SQLite's extended result code (so transient

@@ -159,8 +159,13 @@ struct UpdateLine<'a> {
 
 /// Whether the line's first bytes name `session/update` (where agents put `method`).
 fn looks_like_update(line: &str) -> bool {
+    starts_like_update(line.as_bytes())
+}
+
+/// [`looks_like_update`] for the start of a line (the head of what is read and not yet handled).
+fn starts_like_update(line: &[u8]) -> bool {
     const NEEDLE: &[u8] = b"\"session/update\"";
-    let head = &line.as_bytes()[..line.len().min(96)];
+    let head = &line[..line.len().min(96)];
     head.windows(NEEDLE.len()).any(|w| w == NEEDLE)
 }
 
@@ -745,6 +750,17 @@ impl std::fmt::Debug for EarlyUpdates {
     }
 }
 
+tokio::task_local! {
+    /// While an agent's line is handled: whether the next line, already read, is an update too.
+    static MORE_LINES: bool;
+}
+
+/// Whether the agent line being handled on this task has another update right behind it,
+/// already read (a burst the agent wrote at once); `false` off the agent's reader.
+pub fn more_lines_follow() -> bool {
+    MORE_LINES.try_with(|more| *more).unwrap_or(false)
+}
+
 async fn read_stdout(
     process: Weak<AgentProcess>,
     mut lines: FramedRead<tokio::process::ChildStdout, AgentLines>,
@@ -767,7 +783,10 @@ async fn read_stdout(
             return;
         };
         match next {
-            Some(Ok(Line::Text(line))) => process.on_line(&line).await,
+            Some(Ok(Line::Text(line))) => {
+                let more = starts_like_update(lines.read_buffer());
+                MORE_LINES.scope(more, process.on_line(&line)).await;
+            }
             Some(Ok(Line::TooLong)) => {
                 tracing::warn!(agent = %process.agent, process = process.id, "agent wrote a line over the cap; skipped");
             }

@@ -371,6 +371,7 @@ impl LiveSession {
                 seq,
                 update: update.into(),
                 at: now_micros(),
+                more: crate::pool::process::more_lines_follow(),
             })
             .await;
         self.updates_total.increment(1);
@@ -411,6 +412,7 @@ impl LiveSession {
             .send(Item::Prompt {
                 session: self.id.clone(),
                 title,
+                through: base + blocks.len() as u64,
             })
             .await;
         // One `messageId` for the prompt's chunks: a replay shows two prompts in a row (the first

@@ -36,6 +36,9 @@ pub enum Item {
         update: Box<str>,
         /// When it was received (epoch µs).
         at: i64,
+        /// The agent's next update was read with it (a burst it wrote at once), and is on its
+        /// way to the queue.
+        more: bool,
     },
     /// A prompt was sent: counts a message and offers a title for an untitled session.
     Prompt {
@@ -43,6 +46,9 @@ pub enum Item {
         session: Arc<str>,
         /// A title made from the prompt's text.
         title: Option<String>,
+        /// The seq of the prompt's last `user_message_chunk` (its first is the one after the
+        /// session's seq before it): an update above it is the agent's answer.
+        through: u64,
     },
     /// The agent named the session (`session_info_update`).
     AgentTitle {
@@ -76,8 +82,7 @@ impl std::fmt::Debug for Item {
 
 /// A session's write as its updates (if any) and its message count and titles (if any).
 pub(super) fn split(w: SessionWrite) -> (Option<SessionWrite>, Option<SessionWrite>) {
-    let has_metadata = w.prompts != 0 || w.prompt_title.is_some() || w.agent_title.is_some() || w.controls.is_some();
-    let metadata = has_metadata.then(|| SessionWrite {
+    let metadata = w.has_metadata().then(|| SessionWrite {
         session_id: w.session_id.clone(),
         chunk: None,
         prompt_title: w.prompt_title.clone(),
@@ -127,6 +132,36 @@ pub(super) fn item_bytes(item: &Item) -> usize {
     }
 }
 
+/// Whether a batch is a prompt just sent and nothing else in a hurry: prompts, their own
+/// `user_message_chunk`s and metadata, no update above a prompt's chunks (the agent's answer),
+/// no other session's update, no flush. Such a batch waits a moment for the answer, so that a
+/// round trip waits for one commit, not for the prompt's and then the answer's.
+pub(super) fn awaits_answer(items: &[Item]) -> bool {
+    let prompted = |session: &Arc<str>, seq: u64| {
+        items
+            .iter()
+            .any(|i| matches!(i, Item::Prompt { session: s, through, .. } if s == session && seq <= *through))
+    };
+    let mut prompts = false;
+    for item in items {
+        match item {
+            Item::Prompt { .. } => prompts = true,
+            Item::Update { session, seq, .. } if !prompted(session, *seq) => return false,
+            Item::Flush(_) => return false,
+            _ => {}
+        }
+    }
+    prompts
+}
+
+/// Whether the last update taken came with more of the agent's lines behind it.
+pub(super) fn burst_goes_on(items: &[Item]) -> bool {
+    items.iter().rev().find_map(|i| match i {
+        Item::Update { more, .. } => Some(*more),
+        _ => None,
+    }) == Some(true)
+}
+
 /// One transaction's worth of items.
 pub(super) struct Batch {
     /// One write per session (one chunk per run of consecutive updates).
@@ -168,6 +203,7 @@ pub(super) fn coalesce(items: impl Iterator<Item = Item>) -> Batch {
                 seq,
                 update,
                 at,
+                ..
             } => {
                 updates += 1;
                 match notify_slot.get(&session) {
@@ -208,7 +244,7 @@ pub(super) fn coalesce(items: impl Iterator<Item = Item>) -> Batch {
                     }
                 }
             }
-            Item::Prompt { session, title } => {
+            Item::Prompt { session, title, .. } => {
                 let i = slot(&mut writes, &mut current, &session);
                 writes[i].prompts += 1;
                 if writes[i].prompt_title.is_none() {
@@ -252,6 +288,7 @@ mod tests {
             seq,
             update: format!("{{\"n\":{seq}}}").into(),
             at: seq as i64,
+            more: false,
         }
     }
 
@@ -266,6 +303,7 @@ mod tests {
             Item::Prompt {
                 session: a.clone(),
                 title: Some("t".into()),
+                through: 3,
             },
             upd(&a, 3),
         ];
@@ -299,6 +337,37 @@ mod tests {
             (1, Some("t"), 3)
         );
         assert_eq!(writes[1].chunk.as_ref().map(|c| (c.seq_from, c.seq_to)), Some((5, 5)));
+    }
+
+    #[test]
+    fn a_prompt_alone_awaits_its_answer() {
+        let a: Arc<str> = Arc::from("a");
+        let b: Arc<str> = Arc::from("b");
+        let prompt = |s: &Arc<str>, through| Item::Prompt {
+            session: s.clone(),
+            title: None,
+            through,
+        };
+        assert!(!awaits_answer(&[]), "nothing to wait for");
+        assert!(awaits_answer(&[prompt(&a, 2)]), "the prompt, its chunks still to come");
+        assert!(
+            awaits_answer(&[prompt(&a, 2), upd(&a, 1), upd(&a, 2)]),
+            "the prompt and its chunks"
+        );
+        assert!(
+            !awaits_answer(&[prompt(&a, 2), upd(&a, 1), upd(&a, 2), upd(&a, 3)]),
+            "answered"
+        );
+        assert!(
+            !awaits_answer(&[prompt(&a, 2), upd(&b, 7)]),
+            "another session's update is in a hurry"
+        );
+        assert!(!awaits_answer(&[upd(&a, 1)]), "an update alone");
+        let (ack, _) = oneshot::channel();
+        assert!(
+            !awaits_answer(&[prompt(&a, 2), Item::Flush(ack)]),
+            "someone waits on a flush"
+        );
     }
 
     #[test]

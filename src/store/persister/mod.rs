@@ -4,8 +4,12 @@
 //!
 //! Sessions hand an update to clients only once it is committed ([`Committed`]), so whatever a
 //! client has seen survives a crash of the gateway, and `seq` numbers continue above it after a
-//! restart. There is no linger: while one transaction commits, the next batch gathers, so a
-//! burst becomes a few transactions and a lone update waits for one commit. The queue is
+//! restart. While one transaction commits, the next batch gathers, so a burst becomes a few
+//! transactions and a lone update waits for one commit. The one linger: a prompt just sent waits
+//! up to [`LINGER`] for the agent's answer, so that a round trip waits for one commit, not for
+//! the prompt's and then the answer's. What nobody waits on (message counts, titles, and on
+//! SQLite the session rows that stored chunks advance) is written once the queue has been quiet
+//! for [`QUIET`], or every [`PUT_OFF_AT_MOST`] while it never is, or when someone flushes. The queue is
 //! bounded, so a slow or unreachable database slows the agents' streams down instead of growing
 //! memory. Failed writes are retried with backoff until they succeed (a database restart loses
 //! nothing) or shutdown gives up on them (nobody saw those updates).
@@ -26,7 +30,7 @@
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
@@ -39,6 +43,16 @@ use crate::budget::ByteBudget;
 const MAX_BATCH_ITEMS: usize = 8192;
 /// Metadata writes (message counts, titles) held back while updates keep coming, at most.
 const MAX_PENDING_METADATA: usize = 1024;
+/// How long the queue must be quiet before the writes nobody waits on (message counts, titles,
+/// the session rows that stored chunks advance) are made: a client's next prompt usually comes
+/// sooner than that after an answer, and must not wait behind them.
+const QUIET: Duration = Duration::from_millis(2);
+/// How long a prompt just sent waits for the agent's answer before its chunks are written on
+/// their own ([`batch::awaits_answer`]). An agent that answers at once gets both in one commit;
+/// one that thinks first (any model) finds the prompt stored this much later than at once.
+const LINGER: Duration = Duration::from_millis(1);
+/// Those writes wait at most this long while updates keep coming.
+const PUT_OFF_AT_MOST: Duration = Duration::from_millis(500);
 /// Most payload bytes written in one transaction.
 const MAX_BATCH_BYTES: usize = 8 << 20;
 /// How long [`Persister::flush`] waits: a request that needs the transcript written answers
@@ -83,7 +97,7 @@ mod batch;
 #[cfg(test)]
 mod tests;
 
-use batch::{Batch, coalesce, item_bytes, merge_metadata, split};
+use batch::{Batch, awaits_answer, burst_goes_on, coalesce, item_bytes, merge_metadata, split};
 pub use batch::{Committed, Item};
 /// Handle to the writer task. Cheap to clone.
 #[derive(Debug, Clone)]
@@ -236,11 +250,19 @@ async fn run(
         refused: Mutex::new(HashSet::new()),
         direct: direct.map(Mutex::new),
     };
+    // Since when metadata has been held back.
+    let mut metadata_since: Option<Instant> = None;
     loop {
+        let put_off = metadata_since.into_iter().chain(w.unsettled_since()).min();
         // Once cancelled, write what is still queued and stop (handles may outlive the gateway).
         let received = tokio::select! {
             biased;
             n = rx.recv_many(&mut items, MAX_BATCH_ITEMS) => n,
+            () = tokio::time::sleep(QUIET), if put_off.is_some() => {
+                w.put_off_writes(&mut pending_metadata).await;
+                metadata_since = None;
+                continue;
+            }
             () = cancel.cancelled() => {
                 while items.len() < MAX_BATCH_ITEMS {
                     match rx.try_recv() {
@@ -254,16 +276,23 @@ async fn run(
         if received == 0 {
             break;
         }
-        // Take what else is already waiting, up to the byte cap.
+        // Take what else is already waiting, up to the byte cap; a prompt just sent waits a
+        // moment for the agent's answer, to be committed with it (all of the answer the agent
+        // wrote at once: the updates it has read right behind it are on their way).
         let mut bytes: usize = items.iter().map(item_bytes).sum();
-        while items.len() < MAX_BATCH_ITEMS && bytes < MAX_BATCH_BYTES {
-            match rx.try_recv() {
-                Ok(item) => {
-                    bytes += item_bytes(&item);
-                    items.push(item);
+        take_waiting(&mut rx, &mut items, &mut bytes);
+        if !cancel.is_cancelled() && awaits_answer(&items) {
+            let until = tokio::time::Instant::now() + LINGER;
+            while items.len() < MAX_BATCH_ITEMS && (awaits_answer(&items) || burst_goes_on(&items)) {
+                match tokio::time::timeout_at(until, rx.recv()).await {
+                    Ok(Some(item)) => {
+                        bytes += item_bytes(&item);
+                        items.push(item);
+                    }
+                    _ => break,
                 }
-                Err(_) => break,
             }
+            take_waiting(&mut rx, &mut items, &mut bytes);
         }
         // The batch's bytes are held until it is written (or given up on).
         let held: Vec<usize> = items.iter().map(item_bytes).collect();
@@ -285,6 +314,9 @@ async fn run(
                     tracing::error!(session = %u.session_id, updates = n, "session's transcript cannot be stored; update dropped, never shown");
                 }
                 u => chunks.extend(u),
+            }
+            if metadata.is_some() {
+                metadata_since.get_or_insert_with(Instant::now);
             }
             pending_metadata.extend(metadata);
         }
@@ -309,14 +341,32 @@ async fn run(
                 }
             }
         }
-        let due = rx.is_empty() || !acks.is_empty() || cancel.is_cancelled();
-        if !pending_metadata.is_empty() && (due || pending_metadata.len() >= MAX_PENDING_METADATA) {
-            let metadata = merge_metadata(std::mem::take(&mut pending_metadata));
-            w.write(&metadata, 0).await;
+        let overdue = metadata_since
+            .into_iter()
+            .chain(w.unsettled_since())
+            .min()
+            .is_some_and(|since| since.elapsed() >= PUT_OFF_AT_MOST);
+        if !acks.is_empty() || cancel.is_cancelled() || overdue || pending_metadata.len() >= MAX_PENDING_METADATA {
+            w.put_off_writes(&mut pending_metadata).await;
+            metadata_since = None;
         }
         room.give_back(held);
         for ack in acks {
             let _ = ack.send(());
+        }
+    }
+    w.put_off_writes(&mut pending_metadata).await;
+}
+
+/// Moves what is already queued into `items`, up to the item and byte caps.
+fn take_waiting(rx: &mut mpsc::Receiver<Item>, items: &mut Vec<Item>, bytes: &mut usize) {
+    while items.len() < MAX_BATCH_ITEMS && *bytes < MAX_BATCH_BYTES {
+        match rx.try_recv() {
+            Ok(item) => {
+                *bytes += item_bytes(&item);
+                items.push(item);
+            }
+            Err(_) => break,
         }
     }
 }
@@ -345,6 +395,26 @@ struct Writer<'a> {
 }
 
 impl Writer<'_> {
+    /// Since when the store's own connection has writes it put off, if it has.
+    fn unsettled_since(&self) -> Option<Instant> {
+        let direct = self.direct.as_ref()?;
+        direct.lock().unwrap_or_else(|e| e.into_inner()).unsettled_since()
+    }
+
+    /// Makes the writes nobody waits on: the held-back metadata, and what the store's own
+    /// connection put off ([`BatchWriter::settle`]; kept for the next try if it fails).
+    async fn put_off_writes(&self, metadata: &mut Vec<SessionWrite>) {
+        if !metadata.is_empty() {
+            let merged = merge_metadata(std::mem::take(metadata));
+            self.write(&merged, 0).await;
+        }
+        if let Some(direct) = &self.direct
+            && let Err(e) = direct.lock().unwrap_or_else(|e| e.into_inner()).settle()
+        {
+            tracing::warn!(error = %e, "sessions not advanced past their stored chunks yet; trying again when the queue is quiet");
+        }
+    }
+
     /// Writes `writes`, retrying until it succeeds or shutdown gives up on it (`None`: nobody saw
     /// those updates, they are released only once stored). A batch failing for good is written
     /// session by session; the sessions whose own writes still fail for good are returned

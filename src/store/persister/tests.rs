@@ -153,6 +153,7 @@ fn told_upd(s: &str, told: &Arc<Told>, seq: u64) -> Item {
         seq,
         update: "{}".into(),
         at: 0,
+        more: false,
     }
 }
 
@@ -238,6 +239,7 @@ async fn the_queue_is_bounded_in_bytes_while_the_database_holds_a_write() {
         seq,
         update: "x".repeat(400).into(),
         at: 0,
+        more: false,
     };
     // The write of `first` holds its bytes; two 401-byte updates fit beside it, a third
     // waits for the write to end.
@@ -261,4 +263,101 @@ async fn the_queue_is_bounded_in_bytes_while_the_database_holds_a_write() {
         .expect("room once the write is done")
         .expect("join");
     p.flush_within(Duration::from_secs(20)).await.expect("flushed");
+}
+
+fn prompt(s: &str, through: u64) -> Item {
+    Item::Prompt {
+        session: Arc::from(s),
+        title: None,
+        through,
+    }
+}
+
+/// A prompt and the agent's answer right behind it are one commit: the user's chunk waits for
+/// the answer instead of being committed on its own first.
+#[tokio::test]
+async fn a_prompt_waits_for_the_answer_and_is_committed_with_it() {
+    let store = Arc::new(Flaky::default());
+    let (p, _task) = Persister::spawn(store.clone(), 64, 1 << 20, CancellationToken::new());
+    let s = Arc::new(Told::default());
+    p.send(prompt("s", 1)).await;
+    p.send(told_upd("s", &s, 1)).await;
+    // This runtime has one thread: the writer takes both now, and is waiting when this goes on.
+    tokio::task::yield_now().await;
+    assert!(store.stored.lock().expect("lock").is_empty(), "not written on its own");
+    p.send(told_upd("s", &s, 2)).await;
+    p.flush_within(Duration::from_secs(20)).await.expect("flushed");
+    assert_eq!(
+        *store.stored.lock().expect("lock"),
+        vec![("s".to_string(), 2)],
+        "one chunk, 1 to 2"
+    );
+    assert_eq!(*s.0.lock().expect("lock"), 2);
+}
+
+/// All of the answer the agent wrote at once goes into that one commit: an update with more of
+/// the agent's lines read behind it keeps the prompt's batch open for them.
+#[tokio::test]
+async fn an_answer_written_at_once_is_one_commit_with_its_prompt() {
+    let store = Arc::new(Flaky::default());
+    let (p, _task) = Persister::spawn(store.clone(), 64, 1 << 20, CancellationToken::new());
+    let s = Arc::new(Told::default());
+    let answer = |seq, more| Item::Update {
+        session: Arc::from("s"),
+        notify: s.clone(),
+        seq,
+        update: "{}".into(),
+        at: 0,
+        more,
+    };
+    p.send(prompt("s", 1)).await;
+    p.send(told_upd("s", &s, 1)).await;
+    tokio::task::yield_now().await;
+    p.send(answer(2, true)).await;
+    tokio::task::yield_now().await;
+    assert!(
+        store.stored.lock().expect("lock").is_empty(),
+        "the rest of the burst is awaited"
+    );
+    p.send(answer(3, false)).await;
+    p.flush_within(Duration::from_secs(20)).await.expect("flushed");
+    assert_eq!(
+        *store.stored.lock().expect("lock"),
+        vec![("s".to_string(), 3)],
+        "one chunk, 1 to 3"
+    );
+}
+
+/// Says when a session's updates are committed.
+#[derive(Default)]
+struct Signal(tokio::sync::Notify);
+impl Committed for Signal {
+    fn committed(&self, _: u64) {
+        self.0.notify_one();
+    }
+    fn lost(&self) {}
+}
+
+/// A prompt the agent does not answer at once is committed after [`LINGER`].
+#[tokio::test]
+async fn an_unanswered_prompt_is_committed_after_the_linger() {
+    let store = Arc::new(Flaky::default());
+    let (p, _task) = Persister::spawn(store.clone(), 64, 1 << 20, CancellationToken::new());
+    let s = Arc::new(Signal::default());
+    let started = std::time::Instant::now();
+    p.send(prompt("s", 1)).await;
+    p.send(Item::Update {
+        session: Arc::from("s"),
+        notify: s.clone(),
+        seq: 1,
+        update: "{}".into(),
+        at: 0,
+        more: false,
+    })
+    .await;
+    tokio::time::timeout(Duration::from_secs(10), s.0.notified())
+        .await
+        .expect("committed without an answer");
+    assert!(started.elapsed() >= LINGER, "after waiting for an answer");
+    assert_eq!(*store.stored.lock().expect("lock"), vec![("s".to_string(), 1)]);
 }

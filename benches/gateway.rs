@@ -294,9 +294,11 @@ async fn latency(
     }
     println!("(added p50: the median over {blocks} blocks of the path's p50 minus direct's in the same block)");
     println!(
-        "gateway inside: a transcript commit takes {:.1} µs on average; an update waits {:.1} µs from queued to committed",
+        "gateway inside: a transcript commit takes {:.1} µs on average; an update waits {:.1} µs from queued to committed; {:.2} commits per round trip",
         metric_mean("acp_gateway_transcript_commit_seconds") * 1e6,
-        metric_mean("acp_gateway_transcript_commit_lag_seconds") * 1e6
+        metric_mean("acp_gateway_transcript_commit_lag_seconds") * 1e6,
+        metric_total("acp_gateway_transcript_commit_seconds_count")
+            / (k.warmup as f64 + via.samples.len() as f64).max(1.0)
     );
     let _ = writeln!(
         md,
@@ -381,14 +383,16 @@ async fn take_turns(
 
 /// The mean of a histogram of this process's gateway (`_sum / _count` over its label sets).
 fn metric_mean(name: &str) -> f64 {
-    let text = acp_gateway::telemetry::render_metrics();
-    let total = |suffix: &str| -> f64 {
-        text.lines()
-            .filter(|l| l.starts_with(&format!("{name}{suffix}")))
-            .filter_map(|l| l.split_whitespace().last()?.parse::<f64>().ok())
-            .sum()
-    };
-    total("_sum") / total("_count").max(1.0)
+    metric_total(&format!("{name}_sum")) / metric_total(&format!("{name}_count")).max(1.0)
+}
+
+/// The sum of a metric's series (every label set) in this process.
+fn metric_total(name: &str) -> f64 {
+    acp_gateway::telemetry::render_metrics()
+        .lines()
+        .filter(|l| l.starts_with(name))
+        .filter_map(|l| l.split_whitespace().last()?.parse::<f64>().ok())
+        .sum()
 }
 
 /// The session's `last_seq` in the database (queried on the gateway's runtime, which owns the pool).
@@ -506,6 +510,15 @@ async fn throughput(
         println!("{:<10} {:>10} {:>16.0} {:>16.0}", name, runs[0].updates, best, mid);
     }
     let g = rates(&g_runs).0;
+    println!(
+        "gateway runs: {} updates/s; the client was fed from the store {} times (acp_gateway_client_catch_ups_total)",
+        g_runs
+            .iter()
+            .map(|t| format!("{:.0}", t.updates as f64 / t.secs))
+            .collect::<Vec<_>>()
+            .join(" / "),
+        metric_total("acp_gateway_client_catch_ups_total")
+    );
     let flush_text: Vec<String> = flush_ms.iter().map(|m| format!("{m:.1}")).collect();
     println!(
         "transcript fully flushed {} ms after the prompt's answer; stored transcript complete (last_seq matches the last forwarded seq)",

@@ -7,6 +7,7 @@
 //! Protocol errors (bad JSON, batches, unknown methods, bad params) are answered and the
 //! connection lives; transport errors, a keepalive timeout, an expired token or shutdown end it.
 
+mod attachments;
 mod methods;
 pub mod remote;
 mod request;

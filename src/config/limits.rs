@@ -8,6 +8,10 @@ use serde::{Deserialize, Serialize};
 pub struct Limits {
     /// Largest WebSocket message accepted from a client, in bytes.
     pub max_frame_bytes: usize,
+    /// Bytes of attachments (images, embedded files, decoded) one prompt may carry in all; more
+    /// gets `-32602` naming this setting, and the web UI refuses the file when it is added. Its
+    /// base64 must fit a frame (`max_frame_bytes`).
+    pub attachment_bytes: usize,
     /// Largest line accepted from an agent's stdout, in bytes.
     pub max_line_bytes: usize,
     /// Most concurrent WebSocket connections.
@@ -70,10 +74,25 @@ pub struct Limits {
     pub lease_ttl_secs: u64,
 }
 
+impl Limits {
+    /// Whether `attachment_bytes`, in base64 with room for the rest of the prompt, fits a frame.
+    pub(super) fn validate(&self) -> Result<(), super::ConfigError> {
+        let framed = self.attachment_bytes.div_ceil(3) * 4 + (64 << 10);
+        if framed > self.max_frame_bytes {
+            return Err(super::ConfigError::Invalid(format!(
+                "limits.attachment_bytes ({}) does not fit a prompt: in base64 with the rest of it that is {framed} bytes, over limits.max_frame_bytes ({})",
+                self.attachment_bytes, self.max_frame_bytes
+            )));
+        }
+        Ok(())
+    }
+}
+
 impl Default for Limits {
     fn default() -> Self {
         Self {
             max_frame_bytes: 4 << 20,
+            attachment_bytes: 2 << 20,
             max_line_bytes: 16 << 20,
             max_connections: 10_000,
             max_pending_connections: 1024,

@@ -433,6 +433,7 @@ impl Config {
             ));
         }
         self.oidc.validate()?;
+        self.limits.validate()?;
         if let Some(url) = &self.jwt.jwks_url
             && (self.jwt.issuer.is_none() || self.jwt.audience.is_none())
             && !self.oidc.enabled()

@@ -94,6 +94,33 @@ impl Default for DemoAgentOptions {
     }
 }
 
+/// What the prompt carried besides text, as the agent got it: "You attached an image
+/// (image/png, 68 bytes) and a file attachment:///notes.txt (12 bytes)." (`None`: only text).
+fn attachments_seen(blocks: &[Value]) -> Option<String> {
+    let str_of = |v: &Value, k: &str| v.get(k).and_then(Value::as_str).unwrap_or_default().to_string();
+    let seen: Vec<String> = blocks
+        .iter()
+        .filter_map(|b| match b.get("type").and_then(Value::as_str)? {
+            "image" => {
+                let data = str_of(b, "data");
+                let bytes = base64::Engine::decode(&base64::engine::general_purpose::STANDARD, data.as_bytes())
+                    .map_or(0, |d| d.len());
+                Some(format!("an image ({}, {bytes} bytes)", str_of(b, "mimeType")))
+            }
+            "resource" => {
+                let r = b.get("resource")?;
+                Some(format!(
+                    "a file {} ({} bytes)",
+                    str_of(r, "uri"),
+                    str_of(r, "text").len()
+                ))
+            }
+            _ => None,
+        })
+        .collect();
+    (!seen.is_empty()).then(|| format!("You attached {}.\n", seen.join(" and ")))
+}
+
 /// Reply chunks per prompt when neither `--chunks` nor `[chunks=N]` says.
 const DEFAULT_CHUNKS: u64 = 8;
 
@@ -485,7 +512,7 @@ impl Agent {
                 "protocolVersion": 1,
                 "agentCapabilities": {
                     "loadSession": self.opts.load_session,
-                    "promptCapabilities": {"image": false, "audio": false, "embeddedContext": true},
+                    "promptCapabilities": {"image": true, "audio": false, "embeddedContext": true},
                     "sessionCapabilities": {"resume": {}, "close": {}},
                 },
                 "agentInfo": {"name": "acp-gateway-demo-agent", "version": env!("CARGO_PKG_VERSION")},
@@ -848,6 +875,9 @@ impl Turn<'_> {
             .nth(ECHO_MAX)
             .and_then(|(i, _)| text.get(..i))
             .unwrap_or(text);
+        if let Some(said) = attachments_seen(blocks) {
+            self.chunk(&said).await?;
+        }
         let n = c.chunks.or(self.agent.opts.chunks).unwrap_or(DEFAULT_CHUNKS);
         let mut line = String::with_capacity(echo.len() + 64);
         for i in 1..=n {

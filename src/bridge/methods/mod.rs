@@ -375,6 +375,7 @@ impl Connection {
             "agentInfo": info.agent_info.clone().unwrap_or_else(|| json!({"name": &*self.pool.name, "version": "unknown"})),
             "_meta": { "gateway": {
                 "connectionId": &*self.client.id,
+                "attachmentBytes": self.gw.config.limits.attachment_bytes,
                 "user": &*self.client.user,
                 "agent": &*self.pool.name,
                 "version": env!("CARGO_PKG_VERSION"),
@@ -498,7 +499,9 @@ impl Ctx {
         if method.starts_with('_') && !cfg.allowed_ext_methods.iter().any(|m| m == method) {
             return Err(RpcError::method_not_found(method));
         }
-        if prompt.is_some() {
+        if let Some(prompt) = prompt {
+            let info = pool.info_for(&self.client.user).await?;
+            super::attachments::check(prompt, &info.capabilities, self.gw.config.limits.attachment_bytes)?;
             self.room_to_store().await?;
             if let Err(e) = self.gw.usage.check(&self.client.user).await {
                 self.gw

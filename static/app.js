@@ -20,6 +20,7 @@ import { Controls } from './js/controls.js';
 import { atEnd, el as h, $, soon } from './js/dom.js';
 import { elicitationCard } from './js/elicitation.js';
 import { authState, methodsOf, showAuthState, signInCard } from './js/signin.js';
+import { Attachments } from './js/attachments.js';
 
 // ---------------------------------------------------------------------------------------------
 // 1. Helpers
@@ -285,6 +286,7 @@ class Conversation {
     this.planTurn = -1;
     this.turn = 0; // user messages so far: a plan from an earlier turn is replaced, not updated in place
     this.echo = ''; // text of a prompt rendered locally, in case the gateway echoes it back
+    this.echoBlocks = 0; // and how many of its attachments
     this.log.replaceChildren();
     this.busy(false);
   }
@@ -371,7 +373,12 @@ class Conversation {
         return;
       }
     }
+    if (kind === 'user' && text == null && this.echoBlocks > 0) {
+      this.echoBlocks -= 1;
+      return;
+    }
     this.echo = '';
+    this.echoBlocks = 0;
     // A new `messageId` starts a new message even of the same kind (two prompts in a row, the
     // first refused by the agent).
     const id = typeof messageId === 'string' ? messageId : null;
@@ -386,14 +393,18 @@ class Conversation {
     else this.run.block(block);
   }
 
-  /** Renders the user's prompt at once; an echoed user_message_chunk with the same text is skipped. */
-  localPrompt(text) {
+  /** Renders the user's prompt at once (its text and attachments); the echoed
+   *  user_message_chunks that carry them are skipped. */
+  localPrompt(text, attached = []) {
     this.flush();
     this.run = null; // a prompt of its own, even right after another (one the agent refused)
     this.echo = ''; // an earlier prompt's echo that never came (the agent refused it) is not this one
-    this.chunk('user', text);
+    this.echoBlocks = 0;
+    if (text) this.chunk('user', text);
+    for (const block of attached) this.chunk('user', block);
     this.run.finish();
     this.echo = text;
+    this.echoBlocks = attached.length;
     this.log.scrollTop = this.log.scrollHeight;
   }
 
@@ -477,6 +488,12 @@ const state = {
 
 const conv = new Conversation(ui.log);
 
+// Images and text files for the next prompt, where the agent takes them (js/attachments.js).
+const attachments = new Attachments({
+  tray: $('attachments'), picker: $('attach-picker'), button: $('attach'),
+  onError: (message) => conv.note(message),
+});
+
 // The cwd picker, modes, config options, slash commands and usage (js/controls.js).
 const controls = new Controls({
   request: (method, params) => conn.request(method, params),
@@ -493,6 +510,7 @@ const conn = new Connection({
     ui.conn.dataset.state = status;
   },
   onReady() {
+    attachments.configure(conn.info?.agentCapabilities?.promptCapabilities, conn.info?._meta?.gateway?.attachmentBytes);
     syncSession();
     refreshAuthState();
   },
@@ -921,27 +939,34 @@ function updateComposer() {
 
 async function sendPrompt() {
   const text = ui.input.value.trim();
-  if (!text || (state.current && state.running.has(state.current.id))) return;
+  if ((!text && !attachments.count) || (state.current && state.running.has(state.current.id))) return;
   askForNotifications(); // before any await: the browser wants the user's gesture
 
   ui.input.value = '';
+  const attached = attachments.blocks();
+  attachments.clear();
+  const giveBack = () => {
+    if (!ui.input.value) ui.input.value = text;
+    if (!attachments.count) attachments.restore(attached);
+  };
   // A session being made (New session, just clicked) is where the user is about to be.
   let id = creating ? null : state.current?.id;
   if (!id) {
     try {
       id = await newSession();
     } catch (err) {
-      ui.input.value = text;
+      giveBack();
       return reportError(err);
     }
   }
-  conv.localPrompt(text);
+  const prompt = [...(text ? [{ type: 'text', text }] : []), ...attached];
+  conv.localPrompt(text, attached);
   controls.beginTurn(id);
   state.running.add(id);
   updateComposer();
   touchSession(id, text);
   try {
-    const result = await conn.request('session/prompt', { sessionId: id, prompt: [{ type: 'text', text }] });
+    const result = await conn.request('session/prompt', { sessionId: id, prompt });
     controls.endTurn(id, result);
     const reason = result?.stopReason && result.stopReason !== 'end_turn' ? result.stopReason.replace(/_/g, ' ') : '';
     notice({ sessionId: id, kind: 'turn', title: reason ? `Turn stopped: ${reason}` : 'The agent finished its turn',
@@ -954,7 +979,7 @@ async function sendPrompt() {
     // Not signed in (claude-agent-acp answers a prompt so): the text goes back into the box and
     // is sent again once the user has signed in, never lost.
     if (err instanceof RpcError && err.code === AUTH_REQUIRED && authMethods().length && state.current?.id === id) {
-      if (!ui.input.value) ui.input.value = text;
+      giveBack();
       showAgentLogin(err, (note) => { conv.note(note); return sendPrompt(); });
       return;
     }
@@ -981,6 +1006,23 @@ ui.input.addEventListener('keydown', (event) => {
   } else if (event.key === 'Escape' && !ui.stop.hidden) {
     ui.stop.click();
   }
+});
+// Pasted and dropped files become attachments (a pasted screenshot, a photo dropped in);
+// pasted text stays text.
+ui.input.addEventListener('paste', (event) => {
+  const files = [...(event.clipboardData?.files ?? [])];
+  if (!files.length || !attachments.possible) return;
+  event.preventDefault();
+  attachments.add(files);
+});
+ui.composer.addEventListener('dragover', (event) => {
+  if (attachments.possible && event.dataTransfer?.types?.includes('Files')) event.preventDefault();
+});
+ui.composer.addEventListener('drop', (event) => {
+  const files = [...(event.dataTransfer?.files ?? [])];
+  if (!files.length || !attachments.possible) return;
+  event.preventDefault();
+  attachments.add(files);
 });
 ui.stop.addEventListener('click', () => {
   if (state.current) conn.notify('session/cancel', { sessionId: state.current.id });

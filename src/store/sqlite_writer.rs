@@ -156,14 +156,16 @@ impl SqliteWriter {
         })
     }
 
-    /// Keeps the advances of chunks just committed for [`BatchWriter::settle`].
-    fn put_off(&mut self, stored: impl IntoIterator<Item = (Arc<str>, Advance)>) {
-        for (session, a) in stored {
-            let kept = self.unsettled.entry(session).or_default();
-            kept.last_seq = kept.last_seq.max(a.last_seq);
-            kept.updated_at = kept.updated_at.max(a.updated_at);
-            kept.bytes += a.bytes;
-            self.unsettled_since.get_or_insert_with(Instant::now);
+    /// Keeps what chunks just committed advance their sessions by, for [`BatchWriter::settle`].
+    fn put_off<'w>(&mut self, stored: impl IntoIterator<Item = &'w SessionWrite>) {
+        for w in stored {
+            if let Some(chunk) = &w.chunk {
+                self.unsettled
+                    .entry(w.session_id.clone())
+                    .or_default()
+                    .add(chunk, w.updated_at);
+                self.unsettled_since.get_or_insert_with(Instant::now);
+            }
         }
     }
 }
@@ -175,9 +177,7 @@ impl BatchWriter for SqliteWriter {
             && !only.has_metadata()
         {
             if insert_chunk(&self.conn, &only.session_id, chunk, only.updated_at)? {
-                let mut a = Advance::default();
-                a.add(chunk, only.updated_at);
-                self.put_off([(only.session_id.clone(), a)]);
+                self.put_off([only]);
             }
             return Ok(());
         }
@@ -185,14 +185,12 @@ impl BatchWriter for SqliteWriter {
             .conn
             .transaction_with_behavior(TransactionBehavior::Immediate)
             .map_err(sqlite)?;
-        let mut stored: Vec<(Arc<str>, Advance)> = Vec::new();
+        let mut stored: Vec<&SessionWrite> = Vec::new();
         for w in writes {
             if let Some(chunk) = &w.chunk
                 && insert_chunk(&tx, &w.session_id, chunk, w.updated_at)?
             {
-                let mut a = Advance::default();
-                a.add(chunk, w.updated_at);
-                stored.push((w.session_id.clone(), a));
+                stored.push(w);
             }
             if w.has_metadata() {
                 let mut update = tx.prepare_cached(UPDATE_SESSION).map_err(sqlite)?;

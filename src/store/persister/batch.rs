@@ -154,7 +154,7 @@ pub(super) fn awaits_answer(items: &[Item]) -> bool {
     prompts
 }
 
-/// Whether the last update taken came with more of the agent's lines behind it.
+/// Whether the last update taken had the agent's next update read right behind it.
 pub(super) fn burst_goes_on(items: &[Item]) -> bool {
     items.iter().rev().find_map(|i| match i {
         Item::Update { more, .. } => Some(*more),

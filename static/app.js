@@ -20,6 +20,7 @@ import { Conversation } from './js/conversation.js';
 import { elicitationCard } from './js/elicitation.js';
 import { authState, methodsOf, showAuthState, signInCard } from './js/signin.js';
 import { Attachments } from './js/attachments.js';
+import { PromptQueue } from './js/queue.js';
 
 // ---------------------------------------------------------------------------------------------
 // 1. Helpers
@@ -68,7 +69,7 @@ const ui = {
   agentSelect: $('agent-select'), agentSignIn: $('agent-signin'), agentAuthState: $('agent-auth-state'), newSession: $('new-session'), search: $('session-search'),
   list: $('session-list'), empty: $('session-empty'), loadMore: $('load-more'),
   title: $('session-title'), agentLabel: $('session-agent'), conn: $('conn-status'),
-  composer: $('composer'), input: $('prompt-input'), send: $('send'), stop: $('stop'), cwd: $('cwd-input'),
+  composer: $('composer'), input: $('prompt-input'), send: $('send'), queue: $('queue-send'), stop: $('stop'), cwd: $('cwd-input'),
   toggle: $('sidebar-toggle'), scrim: $('scrim'),
 };
 
@@ -93,6 +94,13 @@ const conv = new Conversation(ui.log, {
 const attachments = new Attachments({
   tray: $('attachments'), picker: $('attach-picker'), button: $('attach'),
   onError: (message) => conv.note(message),
+});
+
+// Messages typed while the agent works, kept by the gateway for every tab (js/queue.js).
+const queue = new PromptQueue($('queued'), {
+  request: (method, params) => conn.request(method, params),
+  changed: (id) => { if (id === state.current?.id) updateComposer(); },
+  error: (err) => reportError(err),
 });
 
 // The cwd picker, modes, config options, slash commands and usage (js/controls.js).
@@ -426,6 +434,7 @@ function setCurrent(session) {
   state.current = session;
   conv.reset(session?.id ?? null);
   controls.show(session);
+  queue.show(session?.id ?? null);
   setTitle(session?.title ?? '');
   ui.agentLabel.textContent = session?.agent ? `agent: ${session.agent}` : '';
   ui.list.querySelectorAll('.session-open').forEach((b) => b.removeAttribute('aria-current'));
@@ -443,6 +452,7 @@ function syncSession() {
   // A restore names the session's own stored cwd (the gateway checks it against the roots).
   const params = { sessionId: current.id, cwd: current.cwd || defaultCwd(), mcpServers: [] };
   if (conv.lastSeq > 0) params._meta = { gateway: { afterSeq: conv.lastSeq } };
+  queue.forget(current.id); // the load's notice says it again, if there is anything to say
   conv.busy(true);
   conn.request('session/load', params)
     .then((result) => controls.loaded(current.id, result, { running: state.running.has(current.id) }))
@@ -456,7 +466,7 @@ function syncSession() {
         reportError(err);
       }
     })
-    .finally(() => { if (state.current === current) conv.busy(state.running.has(current.id)); });
+    .finally(() => { if (state.current === current) updateComposer(); });
 }
 
 function openSession(id) {
@@ -531,16 +541,37 @@ function reportError(err) {
 
 // --- prompting -----------------------------------------------------------------------------
 
+/** Whether a turn of session `id` runs: one this tab started, or one the gateway says runs. */
+const turnRuns = (id) => state.running.has(id) || queue.running(id);
+
 function updateComposer() {
-  const running = !!state.current && state.running.has(state.current.id);
+  const running = !!state.current && turnRuns(state.current.id);
+  // While a turn runs the box stays usable: what is sent then is queued (js/queue.js).
   ui.send.hidden = running;
+  ui.queue.hidden = !running;
   ui.stop.hidden = !running;
   conv.busy(running);
 }
 
+/** Queues the prompt in the box for after the current turn. */
+async function queuePrompt(id, text) {
+  const attached = attachments.blocks();
+  const prompt = [...(text ? [{ type: 'text', text }] : []), ...attached];
+  ui.input.value = '';
+  attachments.clear();
+  try {
+    await queue.add(id, prompt);
+  } catch (err) {
+    if (!ui.input.value) ui.input.value = text;
+    if (!attachments.count) attachments.restore(attached);
+    reportError(err);
+  }
+}
+
 async function sendPrompt() {
   const text = ui.input.value.trim();
-  if ((!text && !attachments.count) || (state.current && state.running.has(state.current.id))) return;
+  if (!text && !attachments.count) return;
+  if (state.current && !creating && turnRuns(state.current.id)) return queuePrompt(state.current.id, text);
   askForNotifications(); // before any await: the browser wants the user's gesture
 
   ui.input.value = '';
@@ -654,6 +685,9 @@ function handleMessage(msg) {
       return;
     case '_gateway/authenticate/progress':
       state.agentLogin?.progress?.(params);
+      return;
+    case '_gateway/queue':
+      queue.observe(params);
       return;
     case '_gateway/session_stopped':
       if (params.sessionId === state.current?.id) conv.note(typeof params.reason === 'string' ? params.reason : 'This session was stopped.');

@@ -71,6 +71,10 @@ pub struct DemoAgentOptions {
     /// HOME in
     #[arg(long)]
     pub require_auth: bool,
+    /// Advertise that a prompt sent while another runs is taken (claude-agent-acp's
+    /// `_meta.claudeCode.promptQueueing`): the gateway then sends queued messages at once
+    #[arg(long)]
+    pub prompt_queueing: bool,
     /// Show off every part of an ACP client: modes, config options, slash commands, thoughts, a
     /// plan, read / edit (really writes `acp-demo/hello.rs` under the session's cwd) / execute
     /// tool calls, a Markdown answer and usage updates
@@ -88,6 +92,7 @@ impl Default for DemoAgentOptions {
             delay_us: 20_000,
             load_session: true,
             require_auth: false,
+            prompt_queueing: false,
             showcase: false,
             home: None,
         }
@@ -514,6 +519,7 @@ impl Agent {
                     "loadSession": self.opts.load_session,
                     "promptCapabilities": {"image": true, "audio": false, "embeddedContext": true},
                     "sessionCapabilities": {"resume": {}, "close": {}},
+                    "_meta": {"claudeCode": {"promptQueueing": self.opts.prompt_queueing}},
                 },
                 "agentInfo": {"name": "acp-gateway-demo-agent", "version": env!("CARGO_PKG_VERSION")},
                 "authMethods": if self.opts.require_auth {

@@ -9,6 +9,7 @@
 //! - [`registry`]: the sessions in memory.
 //! - [`service`]: the one door to session rows and transcripts.
 //! - [`list`]: `session/list` from the store.
+//! - [`queue`]: messages typed while a turn runs, sent as turns end.
 //! - [`shared`]: sessions shared with other replicas (leases, updates committed elsewhere).
 
 pub mod asks;
@@ -16,6 +17,7 @@ pub mod client;
 pub mod controls;
 pub mod list;
 pub mod live;
+pub mod queue;
 pub mod registry;
 pub mod requests;
 pub mod service;

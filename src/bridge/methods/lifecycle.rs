@@ -154,6 +154,14 @@ impl Ctx {
         // The stored cwd is what the agent gets on restore; a client's must still be its own.
         self.workspace_dirs(cwd, dirs)?;
         self.attach(&session, replay, after).await?;
+        // A turn that runs, or messages queued by another tab, show at once.
+        let queue = {
+            let mut q = session.queue();
+            (!q.is_idle()).then(|| q.notice(&session.id))
+        };
+        if let Some(queue) = queue {
+            self.client.outbox.push(queue.into());
+        }
         // The agent's modes, config options and models, as they are after what was replayed, so
         // a reloaded page shows its pickers (ACP lets both answers carry them).
         if session.controls_need_store() {

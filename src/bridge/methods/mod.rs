@@ -27,6 +27,7 @@ use crate::session::{Client, Controls, LiveSession};
 
 mod controls;
 mod lifecycle;
+mod queue;
 
 use controls::{CONTROL_METHODS, ControlsAnswer};
 
@@ -496,7 +497,10 @@ impl Ctx {
             .pool_of(&session)
             .ok_or_else(|| RpcError::internal(format!("agent {} is no longer configured", session.agent)))?;
         let cfg = pool.config();
-        if method.starts_with('_') && !cfg.allowed_ext_methods.iter().any(|m| m == method) {
+        if method.starts_with('_')
+            && !method.starts_with(queue::PREFIX)
+            && !cfg.allowed_ext_methods.iter().any(|m| m == method)
+        {
             return Err(RpcError::method_not_found(method));
         }
         if let Some(prompt) = prompt {
@@ -546,6 +550,9 @@ impl Ctx {
         to: crate::outbox::Outbox,
         slot: Option<OwnedSemaphorePermit>,
     ) -> Handled {
+        if let Some(op) = method.strip_prefix(queue::PREFIX) {
+            return self.queue_op(session, op, id, params, &to).await;
+        }
         let pool = self
             .pool_of(session)
             .ok_or_else(|| RpcError::internal(format!("agent {} is no longer configured", session.agent)))?;
@@ -568,6 +575,11 @@ impl Ctx {
                 params: params.get().into(),
                 gw: self.gw.clone(),
             })
+        } else if prompt.is_some() {
+            Arc::new(queue::PromptAnswer {
+                session: session.clone(),
+                gw: self.gw.clone(),
+            })
         } else {
             session.clone()
         };
@@ -580,7 +592,18 @@ impl Ctx {
         let send = || binding.process.forward(method, &rewritten, answer);
         let agent_id = if let Some(prompt) = prompt {
             metrics::counter!(crate::metrics::PROMPTS).increment(1);
-            session.forward_prompt(Some(prompt), send).await?
+            // Counted before it is sent: the answer may come back before `forward_prompt` does.
+            session.queue().turn_started();
+            match session.forward_prompt(Some(prompt), send).await {
+                Ok(agent_id) => {
+                    session.tell_queue_if_watched();
+                    agent_id
+                }
+                Err(e) => {
+                    queue::turn_over(&self.gw, session, true);
+                    return Err(e);
+                }
+            }
         } else {
             send()?
         };

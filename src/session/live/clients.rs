@@ -87,6 +87,15 @@ impl LiveSession {
             .count()
     }
 
+    /// How many clients are attached now.
+    pub fn clients_attached(&self) -> usize {
+        self.fanout()
+            .subscribers
+            .iter()
+            .filter(|s| !s.client.is_closed())
+            .count()
+    }
+
     /// Stops sending updates to `client`.
     pub fn detach(&self, client: &Client) {
         self.fanout()
@@ -335,6 +344,7 @@ impl LiveSession {
                 to.push(frame);
             }
             Deferred::Ask(request) => self.dispatch_agent_request(request),
+            Deferred::TellQueue => self.tell_queue_if_watched(),
         }
     }
 
@@ -348,6 +358,7 @@ impl LiveSession {
             Deferred::Ask(request) => {
                 self.handle.spawn(async move { request.give_up().await });
             }
+            Deferred::TellQueue => self.tell_queue_if_watched(),
         }
     }
 }

@@ -33,6 +33,8 @@ pub(super) enum Deferred {
     Respond(Outbox, Box<RawValue>, Utf8Bytes),
     /// An agent's request to the session's clients.
     Ask(Arc<AgentRequest>),
+    /// The `_gateway/queue` notice of a turn's end, after the turn's updates.
+    TellQueue,
 }
 
 /// What a fed client gets once it has been given the updates before it.

@@ -123,6 +123,7 @@ impl LiveSession {
                 Deferred::Ask(request) => {
                     self.handle.spawn(async move { request.give_up().await });
                 }
+                Deferred::TellQueue => self.tell_queue_if_watched(),
             }
         }
     }

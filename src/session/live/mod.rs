@@ -31,6 +31,7 @@ use serde_json::value::RawValue;
 
 use self::fanout::{Deferred, Fanout};
 use super::controls::Controls;
+use super::queue::PromptQueue;
 use super::requests::AgentRequest;
 use crate::outbox::Outbox;
 use crate::pool::{AgentProcess, SessionRoute};
@@ -119,6 +120,8 @@ pub struct LiveSession {
     committed_elsewhere: AtomicU64,
     /// Whether a catch-up task is under way or due (notices that arrive meanwhile join it).
     catch_up_due: std::sync::atomic::AtomicBool,
+    /// Messages typed while a turn runs, and whether one does.
+    queue: Mutex<PromptQueue>,
 }
 
 impl std::fmt::Debug for LiveSession {
@@ -192,6 +195,7 @@ impl LiveSession {
             catching_up: tokio::sync::Mutex::new(()),
             committed_elsewhere: AtomicU64::new(last_seq),
             catch_up_due: std::sync::atomic::AtomicBool::new(false),
+            queue: Mutex::default(),
         })
     }
 
@@ -201,6 +205,37 @@ impl LiveSession {
 
     fn lock_binding(&self) -> MutexGuard<'_, Option<Binding>> {
         self.binding.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The session's queued messages (see [`crate::session::queue`]).
+    pub fn queue(&self) -> MutexGuard<'_, PromptQueue> {
+        self.queue.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Tells every attached client what the queue holds now.
+    pub fn tell_queue(&self) {
+        let notice = self.queue().notice(&self.id);
+        self.tell_clients(&notice.into());
+    }
+
+    /// Tells them of a turn's end once the updates before it are released (see
+    /// [`LiveSession::tell_queue_if_watched`]).
+    pub fn tell_queue_after_updates(&self) {
+        self.after_released(Deferred::TellQueue);
+    }
+
+    /// Tells them of a turn's start or end, unless the one client attached knows it already
+    /// (it sent the prompt) and nothing is queued.
+    pub fn tell_queue_if_watched(&self) {
+        let many = self.clients_attached() > 1;
+        let notice = {
+            let mut q = self.queue();
+            if !q.worth_telling(many) {
+                return;
+            }
+            q.notice(&self.id)
+        };
+        self.tell_clients(&notice.into());
     }
 
     fn lock_controls(&self) -> MutexGuard<'_, Controls> {

@@ -311,8 +311,9 @@ struct Session {
     history: Mutex<VecDeque<Box<str>>>,
     /// Token shared by prompts received since the last cancel; replaced on each cancel.
     cancel: Mutex<CancellationToken>,
-    /// Held by the running prompt; later prompts queue on it.
-    turn: tokio::sync::Mutex<()>,
+    /// Fires (is dropped) when the last prompt received ends: each prompt waits for the one
+    /// before it, so prompts run one at a time in the order they arrived.
+    turn: Mutex<Option<oneshot::Receiver<()>>>,
     /// The working directory the client gave (`session/new`, `load`, `resume`); showcase
     /// edits write under it and nowhere else.
     cwd: Mutex<Option<PathBuf>>,
@@ -332,7 +333,7 @@ impl Session {
             prefix: prefix.into_bytes().into_boxed_slice(),
             history: Mutex::default(),
             cancel: Mutex::default(),
-            turn: tokio::sync::Mutex::new(()),
+            turn: Mutex::default(),
             cwd: Mutex::default(),
             show: Mutex::default(),
         }
@@ -630,7 +631,9 @@ impl Agent {
                 (Some(_), None) => Err((-32602, "invalid params: missing prompt")),
                 (Some(s), Some(_)) => {
                     let token = lock(&s.cancel).clone();
-                    tasks.spawn(self.clone().prompt(s, id.clone(), params, token));
+                    let (done, this_turn) = oneshot::channel();
+                    let before = lock(&s.turn).replace(this_turn);
+                    tasks.spawn(self.clone().prompt(s, id.clone(), params, token, (before, done)));
                     return Ok(None);
                 }
             },
@@ -662,7 +665,17 @@ impl Agent {
     }
 
     /// Runs one prompt turn (in its own task) and answers the request.
-    async fn prompt(self: Arc<Self>, s: Arc<Session>, id: Value, params: Value, token: CancellationToken) {
+    /// Runs a prompt once the one before it (`turn.0`) has ended; `turn.1` is dropped when this
+    /// one ends.
+    async fn prompt(
+        self: Arc<Self>,
+        s: Arc<Session>,
+        id: Value,
+        params: Value,
+        token: CancellationToken,
+        turn: (Option<oneshot::Receiver<()>>, oneshot::Sender<()>),
+    ) {
+        let (before, _done) = turn;
         let blocks = params
             .get("prompt")
             .and_then(Value::as_array)
@@ -683,15 +696,16 @@ impl Agent {
         };
         let result = tokio::select! {
             _ = token.cancelled() => Err(Stop::Cancelled),
-            guard = s.turn.lock() => {
-                let r = if self.opts.showcase {
+            r = async {
+                if let Some(before) = before {
+                    let _ = before.await;
+                }
+                if self.opts.showcase {
                     t.showcase(blocks, text, &c).await
                 } else {
                     t.run(blocks, text, &c).await
-                };
-                drop(guard);
-                r
-            }
+                }
+            } => r
         };
         let stop_reason = match result {
             Ok(()) => "end_turn",

@@ -97,6 +97,11 @@ impl Application {
         let sealer = crate::secrets::Sealer::from_config(config.secrets_key.as_ref(), tenancy.data_dir())
             .context("the secrets key (ACP_GATEWAY_SECRETS_KEY)")?;
         let keys = Arc::new(crate::secrets::Keys::new(store.clone(), sealer.clone()));
+        let user_mcp = Arc::new(crate::user_mcp::UserMcp::new(
+            store.clone(),
+            sealer.clone(),
+            config.mcp.clone(),
+        ));
         let (oidc, jwks) = crate::oidc::build(&config, &auth, sealer, &store).map_err(anyhow::Error::msg)?;
         let pools = Arc::new(Pools::new(
             &config,
@@ -118,6 +123,7 @@ impl Application {
             tracker: tracker.clone(),
             asks: shared.clone().map(crate::session::asks::Asks::new),
             replica: shared,
+            user_mcp: Some(user_mcp.clone()),
         };
         let (audit, audit_task) = crate::audit::Audit::spawn(
             store.clone(),
@@ -140,6 +146,7 @@ impl Application {
             drain: CancellationToken::new(),
             replica,
             keys,
+            user_mcp,
             signins: Arc::default(),
             oidc,
             jwks,

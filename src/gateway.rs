@@ -48,6 +48,8 @@ pub struct Gateway {
     pub replica: String,
     /// Keys users give their agents, sealed at rest.
     pub keys: Arc<Keys>,
+    /// Users' own MCP servers, sealed at rest.
+    pub user_mcp: Arc<crate::user_mcp::UserMcp>,
     /// Sign-ins under way (one per user and agent).
     pub signins: Arc<crate::signin::Running>,
     /// The team's identity provider, when `[oidc]` is configured.

@@ -60,3 +60,4 @@ pub mod telemetry;
 pub mod tenancy;
 pub mod traces;
 pub mod usage;
+pub mod user_mcp;

@@ -806,6 +806,7 @@ window.addEventListener('online', () => conn.reconnectNow());
 // --- administration and spending ------------------------------------------------------------
 
 $('admin-open').addEventListener('click', async () => (await import('./js/admin.js')).openAdmin());
+$('mcp-open').addEventListener('click', async () => (await import('./js/mcp-settings.js')).openMcpSettings());
 
 /** "This month: 1.23 USD" under the user's name, when their agents report a cost. */
 async function showMyUsage() {

@@ -10,10 +10,12 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
 mod limits;
+mod mcp;
 mod oidc;
 mod team;
 
 pub use limits::Limits;
+pub use mcp::McpConfig;
 pub use oidc::OidcConfig;
 pub use team::{AdminConfig, AuditConfig, UsageConfig};
 
@@ -68,6 +70,8 @@ pub struct Config {
     pub audit: AuditConfig,
     /// What each person spends, and caps on it.
     pub usage: UsageConfig,
+    /// Users' own MCP servers.
+    pub mcp: McpConfig,
 }
 
 /// Signing users in to agents (`authMethods`).
@@ -247,6 +251,7 @@ impl Default for Config {
             admin: AdminConfig::default(),
             audit: AuditConfig::default(),
             usage: UsageConfig::default(),
+            mcp: McpConfig::default(),
         }
     }
 }
@@ -385,6 +390,12 @@ impl Config {
             default.args = vec!["demo-agent".into(), "--showcase".into()];
         }
         for (name, agent) in &self.agents {
+            if name.starts_with('/') {
+                // `/mcp` keys users' own MCP servers among their sealed secrets (crate::user_mcp).
+                return Err(ConfigError::Invalid(format!(
+                    "agents.{name}: an agent's name may not begin with '/'"
+                )));
+            }
             if agent.command.is_empty() {
                 return Err(ConfigError::Invalid(format!(
                     "agents.{name}.command: expected a program to run, found nothing"
@@ -434,6 +445,7 @@ impl Config {
         }
         self.oidc.validate()?;
         self.limits.validate()?;
+        self.mcp.validate()?;
         if let Some(url) = &self.jwt.jwks_url
             && (self.jwt.issuer.is_none() || self.jwt.audience.is_none())
             && !self.oidc.enabled()

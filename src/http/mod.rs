@@ -10,6 +10,7 @@ mod error;
 mod fs;
 mod health;
 mod keys;
+mod mcp;
 mod oidc;
 mod rest;
 mod server;
@@ -57,6 +58,7 @@ pub fn router(gw: Arc<Gateway>) -> Router {
         .merge(rest::router())
         .merge(fs::router())
         .merge(keys::router())
+        .merge(mcp::router())
         .merge(signin::router())
         .merge(oidc::router())
         .merge(admin::router())

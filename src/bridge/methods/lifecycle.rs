@@ -34,7 +34,12 @@ impl Ctx {
         // What the agent gets is built here, not copied: the resolved directories, the accepted
         // MCP servers, and only the allowed `_meta` keys.
         let mcp = serde_json::to_string(&new.mcp_servers).map_err(|e| RpcError::internal(e.to_string()))?;
-        let mut raw = format!(r#"{{"cwd":{},"mcpServers":{mcp}"#, json!(cwd));
+        // The user's own servers go to the agent, never into the stored session.
+        let for_agent =
+            crate::user_mcp::with_users_servers(&self.gw.user_mcp, &self.client.user, info.mcp_transports(), &mcp)
+                .await
+                .map_err(|e| RpcError::internal(e.to_string()))?;
+        let mut raw = format!(r#"{{"cwd":{},"mcpServers":{for_agent}"#, json!(cwd));
         if !dirs.is_empty() {
             raw.push_str(&format!(r#","additionalDirectories":{}"#, json!(dirs)));
         }

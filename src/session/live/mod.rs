@@ -84,6 +84,8 @@ pub struct LiveSession {
     permission_wait: Duration,
     /// Where `usage_update` costs are recorded.
     usage: Option<Arc<crate::usage::Usage>>,
+    /// Users' own MCP servers (see [`SessionOptions::user_mcp`]).
+    user_mcp: Option<Arc<crate::user_mcp::UserMcp>>,
     /// Agent requests asked across replicas, when several share the database.
     asks: Option<Arc<super::asks::Asks>>,
     /// Where clients that fell behind are fed from.
@@ -150,6 +152,8 @@ pub struct SessionOptions {
     pub asks: Option<Arc<super::asks::Asks>>,
     /// What each person spends (`usage_update` costs).
     pub usage: Option<Arc<crate::usage::Usage>>,
+    /// Users' own MCP servers, given to the agent again when a session is restored.
+    pub user_mcp: Option<Arc<crate::user_mcp::UserMcp>>,
 }
 
 impl LiveSession {
@@ -176,6 +180,7 @@ impl LiveSession {
             permission_wait: options.permission_wait,
             asks: options.asks.clone(),
             usage: options.usage.clone(),
+            user_mcp: options.user_mcp.clone(),
             store: options.store.clone(),
             tracker: options.tracker.clone(),
             handle: tokio::runtime::Handle::current(),

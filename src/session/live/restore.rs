@@ -87,12 +87,22 @@ impl LiveSession {
                 ok.is_ok()
             })
             .collect();
+        let mut servers = serde_json::to_string(&servers).unwrap_or_else(|_| String::from("[]"));
+        // The owner's own servers, as they are now (never stored with the session).
+        if let Some(user_mcp) = &self.user_mcp {
+            match crate::user_mcp::with_users_servers(user_mcp, &self.owner, info.mcp_transports(), &servers).await {
+                Ok(all) => servers = all,
+                Err(e) => {
+                    process.release();
+                    return Err(RpcError::internal(e.to_string()));
+                }
+            }
+        }
         let params = format!(
-            r#"{{"sessionId":{},"cwd":{},"additionalDirectories":{},"mcpServers":{}}}"#,
+            r#"{{"sessionId":{},"cwd":{},"additionalDirectories":{},"mcpServers":{servers}}}"#,
             serde_json::to_string(&*agent_sid).unwrap_or_default(),
             serde_json::to_string(&self.cwd).unwrap_or_default(),
             self.additional_dirs,
-            serde_json::to_string(&servers).unwrap_or_else(|_| String::from("[]")),
         );
         let restored = process.request(method, &params, pool.request_timeout()).await;
         if let Ok(answer) = &restored {

@@ -102,6 +102,12 @@ impl Application {
             sealer.clone(),
             config.mcp.clone(),
         ));
+        let push = Arc::new(crate::push::Push::new(
+            config.push.clone(),
+            store.clone(),
+            sealer.clone(),
+            tracker.clone(),
+        ));
         let (oidc, jwks) = crate::oidc::build(&config, &auth, sealer, &store).map_err(anyhow::Error::msg)?;
         let pools = Arc::new(Pools::new(
             &config,
@@ -124,6 +130,7 @@ impl Application {
             asks: shared.clone().map(crate::session::asks::Asks::new),
             replica: shared,
             user_mcp: Some(user_mcp.clone()),
+            push: Some(push.clone()),
         };
         let (audit, audit_task) = crate::audit::Audit::spawn(
             store.clone(),
@@ -147,6 +154,7 @@ impl Application {
             replica,
             keys,
             user_mcp,
+            push,
             signins: Arc::default(),
             oidc,
             jwks,

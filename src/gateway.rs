@@ -50,6 +50,8 @@ pub struct Gateway {
     pub keys: Arc<Keys>,
     /// Users' own MCP servers, sealed at rest.
     pub user_mcp: Arc<crate::user_mcp::UserMcp>,
+    /// Pushes to users' devices.
+    pub push: Arc<crate::push::Push>,
     /// Sign-ins under way (one per user and agent).
     pub signins: Arc<crate::signin::Running>,
     /// The team's identity provider, when `[oidc]` is configured.

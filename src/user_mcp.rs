@@ -19,8 +19,9 @@ use std::sync::Arc;
 use serde::{Deserialize, Serialize};
 
 use crate::config::McpConfig;
-use crate::secrets::{Sealed, Sealer};
-use crate::store::{Store, StoredSecret};
+use crate::sealed_list::SealedList;
+use crate::secrets::Sealer;
+use crate::store::Store;
 use crate::tenancy::McpTransports;
 
 /// The `user_secrets.agent` of the row that holds a user's list.
@@ -97,8 +98,7 @@ pub enum UserMcpError {
 /// Users' servers, sealed in the store.
 #[derive(Debug)]
 pub struct UserMcp {
-    store: Arc<dyn Store>,
-    sealer: Sealer,
+    list: SealedList,
     config: McpConfig,
 }
 
@@ -113,7 +113,10 @@ fn is_token(name: &str) -> bool {
 impl UserMcp {
     /// Servers kept in `store`, sealed by `sealer`, as `config` allows.
     pub fn new(store: Arc<dyn Store>, sealer: Sealer, config: McpConfig) -> Self {
-        Self { store, sealer, config }
+        Self {
+            list: SealedList::new(store, sealer, ROW_AGENT, ROW_NAME, "your MCP servers"),
+            config,
+        }
     }
 
     /// Whether users may have servers at all.
@@ -133,25 +136,7 @@ impl UserMcp {
 
     /// `owner`'s servers, as stored.
     pub async fn servers(&self, owner: &str) -> Result<Vec<UserServer>, UserMcpError> {
-        let rows = self
-            .store
-            .secrets(owner, Some(ROW_AGENT))
-            .await
-            .map_err(|e| UserMcpError::Unavailable(format!("your MCP servers cannot be read now: {e}")))?;
-        let Some(row) = rows.into_iter().find(|r| r.name == ROW_NAME) else {
-            return Ok(Vec::new());
-        };
-        let sealed = Sealed {
-            key_id: row.key_id,
-            nonce: row.nonce,
-            ciphertext: row.ciphertext,
-        };
-        let plain = self
-            .sealer
-            .open(owner, ROW_AGENT, ROW_NAME, &sealed)
-            .map_err(|e| UserMcpError::Unavailable(format!("your MCP servers cannot be opened: {e}")))?;
-        serde_json::from_str(secrecy::ExposeSecret::expose_secret(&plain))
-            .map_err(|e| UserMcpError::Unavailable(format!("your stored MCP servers cannot be read: {e}")))
+        self.list.read(owner).await.map_err(UserMcpError::Unavailable)
     }
 
     /// `owner`'s servers as their list shows them.
@@ -231,24 +216,7 @@ impl UserMcp {
     }
 
     async fn save(&self, owner: &str, servers: &[UserServer]) -> Result<(), UserMcpError> {
-        let failed = |e: crate::store::StoreError| {
-            UserMcpError::Unavailable(format!("your MCP servers could not be stored: {e}"))
-        };
-        if servers.is_empty() {
-            self.store.delete_secrets(owner, ROW_AGENT).await.map_err(failed)?;
-            return Ok(());
-        }
-        let plain = serde_json::to_string(servers).map_err(|e| UserMcpError::Unavailable(e.to_string()))?;
-        let sealed = self.sealer.seal(owner, ROW_AGENT, ROW_NAME, &plain);
-        let row = StoredSecret {
-            agent: ROW_AGENT.to_string(),
-            name: ROW_NAME.to_string(),
-            key_id: sealed.key_id,
-            nonce: sealed.nonce,
-            ciphertext: sealed.ciphertext,
-            updated_at: crate::store::now_micros(),
-        };
-        self.store.put_secrets(owner, &[row]).await.map_err(failed)
+        self.list.write(owner, servers).await.map_err(UserMcpError::Unavailable)
     }
 
     /// The ACP `McpServer` entries of `owner`'s servers that an agent with `can` takes, for a

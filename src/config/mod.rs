@@ -12,11 +12,13 @@ use std::path::{Path, PathBuf};
 mod limits;
 mod mcp;
 mod oidc;
+mod push;
 mod team;
 
 pub use limits::Limits;
 pub use mcp::McpConfig;
 pub use oidc::OidcConfig;
+pub use push::PushConfig;
 pub use team::{AdminConfig, AuditConfig, UsageConfig};
 
 use figment::Figment;
@@ -72,6 +74,8 @@ pub struct Config {
     pub usage: UsageConfig,
     /// Users' own MCP servers.
     pub mcp: McpConfig,
+    /// Web Push to users' devices.
+    pub push: PushConfig,
 }
 
 /// Signing users in to agents (`authMethods`).
@@ -252,6 +256,7 @@ impl Default for Config {
             audit: AuditConfig::default(),
             usage: UsageConfig::default(),
             mcp: McpConfig::default(),
+            push: PushConfig::default(),
         }
     }
 }
@@ -446,6 +451,7 @@ impl Config {
         self.oidc.validate()?;
         self.limits.validate()?;
         self.mcp.validate()?;
+        self.push.validate()?;
         if let Some(url) = &self.jwt.jwks_url
             && (self.jwt.issuer.is_none() || self.jwt.audience.is_none())
             && !self.oidc.enabled()

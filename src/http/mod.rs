@@ -12,6 +12,7 @@ mod health;
 mod keys;
 mod mcp;
 mod oidc;
+mod push;
 mod rest;
 mod server;
 mod signin;
@@ -59,6 +60,7 @@ pub fn router(gw: Arc<Gateway>) -> Router {
         .merge(fs::router())
         .merge(keys::router())
         .merge(mcp::router())
+        .merge(push::router())
         .merge(signin::router())
         .merge(oidc::router())
         .merge(admin::router())

@@ -46,6 +46,10 @@ pub(super) fn describe() {
         "Agent processes that could not be started or did not initialize, by agent."
     );
     describe_counter!(
+        PUSHES,
+        "Web pushes to users' devices, by outcome: sent (accepted by the push service), refused, gone (404/410: the subscription was dropped), failed (not delivered)."
+    );
+    describe_counter!(
         AGENT_SIGNINS,
         "Sign-ins to agents, by agent, method_type (terminal) and outcome: ok, failed (the program exited non-zero), cancelled (by the user or a closed socket), timeout, output_limit, shutdown, error (could not start)."
     );

@@ -53,6 +53,11 @@ pub const AGENT_SPAWNS: &str = "acp_gateway_agent_spawns_total";
 pub const AGENT_SPAWN_FAILURES: &str = "acp_gateway_agent_spawn_failures_total";
 /// Sign-ins to agents, by `agent`, `method_type` and `outcome` (counter).
 pub const AGENT_SIGNINS: &str = "acp_gateway_agent_signins_total";
+/// Web pushes to users' devices, by `outcome` (counter).
+pub const PUSHES: &str = "acp_gateway_pushes_total";
+/// `outcome` of [`PUSHES`]: accepted by the push service; refused by it; the subscription is gone
+/// (404/410, dropped); not delivered (network, timeout).
+pub const PUSH_OUTCOMES: &[&str] = &["sent", "refused", "gone", "failed"];
 /// Audit entries that could not be stored (queue full, or the store failed) (counter).
 pub const AUDIT_DROPPED: &str = "acp_gateway_audit_dropped_total";
 /// Requests to the OpenID provider, by `what` (discovery, jwks, token, userinfo) and `outcome`
@@ -323,6 +328,9 @@ pub fn describe_and_zero<'a>(agents: impl IntoIterator<Item = &'a str>) {
         metrics::counter!(CONNECTIONS_REFUSED, "reason" => *reason).increment(0);
     }
     metrics::counter!(AUDIT_DROPPED).increment(0);
+    for outcome in PUSH_OUTCOMES {
+        metrics::counter!(PUSHES, "outcome" => *outcome).increment(0);
+    }
     for reason in AUTH_FAILURE_REASONS {
         metrics::counter!(AUTH_FAILURES, "reason" => *reason).increment(0);
     }

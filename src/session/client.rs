@@ -21,6 +21,9 @@ pub struct Client {
     next_out_id: AtomicU64,
     /// Agent requests asked of it and not yet answered, by the id it was asked under.
     asked: Mutex<HashMap<u64, Arc<AgentRequest>>>,
+    /// The session its page shows in a visible tab, as it last said (`_gateway/visibility`):
+    /// events of that session are not pushed to the user's devices.
+    shown: Mutex<Option<Arc<str>>>,
 }
 
 impl std::fmt::Debug for Client {
@@ -41,7 +44,22 @@ impl Client {
             outbox,
             next_out_id: AtomicU64::new(0),
             asked: Mutex::new(HashMap::new()),
+            shown: Mutex::new(None),
         })
+    }
+
+    /// The client says its page shows `session` in a visible tab (`None`: nothing, or hidden).
+    pub fn show(&self, session: Option<&str>) {
+        *self.shown.lock().unwrap_or_else(|e| e.into_inner()) = session.map(Arc::from);
+    }
+
+    /// Whether its page shows `session` in a visible tab.
+    pub fn shows(&self, session: &str) -> bool {
+        self.shown
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_deref()
+            .is_some_and(|s| s == session)
     }
 
     /// Whether its connection is closing.

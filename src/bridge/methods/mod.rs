@@ -237,6 +237,14 @@ impl Connection {
                         .await;
                 }
             }
+            // The web UI: which session this page shows in a visible tab (no push for it).
+            "_gateway/visibility" => {
+                let shown = msg
+                    .params
+                    .and_then(|p| serde_json::from_str::<Value>(p.get()).ok())
+                    .and_then(|p| p.get("sessionId").and_then(Value::as_str).map(str::to_string));
+                self.client.show(shown.as_deref());
+            }
             other => {
                 tracing::debug!(connection = %self.client.id, method = other, "client notification ignored")
             }

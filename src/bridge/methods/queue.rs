@@ -209,6 +209,12 @@ impl SessionRoute for PromptAnswer {
         let stopped = stopped(&frame);
         self.session.respond(to, client_id, frame);
         turn_over(&self.gw, &self.session, stopped);
+        let event = if stopped {
+            crate::push::Event::TurnFailed
+        } else {
+            crate::push::Event::TurnEnded
+        };
+        self.session.push_if_unwatched(event, None);
     }
 
     fn unbound(&self, process_id: u64) {

@@ -372,3 +372,34 @@ fn give(client: &Arc<Client>, what: Held) {
         Held::Ask(request, out_id) => request.send_to(client, out_id),
     }
 }
+
+impl LiveSession {
+    /// Pushes `event` to the owner's devices, unless a tab of theirs shows this session.
+    pub fn push_if_unwatched(&self, event: crate::push::Event, asked: Option<String>) {
+        let Some(push) = &self.push else { return };
+        let watched = self
+            .fanout()
+            .subscribers
+            .iter()
+            .any(|s| !s.client.is_closed() && s.client.shows(&self.id));
+        if !watched {
+            push.notify(&self.owner, &self.id, event, asked);
+        }
+    }
+
+    /// An agent's request that the owner may have to answer from their phone: a permission (what
+    /// it is for: the tool call's title) or a form (its message).
+    pub(super) fn push_request(&self, method: &str, params: &str) {
+        let (event, pointer) = match method {
+            "session/request_permission" => (crate::push::Event::Permission, "/toolCall/title"),
+            "elicitation/create" => (crate::push::Event::Elicitation, "/message"),
+            _ => return,
+        };
+        let asked = serde_json::from_str::<serde_json::Value>(params).ok().and_then(|p| {
+            p.pointer(pointer)
+                .and_then(serde_json::Value::as_str)
+                .map(str::to_string)
+        });
+        self.push_if_unwatched(event, asked);
+    }
+}

@@ -86,6 +86,8 @@ pub struct LiveSession {
     usage: Option<Arc<crate::usage::Usage>>,
     /// Users' own MCP servers (see [`SessionOptions::user_mcp`]).
     user_mcp: Option<Arc<crate::user_mcp::UserMcp>>,
+    /// Pushes to the owner's devices.
+    push: Option<Arc<crate::push::Push>>,
     /// Agent requests asked across replicas, when several share the database.
     asks: Option<Arc<super::asks::Asks>>,
     /// Where clients that fell behind are fed from.
@@ -154,6 +156,8 @@ pub struct SessionOptions {
     pub usage: Option<Arc<crate::usage::Usage>>,
     /// Users' own MCP servers, given to the agent again when a session is restored.
     pub user_mcp: Option<Arc<crate::user_mcp::UserMcp>>,
+    /// Pushes to users' devices.
+    pub push: Option<Arc<crate::push::Push>>,
 }
 
 impl LiveSession {
@@ -181,6 +185,7 @@ impl LiveSession {
             asks: options.asks.clone(),
             usage: options.usage.clone(),
             user_mcp: options.user_mcp.clone(),
+            push: options.push.clone(),
             store: options.store.clone(),
             tracker: options.tracker.clone(),
             handle: tokio::runtime::Handle::current(),
@@ -538,6 +543,7 @@ impl SessionRoute for LiveSession {
     }
 
     fn agent_request(self: Arc<Self>, process: &Arc<AgentProcess>, id: Box<RawValue>, method: &str, params: String) {
+        self.push_request(method, &params);
         let request = AgentRequest::new(&self, process, id, method, params, self.permission_wait);
         self.after_released(Deferred::Ask(request));
     }

@@ -1,0 +1,100 @@
+//! `/api/push`: the devices a user opts in to Web Push (see [`crate::push`]).
+//!
+//! - `GET /api/push` → `{"enabled", "publicKey", "devices": [{"id", "label", "service", "createdAt"}]}`
+//!   (the VAPID key browsers subscribe with; never an endpoint or a device's keys).
+//! - `POST /api/push/subscriptions` `{"endpoint", "keys": {"p256dh", "auth"}, "label"?}` (a
+//!   browser's `PushSubscription.toJSON()`) → `201 {"id"}`; `400` naming what is wrong; `403` when
+//!   push is off.
+//! - `DELETE /api/push/subscriptions/{id}` → `204`, `404` when there is none.
+
+use std::sync::Arc;
+
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{delete, get, post};
+use axum::{Json, Router};
+use serde::Deserialize;
+
+use super::auth::{Caller, audit};
+use super::error::refuse;
+use crate::gateway::Gateway;
+use crate::push::PushError;
+
+pub(super) fn router() -> Router<Arc<Gateway>> {
+    Router::new()
+        .route("/api/push", get(state))
+        .route("/api/push/subscriptions", post(subscribe))
+        .route("/api/push/subscriptions/{id}", delete(unsubscribe))
+}
+
+#[derive(Deserialize)]
+struct Keys {
+    p256dh: String,
+    auth: String,
+}
+
+/// A browser's `PushSubscription.toJSON()`, and what to call the device.
+#[derive(Deserialize)]
+struct Subscribe {
+    endpoint: String,
+    keys: Keys,
+    #[serde(default)]
+    label: String,
+    #[serde(default, rename = "expirationTime")]
+    _expiration_time: Option<serde_json::Value>,
+}
+
+fn refusal(user: &str, e: PushError) -> Response {
+    match e {
+        PushError::Invalid(m) => refuse(StatusCode::BAD_REQUEST, m),
+        PushError::Off => refuse(StatusCode::FORBIDDEN, e.to_string()),
+        PushError::Unavailable(m) => {
+            tracing::error!(user, error = %m, "push subscriptions");
+            refuse(StatusCode::SERVICE_UNAVAILABLE, m)
+        }
+    }
+}
+
+async fn state(State(gw): State<Arc<Gateway>>, Caller(who): Caller) -> Response {
+    match gw.push.devices(&who.user).await {
+        Ok(devices) => Json(serde_json::json!({
+            "enabled": gw.push.enabled(),
+            "publicKey": gw.push.public_key(),
+            "devices": devices,
+        }))
+        .into_response(),
+        Err(e) => refusal(&who.user, e),
+    }
+}
+
+async fn subscribe(State(gw): State<Arc<Gateway>>, Caller(who): Caller, Json(body): Json<Subscribe>) -> Response {
+    match gw
+        .push
+        .subscribe(
+            &who.user,
+            &body.endpoint,
+            &body.keys.p256dh,
+            &body.keys.auth,
+            &body.label,
+        )
+        .await
+    {
+        Ok(id) => {
+            audit(&gw, None, &who.user, "push_subscribe", Some(&id), "ok", None);
+            (StatusCode::CREATED, Json(serde_json::json!({ "id": id }))).into_response()
+        }
+        Err(e) => refusal(&who.user, e),
+    }
+}
+
+async fn unsubscribe(State(gw): State<Arc<Gateway>>, Caller(who): Caller, Path(id): Path<String>) -> Response {
+    match gw.push.unsubscribe(&who.user, &id).await {
+        Ok(true) => {
+            audit(&gw, None, &who.user, "push_unsubscribe", Some(&id), "ok", None);
+            StatusCode::NO_CONTENT.into_response()
+        }
+        Ok(false) => refuse(StatusCode::NOT_FOUND, format!("you have no device {id:?} opted in")),
+        Err(e) => refusal(&who.user, e),
+    }
+}

@@ -1,0 +1,447 @@
+//! Web Push (RFC 8030) to the devices a user opted in: when one of their sessions asks for a
+//! permission or a form (elicitation), or a turn ends or fails, and no tab of theirs shows that
+//! session, each of their devices gets a push, encrypted for it (RFC 8291, `aes128gcm`) and signed
+//! with the gateway's VAPID key (RFC 8292). The payload holds the session's id and title and what
+//! is asked, never transcript text. One `Topic` per session, so a push service keeps only the
+//! newest; at most one push per session in `[push] min_interval_secs` (a permission request or
+//! elicitation always goes). Subscriptions the push service says are gone (404, 410) are dropped.
+//!
+//! The VAPID key is derived from the gateway's secrets key (generated once into the data
+//! directory `0600`, or configured), so every replica that shares it signs with the same key and
+//! any replica can push. Subscriptions are kept per user, sealed like agent keys
+//! ([`crate::sealed_list`]).
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use base64::Engine as _;
+use serde::{Deserialize, Serialize};
+use web_push_native::jwt_simple::algorithms::ES256KeyPair;
+use web_push_native::p256;
+use web_push_native::p256::elliptic_curve::sec1::ToEncodedPoint;
+
+use crate::config::PushConfig;
+use crate::sealed_list::SealedList;
+use crate::secrets::Sealer;
+use crate::store::Store;
+
+/// Most devices one user opts in.
+pub const MAX_DEVICES: usize = 10;
+/// How long a push service may keep an undelivered push.
+const TTL: Duration = Duration::from_secs(3600);
+/// How long a push service gets to answer.
+const SEND_TIMEOUT: Duration = Duration::from_secs(10);
+/// Rate-limit entries kept before old ones are pruned.
+const LIMITER_PRUNE_AT: usize = 10_000;
+
+const B64: base64::engine::GeneralPurpose = base64::engine::general_purpose::URL_SAFE_NO_PAD;
+
+/// One opted-in device (the browser's `PushSubscription`).
+#[derive(Clone, Serialize, Deserialize)]
+pub struct Subscription {
+    /// Ours, for the list and removal.
+    pub id: String,
+    /// The push service's URL for this device (a capability: kept sealed, never listed).
+    pub endpoint: String,
+    /// The device's P-256 key, base64url (uncompressed point).
+    pub p256dh: String,
+    /// Its 16-byte auth secret, base64url.
+    pub auth: String,
+    /// What the user calls it ("Pixel 8", from the browser's user agent).
+    pub label: String,
+    /// When it was added (epoch ms).
+    #[serde(rename = "createdAt")]
+    pub created_at: i64,
+}
+
+impl std::fmt::Debug for Subscription {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Subscription")
+            .field("id", &self.id)
+            .field("label", &self.label)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A device as its user sees it in the list.
+#[derive(Debug, Clone, Serialize)]
+pub struct Device {
+    /// Its id.
+    pub id: String,
+    /// Its label.
+    pub label: String,
+    /// The push service's host (which vendor), not the endpoint.
+    pub service: String,
+    /// When it was added (epoch ms).
+    #[serde(rename = "createdAt")]
+    pub created_at: i64,
+}
+
+/// What happened in a session, as a push says it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Event {
+    /// The agent asks for a permission.
+    Permission,
+    /// The agent asks for a form to be filled in.
+    Elicitation,
+    /// A turn ended.
+    TurnEnded,
+    /// A turn failed or was cancelled.
+    TurnFailed,
+}
+
+impl Event {
+    fn kind(self) -> &'static str {
+        match self {
+            Self::Permission => "permission",
+            Self::Elicitation => "elicitation",
+            Self::TurnEnded => "turn_ended",
+            Self::TurnFailed => "turn_failed",
+        }
+    }
+
+    /// Whether it always goes, whatever the rate limit.
+    fn urgent(self) -> bool {
+        matches!(self, Self::Permission | Self::Elicitation)
+    }
+}
+
+/// Why a subscription was refused; the message says what is wrong.
+#[derive(Debug, thiserror::Error)]
+pub enum PushError {
+    /// Not acceptable as given.
+    #[error("{0}")]
+    Invalid(String),
+    /// The operator turned push off.
+    #[error("this gateway does not send push notifications ([push] enabled = false)")]
+    Off,
+    /// The store failed.
+    #[error("{0}")]
+    Unavailable(String),
+}
+
+/// A session of a user: (owner, session id).
+type SessionOf = (Arc<str>, Arc<str>);
+
+/// Pushes to users' devices.
+pub struct Push {
+    devices: SealedList,
+    /// Where session titles are read.
+    store: Arc<dyn Store>,
+    keypair: ES256KeyPair,
+    /// The VAPID public key, base64url (what browsers take as `applicationServerKey`).
+    public_key: String,
+    config: PushConfig,
+    http: reqwest::Client,
+    /// When each (user, session) was last pushed.
+    last: Mutex<HashMap<SessionOf, Instant>>,
+    /// Sending tasks.
+    tracker: tokio_util::task::TaskTracker,
+}
+
+impl std::fmt::Debug for Push {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Push")
+            .field("public_key", &self.public_key)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The VAPID key pair derived from the secrets key.
+fn vapid_keypair(sealer: &Sealer) -> (ES256KeyPair, String) {
+    let mut seed = sealer.derive("web push VAPID key");
+    loop {
+        if let Ok(secret) = p256::SecretKey::from_slice(&seed)
+            && let Ok(pair) = ES256KeyPair::from_bytes(&seed)
+        {
+            let public = B64.encode(secret.public_key().to_encoded_point(false).as_bytes());
+            return (pair, public);
+        }
+        // Not a scalar below the curve's order (odds about 2^-32): hash again.
+        seed = sha2::Digest::finalize(sha2::Digest::chain_update(sha2::Sha256::default(), seed)).into();
+    }
+}
+
+impl Push {
+    /// Pushes as `config` says, subscriptions kept in `store`, the VAPID key derived from
+    /// `sealer`'s key; sending tasks tracked by `tracker`.
+    pub fn new(
+        config: PushConfig,
+        store: Arc<dyn Store>,
+        sealer: Sealer,
+        tracker: tokio_util::task::TaskTracker,
+    ) -> Self {
+        let (keypair, public_key) = vapid_keypair(&sealer);
+        let http = reqwest::Client::builder()
+            .timeout(SEND_TIMEOUT)
+            .redirect(reqwest::redirect::Policy::none())
+            .build()
+            .unwrap_or_default();
+        Self {
+            devices: SealedList::new(
+                store.clone(),
+                sealer,
+                "/push",
+                "subscriptions",
+                "your push subscriptions",
+            ),
+            store,
+            keypair,
+            public_key,
+            config,
+            http,
+            last: Mutex::default(),
+            tracker,
+        }
+    }
+
+    /// Whether users may opt in.
+    pub fn enabled(&self) -> bool {
+        self.config.enabled
+    }
+
+    /// The VAPID public key (base64url, uncompressed P-256 point).
+    pub fn public_key(&self) -> &str {
+        &self.public_key
+    }
+
+    async fn subscriptions(&self, owner: &str) -> Result<Vec<Subscription>, PushError> {
+        self.devices.read(owner).await.map_err(PushError::Unavailable)
+    }
+
+    /// Opts a device in (again: the same endpoint replaces its entry); its id.
+    pub async fn subscribe(
+        &self,
+        owner: &str,
+        endpoint: &str,
+        p256dh: &str,
+        auth: &str,
+        label: &str,
+    ) -> Result<String, PushError> {
+        if !self.enabled() {
+            return Err(PushError::Off);
+        }
+        let url = url::Url::parse(endpoint).map_err(|e| PushError::Invalid(format!("endpoint: {e}")))?;
+        let http_ok = self.config.allow_http_endpoints && url.scheme() == "http";
+        if url.scheme() != "https" && !http_ok {
+            return Err(PushError::Invalid(
+                "endpoint must be an https:// URL (a browser's push service)".into(),
+            ));
+        }
+        if endpoint.len() > 2048 || url.host_str().is_none() {
+            return Err(PushError::Invalid("endpoint is not a push service URL".into()));
+        }
+        device_keys(p256dh, auth).map_err(PushError::Invalid)?;
+        let label: String = label.chars().filter(|c| !c.is_control()).take(80).collect();
+        let mut list = self.subscriptions(owner).await?;
+        list.retain(|s| s.endpoint != endpoint);
+        if list.len() >= MAX_DEVICES {
+            return Err(PushError::Invalid(format!(
+                "you already have {MAX_DEVICES} devices opted in; remove one first"
+            )));
+        }
+        let id = uuid::Uuid::new_v4().simple().to_string();
+        list.push(Subscription {
+            id: id.clone(),
+            endpoint: endpoint.to_string(),
+            p256dh: p256dh.to_string(),
+            auth: auth.to_string(),
+            label,
+            created_at: crate::store::now_micros() / 1000,
+        });
+        self.devices.write(owner, &list).await.map_err(PushError::Unavailable)?;
+        Ok(id)
+    }
+
+    /// `owner`'s devices.
+    pub async fn devices(&self, owner: &str) -> Result<Vec<Device>, PushError> {
+        Ok(self
+            .subscriptions(owner)
+            .await?
+            .into_iter()
+            .map(|s| Device {
+                service: url::Url::parse(&s.endpoint)
+                    .ok()
+                    .and_then(|u| u.host_str().map(str::to_string))
+                    .unwrap_or_default(),
+                id: s.id,
+                label: s.label,
+                created_at: s.created_at,
+            })
+            .collect())
+    }
+
+    /// Opts device `id` out; whether there was one.
+    pub async fn unsubscribe(&self, owner: &str, id: &str) -> Result<bool, PushError> {
+        let mut list = self.subscriptions(owner).await?;
+        let before = list.len();
+        list.retain(|s| s.id != id);
+        if list.len() == before {
+            return Ok(false);
+        }
+        self.devices.write(owner, &list).await.map_err(PushError::Unavailable)?;
+        Ok(true)
+    }
+
+    /// Whether `event` of `session` may be pushed now (and notes that it is).
+    fn due(&self, owner: &Arc<str>, session: &Arc<str>, event: Event) -> bool {
+        let now = Instant::now();
+        let every = Duration::from_secs(self.config.min_interval_secs);
+        let mut last = self.last.lock().unwrap_or_else(|e| e.into_inner());
+        if last.len() >= LIMITER_PRUNE_AT {
+            last.retain(|_, at| now.duration_since(*at) < every);
+        }
+        let key = (owner.clone(), session.clone());
+        if !event.urgent() && last.get(&key).is_some_and(|at| now.duration_since(*at) < every) {
+            return false;
+        }
+        last.insert(key, now);
+        true
+    }
+
+    /// Pushes `event` of `owner`'s session to their devices (on a task of its own), with the
+    /// session's title and `asked`, what the agent asks (a permission's tool call title, a
+    /// form's message), cut short.
+    pub fn notify(self: &Arc<Self>, owner: &Arc<str>, session: &Arc<str>, event: Event, asked: Option<String>) {
+        if !self.enabled() || !self.due(owner, session, event) {
+            return;
+        }
+        let (me, owner, session) = (self.clone(), owner.clone(), session.clone());
+        self.tracker.spawn(async move {
+            let title = match me.store.get_session(&owner, &session).await {
+                Ok(Some(record)) => record.title,
+                _ => None,
+            };
+            let cut = |s: String| -> String { s.chars().take(200).collect() };
+            let payload = serde_json::json!({
+                "sessionId": &*session,
+                "kind": event.kind(),
+                "title": title.map(cut),
+                "asked": asked.map(cut),
+            })
+            .to_string();
+            let topic: String = session.chars().filter(char::is_ascii_alphanumeric).take(32).collect();
+            me.send_all(&owner, payload.into_bytes(), &topic, event.urgent()).await;
+        });
+    }
+
+    async fn send_all(&self, owner: &str, payload: Vec<u8>, topic: &str, urgent: bool) {
+        let list = match self.subscriptions(owner).await {
+            Ok(list) => list,
+            Err(e) => {
+                tracing::warn!(user = owner, error = %e, "cannot read push subscriptions");
+                return;
+            }
+        };
+        let mut gone = Vec::new();
+        for sub in &list {
+            match self.send(sub, payload.clone(), topic, urgent).await {
+                Ok(status) if status == 404 || status == 410 => {
+                    tracing::info!(user = owner, device = %sub.id, status, "push subscription gone; dropped");
+                    gone.push(sub.id.clone());
+                }
+                Ok(status) if (200..300).contains(&status) => {
+                    metrics::counter!(crate::metrics::PUSHES, "outcome" => "sent").increment(1);
+                }
+                Ok(status) => {
+                    metrics::counter!(crate::metrics::PUSHES, "outcome" => "refused").increment(1);
+                    tracing::warn!(user = owner, device = %sub.id, status, "push service refused a push");
+                }
+                Err(e) => {
+                    metrics::counter!(crate::metrics::PUSHES, "outcome" => "failed").increment(1);
+                    tracing::warn!(user = owner, device = %sub.id, error = %e, "push failed");
+                }
+            }
+        }
+        if !gone.is_empty() {
+            metrics::counter!(crate::metrics::PUSHES, "outcome" => "gone").increment(gone.len() as u64);
+            // Read again: a device may have been added meanwhile.
+            if let Ok(mut now) = self.subscriptions(owner).await {
+                now.retain(|s| !gone.contains(&s.id));
+                if let Err(e) = self.devices.write(owner, &now).await {
+                    tracing::warn!(user = owner, error = %e, "cannot drop gone push subscriptions");
+                }
+            }
+        }
+    }
+
+    /// One push; the push service's status.
+    async fn send(&self, sub: &Subscription, payload: Vec<u8>, topic: &str, urgent: bool) -> Result<u16, String> {
+        let (public, auth) = device_keys(&sub.p256dh, &sub.auth)?;
+        let endpoint: http::Uri = sub.endpoint.parse().map_err(|e| format!("endpoint: {e}"))?;
+        let request = web_push_native::WebPushBuilder::new(endpoint, public, auth)
+            .with_valid_duration(TTL)
+            .with_vapid(&self.keypair, &self.config.contact)
+            .build(payload)
+            .map_err(|e| format!("cannot build the push: {e}"))?;
+        let (parts, body) = request.into_parts();
+        let mut headers = parts.headers;
+        if let Ok(topic) = http::HeaderValue::from_str(topic) {
+            headers.insert("Topic", topic);
+        }
+        headers.insert(
+            "Urgency",
+            http::HeaderValue::from_static(if urgent { "high" } else { "normal" }),
+        );
+        let res = self
+            .http
+            .post(sub.endpoint.as_str())
+            .headers(headers)
+            .body(body)
+            .send()
+            .await
+            .map_err(|e| e.without_url().to_string())?;
+        Ok(res.status().as_u16())
+    }
+}
+
+/// A device's public key and auth secret, from their base64url forms.
+fn device_keys(p256dh: &str, auth: &str) -> Result<(p256::PublicKey, web_push_native::Auth), String> {
+    let key = B64
+        .decode(p256dh.trim_end_matches('='))
+        .map_err(|_| String::from("keys.p256dh is not base64url"))?;
+    let public =
+        p256::PublicKey::from_sec1_bytes(&key).map_err(|_| String::from("keys.p256dh is not a P-256 public key"))?;
+    let auth = B64
+        .decode(auth.trim_end_matches('='))
+        .map_err(|_| String::from("keys.auth is not base64url"))?;
+    let auth: [u8; 16] = auth
+        .try_into()
+        .map_err(|_| String::from("keys.auth must be 16 bytes"))?;
+    Ok((public, web_push_native::Auth::from(auth)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn device_keys_are_checked_before_use() {
+        let secret = p256::SecretKey::from_slice(&[9u8; 32]).expect("scalar");
+        let public = B64.encode(secret.public_key().to_encoded_point(false).as_bytes());
+        let auth = B64.encode([1u8; 16]);
+        assert!(device_keys(&public, &auth).is_ok());
+        assert!(
+            device_keys(&public, &B64.encode([1u8; 15]))
+                .unwrap_err()
+                .contains("16 bytes")
+        );
+        assert!(device_keys("AAAA", &auth).unwrap_err().contains("P-256"));
+        assert!(device_keys("*", &auth).unwrap_err().contains("base64url"));
+    }
+
+    #[test]
+    fn the_vapid_key_is_the_same_for_the_same_secrets_key_and_not_for_another() {
+        let (_, a) = vapid_keypair(&Sealer::new(&[1; 32]));
+        let (_, b) = vapid_keypair(&Sealer::new(&[1; 32]));
+        let (_, c) = vapid_keypair(&Sealer::new(&[2; 32]));
+        assert_eq!(a, b);
+        assert_ne!(a, c);
+        assert_eq!(
+            B64.decode(&a).expect("base64url").len(),
+            65,
+            "an uncompressed P-256 point"
+        );
+    }
+}

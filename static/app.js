@@ -21,6 +21,7 @@ import { elicitationCard } from './js/elicitation.js';
 import { authState, methodsOf, showAuthState, signInCard } from './js/signin.js';
 import { Attachments } from './js/attachments.js';
 import { PromptQueue } from './js/queue.js';
+import { renderPush } from './js/push.js';
 
 // ---------------------------------------------------------------------------------------------
 // 1. Helpers
@@ -119,6 +120,7 @@ const conn = new Connection({
     ui.conn.dataset.state = status;
   },
   onReady() {
+    reportVisibility();
     attachments.configure(conn.info?.agentCapabilities?.promptCapabilities, conn.info?._meta?.gateway?.attachmentBytes);
     syncSession();
     refreshAuthState();
@@ -441,7 +443,25 @@ function setCurrent(session) {
   if (session) state.sessions.get(session.id)?.item?.querySelector('.session-open').setAttribute('aria-current', 'true');
   updateComposer();
   labelPermissions();
+  reportVisibility();
 }
+
+/** Tells the gateway which session this page shows while it is visible: no push for that one. */
+function reportVisibility() {
+  conn.notify('_gateway/visibility', { sessionId: document.visibilityState === 'visible' ? state.current?.id ?? null : null });
+}
+document.addEventListener('visibilitychange', reportVisibility);
+
+/** Opens session `id`, listed or not (a push's link: `/?session=ID`). */
+function openById(id) {
+  if (state.sessions.has(id)) return openSession(id);
+  setCurrent({ id, cwd: defaultCwd(), title: '', agent: conn.agent });
+  if (conn.ready) syncSession();
+}
+// A tapped push, while a page is open (static/sw.js).
+navigator.serviceWorker?.addEventListener('message', (event) => {
+  if (event.data?.type === 'open-session' && typeof event.data.sessionId === 'string' && event.data.sessionId) openById(event.data.sessionId);
+});
 
 /** Loads the current session, or catches up with what was missed (afterSeq) after a reconnect. */
 function syncSession() {
@@ -806,6 +826,9 @@ window.addEventListener('online', () => conn.reconnectNow());
 // --- administration and spending ------------------------------------------------------------
 
 $('admin-open').addEventListener('click', async () => (await import('./js/admin.js')).openAdmin());
+// The help dialog's push section is filled whenever the dialog opens (button or "?").
+new MutationObserver(() => { if ($('shortcuts-dialog').open) renderPush(); })
+  .observe($('shortcuts-dialog'), { attributes: true, attributeFilter: ['open'] });
 $('mcp-open').addEventListener('click', async () => (await import('./js/mcp-settings.js')).openMcpSettings());
 
 /** "This month: 1.23 USD" under the user's name, when their agents report a cost. */
@@ -843,7 +866,13 @@ async function boot() {
   setCurrent(null);
   const agent = await loadAgents();
   useAgent(agent);
-  loadSessions();
+  await loadSessions().catch(() => {});
+  // Opened from a push: the session it is about.
+  const asked = new URLSearchParams(location.search).get('session');
+  if (asked) {
+    history.replaceState(null, '', '/');
+    openById(asked);
+  }
   ui.input.focus();
 }
 

@@ -167,6 +167,15 @@ impl AgentRequest {
         }
     }
 
+    /// Whether `client` has been asked it.
+    pub(crate) fn was_asked(&self, client: &Client) -> bool {
+        self.asked
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .any(|(c, _)| std::ptr::eq(c.as_ptr(), client))
+    }
+
     /// Whether it has been answered or given up on.
     pub(crate) fn is_done(&self) -> bool {
         self.done.load(Ordering::Acquire)

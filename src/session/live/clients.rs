@@ -69,9 +69,20 @@ impl LiveSession {
                 }
             }
         }
-        let waiting = std::mem::take(&mut self.fanout().waiting);
+        let (waiting, open) = {
+            let mut f = self.fanout();
+            f.open.retain(|r| r.upgrade().is_some_and(|r| !r.is_done()));
+            let open: Vec<Arc<AgentRequest>> = f.open.iter().filter_map(std::sync::Weak::upgrade).collect();
+            (std::mem::take(&mut f.waiting), open)
+        };
         for request in waiting {
             self.dispatch_agent_request(request);
+        }
+        // What every client is asked and nobody has answered yet is asked of this one too.
+        for request in open {
+            if !request.was_asked(client) {
+                request.ask(std::slice::from_ref(client));
+            }
         }
         Ok(())
     }
@@ -256,6 +267,10 @@ impl LiveSession {
             let targeted = !f.subscribers.is_empty();
             if targeted {
                 let everyone = request.asks_everyone();
+                if everyone {
+                    f.open.retain(|r| r.upgrade().is_some_and(|r| !r.is_done()));
+                    f.open.push(Arc::downgrade(&request));
+                }
                 let newest = f.subscribers.len() - 1;
                 for (i, sub) in f.subscribers.iter_mut().enumerate() {
                     if !everyone && i != newest {

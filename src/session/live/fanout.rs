@@ -101,6 +101,9 @@ pub(super) struct Fanout {
     pub(super) deferred: VecDeque<(u64, Deferred)>,
     /// Agent requests waiting for a client to attach.
     pub(super) waiting: Vec<Arc<AgentRequest>>,
+    /// Requests asked of every attached client and not settled yet (a permission, a question):
+    /// a client that attaches later is asked them too (the phone a push brought here).
+    pub(super) open: Vec<std::sync::Weak<AgentRequest>>,
     /// The transcript writer gave up on this session: nothing more is released.
     pub(super) lost: bool,
 }

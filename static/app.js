@@ -1,9 +1,8 @@
 // acp-gateway web UI: plain ES module, no framework, no build step.
 //
-// Layout of this file:
-//   1. helpers      — relative time, HTTP (`api`)
-//   2. app          — sidebar, session list, prompts, permission requests, sign-in
-// The ACP WebSocket is js/connection.js, the conversation view js/conversation.js.
+// This file holds the app's state and wires its parts: the sidebar, the session list, prompts and
+// the agent's requests. The ACP WebSocket is js/connection.js, the conversation view
+// js/conversation.js, REST calls js/http.js, the sign-in page js/signin-page.js.
 //
 // All agent-provided text reaches the DOM through textContent / text nodes, never innerHTML, except
 // message Markdown, which goes through static/js/markdown.js (marked, then DOMPurify's allow-list).
@@ -22,48 +21,12 @@ import { authState, methodsOf, showAuthState, signInCard } from './js/signin.js'
 import { Attachments } from './js/attachments.js';
 import { PromptQueue } from './js/queue.js';
 import { renderPush } from './js/push.js';
+import { api, onUnauthorized } from './js/http.js';
+import { SessionList, sessionTitle } from './js/session-list.js';
+import { onLeave, showSignIn } from './js/signin-page.js';
+import { permissionCard } from './js/permission-card.js';
 
 // ---------------------------------------------------------------------------------------------
-// 1. Helpers
-
-const relFormat = new Intl.RelativeTimeFormat(undefined, { numeric: 'auto' });
-const UNITS = [['year', 31536000], ['month', 2592000], ['week', 604800], ['day', 86400], ['hour', 3600], ['minute', 60]];
-
-function relativeTime(iso) {
-  const then = Date.parse(iso);
-  if (Number.isNaN(then)) return '';
-  const seconds = (then - Date.now()) / 1000;
-  for (const [unit, size] of UNITS) {
-    if (Math.abs(seconds) >= size) return relFormat.format(Math.round(seconds / size), unit);
-  }
-  return 'just now';
-}
-
-class HttpError extends Error {
-  constructor(status, message) { super(message); this.status = status; }
-}
-
-/** Same-origin JSON fetch; the HttpOnly cookie carries the auth. A 401 shows the sign-in panel. */
-async function api(path, options = {}) {
-  const res = await fetch(path, { credentials: 'same-origin', headers: { Accept: 'application/json' }, ...options });
-  if (res.status === 401) {
-    showSignIn();
-    throw new HttpError(401, 'not signed in');
-  }
-  if (!res.ok) {
-    let message = `${res.status} ${res.statusText}`;
-    try {
-      const body = await res.json();
-      const detail = body.error?.message ?? body.error ?? body.message;
-      if (typeof detail === 'string' && detail) message = detail;
-    } catch { /* body was not JSON */ }
-    throw new HttpError(res.status, message);
-  }
-  return res.status === 204 ? null : res.json();
-}
-
-// ---------------------------------------------------------------------------------------------
-// 2. App
 
 const ui = {
   app: $('app'), signin: $('signin'), log: $('log'), permissions: $('permissions'),
@@ -76,9 +39,7 @@ const ui = {
 
 const state = {
   agents: [],
-  sessions: new Map(), // sessionId → {data, item} for the sidebar
-  cursor: null,
-  listToken: 0, // discards answers to superseded list requests
+  sessions: null, // sessionId → {data, item}: the session list's entries (set below)
   current: null, // {id, cwd, title, agent}
   running: new Set(), // sessions with a session/prompt in flight
   permissions: new Map(), // String(request id) → card element
@@ -144,79 +105,8 @@ const conn = new Connection({
     return false;
   },
 });
-
-// --- sign-in -------------------------------------------------------------------------------
-
-function showSignIn() {
-  conn.close();
-  ui.app.hidden = true;
-  ui.signin.hidden = false;
-  $('signin-token').focus();
-  offerProviderSignIn();
-}
-
-/** "Sign in with …" when the gateway has an identity provider (GET /auth/oidc). */
-async function offerProviderSignIn() {
-  let about = null;
-  try {
-    const res = await fetch('/auth/oidc', { credentials: 'same-origin' });
-    if (res.ok) about = await res.json();
-  } catch { /* offline: the token form still works */ }
-  if (typeof about?.label !== 'string') return;
-  $('signin-oidc').textContent = `Sign in with ${about.label}`;
-  $('signin-oidc-row').hidden = false;
-  $('signin-oidc').focus();
-}
-
-// The form posts the token to /auth/login (never in a URL). Submitting it with fetch keeps a refusal
-// on this page; without JavaScript the browser posts the form itself.
-$('signin-form').addEventListener('submit', async (event) => {
-  event.preventDefault();
-  const input = $('signin-token');
-  const error = $('signin-error');
-  const token = input.value.trim();
-  if (!token) return;
-  error.hidden = true;
-  let res;
-  try {
-    res = await fetch('/auth/login', {
-      method: 'POST', credentials: 'same-origin', redirect: 'manual',
-      headers: { Accept: 'application/json' }, body: new URLSearchParams({ token }),
-    });
-  } catch {
-    error.textContent = 'The gateway did not answer; try again.';
-    error.hidden = false;
-    return;
-  }
-  // 303 to / with the cookie set: an opaque redirect to fetch.
-  if (res.type === 'opaqueredirect' || res.ok) {
-    input.value = '';
-    location.replace('/');
-    return;
-  }
-  let message = `${res.status} ${res.statusText}`;
-  try {
-    const body = await res.json();
-    if (typeof body.error === 'string') message = body.error;
-  } catch { /* not JSON */ }
-  error.textContent = message;
-  error.hidden = false;
-  input.select();
-});
-
-$('logout').addEventListener('click', async () => {
-  let redirect = null;
-  try {
-    const res = await fetch('/auth/logout', { method: 'POST', credentials: 'same-origin' });
-    // A sign-in through the identity provider: its own sign-out page comes next.
-    if (res.status === 200) redirect = (await res.json())?.redirect;
-  } catch { /* offline */ }
-  if (typeof redirect === 'string' && /^https?:\/\//i.test(redirect)) {
-    location.assign(redirect);
-    return;
-  }
-  showSignIn();
-});
+onLeave(() => conn.close());
+onUnauthorized(showSignIn);
 
 // --- agents --------------------------------------------------------------------------------
 
@@ -324,62 +214,17 @@ ui.agentSignIn.addEventListener('click', () => {
 
 // --- session list --------------------------------------------------------------------------
 
-function sessionTitle(data) {
-  return data?.title?.trim() || 'Untitled session';
-}
-
-function renderSessionItem(entry) {
-  const { data } = entry;
-  const time = h('time', { class: 'session-time muted small', datetime: data.updatedAt ?? '', text: relativeTime(data.updatedAt) });
-  const agent = state.agents.length > 1 && data._meta?.agent ? h('span', { class: 'badge small', text: data._meta.agent }) : null;
-  const open = h('button', { type: 'button', class: 'session-open', onclick: () => openSession(data.sessionId) },
-    h('span', { class: 'session-name', text: sessionTitle(data) }), h('span', { class: 'session-meta' }, time, agent));
-  const remove = h('button', {
-    type: 'button', class: 'icon session-delete', testid: 'session-delete',
-    'aria-label': `Delete session ${sessionTitle(data)}`, title: 'Delete session', text: '×',
-    onclick: () => deleteSession(data.sessionId),
-  });
-  const item = h('li', { class: 'session-item', testid: 'session-item', 'data-session-id': data.sessionId }, open, remove);
-  if (data.sessionId === state.current?.id) open.setAttribute('aria-current', 'true');
-  entry.item?.replaceWith(item);
-  entry.item = item;
-  return item;
-}
-
-function upsertSession(data, { top = false } = {}) {
-  let entry = state.sessions.get(data.sessionId);
-  if (entry) Object.assign(entry.data, data);
-  else state.sessions.set(data.sessionId, (entry = { data, item: null }));
-  const item = renderSessionItem(entry);
-  if (top) ui.list.prepend(item);
-  else if (!item.isConnected) ui.list.append(item);
-  ui.empty.hidden = state.sessions.size > 0;
-  return entry;
-}
-
-async function loadSessions({ more = false } = {}) {
-  const token = ++state.listToken;
-  const params = new URLSearchParams({ limit: '50' });
-  if (ui.search.value.trim()) params.set('search', ui.search.value.trim());
-  if (more && state.cursor) params.set('cursor', state.cursor);
-  ui.loadMore.disabled = true;
-  try {
-    const page = await api(`/api/sessions?${params}`);
-    if (token !== state.listToken) return;
-    if (!more) {
-      state.sessions.clear();
-      ui.list.replaceChildren();
-    }
-    (page.sessions ?? []).forEach((s) => upsertSession(s));
-    state.cursor = page.nextCursor ?? null;
-    ui.loadMore.hidden = !state.cursor;
-    ui.empty.hidden = state.sessions.size > 0;
-  } catch (err) {
-    if (err.status !== 401) conv.error(err);
-  } finally {
-    ui.loadMore.disabled = false;
-  }
-}
+// The sidebar's list (js/session-list.js); its entries are the app's sessions.
+const sessionList = new SessionList({ list: ui.list, empty: ui.empty, loadMore: ui.loadMore, search: ui.search }, {
+  open: (id) => openSession(id),
+  remove: (id) => deleteSession(id),
+  current: () => state.current?.id,
+  badges: () => state.agents.length > 1,
+  error: (err) => conv.error(err),
+});
+state.sessions = sessionList.entries;
+const upsertSession = (data, options) => sessionList.upsert(data, options);
+const loadSessions = (options) => sessionList.load(options);
 
 /** Local bookkeeping after a prompt: newest first, and a title from the first prompt. */
 function touchSession(id, promptText) {
@@ -413,22 +258,10 @@ async function deleteSession(id) {
 
 /** Drops a deleted session from the list (and the view). */
 function forgetSession(id) {
-  state.sessions.get(id)?.item?.remove();
-  state.sessions.delete(id);
+  sessionList.drop(id);
   controls.forget(id);
-  ui.empty.hidden = state.sessions.size > 0;
   if (state.current?.id === id) setCurrent(null);
 }
-
-let searchTimer;
-ui.search.addEventListener('input', () => {
-  clearTimeout(searchTimer);
-  searchTimer = setTimeout(() => loadSessions(), 250);
-});
-ui.loadMore.addEventListener('click', () => loadSessions({ more: true }));
-setInterval(() => {
-  ui.list.querySelectorAll('time[datetime]').forEach((t) => { t.textContent = relativeTime(t.dateTime); });
-}, 30000);
 
 // --- current session -----------------------------------------------------------------------
 
@@ -439,8 +272,7 @@ function setCurrent(session) {
   queue.show(session?.id ?? null);
   setTitle(session?.title ?? '');
   ui.agentLabel.textContent = session?.agent ? `agent: ${session.agent}` : '';
-  ui.list.querySelectorAll('.session-open').forEach((b) => b.removeAttribute('aria-current'));
-  if (session) state.sessions.get(session.id)?.item?.querySelector('.session-open').setAttribute('aria-current', 'true');
+  sessionList.markCurrent(session?.id);
   updateComposer();
   labelPermissions();
   reportVisibility();
@@ -740,43 +572,20 @@ function showElicitation(requestId, params) {
     body: `${typeof params.message === 'string' ? params.message : ''} — ${sessionTitle(state.sessions.get(params.sessionId)?.data)}` });
 }
 
-let permissionSeq = 0;
-/** ACP's PermissionOptionKind values: an agent's `kind` becomes a class name only if it is one. */
-const PERMISSION_KINDS = new Set(['allow_once', 'allow_always', 'reject_once', 'reject_always']);
-
 function showPermission(requestId, params) {
   const key = String(requestId);
   const toolCall = params.toolCall ?? {};
-  const headingId = `permission-${++permissionSeq}`;
   // The request's toolCall is a tool_call_update (ACP): what it says about a card on screen shows there.
   if (params.sessionId === state.current?.id && typeof toolCall.toolCallId === 'string' && conv.tools.has(toolCall.toolCallId)) {
     conv.flush();
     conv.renderTool(toolCall);
   }
-  // "(in “…”)" while another session is open: kept up to date by labelPermissions.
-  const other = h('span', { class: 'permission-where', 'data-session-id': String(params.sessionId ?? '') });
-  const settle = (outcome) => {
+  const card = permissionCard(params, (outcome) => {
     conn.respond(requestId, { outcome });
     card.remove();
     state.permissions.delete(key);
     resolved(key);
-  };
-  // Options that are not objects are skipped (with none left, Dismiss answers `cancelled`): a card
-  // that fails to render would leave the agent's turn waiting for an answer that cannot come.
-  const offered = Array.isArray(params.options) ? params.options.filter((o) => o && typeof o === 'object') : [];
-  const options = offered.map((option) => h('button', {
-    type: 'button', class: `permission-option kind-${PERMISSION_KINDS.has(option.kind) ? option.kind : 'other'}`, testid: 'permission-option',
-    'data-option-id': option.optionId, text: typeof option.name === 'string' && option.name ? option.name : String(option.optionId),
-    onclick: () => settle({ outcome: 'selected', optionId: option.optionId }),
-  }));
-  if (!options.length) {
-    options.push(h('button', { type: 'button', class: 'secondary', text: 'Dismiss',
-      onclick: () => settle({ outcome: 'cancelled' }) }));
-  }
-  const card = h('div', { class: 'permission', role: 'group', 'aria-labelledby': headingId, testid: 'permission' },
-    h('p', { id: headingId, class: 'permission-title' }, 'Permission requested: ',
-      h('strong', { text: toolCall.title || toolCall.toolCallId || 'tool call' }), other),
-    h('div', { class: 'permission-options' }, options));
+  });
   state.permissions.get(key)?.remove();
   state.permissions.set(key, card);
   ui.permissions.append(card);

@@ -152,8 +152,17 @@ async fn allow(c: &mut Client, turn: u64, ask: &Value) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pushes_reach_only_the_owners_devices_encrypted_signed_and_without_transcript_text() {
+    pushes_to_devices(Db::Sqlite).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pushes_reach_only_the_owners_devices_encrypted_signed_and_without_transcript_text_postgres() {
+    pushes_to_devices(Db::Postgres).await;
+}
+
+async fn pushes_to_devices(db: Db) {
     let (base, mut pushes) = push_service().await;
-    let gw = TestGateway::start(Db::Sqlite, |c| {
+    let gw = TestGateway::start(db, |c| {
         c.push.allow_http_endpoints = true;
         c.push.min_interval_secs = 0;
     })
@@ -268,6 +277,7 @@ async fn pushes_reach_only_the_owners_devices_encrypted_signed_and_without_trans
     assert_eq!(state["devices"][0]["label"], "Pixel");
     assert!(common::metric_sum("acp_gateway_pushes_total{outcome=\"gone\"}") >= 1.0);
     for file in ["gw.db", "gw.db-wal"] {
+        // (Postgres: no such files; its rows are the same ciphertext.)
         let bytes = std::fs::read(gw.dir.path().join(file)).unwrap_or_default();
         assert!(
             !bytes.windows(11).any(|w| w == b"alice-phone"),

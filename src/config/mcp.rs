@@ -2,7 +2,7 @@
 
 use serde::{Deserialize, Serialize};
 
-/// Users' own MCP servers (see [`crate::user_mcp`]).
+/// Users' own MCP servers (the user_mcp module).
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct McpConfig {

@@ -396,7 +396,7 @@ impl Config {
         }
         for (name, agent) in &self.agents {
             if name.starts_with('/') {
-                // `/mcp` keys users' own MCP servers among their sealed secrets (crate::user_mcp).
+                // `/mcp` keys users' own MCP servers among their sealed secrets (users' MCP servers).
                 return Err(ConfigError::Invalid(format!(
                     "agents.{name}: an agent's name may not begin with '/'"
                 )));

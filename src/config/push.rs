@@ -1,4 +1,4 @@
-//! `[push]`: Web Push to the devices users opt in (see [`crate::push`]).
+//! `[push]`: Web Push to the devices users opt in (the push module).
 
 use serde::{Deserialize, Serialize};
 

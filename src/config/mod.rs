@@ -396,7 +396,7 @@ impl Config {
         }
         for (name, agent) in &self.agents {
             if name.starts_with('/') {
-                // `/mcp` keys users' own MCP servers among their sealed secrets (users' MCP servers).
+                // `/mcp` and `/push` key users' own MCP servers and push subscriptions among their sealed secrets.
                 return Err(ConfigError::Invalid(format!(
                     "agents.{name}: an agent's name may not begin with '/'"
                 )));

@@ -350,3 +350,60 @@ async fn subscriptions_are_checked_and_a_session_is_pushed_at_most_once_in_the_i
     );
     allow(&mut a, turn, &ask).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_question_is_pushed_and_the_device_that_opens_the_session_is_asked_it_too() {
+    let (base, mut pushes) = push_service().await;
+    let gw = TestGateway::start(Db::Sqlite, |c| {
+        c.push.allow_http_endpoints = true;
+        c.agents.insert(
+            "default".into(),
+            acp_gateway::config::AgentConfig {
+                command: "/usr/bin/python3".into(),
+                args: vec![concat!(env!("CARGO_MANIFEST_DIR"), "/tests/agents/elicit_agent.py").into()],
+                ..Default::default()
+            },
+        );
+    })
+    .await;
+    let phone = Device::new(&base, "phone", 7);
+    assert_eq!(
+        subscribe(&gw, "alice", &phone.subscription("Phone")).await.0,
+        StatusCode::CREATED
+    );
+    // A desktop tab in the background asks; the question is pushed.
+    let mut desk = gw.client("alice").await;
+    let s = desk.new_session().await;
+    let turn = desk
+        .start(
+            "session/prompt",
+            json!({"sessionId": s, "prompt": [{"type": "text", "text": "form"}]}),
+        )
+        .await;
+    desk.wait_for(|m| m["method"] == "elicitation/create").await;
+    let payload = phone.open(&next_push(&mut pushes).await);
+    assert_eq!(payload["kind"], "elicitation");
+    assert_eq!(payload["asked"], "Where should this deploy?");
+    // The phone opens the session: it is asked the question too, and its answer is the one.
+    let mut mobile = gw.client("alice").await;
+    let r = mobile
+        .request(
+            "session/load",
+            json!({"sessionId": s, "cwd": mobile.root, "mcpServers": []}),
+        )
+        .await;
+    assert!(r.get("result").is_some(), "{r}");
+    let asked = mobile.wait_for(|m| m["method"] == "elicitation/create").await;
+    mobile
+        .send(json!({"jsonrpc": "2.0", "id": asked["id"], "result": {"action": "accept", "content": {"env": "staging", "replicas": 2}}}))
+        .await;
+    assert_eq!(desk.answer(turn).await["result"]["stopReason"], "end_turn");
+    let said: String = desk
+        .take_updates(&s)
+        .iter()
+        .filter_map(|u| u["params"]["update"]["content"]["text"].as_str().map(str::to_string))
+        .collect();
+    assert!(said.contains("staging"), "the phone's answer reached the agent: {said}");
+    // The desktop is told the question is settled.
+    desk.wait_for(|m| m["method"] == "$/cancel_request").await;
+}

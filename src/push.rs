@@ -108,18 +108,10 @@ impl Event {
 }
 
 /// Why a subscription was refused; the message says what is wrong.
-#[derive(Debug, thiserror::Error)]
-pub enum PushError {
-    /// Not acceptable as given.
-    #[error("{0}")]
-    Invalid(String),
-    /// The operator turned push off.
-    #[error("this gateway does not send push notifications ([push] enabled = false)")]
-    Off,
-    /// The store failed.
-    #[error("{0}")]
-    Unavailable(String),
-}
+pub type PushError = crate::sealed_list::ListError;
+
+/// What `subscribe` answers when the operator turned push off.
+const OFF: &str = "this gateway does not send push notifications ([push] enabled = false)";
 
 /// A session of a user: (owner, session id).
 type SessionOf = (Arc<str>, Arc<str>);
@@ -220,7 +212,7 @@ impl Push {
         label: &str,
     ) -> Result<String, PushError> {
         if !self.enabled() {
-            return Err(PushError::Off);
+            return Err(PushError::Off(OFF));
         }
         let url = url::Url::parse(endpoint).map_err(|e| PushError::Invalid(format!("endpoint: {e}")))?;
         let http_ok = self.config.allow_http_endpoints && url.scheme() == "http";

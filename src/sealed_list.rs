@@ -12,6 +12,20 @@ use serde::de::DeserializeOwned;
 use crate::secrets::{Sealed, Sealer};
 use crate::store::{Store, StoredSecret};
 
+/// Why a request about a user's list failed; the message says what.
+#[derive(Debug, thiserror::Error)]
+pub enum ListError {
+    /// Not acceptable as given.
+    #[error("{0}")]
+    Invalid(String),
+    /// The operator turned the feature off (the message names the setting).
+    #[error("{0}")]
+    Off(&'static str),
+    /// The store failed.
+    #[error("{0}")]
+    Unavailable(String),
+}
+
 /// One user's list of `T`, under `user_secrets (owner, agent, name)`.
 #[derive(Debug)]
 pub struct SealedList {

@@ -82,18 +82,10 @@ pub struct Listed {
 }
 
 /// Why a request about a user's servers failed.
-#[derive(Debug, thiserror::Error)]
-pub enum UserMcpError {
-    /// The server as given is not acceptable (the message says what).
-    #[error("{0}")]
-    Invalid(String),
-    /// The operator turned users' servers off.
-    #[error("this gateway does not take users' own MCP servers ([mcp] user_servers = false)")]
-    Off,
-    /// The stored list cannot be read or written (the message says why).
-    #[error("{0}")]
-    Unavailable(String),
-}
+pub type UserMcpError = crate::sealed_list::ListError;
+
+/// What `put` answers when the operator turned users' servers off.
+const OFF: &str = "this gateway does not take users' own MCP servers ([mcp] user_servers = false)";
 
 /// Users' servers, sealed in the store.
 #[derive(Debug)]
@@ -166,7 +158,7 @@ impl UserMcp {
         headers: Vec<(String, Option<String>)>,
     ) -> Result<(), UserMcpError> {
         if !self.enabled() {
-            return Err(UserMcpError::Off);
+            return Err(UserMcpError::Off(OFF));
         }
         let mut servers = self.servers(owner).await?;
         let old = servers.iter().find(|s| s.name == name);

@@ -36,6 +36,20 @@ impl IntoResponse for HttpError {
     }
 }
 
+/// The answer to a failed request about a user's sealed list (MCP servers, push devices): `400`
+/// naming what is wrong, `403` when the operator turned it off, `503` when the store failed.
+pub(super) fn list_refusal(user: &str, e: crate::sealed_list::ListError) -> Response {
+    use crate::sealed_list::ListError;
+    match e {
+        ListError::Invalid(m) => refuse(StatusCode::BAD_REQUEST, m),
+        ListError::Off(m) => refuse(StatusCode::FORBIDDEN, m),
+        ListError::Unavailable(m) => {
+            tracing::error!(user, error = %m, "a user's sealed list");
+            refuse(StatusCode::SERVICE_UNAVAILABLE, m)
+        }
+    }
+}
+
 /// A refusal that is not a JSON-RPC error (sign-in routes): `status` with `{"error": message}`.
 pub(super) fn refuse(status: StatusCode, message: impl Into<String>) -> Response {
     (status, Json(json!({ "error": message.into() }))).into_response()

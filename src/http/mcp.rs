@@ -19,9 +19,8 @@ use axum::{Json, Router};
 use serde::Deserialize;
 
 use super::auth::{Caller, audit};
-use super::error::refuse;
+use super::error::{list_refusal, refuse};
 use crate::gateway::Gateway;
-use crate::user_mcp::UserMcpError;
 
 pub(super) fn router() -> Router<Arc<Gateway>> {
     Router::new()
@@ -49,17 +48,6 @@ struct SetHeader {
     value: Option<String>,
 }
 
-fn refusal(user: &str, e: UserMcpError) -> Response {
-    match e {
-        UserMcpError::Invalid(m) => refuse(StatusCode::BAD_REQUEST, m),
-        UserMcpError::Off => refuse(StatusCode::FORBIDDEN, e.to_string()),
-        UserMcpError::Unavailable(m) => {
-            tracing::error!(user, error = %m, "users' MCP servers");
-            refuse(StatusCode::SERVICE_UNAVAILABLE, m)
-        }
-    }
-}
-
 async fn list(State(gw): State<Arc<Gateway>>, Caller(who): Caller) -> Response {
     match gw.user_mcp.list(&who.user).await {
         Ok(servers) => Json(serde_json::json!({
@@ -68,7 +56,7 @@ async fn list(State(gw): State<Arc<Gateway>>, Caller(who): Caller) -> Response {
             "servers": servers,
         }))
         .into_response(),
-        Err(e) => refusal(&who.user, e),
+        Err(e) => list_refusal(&who.user, e),
     }
 }
 
@@ -80,7 +68,7 @@ async fn set(
 ) -> Response {
     let headers = body.headers.into_iter().map(|h| (h.name, h.value)).collect();
     if let Err(e) = gw.user_mcp.put(&who.user, &name, body.kind, body.url, headers).await {
-        return refusal(&who.user, e);
+        return list_refusal(&who.user, e);
     }
     tracing::info!(user = %who.user, server = %name, "MCP server saved");
     audit(&gw, None, &who.user, "mcp_server_set", Some(&name), "ok", None);
@@ -94,6 +82,6 @@ async fn remove(State(gw): State<Arc<Gateway>>, Caller(who): Caller, Path(name):
             StatusCode::NO_CONTENT.into_response()
         }
         Ok(false) => refuse(StatusCode::NOT_FOUND, format!("you have no MCP server named {name:?}")),
-        Err(e) => refusal(&who.user, e),
+        Err(e) => list_refusal(&who.user, e),
     }
 }

@@ -17,9 +17,8 @@ use axum::{Json, Router};
 use serde::Deserialize;
 
 use super::auth::{Caller, audit};
-use super::error::refuse;
+use super::error::{list_refusal, refuse};
 use crate::gateway::Gateway;
-use crate::push::PushError;
 
 pub(super) fn router() -> Router<Arc<Gateway>> {
     Router::new()
@@ -45,17 +44,6 @@ struct Subscribe {
     _expiration_time: Option<serde_json::Value>,
 }
 
-fn refusal(user: &str, e: PushError) -> Response {
-    match e {
-        PushError::Invalid(m) => refuse(StatusCode::BAD_REQUEST, m),
-        PushError::Off => refuse(StatusCode::FORBIDDEN, e.to_string()),
-        PushError::Unavailable(m) => {
-            tracing::error!(user, error = %m, "push subscriptions");
-            refuse(StatusCode::SERVICE_UNAVAILABLE, m)
-        }
-    }
-}
-
 async fn state(State(gw): State<Arc<Gateway>>, Caller(who): Caller) -> Response {
     match gw.push.devices(&who.user).await {
         Ok(devices) => Json(serde_json::json!({
@@ -64,7 +52,7 @@ async fn state(State(gw): State<Arc<Gateway>>, Caller(who): Caller) -> Response 
             "devices": devices,
         }))
         .into_response(),
-        Err(e) => refusal(&who.user, e),
+        Err(e) => list_refusal(&who.user, e),
     }
 }
 
@@ -84,7 +72,7 @@ async fn subscribe(State(gw): State<Arc<Gateway>>, Caller(who): Caller, Json(bod
             audit(&gw, None, &who.user, "push_subscribe", Some(&id), "ok", None);
             (StatusCode::CREATED, Json(serde_json::json!({ "id": id }))).into_response()
         }
-        Err(e) => refusal(&who.user, e),
+        Err(e) => list_refusal(&who.user, e),
     }
 }
 
@@ -95,6 +83,6 @@ async fn unsubscribe(State(gw): State<Arc<Gateway>>, Caller(who): Caller, Path(i
             StatusCode::NO_CONTENT.into_response()
         }
         Ok(false) => refuse(StatusCode::NOT_FOUND, format!("you have no device {id:?} opted in")),
-        Err(e) => refusal(&who.user, e),
+        Err(e) => list_refusal(&who.user, e),
     }
 }

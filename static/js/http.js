@@ -22,6 +22,16 @@ export class HttpError extends Error {
 let unauthorized = () => {};
 export function onUnauthorized(fn) { unauthorized = fn; }
 
+/** `method path` with a JSON `body` (if any) through [`api`]: the JSON answer, or null. */
+export function send(method, path, body) {
+  const options = { method };
+  if (body !== undefined) {
+    options.headers = { Accept: 'application/json', 'Content-Type': 'application/json' };
+    options.body = JSON.stringify(body);
+  }
+  return api(path, options);
+}
+
 /** Same-origin JSON fetch; the HttpOnly cookie carries the auth. A 401 shows the sign-in panel. */
 export async function api(path, options = {}) {
   const res = await fetch(path, { credentials: 'same-origin', headers: { Accept: 'application/json' }, ...options });

@@ -4,17 +4,7 @@
 // server without retyping a value keeps the stored one. Strings only ever go to textContent.
 
 import { el as h } from './dom.js';
-
-async function call(method, path, body) {
-  const res = await fetch(path, {
-    method, credentials: 'same-origin',
-    headers: body ? { 'Content-Type': 'application/json', Accept: 'application/json' } : { Accept: 'application/json' },
-    body: body ? JSON.stringify(body) : undefined,
-  });
-  const answer = res.status === 204 ? null : await res.json().catch(() => null);
-  if (!res.ok) throw new Error(answer?.error ?? `HTTP ${res.status}`);
-  return answer;
-}
+import { send } from './http.js';
 
 const path = (name) => `/api/mcp-servers/${encodeURIComponent(name)}`;
 
@@ -58,7 +48,7 @@ export function openMcpSettings() {
     url.focus();
   };
   const load = async () => {
-    const answer = await call('GET', '/api/mcp-servers');
+    const answer = await send('GET', '/api/mcp-servers');
     form.hidden = !answer.enabled;
     status.textContent = !answer.enabled
       ? 'This gateway does not take your own MCP servers.'
@@ -70,7 +60,7 @@ export function openMcpSettings() {
         s.headers.length ? h('span', { class: 'muted small', testid: 'mcp-header-names', text: s.headers.map((n) => `${n}: ••••`).join(', ') }) : null),
       h('button', { type: 'button', class: 'secondary small', text: 'Edit', 'aria-label': `Edit ${s.name}`, onclick: () => edit(s) }),
       h('button', { type: 'button', class: 'danger small', text: 'Remove', testid: 'mcp-remove', 'aria-label': `Remove ${s.name}`,
-        onclick: () => call('DELETE', path(s.name)).then(load).catch(fail) })))
+        onclick: () => send('DELETE', path(s.name)).then(load).catch(fail) })))
       : [h('li', { class: 'muted', text: 'None yet.' })]));
   };
   const form = h('form', { class: 'mcp-form', testid: 'mcp-form' },
@@ -87,7 +77,7 @@ export function openMcpSettings() {
     error.hidden = true;
     const body = { type: type.value, url: url.value.trim(), headers: [...headers.children].map((r) => r.read()).filter(Boolean) };
     try {
-      await call('PUT', path(name.value.trim()), body);
+      await send('PUT', path(name.value.trim()), body);
       reset();
       await load();
     } catch (err) { fail(err); }

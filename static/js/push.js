@@ -3,17 +3,7 @@
 // with Remove (/api/push). The gateway pushes when a session no tab shows needs the user.
 
 import { el as h, $ } from './dom.js';
-
-async function call(method, path, body) {
-  const res = await fetch(path, {
-    method, credentials: 'same-origin',
-    headers: body ? { 'Content-Type': 'application/json', Accept: 'application/json' } : { Accept: 'application/json' },
-    body: body ? JSON.stringify(body) : undefined,
-  });
-  const answer = res.status === 204 ? null : await res.json().catch(() => null);
-  if (!res.ok) throw new Error(answer?.error ?? `HTTP ${res.status}`);
-  return answer;
-}
+import { send } from './http.js';
 
 function bytes(base64url) {
   const text = atob(base64url.replace(/-/g, '+').replace(/_/g, '/'));
@@ -37,7 +27,7 @@ async function enable(publicKey) {
   await navigator.serviceWorker.ready;
   if (await Notification.requestPermission() !== 'granted') throw new Error('notifications are blocked for this site');
   const subscription = await registration.pushManager.subscribe({ userVisibleOnly: true, applicationServerKey: bytes(publicKey) });
-  await call('POST', '/api/push/subscriptions', { ...subscription.toJSON(), label: deviceLabel() });
+  await send('POST', '/api/push/subscriptions', { ...subscription.toJSON(), label: deviceLabel() });
 }
 
 /** Fills the push section of the help dialog (call when it opens). */
@@ -48,7 +38,7 @@ export async function renderPush() {
   if (!list || !note || !button) return;
   const fail = (err) => { note.textContent = `Push is not on: ${err.message}.`; };
   let state;
-  try { state = await call('GET', '/api/push'); } catch (err) { return fail(err); }
+  try { state = await send('GET', '/api/push'); } catch (err) { return fail(err); }
   button.hidden = !state.enabled;
   note.textContent = !state.enabled
     ? 'This gateway sends no push notifications.'
@@ -58,7 +48,7 @@ export async function renderPush() {
   list.replaceChildren(...state.devices.map((d) => h('li', { class: 'push-device', testid: 'push-device' },
     h('span', { text: `${d.label} (${d.service})` }),
     h('button', { type: 'button', class: 'secondary small', text: 'Remove', 'aria-label': `Stop pushing to ${d.label}`,
-      onclick: () => call('DELETE', `/api/push/subscriptions/${encodeURIComponent(d.id)}`).then(renderPush).catch(fail) }))));
+      onclick: () => send('DELETE', `/api/push/subscriptions/${encodeURIComponent(d.id)}`).then(renderPush).catch(fail) }))));
   button.onclick = async () => {
     button.disabled = true;
     try { await enable(state.publicKey); await renderPush(); } catch (err) { fail(err); } finally { button.disabled = false; }

@@ -407,3 +407,39 @@ async fn a_question_is_pushed_and_the_device_that_opens_the_session_is_asked_it_
     // The desktop is told the question is settled.
     desk.wait_for(|m| m["method"] == "$/cancel_request").await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_device_opted_in_on_one_replica_is_pushed_by_another() {
+    const KEY: &str = "c2hhcmVkIHNlY3JldHMga2V5IGZvciB0d28gcmVwbGk=";
+    let (base, mut pushes) = push_service().await;
+    let url = common::pg::fresh_database().await;
+    let tweak = |c: &mut acp_gateway::config::Config| {
+        c.push.allow_http_endpoints = true;
+        c.secrets_key = Some(KEY.to_string().into());
+    };
+    let a = TestGateway::start(Db::Url(url.clone()), tweak).await;
+    let b = TestGateway::start(Db::Url(url), tweak).await;
+    let phone = Device::new(&base, "phone", 8);
+    assert_eq!(
+        subscribe(&a, "alice", &phone.subscription("Phone")).await.0,
+        StatusCode::CREATED
+    );
+    let (_, state) = a.api(Some("alice"), Method::GET, "/api/push").await;
+    let public_key = state["publicKey"].as_str().expect("key").to_string();
+    let (_, on_b) = b.api(Some("alice"), Method::GET, "/api/push").await;
+    assert_eq!(
+        on_b["publicKey"],
+        public_key.as_str(),
+        "one VAPID key for the replicas that share the secrets key"
+    );
+    assert_eq!(on_b["devices"][0]["label"], "Phone");
+
+    // The session lives on B: B pushes, signed as A said it would be.
+    let mut c = b.client("alice").await;
+    let s = c.new_session().await;
+    let (turn, ask) = permission_turn(&mut c, &s, "from replica b [permission]").await;
+    let push = next_push(&mut pushes).await;
+    check_vapid(&push, &public_key, &base);
+    assert_eq!(phone.open(&push)["sessionId"], s.as_str());
+    allow(&mut c, turn, &ask).await;
+}

@@ -17,7 +17,7 @@ import { el as h, $ } from './js/dom.js';
 import { AUTH_REQUIRED, AgentLoginNeeded, Connection, ConnectionLost, RpcError } from './js/connection.js';
 import { Conversation } from './js/conversation.js';
 import { elicitationCard } from './js/elicitation.js';
-import { authState, methodsOf, showAuthState, signInCard } from './js/signin.js';
+import { AgentLogin } from './js/agent-login.js';
 import { Attachments } from './js/attachments.js';
 import { PromptQueue } from './js/queue.js';
 import { renderPush } from './js/push.js';
@@ -44,7 +44,6 @@ const state = {
   running: new Set(), // sessions with a session/prompt in flight
   permissions: new Map(), // String(request id) → card element
   roots: [], // the user's workspace roots (GET /api/me), the first is the default cwd
-  agentLogin: null, // the agent sign-in card, while shown
 };
 
 const conv = new Conversation(ui.log, {
@@ -84,7 +83,7 @@ const conn = new Connection({
     reportVisibility();
     attachments.configure(conn.info?.agentCapabilities?.promptCapabilities, conn.info?._meta?.gateway?.attachmentBytes);
     syncSession();
-    refreshAuthState();
+    agentLogin.refresh();
   },
   onMessage: handleMessage,
   onDrop() {
@@ -137,75 +136,22 @@ function useAgent(name) {
 
 ui.agentSelect.addEventListener('change', () => {
   setCurrent(null);
-  closeAgentLogin();
+  agentLogin.close();
   useAgent(ui.agentSelect.value);
 });
 
-// --- agent login ---------------------------------------------------------------------------
-// An agent that needs its own login (claude, codex, …) answers -32000 to session/new or to a
-// prompt and lists its auth methods in `initialize`; js/signin.js offers each as the agent
-// describes it, and after a sign-in what failed is retried. The Sign in button beside the agent
-// opens the same card at any time (with Sign out when the user has keys there).
+// --- agent login (js/agent-login.js) -------------------------------------------------------
 
-function authMethods() {
-  return methodsOf(conn.info);
-}
-
-function closeAgentLogin() {
-  state.agentLogin?.remove();
-  state.agentLogin = null;
-}
-
-/** The current agent's entry of /api/agents (this user's keys and completed login). */
-const myAgent = () => state.agents.find((a) => a.name === conn.agent);
-
-/** The keys this user has set for the current agent (names and times, from /api/agents). */
-function myKeys() {
-  const agent = myAgent();
-  return Array.isArray(agent?.keys) ? agent.keys : [];
-}
-
-/** "signed in" / "not signed in" beside the Sign in button, where that is known. */
-async function refreshAuthState() {
-  const agent = conn.agent;
-  const known = await authState(conn.info, myAgent(), () => conn.request('auth/status', {}));
-  if (conn.agent === agent) showAuthState(ui.agentAuthState, known);
-}
-
-function showAgentLogin(err, retry) {
-  closeAgentLogin();
-  const card = signInCard({
-    agent: conn.agent,
-    methods: authMethods(),
-    error: err,
-    keys: myKeys(),
-    login: myAgent()?.login ?? null,
-    authenticate: (methodId) => conn.request('authenticate', { methodId }),
-    onSignedIn: async (name) => {
-      if (state.agentLogin === card) state.agentLogin = null;
-      await loadAgents();
-      refreshAuthState();
-      const note = `Signed in to the agent with ${name}.`;
-      try {
-        // `retry` says it where what it does would not wipe it (a new session clears the log).
-        if (retry) await retry(note);
-        else conv.note(note);
-        ui.input.focus();
-      } catch (e) {
-        reportError(e);
-      }
-    },
-    onSignedOut: async () => {
-      if (state.agentLogin === card) state.agentLogin = null;
-      await loadAgents();
-      refreshAuthState();
-      conv.note('Signed out of the agent.');
-    },
-  });
-  state.agentLogin = card;
-  ui.permissions.prepend(card);
-  card.querySelector('input, button')?.focus();
-}
+const agentLogin = new AgentLogin({
+  conn, container: ui.permissions, badge: ui.agentAuthState,
+  agents: () => state.agents,
+  reloadAgents: () => loadAgents(),
+  note: (text) => conv.note(text),
+  error: (err) => reportError(err),
+  focus: () => ui.input.focus(),
+});
+const authMethods = () => agentLogin.methods();
+const showAgentLogin = (err, retry) => agentLogin.show(err, retry);
 
 ui.agentSignIn.addEventListener('click', () => {
   closeSidebar();
@@ -362,7 +308,7 @@ async function createSession() {
     }
     throw err;
   }
-  closeAgentLogin();
+  agentLogin.close();
   const now = new Date().toISOString();
   upsertSession({ sessionId: result.sessionId, cwd, title: null, createdAt: now, updatedAt: now,
     _meta: { messageCount: 0, agent: conn.agent } }, { top: true });
@@ -536,7 +482,7 @@ function handleMessage(msg) {
       if (msg.id != null) showElicitation(msg.id, params);
       return;
     case '_gateway/authenticate/progress':
-      state.agentLogin?.progress?.(params);
+      agentLogin.progress(params);
       return;
     case '_gateway/queue':
       queue.observe(params);

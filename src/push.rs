@@ -221,8 +221,15 @@ impl Push {
                 "endpoint must be an https:// URL (a browser's push service)".into(),
             ));
         }
-        if endpoint.len() > 2048 || url.host_str().is_none() {
+        let host = url.host_str().unwrap_or_default();
+        if endpoint.len() > 2048 || host.is_empty() {
             return Err(PushError::Invalid("endpoint is not a push service URL".into()));
+        }
+        if !self.config.endpoint_allowed(host) {
+            return Err(PushError::Invalid(format!(
+                "endpoint host {host:?} is not a push service this gateway sends to ([push] endpoint_hosts: {:?})",
+                self.config.endpoint_hosts
+            )));
         }
         device_keys(p256dh, auth).map_err(PushError::Invalid)?;
         let label: String = label.chars().filter(|c| !c.is_control()).take(80).collect();

@@ -164,6 +164,7 @@ async fn pushes_to_devices(db: Db) {
     let (base, mut pushes) = push_service().await;
     let gw = TestGateway::start(db, |c| {
         c.push.allow_http_endpoints = true;
+        c.push.endpoint_hosts = vec!["127.0.0.1".into()];
         c.push.min_interval_secs = 0;
     })
     .await;
@@ -306,8 +307,20 @@ async fn subscriptions_are_checked_and_a_session_is_pushed_at_most_once_in_the_i
     let (status, r) = subscribe(&strict, "alice", &device.subscription("x")).await;
     assert_eq!(status, StatusCode::BAD_REQUEST);
     assert!(r["error"].as_str().unwrap_or_default().contains("https://"), "{r}");
+    // Only the browser vendors' push services, by default.
+    let mut elsewhere = device.subscription("x");
+    elsewhere["endpoint"] = json!("https://internal.example.com/hook");
+    let (status, r) = subscribe(&strict, "alice", &elsewhere).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert!(
+        r["error"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("[push] endpoint_hosts"),
+        "{r}"
+    );
     let mut bad = device.subscription("x");
-    bad["endpoint"] = json!("https://push.example.com/x");
+    bad["endpoint"] = json!("https://fcm.googleapis.com/fcm/send/x");
     bad["keys"]["auth"] = json!(B64.encode([1u8; 8]));
     let (status, r) = subscribe(&strict, "alice", &bad).await;
     assert_eq!(status, StatusCode::BAD_REQUEST);
@@ -321,7 +334,11 @@ async fn subscriptions_are_checked_and_a_session_is_pushed_at_most_once_in_the_i
 
     // Default interval (10 s): two quick turns of one session, one push; a permission request
     // right after still goes.
-    let gw = TestGateway::start(Db::Sqlite, |c| c.push.allow_http_endpoints = true).await;
+    let gw = TestGateway::start(Db::Sqlite, |c| {
+        c.push.allow_http_endpoints = true;
+        c.push.endpoint_hosts = vec!["127.0.0.1".into()];
+    })
+    .await;
     assert_eq!(
         subscribe(&gw, "alice", &device.subscription("x")).await.0,
         StatusCode::CREATED
@@ -356,6 +373,7 @@ async fn a_question_is_pushed_and_the_device_that_opens_the_session_is_asked_it_
     let (base, mut pushes) = push_service().await;
     let gw = TestGateway::start(Db::Sqlite, |c| {
         c.push.allow_http_endpoints = true;
+        c.push.endpoint_hosts = vec!["127.0.0.1".into()];
         c.agents.insert(
             "default".into(),
             acp_gateway::config::AgentConfig {
@@ -415,6 +433,7 @@ async fn a_device_opted_in_on_one_replica_is_pushed_by_another() {
     let url = common::pg::fresh_database().await;
     let tweak = |c: &mut acp_gateway::config::Config| {
         c.push.allow_http_endpoints = true;
+        c.push.endpoint_hosts = vec!["127.0.0.1".into()];
         c.secrets_key = Some(KEY.to_string().into());
     };
     let a = TestGateway::start(Db::Url(url.clone()), tweak).await;

@@ -25,30 +25,40 @@ impl Default for McpConfig {
 impl McpConfig {
     /// Whether `host` may be named by a user's server URL.
     pub fn host_allowed(&self, host: &str) -> bool {
-        let host = host.to_ascii_lowercase();
-        self.allowed_hosts.is_empty()
-            || self.allowed_hosts.iter().any(|allowed| {
-                let allowed = allowed.to_ascii_lowercase();
-                match allowed.strip_prefix("*.") {
-                    Some(domain) => host
-                        .strip_suffix(domain)
-                        .is_some_and(|sub| sub.ends_with('.') && sub.len() > 1),
-                    None => host == allowed,
-                }
-            })
+        self.allowed_hosts.is_empty() || host_matches(&self.allowed_hosts, host)
     }
 
     pub(super) fn validate(&self) -> Result<(), super::ConfigError> {
-        for host in &self.allowed_hosts {
-            let bare = host.strip_prefix("*.").unwrap_or(host);
-            if bare.is_empty() || bare.contains(['/', ':', '*', ' ']) {
-                return Err(super::ConfigError::Invalid(format!(
-                    "mcp.allowed_hosts: {host:?} is not a host name (write example.com or *.example.com)"
-                )));
-            }
-        }
-        Ok(())
+        check_host_patterns("mcp.allowed_hosts", &self.allowed_hosts)
     }
+}
+
+/// Whether `host` is one of `patterns`: `example.com` exactly, or `*.example.com` for its
+/// subdomains (any case).
+pub fn host_matches(patterns: &[String], host: &str) -> bool {
+    let host = host.to_ascii_lowercase();
+    patterns.iter().any(|pattern| {
+        let pattern = pattern.to_ascii_lowercase();
+        match pattern.strip_prefix("*.") {
+            Some(domain) => host
+                .strip_suffix(domain)
+                .is_some_and(|sub| sub.ends_with('.') && sub.len() > 1),
+            None => host == pattern,
+        }
+    })
+}
+
+/// Refuses a host pattern that is not `example.com` or `*.example.com`, naming `setting`.
+pub(super) fn check_host_patterns(setting: &str, patterns: &[String]) -> Result<(), super::ConfigError> {
+    for host in patterns {
+        let bare = host.strip_prefix("*.").unwrap_or(host);
+        if bare.is_empty() || bare.contains(['/', ':', '*', ' ']) {
+            return Err(super::ConfigError::Invalid(format!(
+                "{setting}: {host:?} is not a host name (write example.com or *.example.com)"
+            )));
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]

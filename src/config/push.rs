@@ -16,6 +16,9 @@ pub struct PushConfig {
     pub allow_http_endpoints: bool,
     /// At most one push per session in this many seconds (a permission request always goes).
     pub min_interval_secs: u64,
+    /// The push services a subscription may name (`*.example.com` for subdomains): the browser
+    /// vendors' by default, so the gateway posts only where browsers receive pushes. Empty: any.
+    pub endpoint_hosts: Vec<String>,
 }
 
 impl Default for PushConfig {
@@ -25,12 +28,26 @@ impl Default for PushConfig {
             contact: String::from("mailto:admin@localhost"),
             allow_http_endpoints: false,
             min_interval_secs: 10,
+            endpoint_hosts: [
+                "fcm.googleapis.com",
+                "*.push.services.mozilla.com",
+                "*.notify.windows.com",
+                "*.push.apple.com",
+            ]
+            .map(String::from)
+            .to_vec(),
         }
     }
 }
 
 impl PushConfig {
+    /// Whether a subscription may name `host`.
+    pub fn endpoint_allowed(&self, host: &str) -> bool {
+        self.endpoint_hosts.is_empty() || super::mcp::host_matches(&self.endpoint_hosts, host)
+    }
+
     pub(super) fn validate(&self) -> Result<(), super::ConfigError> {
+        super::mcp::check_host_patterns("push.endpoint_hosts", &self.endpoint_hosts)?;
         if !self.contact.starts_with("mailto:") && !self.contact.starts_with("https://") {
             return Err(super::ConfigError::Invalid(format!(
                 "push.contact: {:?} must be a mailto: or https: URL (push services use it to reach the operator)",

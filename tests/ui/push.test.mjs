@@ -65,7 +65,7 @@ describe('Web Push to an opted-in phone', { timeout: 240_000 }, () => {
     await new Promise((resolve) => service.listen(0, '127.0.0.1', resolve));
     gw = await startGateway({
       agent: ['demo-agent', '--delay-us', '0', '--chunks', '2'],
-      config: '[push]\nallow_http_endpoints = true\n',
+      config: '[push]\nallow_http_endpoints = true\nendpoint_hosts = ["127.0.0.1"]\n',
     });
     browser = await openBrowser();
   });

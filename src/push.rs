@@ -308,6 +308,15 @@ impl Push {
         }
         let (me, owner, session) = (self.clone(), owner.clone(), session.clone());
         self.tracker.spawn(async move {
+            // The devices first: a user with none costs this one read.
+            let list = match me.subscriptions(&owner).await {
+                Ok(list) if list.is_empty() => return,
+                Ok(list) => list,
+                Err(e) => {
+                    tracing::warn!(user = &*owner, error = %e, "cannot read push subscriptions");
+                    return;
+                }
+            };
             let title = match me.store.get_session(&owner, &session).await {
                 Ok(Some(record)) => record.title,
                 _ => None,
@@ -321,20 +330,14 @@ impl Push {
             })
             .to_string();
             let topic: String = session.chars().filter(char::is_ascii_alphanumeric).take(32).collect();
-            me.send_all(&owner, payload.into_bytes(), &topic, event.urgent()).await;
+            me.send_all(&owner, &list, payload.into_bytes(), &topic, event.urgent())
+                .await;
         });
     }
 
-    async fn send_all(&self, owner: &str, payload: Vec<u8>, topic: &str, urgent: bool) {
-        let list = match self.subscriptions(owner).await {
-            Ok(list) => list,
-            Err(e) => {
-                tracing::warn!(user = owner, error = %e, "cannot read push subscriptions");
-                return;
-            }
-        };
+    async fn send_all(&self, owner: &str, list: &[Subscription], payload: Vec<u8>, topic: &str, urgent: bool) {
         let mut gone = Vec::new();
-        for sub in &list {
+        for sub in list {
             match self.send(sub, payload.clone(), topic, urgent).await {
                 Ok(status) if status == 404 || status == 410 => {
                     tracing::info!(user = owner, device = %sub.id, status, "push subscription gone; dropped");

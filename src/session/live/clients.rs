@@ -71,9 +71,7 @@ impl LiveSession {
         }
         let (waiting, open) = {
             let mut f = self.fanout();
-            f.open.retain(|r| r.upgrade().is_some_and(|r| !r.is_done()));
-            let open: Vec<Arc<AgentRequest>> = f.open.iter().filter_map(std::sync::Weak::upgrade).collect();
-            (std::mem::take(&mut f.waiting), open)
+            (std::mem::take(&mut f.waiting), f.open_requests())
         };
         for request in waiting {
             self.dispatch_agent_request(request);
@@ -268,8 +266,7 @@ impl LiveSession {
             if targeted {
                 let everyone = request.asks_everyone();
                 if everyone {
-                    f.open.retain(|r| r.upgrade().is_some_and(|r| !r.is_done()));
-                    f.open.push(Arc::downgrade(&request));
+                    f.keep_open(&request);
                 }
                 let newest = f.subscribers.len() - 1;
                 for (i, sub) in f.subscribers.iter_mut().enumerate() {

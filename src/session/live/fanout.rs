@@ -109,6 +109,22 @@ pub(super) struct Fanout {
 }
 
 impl Fanout {
+    /// Notes a request asked of everyone, for clients that attach later; forgets settled ones.
+    pub(super) fn keep_open(&mut self, request: &Arc<AgentRequest>) {
+        self.prune_open();
+        self.open.push(Arc::downgrade(request));
+    }
+
+    /// The requests asked of everyone that are still unanswered.
+    pub(super) fn open_requests(&mut self) -> Vec<Arc<AgentRequest>> {
+        self.prune_open();
+        self.open.iter().filter_map(std::sync::Weak::upgrade).collect()
+    }
+
+    fn prune_open(&mut self) {
+        self.open.retain(|r| r.upgrade().is_some_and(|r| !r.is_done()));
+    }
+
     /// Offers one released update to every live subscriber; one whose outbox is full becomes
     /// fed, and goes into `fell` (with its new feed's id) for the caller to start its feed.
     /// Drops subscribers whose connection closed.

@@ -737,6 +737,7 @@ async fn write_op(store: &dyn Store, op: Op, id: &std::sync::Arc<str>, i: i64, n
             })
             .collect::<Vec<_>>()
             .join("\n"),
+        stored_at: 0,
     };
     match op {
         Op::Create => store

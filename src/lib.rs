@@ -25,6 +25,7 @@
 //! - [`outbox`]: one client's bounded outgoing queue (never waited on by fan-out).
 //! - [`protocol`]: JSON-RPC parsing (once, borrowed) and frame building (no re-serialization).
 //! - [`demo_agent`]: the built-in offline ACP agent.
+//! - [`export`]: a stored transcript as JSON Lines or Markdown, streamed page by page.
 //! - [`telemetry`]: logs and the Prometheus recorder.
 //! - [`metrics`]: every Prometheus series: names, help, labels known at start, buckets.
 //! - [`secrets`]: keys users give their agents, sealed at rest (XChaCha20-Poly1305).
@@ -42,6 +43,7 @@ pub(crate) mod budget;
 pub mod cli;
 pub mod config;
 pub mod demo_agent;
+pub mod export;
 pub(crate) mod files;
 pub mod gateway;
 pub(crate) mod http;

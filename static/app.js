@@ -25,6 +25,7 @@ import { api, onUnauthorized } from './js/http.js';
 import { SessionList, sessionTitle } from './js/session-list.js';
 import { onLeave, showSignIn } from './js/signin-page.js';
 import { permissionCard } from './js/permission-card.js';
+import { showDownload, wireDownload } from './js/download.js';
 
 // ---------------------------------------------------------------------------------------------
 
@@ -34,8 +35,9 @@ const ui = {
   list: $('session-list'), empty: $('session-empty'), loadMore: $('load-more'),
   title: $('session-title'), agentLabel: $('session-agent'), conn: $('conn-status'),
   composer: $('composer'), input: $('prompt-input'), send: $('send'), queue: $('queue-send'), stop: $('stop'), cwd: $('cwd-input'),
-  toggle: $('sidebar-toggle'), scrim: $('scrim'),
+  toggle: $('sidebar-toggle'), scrim: $('scrim'), download: $('session-download'),
 };
+wireDownload(ui.download);
 
 const state = {
   agents: [],
@@ -216,6 +218,7 @@ function setCurrent(session) {
   conv.reset(session?.id ?? null);
   controls.show(session);
   queue.show(session?.id ?? null);
+  showDownload(ui.download, session?.id);
   setTitle(session?.title ?? '');
   ui.agentLabel.textContent = session?.agent ? `agent: ${session.agent}` : '';
   sessionList.markCurrent(session?.id);

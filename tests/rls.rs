@@ -37,6 +37,7 @@ fn events(id: &str, seq: i64) -> SessionWrite {
             seq_from: seq,
             seq_to: seq,
             payload: format!("{{\"n\":{seq}}}"),
+            stored_at: 0,
         }),
         updated_at: BASE + seq,
         ..Default::default()

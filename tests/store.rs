@@ -127,6 +127,7 @@ fn chunk(from: i64, to: i64) -> EventChunk {
         seq_from: from,
         seq_to: to,
         payload,
+        stored_at: 0,
     }
 }
 
@@ -801,7 +802,16 @@ async fn events_round_trip(backend: Backend) {
         .expect("write 3");
 
     let all = s.read_events("alice", "s", 0, 100).await.expect("read");
-    assert_eq!(all, [chunk(1, 10), chunk(11, 25), chunk(26, 26)]);
+    let at = |c: EventChunk, stored_at| EventChunk { stored_at, ..c };
+    assert_eq!(
+        all,
+        [
+            at(chunk(1, 10), BASE + 1),
+            at(chunk(11, 25), BASE + 2),
+            at(chunk(26, 26), BASE + 3)
+        ],
+        "each chunk with when it was stored"
+    );
     let range = |c: &[EventChunk]| c.iter().map(|c| (c.seq_from, c.seq_to)).collect::<Vec<_>>();
     assert_eq!(
         range(&s.read_events("alice", "s", 9, 100).await.expect("read")),
@@ -866,8 +876,11 @@ async fn writes_for_deleted_sessions_are_dropped(backend: Backend) {
     assert_eq!(s.read_events("alice", "gone", 0, 100).await.expect("read"), []);
     assert_eq!(
         s.read_events("alice", "kept", 0, 100).await.expect("read"),
-        [chunk(1, 5)],
-        "the rest of the batch is stored"
+        [EventChunk {
+            stored_at: BASE + 1,
+            ..chunk(1, 5)
+        }],
+        "the rest of the batch is stored, with when it was stored"
     );
     // Recreating the id later starts with an empty transcript.
     create(s, "gone", "alice", "/w", "{}", BASE + 3).await;
@@ -889,12 +902,18 @@ async fn a_conflicting_chunk_is_skipped_not_retried(backend: Backend) {
         .expect("a batch with a conflicting chunk still succeeds");
     assert_eq!(
         s.read_events("alice", "a", 0, 100).await.expect("read"),
-        [chunk(1, 5)],
+        [EventChunk {
+            stored_at: BASE + 1,
+            ..chunk(1, 5)
+        }],
         "the first writer's chunk stays"
     );
     assert_eq!(
         s.read_events("alice", "b", 0, 100).await.expect("read"),
-        [chunk(1, 2)],
+        [EventChunk {
+            stored_at: BASE + 2,
+            ..chunk(1, 2)
+        }],
         "the rest of the batch is stored"
     );
 }
@@ -979,6 +998,7 @@ async fn stored_bytes_count_each_users_stored_transcript(backend: Backend) {
         seq_from: 1,
         seq_to: 2,
         payload: "{\"text\":\"Grüße, 世界\"}\n{\"text\":\"🙂\"}".into(),
+        stored_at: 0,
     };
     assert!(
         wide.payload.len() > wide.payload.chars().count(),

@@ -7,6 +7,7 @@ mod acp;
 mod admin;
 mod auth;
 mod error;
+mod export;
 mod fs;
 mod health;
 mod keys;
@@ -57,6 +58,7 @@ pub fn router(gw: Arc<Gateway>) -> Router {
         .merge(health::router())
         .merge(acp::router())
         .merge(rest::router())
+        .merge(export::router())
         .merge(fs::router())
         .merge(keys::router())
         .merge(mcp::router())

@@ -235,6 +235,17 @@ impl Sessions {
         }
     }
 
+    /// `user`'s session `id` as stored, with everything already on its way to the store (its
+    /// title, counts, updates); `-32002` for unknown and foreign ids alike.
+    pub async fn stored(&self, user: &str, id: &str) -> Result<SessionRecord, RpcError> {
+        within(async {
+            self.persister.flush().await?;
+            Ok(self.store.get_session(user, id).await?)
+        })
+        .await?
+        .ok_or_else(RpcError::session_not_found)
+    }
+
     /// `session/list` for `user`, `params` raw JSON.
     pub async fn list_raw(&self, user: &str, params: &str) -> Result<Value, RpcError> {
         within(list::list_sessions(self, user, params)).await

@@ -303,6 +303,10 @@ pub struct EventChunk {
     pub seq_to: i64,
     /// The updates, one JSON object per line, in order.
     pub payload: String,
+    /// When it was stored (epoch µs: when the newest of its updates was received). Read back by
+    /// [`Store::read_events`]; writers store the write's `updated_at` and leave this `0`.
+    #[sqlx(default)]
+    pub stored_at: i64,
 }
 
 /// Everything one flush writes for one session.

@@ -194,7 +194,7 @@ where
             // From the chunk that holds `after_seq` on (chunks never overlap): a range of the
             // primary key, not a walk over every chunk before it (a session caught up page by
             // page deep into a long transcript read it all again for each page).
-            "SELECT e.seq_from, e.seq_to, e.payload FROM session_events e
+            "SELECT e.seq_from, e.seq_to, e.payload, e.created_at AS stored_at FROM session_events e
              JOIN sessions s ON s.id = e.session_id
              WHERE e.session_id = $1 AND s.owner = $2 AND e.seq_to > $3
                AND e.seq_from >= COALESCE((SELECT b.seq_from FROM session_events b

@@ -240,6 +240,7 @@ pub(super) fn coalesce(items: impl Iterator<Item = Item>) -> Batch {
                             seq_from: seq,
                             seq_to: seq,
                             payload: update.into_string(),
+                            stored_at: 0,
                         })
                     }
                 }
@@ -329,7 +330,8 @@ mod tests {
             Some(EventChunk {
                 seq_from: 1,
                 seq_to: 3,
-                payload: "{\"n\":1}\n{\"n\":2}\n{\"n\":3}".into()
+                payload: "{\"n\":1}\n{\"n\":2}\n{\"n\":3}".into(),
+                stored_at: 0,
             })
         );
         assert_eq!(

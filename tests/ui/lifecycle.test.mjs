@@ -1,0 +1,70 @@
+// A session's whole life (issue 21): the current session downloaded from the topbar's menu as
+// Markdown and as JSON Lines, holding what the conversation showed. Phone-sized; screenshot
+// download-phone.png.
+//
+// Run: `cargo build && cd tests/ui && node --test lifecycle.test.mjs`.
+
+import { after, before, describe } from 'node:test';
+import assert from 'node:assert/strict';
+import { readFile } from 'node:fs/promises';
+import { connected, NO_ERRORS, openBrowser, PHONE, scenario, shutdown, startGateway } from './harness.mjs';
+
+describe('a session downloaded from the browser', { timeout: 180_000 }, () => {
+  let gw;
+  let browser;
+  let v;
+  let page;
+  const step = scenario(async () => {
+    await v?.shot('lifecycle-failure', page).catch(() => {});
+    console.error(gw?.log?.());
+  });
+
+  before(async () => {
+    gw = await startGateway({ agent: ['demo-agent', '--delay-us', '0', '--chunks', '2'] });
+    browser = await openBrowser();
+  });
+
+  after(() => shutdown(browser, gw));
+
+  const download = async (testid) => {
+    await page.getByTestId('session-download').locator('summary').click();
+    const [file] = await Promise.all([page.waitForEvent('download'), page.getByTestId(testid).click()]);
+    return { name: file.suggestedFilename(), text: await readFile(await file.path(), 'utf8') };
+  };
+
+  step('no session, nothing to download', async () => {
+    v = await browser.open(gw, PHONE);
+    page = v.page;
+    await connected(page);
+    assert.equal(await page.getByTestId('session-download').isHidden(), true);
+  });
+
+  step('the conversation downloads as Markdown and as JSON Lines', async () => {
+    await page.getByTestId('prompt-input').fill('Write me a haiku about exports');
+    await page.getByTestId('prompt-input').press('Enter');
+    await page.getByTestId('send').waitFor(); // the turn is over
+    await page.getByTestId('session-download').waitFor();
+    await page.getByTestId('session-download').locator('summary').click();
+    await v.shot('download-phone', page);
+    await page.getByTestId('session-download').locator('summary').click();
+
+    const md = await download('download-markdown');
+    assert.match(md.name, /^write-me-a-haiku-about-exports-[0-9a-f-]+\.md$/);
+    assert.match(md.text, /^# Write me a haiku about exports\n/);
+    assert.match(md.text, /## User · .*\n\nWrite me a haiku about exports\n/);
+    assert.match(md.text, /## Agent · /);
+    const said = 'chunk 2/2: you said: Write me a haiku about exports';
+    assert.match(await page.getByTestId('message-agent').last().innerText(), new RegExp(said.replace(/[/]/g, '\\/')));
+    assert.ok(md.text.includes(`${said}\n`), `the agent's answer is in the file:\n${md.text}`);
+    assert.match(md.text, /\*\*Tool call:\*\* Think about the prompt — completed/);
+
+    const jsonl = await download('download-jsonl');
+    assert.match(jsonl.name, /\.jsonl$/);
+    const lines = jsonl.text.trim().split('\n').map((l) => JSON.parse(l));
+    assert.deepEqual(lines.map((l) => l.seq), lines.map((_, i) => i + 1), 'every update, numbered from 1');
+    assert.equal(lines[0].update.sessionUpdate, 'user_message_chunk');
+    assert.ok(lines.every((l) => !Number.isNaN(Date.parse(l.time))));
+    assert.equal(await page.getByTestId('session-download').evaluate((d) => d.open), false, 'the menu closes');
+    assert.deepEqual(v.errors(), NO_ERRORS);
+  });
+});

@@ -217,6 +217,9 @@ impl Application {
                 }
             })
         };
+        if gw.config.retention.enabled() {
+            gw.tracker.spawn(crate::retention::run(gw.clone()));
+        }
         if let Some(oidc) = gw.oidc.clone() {
             // Discovery now, so that a provider down at start is named in /readyz at once.
             let first = oidc.clone();

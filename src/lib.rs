@@ -18,6 +18,7 @@
 //! - [`oidc`]: signing people in through the team's identity provider (OpenID Connect).
 //! - [`bridge`]: one WebSocket connection: reading, writing, and what each method does.
 //! - [`quota`]: per-user caps (connections, request rate).
+//! - [`retention`]: deleting sessions not updated for `[retention] days`, in bounded batches.
 //! - [`replica`]: replicas sharing sessions through Postgres: leases, the LISTEN/NOTIFY bus.
 //! - [`session`]: live sessions: sequence numbers, attached clients, agent requests.
 //! - [`pool`]: agent processes, pooled per agent; spawning, routing stdout, reaping.
@@ -55,6 +56,7 @@ pub(crate) mod protocol;
 pub mod push;
 pub mod quota;
 pub mod replica;
+pub mod retention;
 pub mod sealed_list;
 pub mod secrets;
 pub mod session;

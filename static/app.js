@@ -163,7 +163,7 @@ ui.agentSignIn.addEventListener('click', () => {
 // --- session list --------------------------------------------------------------------------
 
 // The sidebar's list (js/session-list.js); its entries are the app's sessions.
-const sessionList = new SessionList({ list: ui.list, empty: ui.empty, loadMore: ui.loadMore, search: ui.search }, {
+const sessionList = new SessionList({ list: ui.list, empty: ui.empty, loadMore: ui.loadMore, search: ui.search, archiveToggle: $('archive-toggle') }, {
   open: (id) => openSession(id),
   remove: (id) => deleteSession(id),
   current: () => state.current?.id,

@@ -187,6 +187,7 @@ async fn a_request_statement_cannot_reach_another_users_rows() {
         for sql in [
             "UPDATE sessions SET title = 'pwned' WHERE owner = 'bob'",
             "UPDATE sessions SET owner = 'alice' WHERE id = 'b1'",
+            "UPDATE sessions SET archived_at = 1 WHERE owner = 'bob'",
             "UPDATE session_events SET payload = 'pwned' WHERE session_id = 'b1'",
             "DELETE FROM sessions WHERE owner = 'bob'",
             "DELETE FROM sessions WHERE id = 'b1'",

@@ -164,6 +164,7 @@ async fn create_get_list_delete(backend: Backend) {
             last_seq: 0,
             created_at: BASE,
             updated_at: BASE,
+            archived_at: None,
         }
     );
     assert_eq!(s.get_session("alice", "nope").await.expect("get"), None);

@@ -13,12 +13,14 @@ mod limits;
 mod mcp;
 mod oidc;
 mod push;
+mod retention;
 mod team;
 
 pub use limits::Limits;
 pub use mcp::McpConfig;
 pub use oidc::OidcConfig;
 pub use push::PushConfig;
+pub use retention::RetentionConfig;
 pub use team::{AdminConfig, AuditConfig, UsageConfig};
 
 use figment::Figment;
@@ -76,6 +78,8 @@ pub struct Config {
     pub mcp: McpConfig,
     /// Web Push to users' devices.
     pub push: PushConfig,
+    /// Deleting sessions not updated for a while.
+    pub retention: RetentionConfig,
 }
 
 /// Signing users in to agents (`authMethods`).
@@ -257,6 +261,7 @@ impl Default for Config {
             usage: UsageConfig::default(),
             mcp: McpConfig::default(),
             push: PushConfig::default(),
+            retention: RetentionConfig::default(),
         }
     }
 }
@@ -306,10 +311,13 @@ const ENV_KEYS: &[(&str, &str)] = &[
 ];
 
 /// Environment variables that set a number, and their config keys.
-const ENV_NUMBERS: &[(&str, &str)] = &[(
-    "ACP_GATEWAY_SIGNIN_TERMINAL_TIMEOUT_SECS",
-    "signin.terminal_timeout_secs",
-)];
+const ENV_NUMBERS: &[(&str, &str)] = &[
+    (
+        "ACP_GATEWAY_SIGNIN_TERMINAL_TIMEOUT_SECS",
+        "signin.terminal_timeout_secs",
+    ),
+    ("ACP_GATEWAY_RETENTION_DAYS", "retention.days"),
+];
 
 impl Config {
     /// Loads defaults → file → environment → CLI.
@@ -452,6 +460,7 @@ impl Config {
         self.limits.validate()?;
         self.mcp.validate()?;
         self.push.validate()?;
+        self.retention.validate()?;
         if let Some(url) = &self.jwt.jwks_url
             && (self.jwt.issuer.is_none() || self.jwt.audience.is_none())
             && !self.oidc.enabled()

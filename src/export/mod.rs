@@ -237,6 +237,7 @@ mod tests {
             last_seq: 0,
             created_at: 0,
             updated_at: 0,
+            archived_at: None,
         };
         assert_eq!(file_name(&r, Format::Markdown), "fix-the-login-bug-tape-2-0b1c-2d.md");
         r.title = None;

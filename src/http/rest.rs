@@ -8,7 +8,7 @@ use axum::extract::rejection::FormRejection;
 use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{Html, IntoResponse, Response};
-use axum::routing::{delete, get, post};
+use axum::routing::{delete, get, post, put};
 use axum::{Extension, Json, Router};
 use serde::Deserialize;
 use serde_json::json;
@@ -27,6 +27,10 @@ pub(super) fn router() -> Router<Arc<Gateway>> {
         .route("/api/agents", get(agents))
         .route("/api/sessions", get(sessions))
         .route("/api/sessions/{id}", delete(delete_session))
+        .route(
+            "/api/sessions/{id}/archived",
+            put(archive_session).delete(restore_session),
+        )
         .route("/auth/login", get(login_with_code).post(login_with_token))
         .route("/auth/logout", post(logout))
 }
@@ -99,6 +103,46 @@ async fn delete_session(
 ) -> Result<StatusCode, HttpError> {
     gw.sessions.delete(&who.user, &id, &gw.pools).await?;
     audit(&gw, peer.as_deref(), &who.user, "session_delete", Some(&id), "ok", None);
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// `PUT /api/sessions/{id}/archived`: hidden from the default list until restored.
+async fn archive_session(
+    State(gw): State<Arc<Gateway>>,
+    Caller(who): Caller,
+    peer: Option<Extension<Peer>>,
+    Path(id): Path<String>,
+) -> Result<StatusCode, HttpError> {
+    gw.sessions.set_archived(&who.user, &id, true).await?;
+    audit(
+        &gw,
+        peer.as_deref(),
+        &who.user,
+        "session_archive",
+        Some(&id),
+        "ok",
+        None,
+    );
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// `DELETE /api/sessions/{id}/archived`: back in the default list.
+async fn restore_session(
+    State(gw): State<Arc<Gateway>>,
+    Caller(who): Caller,
+    peer: Option<Extension<Peer>>,
+    Path(id): Path<String>,
+) -> Result<StatusCode, HttpError> {
+    gw.sessions.set_archived(&who.user, &id, false).await?;
+    audit(
+        &gw,
+        peer.as_deref(),
+        &who.user,
+        "session_restore",
+        Some(&id),
+        "ok",
+        None,
+    );
     Ok(StatusCode::NO_CONTENT)
 }
 

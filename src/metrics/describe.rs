@@ -54,6 +54,15 @@ pub(super) fn describe() {
         "Sign-ins to agents, by agent, method_type (terminal) and outcome: ok, failed (the program exited non-zero), cancelled (by the user or a closed socket), timeout, output_limit, shutdown, error (could not start)."
     );
     describe_counter!(
+        RETENTION_SESSIONS,
+        "Sessions deleted by retention ([retention] days without an update), with their transcripts."
+    );
+    describe_counter!(RETENTION_BYTES, "Bytes of stored transcript deleted by retention.");
+    describe_counter!(
+        RETENTION_BATCHES,
+        "Batches of stale sessions retention deleted (each one transaction of at most [retention] batch_size sessions)."
+    );
+    describe_counter!(
         AUDIT_DROPPED,
         "Audit entries not stored (queue full or store failing); each is still in the log (target audit)."
     );

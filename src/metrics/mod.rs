@@ -58,6 +58,12 @@ pub const PUSHES: &str = "acp_gateway_pushes_total";
 /// `outcome` of [`PUSHES`]: accepted by the push service; refused by it; the subscription is gone
 /// (404/410, dropped); not delivered (network, timeout).
 pub const PUSH_OUTCOMES: &[&str] = &["sent", "refused", "gone", "failed"];
+/// Sessions retention deleted (counter).
+pub const RETENTION_SESSIONS: &str = "acp_gateway_retention_deleted_sessions_total";
+/// Bytes of stored transcript retention deleted (counter).
+pub const RETENTION_BYTES: &str = "acp_gateway_retention_deleted_bytes_total";
+/// Batches retention ran (counter).
+pub const RETENTION_BATCHES: &str = "acp_gateway_retention_batches_total";
 /// Audit entries that could not be stored (queue full, or the store failed) (counter).
 pub const AUDIT_DROPPED: &str = "acp_gateway_audit_dropped_total";
 /// Requests to the OpenID provider, by `what` (discovery, jwks, token, userinfo) and `outcome`
@@ -328,6 +334,9 @@ pub fn describe_and_zero<'a>(agents: impl IntoIterator<Item = &'a str>) {
         metrics::counter!(CONNECTIONS_REFUSED, "reason" => *reason).increment(0);
     }
     metrics::counter!(AUDIT_DROPPED).increment(0);
+    for name in [RETENTION_SESSIONS, RETENTION_BYTES, RETENTION_BATCHES] {
+        metrics::counter!(name).increment(0);
+    }
     for outcome in PUSH_OUTCOMES {
         metrics::counter!(PUSHES, "outcome" => *outcome).increment(0);
     }

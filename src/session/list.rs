@@ -6,7 +6,7 @@ use serde_json::{Value, json};
 
 use super::Sessions;
 use crate::protocol::RpcError;
-use crate::store::{ListFilter, Position, SessionRecord, iso8601, now_micros, parse_iso8601};
+use crate::store::{Archived, ListFilter, Position, SessionRecord, iso8601, now_micros, parse_iso8601};
 
 /// Page size when the client names none.
 pub const DEFAULT_LIMIT: u32 = 50;
@@ -33,6 +33,9 @@ pub struct ListParams {
     pub limit: Option<u32>,
     /// Substring of title or metadata.
     pub search: Option<String>,
+    /// Archived sessions: `false` (the default) leaves them out, `true` lists only them, `"any"`
+    /// lists both (a gateway extension).
+    pub archived: Option<Value>,
 }
 
 fn time(name: &str, value: Option<&str>) -> Result<Option<i64>, RpcError> {
@@ -42,6 +45,20 @@ fn time(name: &str, value: Option<&str>) -> Result<Option<i64>, RpcError> {
                 .ok_or_else(|| RpcError::invalid_params(format!("{name} must be an ISO 8601 date-time, got {v:?}")))
         })
         .transpose()
+}
+
+fn archived(value: Option<&Value>) -> Result<Archived, RpcError> {
+    match value {
+        // A query string (`GET /api/sessions?archived=true`) has only strings.
+        None | Some(Value::Null) | Some(Value::Bool(false)) => Ok(Archived::Hidden),
+        Some(Value::Bool(true)) => Ok(Archived::Only),
+        Some(Value::String(s)) if s == "false" => Ok(Archived::Hidden),
+        Some(Value::String(s)) if s == "true" => Ok(Archived::Only),
+        Some(Value::String(s)) if s == "any" => Ok(Archived::Any),
+        Some(other) => Err(RpcError::invalid_params(format!(
+            "archived must be true, false or \"any\", got {other}"
+        ))),
+    }
 }
 
 /// Answers a `session/list` for `user`; `params` is raw JSON (an object, or `null`).
@@ -68,6 +85,7 @@ pub async fn list(sessions: &Sessions, user: &str, p: ListParams) -> Result<Valu
         created_before: time("createdBefore", p.created_before.as_deref())?,
         updated_after: time("updatedAfter", p.updated_after.as_deref())?,
         search: p.search.filter(|s| !s.is_empty()),
+        archived: archived(p.archived.as_ref())?,
     };
     if filter
         .search
@@ -120,6 +138,9 @@ pub fn session_info(r: &SessionRecord) -> Value {
         "updatedAt": iso8601(r.updated_at),
         "_meta": { "messageCount": r.message_count, "agent": r.agent, "lastSeq": r.last_seq },
     });
+    if let Some(at) = r.archived_at {
+        info["_meta"]["archivedAt"] = Value::String(iso8601(at));
+    }
     if let Ok(dirs) = serde_json::from_str::<Vec<Value>>(&r.additional_dirs)
         && !dirs.is_empty()
     {

@@ -235,6 +235,22 @@ impl Sessions {
         }
     }
 
+    /// Archives (`true`) or restores `user`'s session `id`; `-32002` for unknown and foreign ids.
+    pub async fn set_archived(&self, user: &str, id: &str, archived: bool) -> Result<(), RpcError> {
+        let at = archived.then(crate::store::now_micros);
+        if within(async { Ok(self.store.set_archived(user, id, at).await?) }).await? {
+            Ok(())
+        } else {
+            Err(RpcError::session_not_found())
+        }
+    }
+
+    /// Retention deleted `user`'s session `id`: what it held no longer counts against their cap.
+    pub fn forget_stored(&self, user: &str, id: &str) {
+        self.lock_usage().remove(user);
+        tracing::info!(user, session = id, "session deleted by retention");
+    }
+
     /// `user`'s session `id` as stored, with everything already on its way to the store (its
     /// title, counts, updates); `-32002` for unknown and foreign ids alike.
     pub async fn stored(&self, user: &str, id: &str) -> Result<SessionRecord, RpcError> {

@@ -9,6 +9,7 @@
 mod admin;
 mod audit;
 pub(crate) mod cursor;
+mod lifecycle;
 pub mod persister;
 pub(crate) mod postgres;
 mod sql;
@@ -24,6 +25,7 @@ use async_trait::async_trait;
 
 pub use admin::UserOverview;
 pub use audit::{AuditEntry, AuditFilter};
+pub use lifecycle::StaleSession;
 pub use sql::{SEARCH_PROBE, SearchBy, SearchIndex, list_query};
 pub use usage::{UsageRow, UsageSample};
 pub use user_secrets::{StoredLogin, StoredSecret};
@@ -170,6 +172,15 @@ impl Store for Bounded {
     async fn cursor_key(&self) -> Result<Vec<u8>, StoreError> {
         self.within(self.inner.cursor_key()).await
     }
+    async fn set_archived(&self, owner: &str, id: &str, at: Option<i64>) -> Result<bool, StoreError> {
+        self.within(self.inner.set_archived(owner, id, at)).await
+    }
+    async fn stale_sessions(&self, before: i64, limit: i64) -> Result<Vec<StaleSession>, StoreError> {
+        self.within(self.inner.stale_sessions(before, limit)).await
+    }
+    async fn delete_stale(&self, sessions: &[StaleSession], before: i64) -> Result<Vec<StaleSession>, StoreError> {
+        self.within(self.inner.delete_stale(sessions, before)).await
+    }
     async fn stored_bytes(&self, owner: &str) -> Result<u64, StoreError> {
         self.within(self.inner.stored_bytes(owner)).await
     }
@@ -268,6 +279,8 @@ pub struct SessionRecord {
     pub created_at: i64,
     /// When its newest update arrived, in epoch microseconds: `session/list` shows the newest first.
     pub updated_at: i64,
+    /// When its owner archived it (epoch µs): hidden from the default `session/list`.
+    pub archived_at: Option<i64>,
 }
 
 /// Filters of `session/list` (ACP v1 plus the seed RFD's extras). Times are epoch microseconds.
@@ -283,6 +296,20 @@ pub struct ListFilter {
     pub updated_after: Option<i64>,
     /// Substring of the title or metadata, case-insensitive.
     pub search: Option<String>,
+    /// Archived sessions: left out (the default), only them, or both.
+    pub archived: Archived,
+}
+
+/// Which sessions a list shows by their archive state.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub enum Archived {
+    /// Sessions not archived.
+    #[default]
+    Hidden,
+    /// Archived sessions only.
+    Only,
+    /// Both.
+    Any,
 }
 
 /// Keyset position: the last row of the previous page.
@@ -385,6 +412,15 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     ) -> Result<Vec<EventChunk>, StoreError>;
     /// The key that signs `session/list` cursors, shared by every replica on this database.
     async fn cursor_key(&self) -> Result<Vec<u8>, StoreError>;
+    /// Archives (`Some(at)`, epoch µs) or restores (`None`) `owner`'s session `id`; `false`
+    /// when there is none (unknown and foreign ids alike).
+    async fn set_archived(&self, owner: &str, id: &str, at: Option<i64>) -> Result<bool, StoreError>;
+    /// Up to `limit` sessions of any user last updated before `before` (epoch µs), oldest first:
+    /// retention's next batch (system work, across users).
+    async fn stale_sessions(&self, before: i64, limit: i64) -> Result<Vec<StaleSession>, StoreError>;
+    /// Deletes `sessions` with their transcripts in one transaction, each only if it is still not
+    /// updated since `before` and no live replica holds it; the ones deleted.
+    async fn delete_stale(&self, sessions: &[StaleSession], before: i64) -> Result<Vec<StaleSession>, StoreError>;
     /// [`Store::write_batch`] for replicas sharing the database: stores transcript chunks only of
     /// sessions whose lease `holder` holds (a fence: a replica that lost a session cannot write
     /// over its new holder's numbers), tells the other replicas in the same transaction what was

@@ -26,6 +26,7 @@ use sqlx::{Postgres, Transaction};
 
 use super::admin::AdminSql;
 use super::audit::AuditSql;
+use super::lifecycle::LifecycleSql;
 use super::sql::{RunList, SearchBy, Sql};
 use super::usage::UsageSql;
 use super::user_secrets::SecretSql;
@@ -446,6 +447,33 @@ impl Store for PgStore {
         let records = Postgres::list_sessions(&mut tx, owner, filter, after, limit, index).await?;
         tx.commit().await?;
         Ok(records)
+    }
+
+    async fn set_archived(&self, owner: &str, id: &str, at: Option<i64>) -> Result<bool, StoreError> {
+        let mut tx = self.as_user(owner).await?;
+        let found = Postgres::set_archived(&mut *tx, owner, id, at).await?;
+        tx.commit().await?;
+        Ok(found)
+    }
+
+    async fn stale_sessions(&self, before: i64, limit: i64) -> Result<Vec<super::StaleSession>, StoreError> {
+        Ok(Postgres::stale_sessions(&self.pool, before, limit).await?)
+    }
+
+    async fn delete_stale(
+        &self,
+        sessions: &[super::StaleSession],
+        before: i64,
+    ) -> Result<Vec<super::StaleSession>, StoreError> {
+        let mut tx = self.as_system().await?;
+        let mut deleted = Vec::new();
+        for s in sessions {
+            if Postgres::delete_stale(&mut tx, s, before).await? {
+                deleted.push(s.clone());
+            }
+        }
+        tx.commit().await?;
+        Ok(deleted)
     }
 
     async fn delete_session(&self, owner: &str, id: &str) -> Result<bool, StoreError> {

@@ -13,7 +13,7 @@ use sqlx::{Database, Decode, Encode, Executor, FromRow, IntoArguments, Postgres,
 use super::{EventChunk, ListFilter, NewSession, Position, SessionRecord, SessionWrite};
 
 /// Every column of `sessions`, in [`SessionRecord`] order.
-const SESSION_COLUMNS: &str = "id, owner, agent, agent_session_id, cwd, additional_dirs, title, meta, message_count, last_seq, created_at, updated_at";
+const SESSION_COLUMNS: &str = "id, owner, agent, agent_session_id, cwd, additional_dirs, title, meta, message_count, last_seq, created_at, updated_at, archived_at";
 
 /// The statements of the [`super::Store`] contract, for any database that can run them.
 ///
@@ -460,6 +460,11 @@ fn push_list_conditions<'a, DB>(
     i64: sqlx::Encode<'a, DB> + sqlx::Type<DB>,
 {
     q.push("owner = ").push_bind(owner);
+    match filter.archived {
+        super::Archived::Hidden => q.push(" AND archived_at IS NULL"),
+        super::Archived::Only => q.push(" AND archived_at IS NOT NULL"),
+        super::Archived::Any => q,
+    };
     if let Some(cwd) = &filter.cwd {
         q.push(" AND cwd = ").push_bind(cwd.as_str());
     }

@@ -12,6 +12,7 @@ use sqlx::sqlite::{
 
 use super::admin::AdminSql;
 use super::audit::AuditSql;
+use super::lifecycle::LifecycleSql;
 use super::sql::{RunList, SearchBy, Sql};
 use super::usage::UsageSql;
 use super::user_secrets::SecretSql;
@@ -156,6 +157,35 @@ impl Store for SqliteStore {
         let mut conn = self.pool.acquire().await?;
         let index = Some(Sqlite::SEARCH_INDEX);
         Ok(Sqlite::list_sessions(&mut conn, owner, filter, after, limit, index).await?)
+    }
+
+    async fn set_archived(&self, owner: &str, id: &str, at: Option<i64>) -> Result<bool, StoreError> {
+        Ok(Sqlite::set_archived(&self.pool, owner, id, at).await?)
+    }
+
+    async fn stale_sessions(&self, before: i64, limit: i64) -> Result<Vec<super::StaleSession>, StoreError> {
+        Ok(Sqlite::stale_sessions(&self.pool, before, limit).await?)
+    }
+
+    async fn delete_stale(
+        &self,
+        sessions: &[super::StaleSession],
+        before: i64,
+    ) -> Result<Vec<super::StaleSession>, StoreError> {
+        let mut tx = self.pool.begin().await?;
+        let mut deleted = Vec::new();
+        for s in sessions {
+            if Sqlite::delete_stale(&mut tx, s, before).await? {
+                // As in delete_session: true even for a connection without foreign keys.
+                sqlx::query("DELETE FROM session_events WHERE session_id = $1")
+                    .bind(&s.id)
+                    .execute(&mut *tx)
+                    .await?;
+                deleted.push(s.clone());
+            }
+        }
+        tx.commit().await?;
+        Ok(deleted)
     }
 
     async fn delete_session(&self, owner: &str, id: &str) -> Result<bool, StoreError> {

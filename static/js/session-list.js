@@ -1,6 +1,6 @@
 // The sidebar's session list (GET /api/sessions, as `session/list` answers it): pages of 50,
-// search, newest first, each with its relative time, its agent (when there are several) and a
-// Delete button. The app keeps the entries (`entries`: sessionId → {data, item}) for titles.
+// search, newest first, each with its relative time, its agent (when there are several), an
+// Archive (or, in the archive view, Restore) and a Delete button. The app keeps the entries (`entries`: sessionId → {data, item}) for titles.
 
 import { el as h } from './dom.js';
 import { api, relativeTime } from './http.js';
@@ -12,7 +12,8 @@ export function sessionTitle(data) {
 
 export class SessionList {
   /**
-   * @param {{list: HTMLElement, empty: HTMLElement, loadMore: HTMLButtonElement, search: HTMLInputElement}} ui
+   * @param {{list: HTMLElement, empty: HTMLElement, loadMore: HTMLButtonElement, search: HTMLInputElement,
+   *          archiveToggle: HTMLButtonElement}} ui
    * @param {{open: (id: string) => void, remove: (id: string) => void, current: () => string | undefined,
    *          badges: () => boolean, error: (err: Error) => void}} hooks
    */
@@ -21,7 +22,9 @@ export class SessionList {
     this.hooks = hooks;
     this.entries = new Map();
     this.cursor = null;
+    this.archived = false; // listing the archived sessions
     this.token = 0; // discards answers to superseded list requests
+    ui.archiveToggle.addEventListener('click', () => this.showArchived(!this.archived));
     let searchTimer;
     ui.search.addEventListener('input', () => {
       clearTimeout(searchTimer);
@@ -44,7 +47,15 @@ export class SessionList {
       'aria-label': `Delete session ${sessionTitle(data)}`, title: 'Delete session', text: '×',
       onclick: () => this.hooks.remove(data.sessionId),
     });
-    const item = h('li', { class: 'session-item', testid: 'session-item', 'data-session-id': data.sessionId }, open, remove);
+    // Archived sessions are listed only in the archive view, each with Restore instead.
+    const archived = Boolean(data._meta?.archivedAt);
+    const archive = h('button', {
+      type: 'button', class: 'icon session-archive', testid: archived ? 'session-restore' : 'session-archive',
+      'aria-label': `${archived ? 'Restore' : 'Archive'} session ${sessionTitle(data)}`,
+      title: archived ? 'Restore to the session list' : 'Archive (hide from the list)', text: archived ? '↥' : '↧',
+      onclick: () => this.setArchived(data.sessionId, !archived),
+    });
+    const item = h('li', { class: 'session-item', testid: 'session-item', 'data-session-id': data.sessionId }, open, archive, remove);
     if (data.sessionId === this.hooks.current()) open.setAttribute('aria-current', 'true');
     entry.item?.replaceWith(item);
     entry.item = item;
@@ -67,6 +78,7 @@ export class SessionList {
   async load({ more = false } = {}) {
     const token = ++this.token;
     const params = new URLSearchParams({ limit: '50' });
+    if (this.archived) params.set('archived', 'true');
     if (this.ui.search.value.trim()) params.set('search', this.ui.search.value.trim());
     if (more && this.cursor) params.set('cursor', this.cursor);
     this.ui.loadMore.disabled = true;
@@ -86,6 +98,26 @@ export class SessionList {
     } finally {
       this.ui.loadMore.disabled = false;
     }
+  }
+
+  /** Switches between the sessions and the archived ones. */
+  showArchived(on) {
+    this.archived = on;
+    this.ui.archiveToggle.textContent = on ? '← Back to sessions' : 'Archived sessions';
+    this.ui.archiveToggle.setAttribute('aria-pressed', String(on));
+    this.ui.empty.textContent = on ? 'No archived sessions.' : 'No sessions yet.';
+    return this.load();
+  }
+
+  /** Archives or restores a session: it leaves the list shown now. */
+  async setArchived(id, archived) {
+    try {
+      await api(`/api/sessions/${encodeURIComponent(id)}/archived`, { method: archived ? 'PUT' : 'DELETE' });
+    } catch (err) {
+      if (err.status !== 401) this.hooks.error(err);
+      return;
+    }
+    this.drop(id);
   }
 
   /** Marks the open session's item. */

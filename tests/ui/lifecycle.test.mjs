@@ -1,6 +1,6 @@
 // A session's whole life (issue 21): the current session downloaded from the topbar's menu as
-// Markdown and as JSON Lines, holding what the conversation showed. Phone-sized; screenshot
-// download-phone.png.
+// Markdown and as JSON Lines, holding what the conversation showed; archived from the list and
+// restored from the archive view. Phone-sized; screenshots download-phone.png, archived-phone.png.
 //
 // Run: `cargo build && cd tests/ui && node --test lifecycle.test.mjs`.
 
@@ -65,6 +65,27 @@ describe('a session downloaded from the browser', { timeout: 180_000 }, () => {
     assert.equal(lines[0].update.sessionUpdate, 'user_message_chunk');
     assert.ok(lines.every((l) => !Number.isNaN(Date.parse(l.time))));
     assert.equal(await page.getByTestId('session-download').evaluate((d) => d.open), false, 'the menu closes');
+    assert.deepEqual(v.errors(), NO_ERRORS);
+  });
+
+  step('archived, it leaves the list; the archive view lists it and restores it', async () => {
+    await page.getByTestId('sidebar-toggle').click(); // the phone's drawer
+    const items = page.getByTestId('session-list').getByTestId('session-item');
+    await items.first().waitFor();
+    assert.equal(await items.count(), 1);
+    await items.first().getByTestId('session-archive').click();
+    await page.getByTestId('session-list').getByTestId('session-item').first().waitFor({ state: 'detached' });
+    await page.getByTestId('archive-toggle').click();
+    await items.first().getByTestId('session-restore').waitFor();
+    assert.match(await items.first().innerText(), /Write me a haiku about exports/);
+    assert.equal(await page.getByTestId('archive-toggle').getAttribute('aria-pressed'), 'true');
+    await v.shot('archived-phone', page);
+    await items.first().getByTestId('session-restore').click();
+    await items.first().waitFor({ state: 'detached' });
+    assert.equal(await page.locator('#session-empty').innerText(), 'No archived sessions.');
+    await page.getByTestId('archive-toggle').click();
+    await items.first().getByTestId('session-archive').waitFor();
+    assert.equal(await items.count(), 1);
     assert.deepEqual(v.errors(), NO_ERRORS);
   });
 });

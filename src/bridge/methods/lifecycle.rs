@@ -85,6 +85,7 @@ impl Ctx {
             last_seq: 0,
             created_at: now,
             updated_at: now,
+            archived_at: None,
         };
         let session = match self.gw.sessions.create(&record).await {
             Ok(session) => session,

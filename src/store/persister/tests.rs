@@ -73,6 +73,19 @@ impl Store for Flaky {
     async fn cursor_key(&self) -> Result<Vec<u8>, StoreError> {
         unimplemented!()
     }
+    async fn set_archived(&self, _: &str, _: &str, _: Option<i64>) -> Result<bool, StoreError> {
+        unimplemented!()
+    }
+    async fn stale_sessions(&self, _: i64, _: i64) -> Result<Vec<crate::store::StaleSession>, StoreError> {
+        unimplemented!()
+    }
+    async fn delete_stale(
+        &self,
+        _: &[crate::store::StaleSession],
+        _: i64,
+    ) -> Result<Vec<crate::store::StaleSession>, StoreError> {
+        unimplemented!()
+    }
     async fn stored_bytes(&self, _: &str) -> Result<u64, StoreError> {
         unimplemented!()
     }

@@ -26,6 +26,7 @@ import { SessionList, sessionTitle } from './js/session-list.js';
 import { onLeave, showSignIn } from './js/signin-page.js';
 import { permissionCard } from './js/permission-card.js';
 import { showDownload, wireDownload } from './js/download.js';
+import { forkSession } from './js/fork.js';
 
 // ---------------------------------------------------------------------------------------------
 
@@ -51,6 +52,9 @@ const state = {
 const conv = new Conversation(ui.log, {
   render: (update) => controls.render(update),
   cwd: () => state.current?.cwd ?? '',
+  fork: (seq, lastSeq) => forkSession(conn, state.current, seq, lastSeq)
+    .then((entry) => { upsertSession(entry, { top: true }); openSession(entry.sessionId); })
+    .catch(reportError),
 });
 
 // Images and text files for the next prompt, where the agent takes them (js/attachments.js).

@@ -29,6 +29,8 @@ pub(super) enum ClientRequest {
     AuthStatus(Box<RawValue>),
     /// `session/new`.
     New(Box<NewSessionRequest>),
+    /// `session/fork` (draft), raw params.
+    Fork(Box<RawValue>),
     /// `session/load` (`replay`) or `session/resume`.
     Load {
         session_id: String,
@@ -134,6 +136,10 @@ pub(super) fn parse(method: &str, params: Option<&RawValue>) -> Result<ClientReq
             ClientRequest::AuthStatus(owned()?)
         }
         "session/new" => ClientRequest::New(Box::new(typed(params, method)?)),
+        "session/fork" => {
+            typed::<SessionOnly<'_>>(params, method)?;
+            ClientRequest::Fork(owned()?)
+        }
         "session/load" | "session/resume" => {
             let p: LoadParams<'_> = typed(params, method)?;
             ClientRequest::Load {

@@ -7,7 +7,8 @@
 //! `session_info_update` (title), a `plan`, a `tool_call` (pending), optionally a
 //! `session/request_permission` round trip, `tool_call_update`s (in_progress, completed), then N
 //! `agent_message_chunk`s, and answers `{"stopReason":"end_turn"}`. The first text block of the
-//! prompt may carry controls, see [`Controls`]: `[chunks=N]`, `[delay_us=N]`, `[permission]`
+//! prompt may carry controls, see [`Controls`]: `[chunks=N]`, `[delay_us=N]`, `[recall]` (how many
+//! user message blocks the session's history holds), `[permission]`
 //! (or the words "ask me" / "permission"), `[crash]`, `[hang]`, `[title=XYZ]`.
 //!
 //! With `--showcase` it uses every part of an ACP client instead (modes, config options, slash
@@ -67,6 +68,9 @@ pub struct DemoAgentOptions {
     /// Whether to advertise and support session/load
     #[arg(long, env = "ACP_DEMO_LOAD_SESSION", default_value_t = true, action = clap::ArgAction::Set)]
     pub load_session: bool,
+    /// Whether to advertise and support the draft session/fork (a copy of the session's history)
+    #[arg(long, env = "ACP_DEMO_FORK", default_value_t = true, action = clap::ArgAction::Set)]
+    pub fork: bool,
     /// Refuse session/new with -32000 until `authenticate` (method `demo-login`) has signed this
     /// HOME in
     #[arg(long)]
@@ -93,6 +97,7 @@ impl Default for DemoAgentOptions {
             load_session: true,
             require_auth: false,
             prompt_queueing: false,
+            fork: true,
             showcase: false,
             home: None,
         }
@@ -519,7 +524,11 @@ impl Agent {
                 "agentCapabilities": {
                     "loadSession": self.opts.load_session,
                     "promptCapabilities": {"image": true, "audio": false, "embeddedContext": true},
-                    "sessionCapabilities": {"resume": {}, "close": {}},
+                    "sessionCapabilities": if self.opts.fork {
+                        json!({"resume": {}, "close": {}, "fork": {}})
+                    } else {
+                        json!({"resume": {}, "close": {}})
+                    },
                     "_meta": {"claudeCode": {"promptQueueing": self.opts.prompt_queueing}},
                 },
                 "agentInfo": {"name": "acp-gateway-demo-agent", "version": env!("CARGO_PKG_VERSION")},
@@ -558,6 +567,16 @@ impl Agent {
                 }
                 Ok(json!({"sessionId": sid}))
             }
+            ("session/fork", Some(sid)) if self.opts.fork => match self.session(sid) {
+                Some(original) => {
+                    let forked = format!("demo-{}", uuid::Uuid::new_v4());
+                    let s = self.session_or_create(&forked);
+                    *lock(&s.history) = lock(&original.history).clone();
+                    s.set_cwd(&params);
+                    Ok(json!({"sessionId": forked}))
+                }
+                None => Err((-32002, "Resource not found: no such session")),
+            },
             ("session/load", Some(sid)) if self.opts.load_session => {
                 // Unknown ids are created empty: the gateway restores sessions of dead processes.
                 let known = self.session(sid).is_some();
@@ -895,6 +914,11 @@ impl Turn<'_> {
             .nth(ECHO_MAX)
             .and_then(|(i, _)| text.get(..i))
             .unwrap_or(text);
+        if text.contains("[recall]") {
+            let user = r#""sessionUpdate":"user_message_chunk""#;
+            let n = lock(&self.session.history).iter().filter(|u| u.contains(user)).count();
+            self.chunk(&format!("I remember {n} user message blocks.\n")).await?;
+        }
         if let Some(said) = attachments_seen(blocks) {
             self.chunk(&said).await?;
         }

@@ -51,6 +51,23 @@ impl AgentInfo {
             .is_some_and(|v| !v.is_null())
     }
 
+    /// Whether the agent itself supports the draft `session/fork` (`sessionCapabilities.fork`).
+    pub fn can_fork(&self) -> bool {
+        self.capabilities
+            .get("sessionCapabilities")
+            .and_then(|c| c.get("fork"))
+            .is_some_and(|v| !v.is_null())
+    }
+
+    /// Whether the agent takes `resource` blocks in prompts (`promptCapabilities.embeddedContext`).
+    pub fn takes_embedded_context(&self) -> bool {
+        self.capabilities
+            .get("promptCapabilities")
+            .and_then(|c| c.get("embeddedContext"))
+            .and_then(serde_json::Value::as_bool)
+            .unwrap_or(false)
+    }
+
     /// Whether the agent itself supports `session/load`.
     pub fn can_load(&self) -> bool {
         self.capabilities

@@ -138,6 +138,14 @@ pub fn session_info(r: &SessionRecord) -> Value {
         "updatedAt": iso8601(r.updated_at),
         "_meta": { "messageCount": r.message_count, "agent": r.agent, "lastSeq": r.last_seq },
     });
+    // A fork says where it came from (stored in its meta by session/fork).
+    if r.meta.contains("\"forkedFrom\"")
+        && let Some(from) = serde_json::from_str::<Value>(&r.meta)
+            .ok()
+            .and_then(|m| m.get("forkedFrom").cloned())
+    {
+        info["_meta"]["forkedFrom"] = from;
+    }
     if let Some(at) = r.archived_at {
         info["_meta"]["archivedAt"] = Value::String(iso8601(at));
     }

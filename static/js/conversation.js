@@ -71,6 +71,7 @@ export class Conversation {
       }
       try {
         this.apply(params.update ?? {});
+        if (typeof seq === 'number' && this.run?.kind === 'agent') this.forkPoint(this.run, seq);
       } catch (err) {
         console.error('render failed', err, params);
         this.raw('unrenderable update', params.update);
@@ -100,6 +101,18 @@ export class Conversation {
       case 'session_info_update': return undefined; // shown in the sidebar and header
       default: return this.raw(update.sessionUpdate || 'update', update);
     }
+  }
+
+  /** Gives an agent's message a "Fork from here" button, forking after its last update. */
+  forkPoint(message, seq) {
+    message.root.dataset.seq = String(seq);
+    if (message.forkButton || !this.hooks.fork) return;
+    message.forkButton = h('button', {
+      type: 'button', class: 'msg-fork', testid: 'fork-here', text: 'Fork from here',
+      title: 'A new session with this conversation up to here',
+      onclick: () => this.hooks.fork(Number(message.root.dataset.seq), this.lastSeq),
+    });
+    message.root.append(message.forkButton);
   }
 
   /** Appends a new block; it ends any run of merged chunks. */

@@ -1,6 +1,7 @@
 // A session's whole life (issue 21): the current session downloaded from the topbar's menu as
 // Markdown and as JSON Lines, holding what the conversation showed; archived from the list and
-// restored from the archive view. Phone-sized; screenshots download-phone.png, archived-phone.png.
+// restored from the archive view; forked from an answer, each branch going on alone. Phone-sized;
+// screenshots download-phone.png, archived-phone.png, fork-phone.png.
 //
 // Run: `cargo build && cd tests/ui && node --test lifecycle.test.mjs`.
 
@@ -86,6 +87,33 @@ describe('a session downloaded from the browser', { timeout: 180_000 }, () => {
     await page.getByTestId('archive-toggle').click();
     await items.first().getByTestId('session-archive').waitFor();
     assert.equal(await items.count(), 1);
+    await items.first().locator('.session-open').click(); // closes the drawer
+    assert.deepEqual(v.errors(), NO_ERRORS);
+  });
+
+  step('"Fork from here" on an answer opens a new session with the conversation up to it', async () => {
+    await page.getByTestId('prompt-input').fill('A second question');
+    await page.getByTestId('prompt-input').press('Enter');
+    await page.getByTestId('message-agent').filter({ hasText: 'you said: A second question' }).first().waitFor();
+    await page.getByTestId('send').waitFor();
+    const firstAnswer = page.locator('.msg-agent').first();
+    await firstAnswer.getByTestId('fork-here').click();
+    await page.getByTestId('session-title').filter({ hasText: 'Write me a haiku about exports (fork)' }).waitFor();
+    await page.getByTestId('message-agent').first().filter({ hasText: 'you said: Write me a haiku about exports' }).waitFor();
+    assert.equal(await page.getByText('A second question').count(), 0, 'the fork stops before the second prompt');
+    await page.getByTestId('prompt-input').fill('Only in the fork');
+    await page.getByTestId('prompt-input').press('Enter');
+    await page.getByTestId('message-agent').filter({ hasText: 'you said: Only in the fork' }).first().waitFor();
+    await page.getByTestId('send').waitFor();
+    await page.locator('.msg-agent').first().scrollIntoViewIfNeeded();
+    await v.shot('fork-phone', page);
+    // Both are listed; the original still has its second question and not the fork's prompt.
+    await page.getByTestId('sidebar-toggle').click();
+    const items = page.getByTestId('session-list').getByTestId('session-item');
+    assert.equal(await items.count(), 2);
+    await items.filter({ hasNotText: '(fork)' }).locator('.session-open').click();
+    await page.getByTestId('message-agent').filter({ hasText: 'you said: A second question' }).first().waitFor();
+    assert.equal(await page.getByText('Only in the fork').count(), 0);
     assert.deepEqual(v.errors(), NO_ERRORS);
   });
 });

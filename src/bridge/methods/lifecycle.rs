@@ -3,6 +3,20 @@
 
 use super::*;
 
+/// A session an agent has just started for the caller, to be made theirs by [`Ctx::adopt`].
+pub(super) struct Adopt<'a> {
+    /// The agent it runs on.
+    pub pool: &'a Arc<AgentPool>,
+    /// The process that started it (holding a session slot for it).
+    pub process: Arc<AgentProcess>,
+    /// The agent's answer (its session id, modes, config options).
+    pub result: Box<RawValue>,
+    /// The row to store (its agent-side id is filled in from `result`).
+    pub record: crate::store::SessionRecord,
+    /// For a fork: the history it starts with.
+    pub seed: Option<super::fork::Seed>,
+}
+
 impl Ctx {
     /// `session/new`, answered here (`id`): the client gets its answer before the updates the
     /// agent sent right after its own (commands, mode), which then start the session's
@@ -61,24 +75,15 @@ impl Ctx {
                 return Err(e);
             }
         };
-        let Some(agent_sid) = protocol::session_id_of(Some(&result)) else {
-            process.release();
-            return Err(RpcError::internal("agent answered session/new without a sessionId"));
-        };
-        // Kept from now (and from before: the agent's stdout is read ahead) until handed on
-        // below; forgotten if the session is not created.
-        let early = process.hold_updates(Arc::from(agent_sid.as_str()));
-        let id = uuid::Uuid::new_v4().simple().to_string();
         let meta = format!(r#"{{"mcpServers":{mcp}}}"#);
-        let dirs = json!(dirs).to_string();
         let now = crate::store::now_micros();
         let record = crate::store::SessionRecord {
-            id: id.clone(),
+            id: uuid::Uuid::new_v4().simple().to_string(),
             owner: self.client.user.to_string(),
             agent: self.pool.name.to_string(),
-            agent_session_id: Some(agent_sid.clone()),
+            agent_session_id: None,
             cwd,
-            additional_dirs: dirs,
+            additional_dirs: json!(dirs).to_string(),
             title: None,
             meta,
             message_count: 0,
@@ -87,6 +92,40 @@ impl Ctx {
             updated_at: now,
             archived_at: None,
         };
+        let adopted = Adopt {
+            pool: &self.pool,
+            process,
+            result,
+            record,
+            seed: None,
+        };
+        self.adopt(adopted, "session/new", request_id).await
+    }
+
+    /// A session an agent started for the caller (`session/new`, `session/fork`) becomes
+    /// theirs: stored (with its seed transcript, for a fork), leased, bound to the process that
+    /// started it, attached to this connection and answered (`method`'s answer, with the
+    /// gateway's id), then handed what the agent sent for it meanwhile. The process's session
+    /// slot is given back on any failure.
+    pub(super) async fn adopt(&self, a: Adopt<'_>, method: &'static str, request_id: &RawValue) -> Handled {
+        let Adopt {
+            pool,
+            process,
+            result,
+            mut record,
+            seed,
+        } = a;
+        let Some(agent_sid) = protocol::session_id_of(Some(&result)) else {
+            process.release();
+            return Err(RpcError::internal(format!(
+                "agent answered {method} without a sessionId"
+            )));
+        };
+        // Kept from now (and from before: the agent's stdout is read ahead) until handed on
+        // below; forgotten if the session is not created.
+        let early = process.hold_updates(Arc::from(agent_sid.as_str()));
+        record.agent_session_id = Some(agent_sid.clone());
+        let id = record.id.clone();
         let session = match self.gw.sessions.create(&record).await {
             Ok(session) => session,
             Err(e) => {
@@ -99,6 +138,14 @@ impl Ctx {
         if let Err(e) = self.gw.sessions.lease_new(&session).await {
             process.release();
             self.gw.sessions.discard(&self.client.user, &id).await;
+            return Err(e);
+        }
+        // A fork's history, stored before anything the agent says is numbered after it.
+        if let Some(seed) = &seed
+            && let Err(e) = super::fork::copy_transcript(&self.gw, seed, &record).await
+        {
+            process.release();
+            let _ = self.gw.sessions.delete(&self.client.user, &id, &self.gw.pools).await;
             return Err(e);
         }
         // The modes, config options and models the agent offers, for session/load to answer with.
@@ -115,17 +162,25 @@ impl Ctx {
             tracing::warn!(connection = %self.client.id, user = %self.client.user, agent_session = %agent_sid, "agent reused a bound session id; session refused");
             return Err(e);
         }
+        if let Some(seed) = &seed
+            && seed.handoff
+        {
+            session.set_handoff(seed.through);
+        }
         self.attach(&session, false, 0).await?;
-        metrics::counter!(crate::metrics::SESSIONS_CREATED, "agent" => self.pool.name.to_string()).increment(1);
-        tracing::info!(connection = %self.client.id, user = %self.client.user, session = %id, "session created");
-        self.audit(
-            "session_create",
-            Some(&id),
-            "ok",
-            Some(json!({ "agent": &*self.pool.name })),
-        );
+        metrics::counter!(crate::metrics::SESSIONS_CREATED, "agent" => pool.name.to_string()).increment(1);
+        tracing::info!(connection = %self.client.id, user = %self.client.user, session = %id, method, "session created");
+        match &seed {
+            None => self.audit("session_create", Some(&id), "ok", Some(json!({ "agent": &*pool.name }))),
+            Some(seed) => self.audit(
+                "session_fork",
+                Some(&id),
+                "ok",
+                Some(json!({ "agent": &*pool.name, "from": seed.from.id, "throughSeq": seed.through, "byAgent": !seed.handoff })),
+            ),
+        }
         let result = protocol::with_session_id(&result, &id)
-            .ok_or_else(|| RpcError::internal("agent's session/new result is not an object"))?;
+            .ok_or_else(|| RpcError::internal(format!("agent's {method} result is not an object")))?;
         // The agent's stdout reader may be waiting for `early` to be handed on (the agent sent
         // more than is held): a client that has not made room for its answer in a while is too
         // slow, as fan-out would find it, and must not hold up the process's other sessions.

@@ -26,6 +26,7 @@ use crate::quota::CAP_REACHED;
 use crate::session::{Client, Controls, LiveSession};
 
 mod controls;
+mod fork;
 mod lifecycle;
 mod queue;
 
@@ -373,7 +374,7 @@ impl Connection {
             .and_then(Value::as_object)
             .cloned()
             .unwrap_or_default();
-        for cap in ["list", "resume", "close", "delete"] {
+        for cap in ["list", "resume", "close", "delete", "fork"] {
             session_caps.insert(cap.into(), json!({}));
         }
         caps.insert("sessionCapabilities".into(), Value::Object(session_caps));
@@ -434,6 +435,7 @@ impl Ctx {
             }
             ClientRequest::AuthStatus(params) => super::signin::status(&self.client, &self.pool, &params).await,
             ClientRequest::New(new) => self.new_session(*new, id).await,
+            ClientRequest::Fork(params) => self.fork(&params, id).await,
             ClientRequest::Load {
                 session_id,
                 cwd,
@@ -596,6 +598,21 @@ impl Ctx {
             to,
             client_id: id.to_owned(),
             _slot: slot,
+        };
+        // A fork its agent did not make: the first prompt takes the copied history to it.
+        let handoff = if prompt.is_some() { session.take_handoff() } else { None };
+        let rewritten = match handoff {
+            Some(through) => {
+                let takes = pool.info_for(&session.owner).await?.takes_embedded_context();
+                match fork::with_handoff(&self.gw, session, takes, through, &rewritten).await {
+                    Ok(with) => with,
+                    Err(e) => {
+                        session.set_handoff(through);
+                        return Err(e);
+                    }
+                }
+            }
+            None => rewritten,
         };
         let send = || binding.process.forward(method, &rewritten, answer);
         let agent_id = if let Some(prompt) = prompt {

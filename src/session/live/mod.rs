@@ -118,6 +118,9 @@ pub struct LiveSession {
     replicated: bool,
     /// One restore at a time; held across the agent's answer, so nothing else takes it.
     restoring: tokio::sync::Mutex<()>,
+    /// A fork its agent did not make: the seq its copied history ends at, until the first
+    /// prompt takes that history to the agent (see [`LiveSession::set_handoff`]).
+    handoff: Mutex<Option<i64>>,
     /// One read of updates another replica committed at a time (see [`LiveSession::catch_up`]).
     catching_up: tokio::sync::Mutex<()>,
     /// Highest seq another replica said it committed.
@@ -202,6 +205,7 @@ impl LiveSession {
             controls_known: std::sync::atomic::AtomicBool::new(false),
             replicated: options.replica.is_some(),
             restoring: tokio::sync::Mutex::new(()),
+            handoff: Mutex::new(None),
             catching_up: tokio::sync::Mutex::new(()),
             committed_elsewhere: AtomicU64::new(last_seq),
             catch_up_due: std::sync::atomic::AtomicBool::new(false),
@@ -215,6 +219,17 @@ impl LiveSession {
 
     fn lock_binding(&self) -> MutexGuard<'_, Option<Binding>> {
         self.binding.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// A fork whose agent started afresh: its first prompt takes the copied history, up to
+    /// `through`, to the agent.
+    pub fn set_handoff(&self, through: i64) {
+        *self.handoff.lock().unwrap_or_else(|e| e.into_inner()) = Some(through);
+    }
+
+    /// The history a fork's first prompt must take to its agent, once.
+    pub fn take_handoff(&self) -> Option<i64> {
+        self.handoff.lock().unwrap_or_else(|e| e.into_inner()).take()
     }
 
     /// The session's queued messages (see [`crate::session::queue`]).

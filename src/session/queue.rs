@@ -131,10 +131,13 @@ impl PromptQueue {
         self.take_due()
     }
 
-    /// The message [`PromptQueue::take_due`] gave was sent (its turn was counted when it was).
-    pub fn sent(&mut self) {
+    /// The message [`PromptQueue::take_due`] gave was sent (its turn was counted when it was);
+    /// the next one to send, if that turn already ended (a fast agent answers before the sender
+    /// hears back, and the turn's end found a message still on its way).
+    pub fn sent(&mut self) -> Option<Queued> {
         self.sending = false;
         self.error = None;
+        self.take_due()
     }
 
     /// It could not be sent: it goes back first in line, and the queue holds until the user
@@ -190,6 +193,24 @@ mod tests {
         v[0]["text"].as_str().unwrap_or_default().to_string()
     }
 
+    /// The agent answers a queued message before its sender hears it went: the turn's end finds
+    /// it still on its way, so the next one goes when the sender says it was sent.
+    #[test]
+    fn a_turn_that_ends_before_its_message_is_reported_sent_does_not_stall_the_queue() {
+        let mut q = PromptQueue::default();
+        q.turn_started();
+        q.add(prompt("a")).expect("a");
+        q.add(prompt("b")).expect("b");
+        assert_eq!(text(&q.turn_ended(false).expect("a goes")), "a");
+        q.turn_started(); // a is forwarded…
+        assert!(q.turn_ended(false).is_none(), "…and answered while still on its way");
+        assert_eq!(text(&q.sent().expect("then b goes")), "b");
+        q.turn_started();
+        assert!(q.sent().is_none(), "b's turn runs");
+        assert!(q.turn_ended(false).is_none(), "nothing left");
+        assert!(q.is_idle());
+    }
+
     #[test]
     fn messages_wait_for_the_turn_and_go_one_at_a_time_in_order() {
         let mut q = PromptQueue::default();
@@ -203,11 +224,11 @@ mod tests {
         assert!(q.running(), "on its way counts as running");
         assert!(q.take_due().is_none(), "one at a time");
         q.turn_started();
-        q.sent();
+        assert!(q.sent().is_none(), "a's turn runs");
         assert!(q.take_due().is_none());
         assert_eq!(text(&q.turn_ended(false).expect("b goes")), "b");
         q.turn_started();
-        q.sent();
+        assert!(q.sent().is_none());
         assert!(q.turn_ended(false).is_none());
         assert!(q.is_idle());
     }

@@ -111,7 +111,13 @@ pub(super) fn send_queued(gw: &Arc<Gateway>, session: &Arc<LiveSession>, item: Q
     let (gw, session) = (gw.clone(), session.clone());
     gw.tracker.clone().spawn(async move {
         match send_for_owner(&gw, &session, &item.prompt, &item.id.to_string()).await {
-            Ok(()) => session.queue().sent(),
+            Ok(()) => {
+                // Its turn may be over already: then the next one goes now.
+                let next = session.queue().sent();
+                if let Some(next) = next {
+                    send_queued(&gw, &session, next);
+                }
+            }
             Err(e) => {
                 tracing::warn!(session = %session.id, error = %e.message, "a queued message could not be sent; the queue holds");
                 session.queue().not_sent(item, e.message.into_owned());

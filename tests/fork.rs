@@ -22,15 +22,7 @@ fn agent_text(updates: &[Value]) -> String {
 /// The updates `session/load` replays for `session`, from a fresh connection of `user`.
 async fn replayed(gw: &TestGateway, user: &str, session: &str) -> Vec<Value> {
     let mut c = gw.client(user).await;
-    let root = c.root.clone();
-    let r = c
-        .request(
-            "session/load",
-            json!({"sessionId": session, "cwd": root, "mcpServers": []}),
-        )
-        .await;
-    assert!(r.get("result").is_some(), "{r}");
-    let updates = c.take_updates(session);
+    let updates = c.load(session).await;
     c.close().await;
     updates
 }

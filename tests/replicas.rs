@@ -62,15 +62,7 @@ impl Cluster {
 
 /// Loads `session` on `c` (replaying everything) and returns the replayed seqs.
 async fn load(c: &mut Client, session: &str) -> Vec<Value> {
-    let root = c.root.clone();
-    let r = c
-        .request(
-            "session/load",
-            json!({"sessionId": session, "cwd": root, "mcpServers": []}),
-        )
-        .await;
-    assert!(r.get("result").is_some(), "session/load: {r}");
-    c.take_updates(session)
+    c.load(session).await
 }
 
 /// Fails unless `seqs` is exactly `from..=to`: nothing lost, duplicated or out of order.

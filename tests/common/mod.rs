@@ -367,6 +367,20 @@ impl Client {
             .to_string()
     }
 
+    /// `session/load`s `session` (its stored cwd is what counts; this names the user's root) and
+    /// returns every update it replayed.
+    pub async fn load(&mut self, session: &str) -> Vec<Value> {
+        let root = self.root.clone();
+        let r = self
+            .request(
+                "session/load",
+                json!({"sessionId": session, "cwd": root, "mcpServers": []}),
+            )
+            .await;
+        assert!(r.get("result").is_some(), "session/load: {r}");
+        self.take_updates(session)
+    }
+
     /// Sends a text prompt and waits for its answer.
     pub async fn prompt(&mut self, session: &str, text: &str) -> Value {
         self.request(

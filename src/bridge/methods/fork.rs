@@ -88,17 +88,7 @@ impl Ctx {
             Some(servers) => servers,
             None => stored_mcp_servers(&from.meta),
         };
-        crate::tenancy::check_mcp_servers(&servers, pool.config(), info.mcp_transports())
-            .map_err(RpcError::invalid_params)?;
-        let mcp = serde_json::to_string(&servers).map_err(|e| RpcError::internal(e.to_string()))?;
-        let for_agent =
-            crate::user_mcp::with_users_servers(&self.gw.user_mcp, &self.client.user, info.mcp_transports(), &mcp)
-                .await
-                .map_err(|e| RpcError::internal(e.to_string()))?;
-        let mut raw = format!(r#"{{"cwd":{},"mcpServers":{for_agent}"#, json!(cwd));
-        if !dirs.is_empty() {
-            raw.push_str(&format!(r#","additionalDirectories":{}"#, json!(dirs)));
-        }
+        let (_, mut raw) = self.start_params(&pool, &info, &servers, &cwd, &dirs).await?;
 
         // The agent's own fork takes everything it knows: only a fork of the whole history.
         let mut by_agent = None;

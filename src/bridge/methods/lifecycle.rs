@@ -43,20 +43,11 @@ impl Ctx {
         self.room_to_store().await?;
         let info = self.pool.info_for(&self.client.user).await?;
         let cfg = self.pool.config();
-        crate::tenancy::check_mcp_servers(&new.mcp_servers, cfg, info.mcp_transports())
-            .map_err(RpcError::invalid_params)?;
         // What the agent gets is built here, not copied: the resolved directories, the accepted
         // MCP servers, and only the allowed `_meta` keys.
-        let mcp = serde_json::to_string(&new.mcp_servers).map_err(|e| RpcError::internal(e.to_string()))?;
-        // The user's own servers go to the agent, never into the stored session.
-        let for_agent =
-            crate::user_mcp::with_users_servers(&self.gw.user_mcp, &self.client.user, info.mcp_transports(), &mcp)
-                .await
-                .map_err(|e| RpcError::internal(e.to_string()))?;
-        let mut raw = format!(r#"{{"cwd":{},"mcpServers":{for_agent}"#, json!(cwd));
-        if !dirs.is_empty() {
-            raw.push_str(&format!(r#","additionalDirectories":{}"#, json!(dirs)));
-        }
+        let (mcp, mut raw) = self
+            .start_params(&self.pool, &info, &new.mcp_servers, &cwd, &dirs)
+            .await?;
         let meta: serde_json::Map<String, Value> = new
             .meta
             .unwrap_or_default()
@@ -100,6 +91,32 @@ impl Ctx {
             seed: None,
         };
         self.adopt(adopted, "session/new", request_id).await
+    }
+
+    /// What a new session's agent is started with (`session/new`, `session/fork`): the MCP
+    /// servers as stored with the session (checked against the operator's rules and the agent's
+    /// transports), and the params' opening (`{"cwd",…,"mcpServers",…[,"additionalDirectories"]`,
+    /// left open for more) with the user's own servers added, which are never stored.
+    pub(super) async fn start_params(
+        &self,
+        pool: &AgentPool,
+        info: &crate::pool::AgentInfo,
+        servers: &[agent_client_protocol_schema::v1::McpServer],
+        cwd: &str,
+        dirs: &[String],
+    ) -> Result<(String, String), RpcError> {
+        crate::tenancy::check_mcp_servers(servers, pool.config(), info.mcp_transports())
+            .map_err(RpcError::invalid_params)?;
+        let mcp = serde_json::to_string(servers).map_err(|e| RpcError::internal(e.to_string()))?;
+        let for_agent =
+            crate::user_mcp::with_users_servers(&self.gw.user_mcp, &self.client.user, info.mcp_transports(), &mcp)
+                .await
+                .map_err(|e| RpcError::internal(e.to_string()))?;
+        let mut raw = format!(r#"{{"cwd":{},"mcpServers":{for_agent}"#, json!(cwd));
+        if !dirs.is_empty() {
+            raw.push_str(&format!(r#","additionalDirectories":{}"#, json!(dirs)));
+        }
+        Ok((mcp, raw))
     }
 
     /// A session an agent started for the caller (`session/new`, `session/fork`) becomes

@@ -62,8 +62,10 @@ export class SessionList {
     return item;
   }
 
-  /** Adds or updates a session (`top`: moves it first); its entry. */
+  /** Adds or updates a session (`top`: moves it first); its entry. A session just made or
+   *  prompted (`top`) that is not archived brings the list back from the archive view. */
   upsert(data, { top = false } = {}) {
+    if (top && this.archived && !data._meta?.archivedAt) this.showArchived(false);
     let entry = this.entries.get(data.sessionId);
     if (entry) Object.assign(entry.data, data);
     else this.entries.set(data.sessionId, (entry = { data, item: null }));

@@ -12,6 +12,10 @@ use crate::store::{StaleSession, now_micros};
 /// Between two batches of one pass.
 const BATCH_PAUSE: Duration = Duration::from_millis(50);
 
+/// Most transcript one batch deletes (a bigger session is deleted alone): a SQLite transaction
+/// holds the database's one writer while it runs.
+const MAX_BATCH_BYTES: i64 = 64 << 20;
+
 const DAY_MICROS: i64 = 24 * 3600 * 1_000_000;
 
 /// Runs passes every `[retention] interval_secs` (the first at once) until shutdown.
@@ -33,7 +37,7 @@ pub async fn run(gw: Arc<Gateway>) {
             _ = tick.tick() => {}
             () = gw.shutdown.cancelled() => return,
         }
-        let before = now_micros() - i64::from(config.days) * DAY_MICROS;
+        let before = now_micros().saturating_sub(i64::from(config.days).saturating_mul(DAY_MICROS));
         let deleted = pass(&gw, before, i64::from(config.batch_size)).await;
         if deleted > 0 {
             tracing::info!(sessions = deleted, "retention: stale sessions deleted");
@@ -41,58 +45,122 @@ pub async fn run(gw: Arc<Gateway>) {
     }
 }
 
-/// Deletes the sessions last updated before `before`, `batch` at a time; how many it deleted.
-/// Stops at shutdown, on a store failure (logged; the next pass tries again), or when a batch
-/// deletes nothing (none left, or all of the oldest are in use).
+/// Deletes the sessions last updated before `before`, oldest first, at most `batch` sessions
+/// and [`MAX_BATCH_BYTES`] of transcript (or one session) per transaction; how many it deleted.
+/// Sessions in use are stepped over (a later pass takes them). Stops at shutdown, or on a store
+/// failure (logged; the next pass tries again).
 pub async fn pass(gw: &Gateway, before: i64, batch: i64) -> u64 {
     let store = gw.sessions.store();
     let mut total = 0;
+    let mut after: Option<(i64, String)> = None;
     loop {
-        let stale = match store.stale_sessions(before, batch).await {
+        let cursor = after.as_ref().map(|(t, id)| (*t, id.as_str()));
+        let stale = match store.stale_sessions(before, cursor, batch).await {
             Ok(stale) => stale,
             Err(e) => {
                 tracing::error!(error = %e, "retention: cannot look for stale sessions");
                 return total;
             }
         };
-        let found = stale.len() as i64;
-        let idle: Vec<StaleSession> = stale
-            .into_iter()
-            .filter(|s| gw.sessions.any_live(&s.id).is_none())
-            .collect();
-        if idle.is_empty() {
+        let Some(last) = stale.last() else {
             return total;
-        }
-        let deleted = match store.delete_stale(&idle, before).await {
-            Ok(deleted) => deleted,
-            Err(e) => {
-                tracing::error!(error = %e, "retention: cannot delete stale sessions");
-                return total;
-            }
         };
-        metrics::counter!(crate::metrics::RETENTION_BATCHES).increment(1);
-        metrics::counter!(crate::metrics::RETENTION_SESSIONS).increment(deleted.len() as u64);
-        let bytes: i64 = deleted.iter().map(|s| s.stored_bytes).sum();
-        metrics::counter!(crate::metrics::RETENTION_BYTES).increment(u64::try_from(bytes).unwrap_or(0));
-        for s in &deleted {
-            gw.sessions.forget_stored(&s.owner, &s.id);
-            gw.audit.record(crate::audit::Event {
-                actor: "(retention)",
-                action: "session_expire",
-                target: Some(&s.id),
-                outcome: "ok",
-                detail: Some(serde_json::json!({ "owner": s.owner, "storedBytes": s.stored_bytes })),
-                connection: None,
-                client: None,
-            });
+        after = Some((last.updated_at, last.id.clone()));
+        let found = stale.len() as i64;
+        for group in byte_bounded(stale) {
+            // Checked again just before: a session opened meanwhile stays.
+            let idle: Vec<StaleSession> = group
+                .into_iter()
+                .filter(|s| gw.sessions.any_live(&s.id).is_none())
+                .collect();
+            if idle.is_empty() {
+                continue;
+            }
+            match store.delete_stale(&idle, before).await {
+                Ok(deleted) => total += deleted_batch(gw, &deleted),
+                Err(e) => {
+                    tracing::error!(error = %e, "retention: cannot delete stale sessions");
+                    return total;
+                }
+            }
+            tokio::select! {
+                () = tokio::time::sleep(BATCH_PAUSE) => {}
+                () = gw.shutdown.cancelled() => return total,
+            }
         }
-        total += deleted.len() as u64;
-        if deleted.is_empty() || found < batch {
+        if found < batch {
             return total;
         }
-        tokio::select! {
-            () = tokio::time::sleep(BATCH_PAUSE) => {}
-            () = gw.shutdown.cancelled() => return total,
+    }
+}
+
+/// `stale` in groups of at most [`MAX_BATCH_BYTES`] of transcript (a bigger session alone).
+fn byte_bounded(stale: Vec<StaleSession>) -> Vec<Vec<StaleSession>> {
+    let mut groups: Vec<Vec<StaleSession>> = Vec::new();
+    let mut bytes = 0;
+    for s in stale {
+        match groups.last_mut() {
+            Some(group) if bytes + s.stored_bytes <= MAX_BATCH_BYTES => {
+                bytes += s.stored_bytes;
+                group.push(s);
+            }
+            _ => {
+                bytes = s.stored_bytes;
+                groups.push(vec![s]);
+            }
         }
+    }
+    groups
+}
+
+/// Counts, audits and forgets what one transaction deleted; how many.
+fn deleted_batch(gw: &Gateway, deleted: &[StaleSession]) -> u64 {
+    metrics::counter!(crate::metrics::RETENTION_BATCHES).increment(1);
+    metrics::counter!(crate::metrics::RETENTION_SESSIONS).increment(deleted.len() as u64);
+    let bytes: i64 = deleted.iter().map(|s| s.stored_bytes).sum();
+    metrics::counter!(crate::metrics::RETENTION_BYTES).increment(u64::try_from(bytes).unwrap_or(0));
+    for s in deleted {
+        gw.sessions.forget_stored(&s.owner, &s.id);
+        gw.audit.record(crate::audit::Event {
+            actor: "(retention)",
+            action: "session_expire",
+            target: Some(&s.id),
+            outcome: "ok",
+            detail: Some(serde_json::json!({ "owner": s.owner, "storedBytes": s.stored_bytes })),
+            connection: None,
+            client: None,
+        });
+    }
+    deleted.len() as u64
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn stale(id: &str, bytes: i64) -> StaleSession {
+        StaleSession {
+            owner: "u".into(),
+            id: id.into(),
+            stored_bytes: bytes,
+            updated_at: 0,
+        }
+    }
+
+    #[test]
+    fn batches_are_bounded_in_bytes_and_a_big_session_goes_alone() {
+        let half = MAX_BATCH_BYTES / 2;
+        let groups = byte_bounded(vec![
+            stale("a", half),
+            stale("b", half),
+            stale("c", 1),
+            stale("huge", 3 * MAX_BATCH_BYTES),
+            stale("d", 10),
+        ]);
+        let ids: Vec<Vec<&str>> = groups
+            .iter()
+            .map(|g| g.iter().map(|s| s.id.as_str()).collect())
+            .collect();
+        assert_eq!(ids, [vec!["a", "b"], vec!["c"], vec!["huge"], vec!["d"]]);
     }
 }

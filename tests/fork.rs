@@ -186,3 +186,26 @@ async fn an_agent_without_fork_gets_the_history_with_the_first_prompt() {
     c.close().await;
     gw.stop().await;
 }
+
+/// A fork whose history still waits for its first prompt, forked whole: its agent knows none of
+/// it, so the new fork is not the agent's own but gets the history with its first prompt.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fork_of_a_fork_not_yet_prompted_keeps_the_history() {
+    let gw = TestGateway::start(Db::Sqlite, |_| {}).await;
+    let mut c = gw.client("alice").await;
+    let s = c.new_session().await;
+    let one = prompt_updates(&mut c, &s, "one").await;
+    prompt_updates(&mut c, &s, "two").await;
+    let first = fork(&mut c, &s, Some(seq(one.last().expect("updates")) as i64)).await;
+    let first = first["result"]["sessionId"].as_str().expect("forked").to_string();
+    let second = fork(&mut c, &first, None).await;
+    let second = second["result"]["sessionId"].as_str().expect("forked").to_string();
+    assert_eq!(replayed(&gw, "alice", &second).await.len(), one.len());
+    let said = agent_text(&prompt_updates(&mut c, &second, "go on [recall]").await);
+    assert!(
+        said.contains(&format!("You attached a file gateway:///fork/{second}.md")),
+        "{said}"
+    );
+    c.close().await;
+    gw.stop().await;
+}

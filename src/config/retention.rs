@@ -2,6 +2,9 @@
 
 use serde::{Deserialize, Serialize};
 
+/// Longest retention that may be set, in days.
+pub const MAX_DAYS: u32 = 36_500;
+
 /// Retention of stored sessions.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -33,6 +36,12 @@ impl RetentionConfig {
     }
 
     pub(super) fn validate(&self) -> Result<(), super::ConfigError> {
+        if self.days > MAX_DAYS {
+            return Err(super::ConfigError::Invalid(format!(
+                "retention.days: {} is more than {MAX_DAYS} (100 years); 0 keeps sessions until their owners delete them",
+                self.days
+            )));
+        }
         if !(1..=10_000).contains(&self.batch_size) {
             return Err(super::ConfigError::Invalid(format!(
                 "retention.batch_size: {} must be between 1 and 10000",

@@ -10,6 +10,12 @@ use serde_json::Value;
 
 use crate::store::SessionRecord;
 
+/// Largest diff shown (old and new text together); a bigger one is named, not diffed.
+const MAX_DIFF_BYTES: usize = 1 << 20;
+
+/// Longest a diff is worked on before a coarser one is taken.
+const DIFF_DEADLINE: std::time::Duration = std::time::Duration::from_millis(50);
+
 /// Tool call titles remembered at most (a session with more names the rest by their id).
 const MAX_TOOL_TITLES: usize = 10_000;
 
@@ -269,7 +275,7 @@ impl Markdown {
 fn content_piece(c: &Value) -> String {
     let size = |data: &Value| {
         data.as_str().map_or(0, |d| {
-            d.len() / 4 * 3 - d.bytes().rev().take_while(|b| *b == b'=').count()
+            (d.len() / 4 * 3).saturating_sub(d.bytes().rev().take_while(|b| *b == b'=').count())
         })
     };
     match c["type"].as_str().unwrap_or("") {
@@ -301,7 +307,17 @@ fn diff(item: &Value) -> String {
     let path = item["path"].as_str().unwrap_or("");
     let old = item["oldText"].as_str();
     let new = item["newText"].as_str().unwrap_or("");
-    let text = similar::TextDiff::from_lines(old.unwrap_or(""), new);
+    if old.map_or(0, str::len) + new.len() > MAX_DIFF_BYTES {
+        return format!(
+            "`{}`: a diff of {} bytes, too large to show here (the JSON Lines export has it)\n",
+            one_line(path),
+            old.map_or(0, str::len) + new.len()
+        );
+    }
+    // Myers' algorithm is quadratic at worst: past the deadline it settles for a coarser diff.
+    let text = similar::TextDiff::configure()
+        .timeout(DIFF_DEADLINE)
+        .diff_lines(old.unwrap_or(""), new);
     let from = if old.is_some() {
         format!("a{path}")
     } else {

@@ -13,6 +13,8 @@ pub struct StaleSession {
     pub id: String,
     /// Bytes of its stored transcript (what deleting it frees).
     pub stored_bytes: i64,
+    /// When it was last updated (epoch µs): with `id`, where the next batch starts.
+    pub updated_at: i64,
 }
 
 /// The statements, for any database that can run them.
@@ -47,16 +49,23 @@ where
         Ok(done.is_some())
     }
 
-    /// Up to `limit` sessions of any user last updated before `before`, oldest first.
+    /// Up to `limit` sessions of any user last updated before `before`, oldest first, after
+    /// the session `after` (its `updated_at` and id) when given.
     async fn stale_sessions<'c>(
         e: impl Executor<'c, Database = Self>,
         before: i64,
+        after: Option<(i64, &str)>,
         limit: i64,
     ) -> Result<Vec<StaleSession>, sqlx::Error> {
+        let (t, id) = after.unwrap_or((i64::MIN, ""));
         sqlx::query_as(
-            "SELECT owner, id, stored_bytes FROM sessions WHERE updated_at < $1 ORDER BY updated_at LIMIT $2",
+            "SELECT owner, id, stored_bytes, updated_at FROM sessions
+             WHERE updated_at < $1 AND (updated_at > $2 OR (updated_at = $2 AND id > $3))
+             ORDER BY updated_at, id LIMIT $4",
         )
         .bind(before)
+        .bind(t)
+        .bind(id)
         .bind(limit)
         .fetch_all(e)
         .await

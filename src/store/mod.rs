@@ -175,8 +175,13 @@ impl Store for Bounded {
     async fn set_archived(&self, owner: &str, id: &str, at: Option<i64>) -> Result<bool, StoreError> {
         self.within(self.inner.set_archived(owner, id, at)).await
     }
-    async fn stale_sessions(&self, before: i64, limit: i64) -> Result<Vec<StaleSession>, StoreError> {
-        self.within(self.inner.stale_sessions(before, limit)).await
+    async fn stale_sessions(
+        &self,
+        before: i64,
+        after: Option<(i64, &str)>,
+        limit: i64,
+    ) -> Result<Vec<StaleSession>, StoreError> {
+        self.within(self.inner.stale_sessions(before, after, limit)).await
     }
     async fn delete_stale(&self, sessions: &[StaleSession], before: i64) -> Result<Vec<StaleSession>, StoreError> {
         self.within(self.inner.delete_stale(sessions, before)).await
@@ -415,9 +420,15 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     /// Archives (`Some(at)`, epoch µs) or restores (`None`) `owner`'s session `id`; `false`
     /// when there is none (unknown and foreign ids alike).
     async fn set_archived(&self, owner: &str, id: &str, at: Option<i64>) -> Result<bool, StoreError>;
-    /// Up to `limit` sessions of any user last updated before `before` (epoch µs), oldest first:
-    /// retention's next batch (system work, across users).
-    async fn stale_sessions(&self, before: i64, limit: i64) -> Result<Vec<StaleSession>, StoreError>;
+    /// Up to `limit` sessions of any user last updated before `before` (epoch µs), oldest first,
+    /// after `after` (a session's `updated_at` and id) when given: retention's next batch
+    /// (system work, across users).
+    async fn stale_sessions(
+        &self,
+        before: i64,
+        after: Option<(i64, &str)>,
+        limit: i64,
+    ) -> Result<Vec<StaleSession>, StoreError>;
     /// Deletes `sessions` with their transcripts in one transaction, each only if it is still not
     /// updated since `before` and no live replica holds it; the ones deleted.
     async fn delete_stale(&self, sessions: &[StaleSession], before: i64) -> Result<Vec<StaleSession>, StoreError>;

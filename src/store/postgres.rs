@@ -456,8 +456,13 @@ impl Store for PgStore {
         Ok(found)
     }
 
-    async fn stale_sessions(&self, before: i64, limit: i64) -> Result<Vec<super::StaleSession>, StoreError> {
-        Ok(Postgres::stale_sessions(&self.pool, before, limit).await?)
+    async fn stale_sessions(
+        &self,
+        before: i64,
+        after: Option<(i64, &str)>,
+        limit: i64,
+    ) -> Result<Vec<super::StaleSession>, StoreError> {
+        Ok(Postgres::stale_sessions(&self.pool, before, after, limit).await?)
     }
 
     async fn delete_stale(

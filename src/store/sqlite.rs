@@ -163,8 +163,13 @@ impl Store for SqliteStore {
         Ok(Sqlite::set_archived(&self.pool, owner, id, at).await?)
     }
 
-    async fn stale_sessions(&self, before: i64, limit: i64) -> Result<Vec<super::StaleSession>, StoreError> {
-        Ok(Sqlite::stale_sessions(&self.pool, before, limit).await?)
+    async fn stale_sessions(
+        &self,
+        before: i64,
+        after: Option<(i64, &str)>,
+        limit: i64,
+    ) -> Result<Vec<super::StaleSession>, StoreError> {
+        Ok(Sqlite::stale_sessions(&self.pool, before, after, limit).await?)
     }
 
     async fn delete_stale(

@@ -90,10 +90,23 @@ impl Ctx {
         };
         let (_, mut raw) = self.start_params(&pool, &info, &servers, &cwd, &dirs).await?;
 
-        // The agent's own fork takes everything it knows: only a fork of the whole history.
+        // The agent's own fork takes everything it knows: only a fork of the whole history, of a
+        // session this replica serves (another replica's agent holds it), whose agent knows it
+        // all (not a fork still waiting to hand its history over).
         let mut by_agent = None;
-        if info.can_fork() && through == from.last_seq {
-            let original = self.owned(&from.id).await?;
+        let original = if info.can_fork() && through == from.last_seq {
+            Some(self.owned(&from.id).await?)
+        } else {
+            None
+        };
+        let original = match original {
+            Some(o) if !o.has_handoff() && self.gw.sessions.serving_elsewhere(&o).await?.is_none() => Some(o),
+            _ => None,
+        };
+        if let Some(original) = original {
+            if !original.is_bound_now() {
+                self.room_for_a_live_session()?;
+            }
             let binding = original.ensure_bound(&self.gw.pools).await?;
             if binding.process.try_reserve(pool.config().pool.max_sessions_per_process) {
                 let params = format!(r#"{{"sessionId":{},{}"#, json!(&*binding.agent_session_id), &raw[1..]);
@@ -229,14 +242,16 @@ pub(super) async fn copy_transcript(gw: &Gateway, seed: &Seed, to: &SessionRecor
 }
 
 /// A fork's first prompt (`rewritten`, its params for the agent) with the history copied from the
-/// original, up to `through`, put before what the user wrote.
-pub(super) async fn with_handoff(
+/// original, up to `through`, put before what the user wrote: an embedded resource where the
+/// agent takes them, else a text block.
+pub(super) async fn prompt_with_handoff(
     gw: &Gateway,
     session: &LiveSession,
-    takes_resources: bool,
+    pool: &AgentPool,
     through: i64,
     rewritten: &str,
 ) -> Result<String, RpcError> {
+    let takes_resources = pool.info_for(&session.owner).await?.takes_embedded_context();
     let record = gw.sessions.stored(&session.owner, &session.id).await?;
     let record = SessionRecord {
         last_seq: through,
@@ -249,14 +264,16 @@ pub(super) async fn with_handoff(
         record,
         crate::export::Format::Markdown,
     ));
+    let mut cut = false;
     while let Some(piece) = pieces.next().await {
         let piece = piece.map_err(RpcError::from)?;
         md.push_str(&String::from_utf8_lossy(&piece));
         if md.len() > 2 * HANDOFF_MAX_BYTES {
+            cut = true;
             keep_tail(&mut md, HANDOFF_MAX_BYTES);
         }
     }
-    let cut = md.len() > HANDOFF_MAX_BYTES;
+    cut |= md.len() > HANDOFF_MAX_BYTES;
     keep_tail(&mut md, HANDOFF_MAX_BYTES);
     let intro = if cut {
         "This session was forked from another one. The newest part of that conversation (the start is left out) follows; go on from it."

@@ -599,38 +599,43 @@ impl Ctx {
             client_id: id.to_owned(),
             _slot: slot,
         };
-        // A fork its agent did not make: the first prompt takes the copied history to it.
-        let handoff = if prompt.is_some() { session.take_handoff() } else { None };
-        let rewritten = match handoff {
-            Some(through) => {
-                let takes = pool.info_for(&session.owner).await?.takes_embedded_context();
-                match fork::with_handoff(&self.gw, session, takes, through, &rewritten).await {
-                    Ok(with) => with,
-                    Err(e) => {
-                        session.set_handoff(through);
-                        return Err(e);
-                    }
-                }
-            }
-            None => rewritten,
-        };
-        let send = || binding.process.forward(method, &rewritten, answer);
         let agent_id = if let Some(prompt) = prompt {
             metrics::counter!(crate::metrics::PROMPTS).increment(1);
-            // Counted before it is sent: the answer may come back before `forward_prompt` does.
+            // Counted before it is sent: the answer may come back before `forward_prompt` does
+            // (and a message queued meanwhile waits for this turn).
             session.queue().turn_started();
+            // A fork its agent did not make: the first prompt takes the copied history to it.
+            let handoff = match session.take_handoff() {
+                Some(through) => match fork::prompt_with_handoff(&self.gw, session, &pool, through, &rewritten).await {
+                    Ok(with) => Some((through, with)),
+                    Err(e) => {
+                        session.set_handoff(through);
+                        queue::turn_over(&self.gw, session, true);
+                        return Err(e);
+                    }
+                },
+                None => None,
+            };
+            let (through, rewritten) = match handoff {
+                Some((through, with)) => (Some(through), with),
+                None => (None, rewritten),
+            };
+            let send = || binding.process.forward(method, &rewritten, answer);
             match session.forward_prompt(Some(prompt), send).await {
                 Ok(agent_id) => {
                     session.tell_queue_if_watched();
                     agent_id
                 }
                 Err(e) => {
+                    if let Some(through) = through {
+                        session.set_handoff(through);
+                    }
                     queue::turn_over(&self.gw, session, true);
                     return Err(e);
                 }
             }
         } else {
-            send()?
+            binding.process.forward(method, &rewritten, answer)?
         };
         self.tracked.remember_forwarded(id.get(), &binding.process, agent_id);
         Ok(Reply::Forwarded)

@@ -227,6 +227,11 @@ impl LiveSession {
         *self.handoff.lock().unwrap_or_else(|e| e.into_inner()) = Some(through);
     }
 
+    /// Whether a fork's first prompt has yet to take its history to the agent.
+    pub fn has_handoff(&self) -> bool {
+        self.handoff.lock().unwrap_or_else(|e| e.into_inner()).is_some()
+    }
+
     /// The history a fork's first prompt must take to its agent, once.
     pub fn take_handoff(&self) -> Option<i64> {
         self.handoff.lock().unwrap_or_else(|e| e.into_inner()).take()

@@ -76,7 +76,12 @@ impl Store for Flaky {
     async fn set_archived(&self, _: &str, _: &str, _: Option<i64>) -> Result<bool, StoreError> {
         unimplemented!()
     }
-    async fn stale_sessions(&self, _: i64, _: i64) -> Result<Vec<crate::store::StaleSession>, StoreError> {
+    async fn stale_sessions(
+        &self,
+        _: i64,
+        _: Option<(i64, &str)>,
+        _: i64,
+    ) -> Result<Vec<crate::store::StaleSession>, StoreError> {
         unimplemented!()
     }
     async fn delete_stale(

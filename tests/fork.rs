@@ -209,3 +209,28 @@ async fn a_fork_of_a_fork_not_yet_prompted_keeps_the_history() {
     c.close().await;
     gw.stop().await;
 }
+
+/// The copy counts against the user's stored bytes: a fork that would take them over the cap is
+/// refused naming it, and leaves nothing behind.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fork_over_the_storage_cap_is_refused() {
+    let gw = TestGateway::start(Db::Sqlite, |c| c.limits.max_stored_bytes_per_user = 4_000).await;
+    let mut c = gw.client("alice").await;
+    let s = c.new_session().await;
+    prompt_updates(&mut c, &s, "fill [chunks=12]").await;
+    gw.gw.sessions.flush().await; // SQLite counts stored bytes once the writer is quiet
+    let used = gw.gw.sessions.store().stored_bytes("alice").await.expect("bytes");
+    assert!((2_001..4_000).contains(&used), "a copy would pass the cap: {used}");
+    let refused = fork(&mut c, &s, None).await;
+    assert_eq!(refused["error"]["data"]["cap"], "stored_bytes", "{refused}");
+    let list = c.request("session/list", json!({})).await;
+    assert_eq!(
+        list["result"]["sessions"].as_array().expect("sessions").len(),
+        1,
+        "{list}"
+    );
+    gw.gw.sessions.flush().await;
+    assert_eq!(gw.gw.sessions.store().stored_bytes("alice").await.expect("bytes"), used);
+    c.close().await;
+    gw.stop().await;
+}

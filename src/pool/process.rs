@@ -464,12 +464,22 @@ impl AgentProcess {
     /// With traces on, the request has a span of its own and the agent gets its `traceparent`.
     pub async fn request(&self, method: &str, params: &str, timeout: Duration) -> Result<Box<RawValue>, RpcError> {
         self.touch();
-        if crate::traces::enabled() {
+        let answer = if crate::traces::enabled() {
             let span = crate::traces::agent_request(method, &self.agent, self.id, self.pid, None, params);
             let params = crate::traces::with_context(&span, params);
-            return self.rpc.request(method, &params, timeout).instrument(span).await;
+            self.rpc.request(method, &params, timeout).instrument(span).await
+        } else {
+            self.rpc.request(method, params, timeout).await
+        };
+        match answer {
+            // The process ended before the waiter recorded how (its input closed at once: a
+            // sandbox that could not start it): wait briefly for that, so the error says why.
+            Err(e) if !self.rpc.gone_known() && e.message == rpc::GONE => {
+                let _ = tokio::time::timeout(Duration::from_millis(2000), self.dead.cancelled()).await;
+                Err(self.rpc.gone_error())
+            }
+            answer => answer,
         }
-        self.rpc.request(method, params, timeout).await
     }
 
     /// Forwards a client's request without waiting: the answer goes back to the client through

@@ -24,6 +24,9 @@ use crate::metrics::{AgentTimings, Peer};
 use crate::outbox::Outbox;
 use crate::protocol::{self, Incoming, RpcError};
 
+/// What a request gets when the agent is gone and how it ended is not known yet.
+pub(crate) const GONE: &str = "agent process is gone";
+
 /// Lines queued for one agent's stdin.
 const STDIN_QUEUE: usize = 1024;
 
@@ -256,9 +259,14 @@ impl Rpc {
 
     /// The error every request gets once the agent is gone.
     pub fn gone_error(&self) -> RpcError {
-        lock(&self.gone).clone().unwrap_or_else(|| {
-            RpcError::internal("agent process is gone").with_data(serde_json::json!({ "agent": &*self.agent }))
-        })
+        lock(&self.gone)
+            .clone()
+            .unwrap_or_else(|| RpcError::internal(GONE).with_data(serde_json::json!({ "agent": &*self.agent })))
+    }
+
+    /// Whether how the agent ended is known (see [`Rpc::set_gone_error`]).
+    pub fn gone_known(&self) -> bool {
+        lock(&self.gone).is_some()
     }
 
     /// Says how the agent ended: what [`Rpc::gone_error`] returns from now on. The first reason

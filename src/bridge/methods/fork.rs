@@ -184,6 +184,13 @@ fn stored_mcp_servers(meta: &str) -> Vec<McpServer> {
 /// count of prompts (the user's turns copied).
 pub(super) async fn copy_transcript(gw: &Gateway, seed: &Seed, to: &SessionRecord) -> Result<(), RpcError> {
     let store = gw.sessions.store();
+    // The copy counts against the user's stored bytes like anything they store: it must fit.
+    let max = gw.config.limits.max_stored_bytes_per_user;
+    let mut room = if max == 0 {
+        u64::MAX
+    } else {
+        max.saturating_sub(store.stored_bytes(&seed.from.owner).await?)
+    };
     let mut after = 0;
     let mut prompts = 0;
     let mut in_user_turn = false;
@@ -214,12 +221,16 @@ pub(super) async fn copy_transcript(gw: &Gateway, seed: &Seed, to: &SessionRecor
                 }
                 in_user_turn = user;
             }
+            let payload = lines.join("\n");
+            room = room
+                .checked_sub(payload.len() as u64)
+                .ok_or_else(|| crate::quota::CapReached::new("stored_bytes", max).rpc())?;
             writes.push(SessionWrite {
                 session_id: Arc::from(to.id.as_str()),
                 chunk: Some(EventChunk {
                     seq_from: first,
                     seq_to: last,
-                    payload: lines.join("\n"),
+                    payload,
                     stored_at: 0,
                 }),
                 updated_at: chunk.stored_at,

@@ -18,6 +18,7 @@
 //! [`follow`] (sessions another replica serves), [`restore`] (back onto an agent process).
 
 mod clients;
+mod controls;
 mod fanout;
 mod follow;
 mod restore;
@@ -266,82 +267,6 @@ impl LiveSession {
             q.notice(&self.id)
         };
         self.tell_clients(&notice.into());
-    }
-
-    fn lock_controls(&self) -> MutexGuard<'_, Controls> {
-        self.controls.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    /// The agent's controls as `session/load` answers them (a JSON object). Current while the
-    /// session is served here, or when [`LiveSession::controls_need_store`] says so.
-    pub fn controls_json(&self) -> String {
-        self.lock_controls().to_json()
-    }
-
-    /// Whether the store may hold newer controls than this replica: it never read them, or
-    /// (when other replicas share the database and it does not serve the session now) another
-    /// replica may have changed them.
-    pub fn controls_need_store(&self) -> bool {
-        !self.controls_known.load(Ordering::Acquire) || (self.replicated && !self.is_bound_now())
-    }
-
-    /// Takes what the store holds.
-    pub fn stored_controls(&self, stored: &str) {
-        *self.lock_controls() = Controls::from_result(stored);
-        self.controls_known.store(true, Ordering::Release);
-    }
-
-    /// Changes the controls with `change` (which says whether it changed anything) and, if it
-    /// did, stores them.
-    pub async fn change_controls(&self, change: impl FnOnce(&mut Controls) -> bool) {
-        if !self.change_controls_now(change) {
-            return;
-        }
-        if self.replicated {
-            self.store_controls_now().await;
-        } else {
-            self.store_controls_in_order().await;
-        }
-    }
-
-    /// Changes the controls in memory only (the caller stores them with
-    /// [`LiveSession::store_controls_in_order`]); whether `change` changed anything.
-    pub fn change_controls_now(&self, change: impl FnOnce(&mut Controls) -> bool) -> bool {
-        let changed = change(&mut self.lock_controls());
-        self.controls_known.store(true, Ordering::Release);
-        changed
-    }
-
-    /// Queues the controls as they are now for the writer.
-    pub async fn store_controls_in_order(&self) {
-        let _numbering = self.numbering.lock().await;
-        self.store_controls().await;
-    }
-
-    /// Whether other replicas read this session's controls from the store.
-    pub fn replicated(&self) -> bool {
-        self.replicated
-    }
-
-    /// Stores the controls as they are now and waits until they are written (at most the
-    /// writer's flush timeout), so other replicas read what this one answered.
-    pub async fn store_controls_now(&self) {
-        self.store_controls_in_order().await;
-        if let Err(e) = self.persister.flush().await {
-            tracing::warn!(session = %self.id, error = %e, "session controls not yet stored");
-        }
-    }
-
-    /// Queues the controls for the writer. Called under `numbering`, and the controls are read
-    /// there, so the writer gets them in the order they changed (the last write is the newest).
-    async fn store_controls(&self) {
-        let controls = self.controls_json();
-        self.persister
-            .send(Item::Controls {
-                session: self.id.clone(),
-                controls,
-            })
-            .await;
     }
 
     /// Binds the session to a process that already knows it (right after `session/new`).

@@ -2,12 +2,13 @@
 //
 // This file holds the app's state and wires its parts: the sidebar, the session list, prompts and
 // the agent's requests. The ACP WebSocket is js/connection.js, the conversation view
-// js/conversation.js, REST calls js/http.js, the sign-in page js/signin-page.js.
+// js/conversation.js, what agents ask js/asks.js, REST calls js/http.js, the sign-in page
+// js/signin-page.js.
 //
 // All agent-provided text reaches the DOM through textContent / text nodes, never innerHTML, except
 // message Markdown, which goes through static/js/markdown.js (marked, then DOMPurify's allow-list).
 
-import { askForNotifications, initAttention, notice, resolved, setBaseTitle } from './js/attention.js';
+import { askForNotifications, initAttention, notice, setBaseTitle } from './js/attention.js';
 import { closeSidebar, initLayout } from './js/layout.js';
 import { installShortcuts } from './js/shortcuts.js';
 import { initTabs, shareDeleted, shareSession } from './js/tabs.js';
@@ -16,7 +17,6 @@ import { Controls } from './js/controls.js';
 import { el as h, $ } from './js/dom.js';
 import { AUTH_REQUIRED, AgentLoginNeeded, Connection, ConnectionLost, RpcError } from './js/connection.js';
 import { Conversation } from './js/conversation.js';
-import { elicitationCard } from './js/elicitation.js';
 import { AgentLogin } from './js/agent-login.js';
 import { Attachments } from './js/attachments.js';
 import { PromptQueue } from './js/queue.js';
@@ -24,7 +24,7 @@ import { renderPush } from './js/push.js';
 import { api, onUnauthorized } from './js/http.js';
 import { SessionList, sessionTitle } from './js/session-list.js';
 import { onLeave, showSignIn } from './js/signin-page.js';
-import { permissionCard } from './js/permission-card.js';
+import { Asks } from './js/asks.js';
 import { showDownload, wireDownload } from './js/download.js';
 import { forkSession } from './js/fork.js';
 
@@ -45,7 +45,6 @@ const state = {
   sessions: null, // sessionId → {data, item}: the session list's entries (set below)
   current: null, // {id, cwd, title, agent}
   running: new Set(), // sessions with a session/prompt in flight
-  permissions: new Map(), // String(request id) → card element
   roots: [], // the user's workspace roots (GET /api/me), the first is the default cwd
 };
 
@@ -55,6 +54,19 @@ const conv = new Conversation(ui.log, {
   fork: (seq, lastSeq) => forkSession(conn, state.current, seq, lastSeq)
     .then((entry) => { upsertSession(entry, { top: true }); openSession(entry.sessionId); })
     .catch(reportError),
+});
+
+// Permission requests and questions from agents, as cards (js/asks.js).
+const asks = new Asks(ui.permissions, {
+  respond: (id, result) => conn.respond(id, result),
+  current: () => state.current?.id,
+  session: (id) => state.sessions.get(id)?.data,
+  showTool(sessionId, toolCall) {
+    if (sessionId === state.current?.id && typeof toolCall.toolCallId === 'string' && conv.tools.has(toolCall.toolCallId)) {
+      conv.flush();
+      conv.renderTool(toolCall);
+    }
+  },
 });
 
 // Images and text files for the next prompt, where the agent takes them (js/attachments.js).
@@ -94,8 +106,7 @@ const conn = new Connection({
   onMessage: handleMessage,
   onDrop() {
     // Permission request ids belong to the dropped connection: they cannot be answered any more.
-    state.permissions.forEach((card) => card.remove());
-    state.permissions.clear();
+    asks.clear();
   },
   onError: (err) => conv.error(err),
   async authOk() {
@@ -227,7 +238,7 @@ function setCurrent(session) {
   ui.agentLabel.textContent = session?.agent ? `agent: ${session.agent}` : '';
   sessionList.markCurrent(session?.id);
   updateComposer();
-  labelPermissions();
+  asks.label();
   reportVisibility();
 }
 
@@ -483,10 +494,10 @@ function handleMessage(msg) {
       return;
     }
     case 'session/request_permission':
-      if (msg.id != null) showPermission(msg.id, params);
+      if (msg.id != null) asks.permission(msg.id, params);
       return;
     case 'elicitation/create':
-      if (msg.id != null) showElicitation(msg.id, params);
+      if (msg.id != null) asks.elicitation(msg.id, params);
       return;
     case '_gateway/authenticate/progress':
       agentLogin.progress(params);
@@ -498,62 +509,12 @@ function handleMessage(msg) {
       if (params.sessionId === state.current?.id) conv.note(typeof params.reason === 'string' ? params.reason : 'This session was stopped.');
       return;
     case '$/cancel_request': {
-      const key = String(params.requestId);
-      state.permissions.get(key)?.remove();
-      state.permissions.delete(key);
-      resolved(key);
+      asks.drop(String(params.requestId));
       return;
     }
     default:
       if (msg.id != null) conn.respondError(msg.id, -32601, 'method not supported by the web UI');
   }
-}
-
-/** The agent asks the user something (js/elicitation.js); withdrawn like a permission card. */
-function showElicitation(requestId, params) {
-  const key = String(requestId);
-  const card = elicitationCard(params, (result) => conn.respond(requestId, result), () => {
-    card.remove();
-    state.permissions.delete(key);
-    resolved(key);
-  });
-  state.permissions.get(key)?.remove();
-  state.permissions.set(key, card);
-  ui.permissions.append(card);
-  card.querySelector('input, select, button')?.focus();
-  notice({ sessionId: params.sessionId, kind: 'permission', key, title: 'The agent asks you something',
-    body: `${typeof params.message === 'string' ? params.message : ''} — ${sessionTitle(state.sessions.get(params.sessionId)?.data)}` });
-}
-
-function showPermission(requestId, params) {
-  const key = String(requestId);
-  const toolCall = params.toolCall ?? {};
-  // The request's toolCall is a tool_call_update (ACP): what it says about a card on screen shows there.
-  if (params.sessionId === state.current?.id && typeof toolCall.toolCallId === 'string' && conv.tools.has(toolCall.toolCallId)) {
-    conv.flush();
-    conv.renderTool(toolCall);
-  }
-  const card = permissionCard(params, (outcome) => {
-    conn.respond(requestId, { outcome });
-    card.remove();
-    state.permissions.delete(key);
-    resolved(key);
-  });
-  state.permissions.get(key)?.remove();
-  state.permissions.set(key, card);
-  ui.permissions.append(card);
-  labelPermissions();
-  const what = typeof toolCall.title === 'string' && toolCall.title ? toolCall.title : 'A tool call';
-  notice({ sessionId: params.sessionId, kind: 'permission', key, title: 'Permission requested',
-    body: `${what} — ${sessionTitle(state.sessions.get(params.sessionId)?.data)}` });
-}
-
-/** Names the session of each permission card that is not about the open one. */
-function labelPermissions() {
-  ui.permissions.querySelectorAll('.permission-where').forEach((where) => {
-    const id = where.dataset.sessionId;
-    where.textContent = id !== (state.current?.id ?? '') ? ` (in “${sessionTitle(state.sessions.get(id)?.data)}”)` : '';
-  });
 }
 
 // --- layout, shortcuts, attention, other tabs (js/*.js) ------------------------------------
@@ -566,7 +527,7 @@ installShortcuts();
 initAttention({
   open(sessionId, key) {
     if (sessionId !== state.current?.id && state.sessions.has(sessionId)) openSession(sessionId);
-    const card = key != null ? state.permissions.get(key) : null;
+    const card = key != null ? asks.get(key) : null;
     card?.scrollIntoView({ block: 'nearest' });
     card?.querySelector('button')?.focus();
   },

@@ -71,9 +71,30 @@ where
         .await
     }
 
+    /// Deletes those of `sessions` still not updated since `before` that nobody holds, with
+    /// their transcripts, on `conn` (the caller's transaction); the ones deleted.
+    async fn delete_stale(
+        conn: &mut Self::Connection,
+        sessions: &[StaleSession],
+        before: i64,
+    ) -> Result<Vec<StaleSession>, sqlx::Error> {
+        let mut deleted = Vec::new();
+        for s in sessions {
+            if Self::delete_one_stale(&mut *conn, s, before).await? {
+                // ON DELETE CASCADE covers this; deleting explicitly keeps it true even for a
+                // SQLite connection opened without foreign keys (as `delete_session` does).
+                sqlx::query("DELETE FROM session_events WHERE session_id = $1")
+                    .bind(s.id.as_str())
+                    .execute(&mut *conn)
+                    .await?;
+                deleted.push(s.clone());
+            }
+        }
+        Ok(deleted)
+    }
+
     /// Deletes `s` if it is still not updated since `before` and nobody holds it; whether it was.
-    /// (Its transcript goes with it: ON DELETE CASCADE.)
-    async fn delete_stale(conn: &mut Self::Connection, s: &StaleSession, before: i64) -> Result<bool, sqlx::Error> {
+    async fn delete_one_stale(conn: &mut Self::Connection, s: &StaleSession, before: i64) -> Result<bool, sqlx::Error> {
         let sql = format!(
             "DELETE FROM sessions WHERE id = $1 AND owner = $2 AND updated_at < $3 {} RETURNING CAST(1 AS BIGINT)",
             Self::NOT_HELD

@@ -471,12 +471,7 @@ impl Store for PgStore {
         before: i64,
     ) -> Result<Vec<super::StaleSession>, StoreError> {
         let mut tx = self.as_system().await?;
-        let mut deleted = Vec::new();
-        for s in sessions {
-            if Postgres::delete_stale(&mut tx, s, before).await? {
-                deleted.push(s.clone());
-            }
-        }
+        let deleted = Postgres::delete_stale(&mut tx, sessions, before).await?;
         tx.commit().await?;
         Ok(deleted)
     }

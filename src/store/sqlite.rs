@@ -178,17 +178,7 @@ impl Store for SqliteStore {
         before: i64,
     ) -> Result<Vec<super::StaleSession>, StoreError> {
         let mut tx = self.pool.begin().await?;
-        let mut deleted = Vec::new();
-        for s in sessions {
-            if Sqlite::delete_stale(&mut tx, s, before).await? {
-                // As in delete_session: true even for a connection without foreign keys.
-                sqlx::query("DELETE FROM session_events WHERE session_id = $1")
-                    .bind(&s.id)
-                    .execute(&mut *tx)
-                    .await?;
-                deleted.push(s.clone());
-            }
-        }
+        let deleted = Sqlite::delete_stale(&mut tx, sessions, before).await?;
         tx.commit().await?;
         Ok(deleted)
     }

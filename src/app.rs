@@ -138,13 +138,17 @@ impl Application {
             config.audit.retention_days,
             persister_cancel.clone(),
         );
+        let sessions = Sessions::new(store, options, cursors);
+        // Shares are checked through the same bounded store as sessions.
+        let shares = Arc::new(crate::sharing::Shares::new(sessions.store().clone()));
         let gateway = Arc::new(Gateway {
             connection_slots: Arc::new(Semaphore::new(config.limits.max_connections)),
             quotas,
             config,
             auth,
             login_codes: LoginCodes::default(),
-            sessions: Sessions::new(store, options, cursors),
+            sessions,
+            shares,
             pools,
             tenancy,
             shutdown: CancellationToken::new(),
@@ -220,6 +224,7 @@ impl Application {
         if gw.config.retention.enabled() {
             gw.tracker.spawn(crate::retention::run(gw.clone()));
         }
+        gw.tracker.spawn(crate::share_watch::run(gw.clone()));
         if let Some(oidc) = gw.oidc.clone() {
             // Discovery now, so that a provider down at start is named in /readyz at once.
             let first = oidc.clone();

@@ -27,6 +27,8 @@ pub struct Gateway {
     pub login_codes: LoginCodes,
     /// Sessions: stored, being written, in memory (the only door to the store).
     pub sessions: Sessions,
+    /// Sessions shared with teammates, and the clients they let in.
+    pub shares: Arc<crate::sharing::Shares>,
     /// Agent processes.
     pub pools: Arc<Pools>,
     /// Each user's home, workspace roots and agent sandbox.

@@ -30,6 +30,8 @@
 //! - [`telemetry`]: logs and the Prometheus recorder.
 //! - [`metrics`]: every Prometheus series: names, help, labels known at start, buckets.
 //! - [`secrets`]: keys users give their agents, sealed at rest (XChaCha20-Poly1305).
+//! - [`sharing`]: sessions shared with a teammate (observer or controller, by name or link);
+//!   [`share_watch`] closes the clients of shares that end.
 //! - [`signin`]: signing users in to agents: a `terminal` method's login program in a
 //!   pseudo-terminal, in the user's sandbox.
 //! - [`usage`]: what each person spends (agents' `usage_update` costs), and caps on it.
@@ -60,6 +62,8 @@ pub mod retention;
 pub mod sealed_list;
 pub mod secrets;
 pub mod session;
+pub mod share_watch;
+pub mod sharing;
 pub mod signin;
 pub mod store;
 pub mod telemetry;

@@ -40,7 +40,8 @@ pub(super) async fn forward(
         from: replica.id.to_string(),
         reply,
         session: session.id.to_string(),
-        user: client.user.to_string(),
+        // The serving replica acts as the owner: this one checked the caller may (a share).
+        user: session.owner.to_string(),
         method: method.to_string(),
         params: params.get().to_string(),
         client_id: id.get().to_string(),

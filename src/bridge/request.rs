@@ -41,6 +41,18 @@ pub(super) enum ClientRequest {
         after_seq: u64,
         replay: bool,
     },
+    /// `session/attach` (the draft multi-client RFD): the caller's session, or one shared with
+    /// them, live, with the history `history` asks for.
+    Attach {
+        session_id: String,
+        /// The role asked for (`None`: the most the caller may have).
+        role: Option<crate::sharing::Role>,
+        history: History,
+        /// `_meta.gateway.afterSeq`, for `full`.
+        after_seq: u64,
+    },
+    /// `session/detach`: stop receiving a session's updates.
+    Detach { session_id: String },
     /// `session/list`, raw params (the gateway's own filters beside ACP's).
     List(Option<Box<RawValue>>),
     /// `session/close` or (`delete`) `session/delete`.
@@ -56,13 +68,48 @@ pub(super) enum ClientRequest {
     },
 }
 
+/// What an attaching client is given of what came before (`historyPolicy`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum History {
+    /// The stored transcript, then live (the default).
+    Full,
+    /// Only the agent's requests nobody has answered yet, then live.
+    PendingOnly,
+    /// Live from now on.
+    None,
+}
+
+impl History {
+    pub(super) fn as_str(self) -> &'static str {
+        match self {
+            Self::Full => "full",
+            Self::PendingOnly => "pending_only",
+            Self::None => "none",
+        }
+    }
+}
+
+#[derive(Deserialize)]
+struct AttachParams<'a> {
+    #[serde(rename = "sessionId", borrow)]
+    session_id: Cow<'a, str>,
+    #[serde(default)]
+    role: Option<String>,
+    #[serde(rename = "historyPolicy", default)]
+    history_policy: Option<String>,
+    #[serde(rename = "_meta", default)]
+    meta: Option<LoadMeta>,
+}
+
 impl ClientRequest {
     /// The session it names, for requests that name one.
     pub(super) fn session_id(&self) -> Option<&str> {
         match self {
-            Self::Load { session_id, .. } | Self::Close { session_id, .. } | Self::Forward { session_id, .. } => {
-                Some(session_id)
-            }
+            Self::Load { session_id, .. }
+            | Self::Close { session_id, .. }
+            | Self::Forward { session_id, .. }
+            | Self::Attach { session_id, .. }
+            | Self::Detach { session_id } => Some(session_id),
             _ => None,
         }
     }
@@ -148,6 +195,37 @@ pub(super) fn parse(method: &str, params: Option<&RawValue>) -> Result<ClientReq
                 additional_dirs: p.additional_dirs.unwrap_or_default(),
                 after_seq: p.meta.and_then(|m| m.gateway).and_then(|g| g.after_seq).unwrap_or(0),
                 replay: method == "session/load",
+            }
+        }
+        "session/attach" => {
+            let p: AttachParams<'_> = typed(params, method)?;
+            let role = match p.role.as_deref() {
+                None => None,
+                Some(r) => Some(crate::sharing::Role::parse(r).ok_or_else(|| {
+                    RpcError::invalid_params(format!("role must be \"controller\" or \"observer\", not {r:?}"))
+                })?),
+            };
+            let history = match p.history_policy.as_deref() {
+                None | Some("full") => History::Full,
+                Some("pending_only") => History::PendingOnly,
+                Some("none") => History::None,
+                Some(h) => {
+                    return Err(RpcError::invalid_params(format!(
+                        "historyPolicy must be \"full\", \"pending_only\" or \"none\", not {h:?}"
+                    )));
+                }
+            };
+            ClientRequest::Attach {
+                session_id: p.session_id.into_owned(),
+                role,
+                history,
+                after_seq: p.meta.and_then(|m| m.gateway).and_then(|g| g.after_seq).unwrap_or(0),
+            }
+        }
+        "session/detach" => {
+            let p: SessionOnly<'_> = typed(params, method)?;
+            ClientRequest::Detach {
+                session_id: p.session_id.into_owned(),
             }
         }
         "session/list" => ClientRequest::List(params.map(RawValue::to_owned)),

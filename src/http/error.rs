@@ -20,11 +20,13 @@ impl From<RpcError> for HttpError {
 }
 
 impl HttpError {
-    /// `400` for bad parameters, `404` for an unknown (or another user's) session, else `500`.
+    /// `400` for bad parameters, `404` for an unknown (or another user's) session, `429` for a
+    /// cap reached, else `500`.
     fn status_code(&self) -> StatusCode {
         match self.0.code {
             codes::INVALID_PARAMS => StatusCode::BAD_REQUEST,
             codes::RESOURCE_NOT_FOUND => StatusCode::NOT_FOUND,
+            crate::quota::CAP_REACHED => StatusCode::TOO_MANY_REQUESTS,
             _ => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }

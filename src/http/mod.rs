@@ -16,6 +16,7 @@ mod oidc;
 mod push;
 mod rest;
 mod server;
+mod shares;
 mod signin;
 mod usage;
 
@@ -59,6 +60,7 @@ pub fn router(gw: Arc<Gateway>) -> Router {
         .merge(acp::router())
         .merge(rest::router())
         .merge(export::router())
+        .merge(shares::router())
         .merge(fs::router())
         .merge(keys::router())
         .merge(mcp::router())

@@ -25,7 +25,7 @@ pub mod shared;
 
 pub use client::Client;
 pub use controls::Controls;
-pub use live::{Binding, LiveSession, SessionOptions};
+pub use live::{Attach, Binding, LiveSession, SessionOptions};
 pub use registry::Registry;
 pub use requests::AgentRequest;
 pub use service::Sessions;

@@ -8,10 +8,12 @@
 
 mod admin;
 mod audit;
+mod bounded;
 pub(crate) mod cursor;
 mod lifecycle;
 pub mod persister;
 pub(crate) mod postgres;
+mod shares;
 mod sql;
 pub(crate) mod sqlite;
 pub mod sqlite_writer;
@@ -25,7 +27,9 @@ use async_trait::async_trait;
 
 pub use admin::UserOverview;
 pub use audit::{AuditEntry, AuditFilter};
+pub use bounded::Bounded;
 pub use lifecycle::StaleSession;
+pub use shares::{NewShare, ShareAccess, ShareRow, SharedSession};
 pub use sql::{SEARCH_PROBE, SearchBy, SearchIndex, list_query};
 pub use usage::{UsageRow, UsageSample};
 pub use user_secrets::{StoredLogin, StoredSecret};
@@ -106,146 +110,6 @@ fn db_error_is_transient(e: &sqlx::Error) -> bool {
 /// the database's operator, not this row's.
 fn sqlite_code_is_transient(code: i32) -> bool {
     matches!(code & 0xff, 5..=10 | 13..=15) || code == 1811
-}
-
-/// A [`Store`] whose calls on a request's path answer within `limit`: a database that does not
-/// answer gets [`StoreError::Timeout`], so clients hear `-32603` instead of waiting. Transcript
-/// writes are not bounded here: a write given up on might still commit, and the writer retries.
-#[derive(Debug)]
-pub struct Bounded {
-    inner: Arc<dyn Store>,
-    limit: std::time::Duration,
-}
-
-impl Bounded {
-    /// `inner`, each read and session change bounded by `limit`.
-    pub fn new(inner: Arc<dyn Store>, limit: std::time::Duration) -> Self {
-        Self { inner, limit }
-    }
-
-    async fn within<T>(&self, f: impl std::future::Future<Output = Result<T, StoreError>>) -> Result<T, StoreError> {
-        tokio::time::timeout(self.limit, f)
-            .await
-            .unwrap_or(Err(StoreError::Timeout(self.limit)))
-    }
-}
-
-#[async_trait]
-impl Store for Bounded {
-    async fn ping(&self) -> Result<(), StoreError> {
-        self.within(self.inner.ping()).await
-    }
-    async fn create_session(&self, s: &NewSession<'_>) -> Result<(), StoreError> {
-        self.within(self.inner.create_session(s)).await
-    }
-    async fn get_session(&self, owner: &str, id: &str) -> Result<Option<SessionRecord>, StoreError> {
-        self.within(self.inner.get_session(owner, id)).await
-    }
-    async fn list_sessions(
-        &self,
-        owner: &str,
-        filter: &ListFilter,
-        after: Option<Position<'_>>,
-        limit: u32,
-    ) -> Result<Vec<SessionRecord>, StoreError> {
-        self.within(self.inner.list_sessions(owner, filter, after, limit)).await
-    }
-    async fn delete_session(&self, owner: &str, id: &str) -> Result<bool, StoreError> {
-        self.within(self.inner.delete_session(owner, id)).await
-    }
-    async fn write_batch(&self, writes: &[SessionWrite]) -> Result<(), StoreError> {
-        self.inner.write_batch(writes).await
-    }
-    async fn write_batch_leased(&self, writes: &[SessionWrite], holder: &str) -> Result<Vec<Arc<str>>, StoreError> {
-        self.inner.write_batch_leased(writes, holder).await
-    }
-    async fn read_events(
-        &self,
-        owner: &str,
-        id: &str,
-        after_seq: i64,
-        max_chunks: u32,
-    ) -> Result<Vec<EventChunk>, StoreError> {
-        self.within(self.inner.read_events(owner, id, after_seq, max_chunks))
-            .await
-    }
-    async fn cursor_key(&self) -> Result<Vec<u8>, StoreError> {
-        self.within(self.inner.cursor_key()).await
-    }
-    async fn set_archived(&self, owner: &str, id: &str, at: Option<i64>) -> Result<bool, StoreError> {
-        self.within(self.inner.set_archived(owner, id, at)).await
-    }
-    async fn stale_sessions(
-        &self,
-        before: i64,
-        after: Option<(i64, &str)>,
-        limit: i64,
-    ) -> Result<Vec<StaleSession>, StoreError> {
-        self.within(self.inner.stale_sessions(before, after, limit)).await
-    }
-    async fn delete_stale(&self, sessions: &[StaleSession], before: i64) -> Result<Vec<StaleSession>, StoreError> {
-        self.within(self.inner.delete_stale(sessions, before)).await
-    }
-    async fn stored_bytes(&self, owner: &str) -> Result<u64, StoreError> {
-        self.within(self.inner.stored_bytes(owner)).await
-    }
-    async fn session_controls(&self, owner: &str, id: &str) -> Result<Option<String>, StoreError> {
-        self.within(self.inner.session_controls(owner, id)).await
-    }
-    async fn put_secrets(&self, owner: &str, secrets: &[StoredSecret]) -> Result<(), StoreError> {
-        self.within(self.inner.put_secrets(owner, secrets)).await
-    }
-    async fn secrets(&self, owner: &str, agent: Option<&str>) -> Result<Vec<StoredSecret>, StoreError> {
-        self.within(self.inner.secrets(owner, agent)).await
-    }
-    async fn delete_secrets(&self, owner: &str, agent: &str) -> Result<u64, StoreError> {
-        self.within(self.inner.delete_secrets(owner, agent)).await
-    }
-    async fn put_login(&self, owner: &str, login: &StoredLogin) -> Result<(), StoreError> {
-        self.within(self.inner.put_login(owner, login)).await
-    }
-    async fn logins(&self, owner: &str) -> Result<Vec<StoredLogin>, StoreError> {
-        self.within(self.inner.logins(owner)).await
-    }
-    async fn put_web_session(&self, s: &WebSession) -> Result<(), StoreError> {
-        self.within(self.inner.put_web_session(s)).await
-    }
-    async fn web_session(&self, id: &str) -> Result<Option<WebSession>, StoreError> {
-        self.within(self.inner.web_session(id)).await
-    }
-    async fn revoke_web_session(&self, id: &str, reason: &str) -> Result<(), StoreError> {
-        self.within(self.inner.revoke_web_session(id, reason)).await
-    }
-    async fn due_web_sessions(&self, checked_before: i64, limit: i64) -> Result<Vec<WebSession>, StoreError> {
-        self.within(self.inner.due_web_sessions(checked_before, limit)).await
-    }
-    async fn claim_web_session(&self, id: &str, seen: i64, now: i64) -> Result<bool, StoreError> {
-        self.within(self.inner.claim_web_session(id, seen, now)).await
-    }
-    async fn append_audit(&self, entries: &[AuditEntry]) -> Result<(), StoreError> {
-        self.within(self.inner.append_audit(entries)).await
-    }
-    async fn audit_page(&self, filter: &AuditFilter) -> Result<Vec<AuditEntry>, StoreError> {
-        self.within(self.inner.audit_page(filter)).await
-    }
-    async fn prune_audit(&self, before: i64) -> Result<(), StoreError> {
-        self.within(self.inner.prune_audit(before)).await
-    }
-    async fn users_overview(&self, limit: i64) -> Result<Vec<UserOverview>, StoreError> {
-        self.within(self.inner.users_overview(limit)).await
-    }
-    async fn last_sign_ins(&self) -> Result<Vec<(String, i64)>, StoreError> {
-        self.within(self.inner.last_sign_ins()).await
-    }
-    async fn record_usage(&self, sample: &UsageSample) -> Result<(), StoreError> {
-        self.within(self.inner.record_usage(sample)).await
-    }
-    async fn usage(&self, owner: Option<&str>, since: &str) -> Result<Vec<UsageRow>, StoreError> {
-        self.within(self.inner.usage(owner, since)).await
-    }
-    async fn cost_since(&self, owner: &str, since: &str, currency: &str) -> Result<f64, StoreError> {
-        self.within(self.inner.cost_since(owner, since, currency)).await
-    }
 }
 
 /// What a client sees when the store fails: a generic internal error. The detail is logged here,
@@ -494,6 +358,19 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     async fn usage(&self, owner: Option<&str>, since: &str) -> Result<Vec<UsageRow>, StoreError>;
     /// What `owner` spent in `currency` from day `since` on.
     async fn cost_since(&self, owner: &str, since: &str, currency: &str) -> Result<f64, StoreError>;
+    /// Stores a share of its owner's session with fewer than `max` shares (`None`: no such
+    /// session of theirs; `Some(false)`: `max` reached).
+    async fn create_share(&self, s: &NewShare<'_>, max: i64) -> Result<Option<bool>, StoreError>;
+    /// The shares of `owner`'s session.
+    async fn shares(&self, owner: &str, session_id: &str) -> Result<Vec<ShareRow>, StoreError>;
+    /// Revokes a share of `owner`'s session; whether there was one.
+    async fn delete_share(&self, owner: &str, session_id: &str, id: &str) -> Result<bool, StoreError>;
+    /// The link share in force whose token hashes to `token_hash`, now with `member` in it.
+    async fn join_link_share(&self, token_hash: &[u8], member: &str, now: i64) -> Result<Option<ShareRow>, StoreError>;
+    /// What lets `user` reach another user's session at `now`, if anything does.
+    async fn share_access(&self, user: &str, session_id: &str, now: i64) -> Result<Option<ShareAccess>, StoreError>;
+    /// Sessions shared with `user` at `now`.
+    async fn shared_with(&self, user: &str, now: i64, limit: i64) -> Result<Vec<SharedSession>, StoreError>;
 }
 
 /// Opens the store named by `url`, creating a SQLite file (and its directory) when needed, and

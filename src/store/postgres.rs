@@ -27,6 +27,7 @@ use sqlx::{Postgres, Transaction};
 use super::admin::AdminSql;
 use super::audit::AuditSql;
 use super::lifecycle::LifecycleSql;
+use super::shares::ShareSql;
 use super::sql::{RunList, SearchBy, Sql};
 use super::usage::UsageSql;
 use super::user_secrets::SecretSql;
@@ -422,6 +423,49 @@ impl Store for PgStore {
 
     async fn prune_audit(&self, before: i64) -> Result<(), StoreError> {
         Ok(Postgres::prune_audit(&self.pool, before).await?)
+    }
+
+    async fn create_share(&self, s: &super::NewShare<'_>, max: i64) -> Result<Option<bool>, StoreError> {
+        let made = Postgres::create_share(&self.pool, s, max).await?;
+        // Refused: no such session of theirs (None), or the cap (Some(false)).
+        Ok(match made {
+            Some(true) => Some(true),
+            _ => Postgres::shares(&self.pool, s.owner, s.session_id)
+                .await
+                .map(|v| (!v.is_empty()).then_some(false))?,
+        })
+    }
+
+    async fn shares(&self, owner: &str, session_id: &str) -> Result<Vec<super::ShareRow>, StoreError> {
+        Ok(Postgres::shares(&self.pool, owner, session_id).await?)
+    }
+
+    async fn delete_share(&self, owner: &str, session_id: &str, id: &str) -> Result<bool, StoreError> {
+        Ok(Postgres::delete_share(&self.pool, owner, session_id, id).await?)
+    }
+
+    async fn join_link_share(
+        &self,
+        hash: &[u8],
+        member: &str,
+        now: i64,
+    ) -> Result<Option<super::ShareRow>, StoreError> {
+        let Some(share) = Postgres::link_share(&self.pool, hash, now).await? else {
+            return Ok(None);
+        };
+        // Its owner is not a member: the session is theirs anyway.
+        if share.owner != member {
+            Postgres::join_share(&self.pool, &share.id, member, now).await?;
+        }
+        Ok(Some(share))
+    }
+
+    async fn share_access(&self, user: &str, sid: &str, now: i64) -> Result<Option<super::ShareAccess>, StoreError> {
+        Ok(Postgres::share_access(&self.pool, user, sid, now).await?)
+    }
+
+    async fn shared_with(&self, user: &str, now: i64, limit: i64) -> Result<Vec<super::SharedSession>, StoreError> {
+        Ok(Postgres::shared_with(&self.pool, user, now, limit).await?)
     }
 
     async fn list_sessions(

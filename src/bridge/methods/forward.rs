@@ -17,7 +17,7 @@ impl Ctx {
         prompt: Option<&RawValue>,
         slot: OwnedSemaphorePermit,
     ) -> Handled {
-        let session = self.owned(sid).await?;
+        let session = self.controllable(sid, method).await?;
         let pool = self
             .pool_of(&session)
             .ok_or_else(|| RpcError::internal(format!("agent {} is no longer configured", session.agent)))?;
@@ -29,13 +29,13 @@ impl Ctx {
             return Err(RpcError::method_not_found(method));
         }
         if let Some(prompt) = prompt {
-            let info = pool.info_for(&self.client.user).await?;
+            // A shared session's prompts run on its owner's agent and count as theirs.
+            let owner = &session.owner;
+            let info = pool.info_for(owner).await?;
             crate::bridge::attachments::check(prompt, &info.capabilities, self.gw.config.limits.attachment_bytes)?;
-            self.room_to_store().await?;
-            if let Err(e) = self.gw.usage.check(&self.client.user).await {
-                self.gw
-                    .audit
-                    .cap_refused(&self.client.user, "cost", Some(&self.client.id));
+            self.room_to_store_of(owner).await?;
+            if let Err(e) = self.gw.usage.check(owner).await {
+                self.gw.audit.cap_refused(owner, "cost", Some(&self.client.id));
                 return Err(e);
             }
         }
@@ -83,7 +83,7 @@ impl Ctx {
             .ok_or_else(|| RpcError::internal(format!("agent {} is no longer configured", session.agent)))?;
         let cfg = pool.config();
         if !session.is_bound_now() {
-            self.room_for_a_live_session()?;
+            self.room_for_a_live_session_of(&session.owner)?;
             // Served here from now on: the controls as stored (another replica may have
             // changed them), then as the agent's restore answer says.
             if session.controls_need_store() {

@@ -240,19 +240,23 @@ impl Ctx {
         if let Some(queue) = queue {
             self.client.outbox.push(queue.into());
         }
-        // The agent's modes, config options and models, as they are after what was replayed, so
-        // a reloaded page shows its pickers (ACP lets both answers carry them).
+        Ok(Reply::Result(self.controls_answer(&session).await?))
+    }
+
+    /// The agent's modes, config options and models, as they are after what was replayed, so
+    /// a reloaded page shows its pickers (ACP lets `session/load`'s answer carry them).
+    pub(super) async fn controls_answer(&self, session: &LiveSession) -> Result<String, RpcError> {
         if session.controls_need_store() {
-            let stored = self.controls_in_store(&session).await?;
+            let stored = self.controls_in_store(session).await?;
             if session.is_bound_now() {
                 session.stored_controls(&stored);
             } else {
                 // Another replica may serve it and change them: this one keeps no copy it
                 // would have to keep current.
-                return Ok(Reply::Result(Controls::from_result(&stored).to_json()));
+                return Ok(Controls::from_result(&stored).to_json());
             }
         }
-        Ok(Reply::Result(session.controls_json()))
+        Ok(session.controls_json())
     }
 
     /// The agent's modes, config options and models as the store holds them for `session`
@@ -301,19 +305,28 @@ impl Ctx {
 
     /// Whether the caller may put one more session on an agent process.
     pub(super) fn room_for_a_live_session(&self) -> Result<(), RpcError> {
-        let live = self.gw.sessions.live_count(&self.client.user);
+        self.room_for_a_live_session_of(&self.client.user)
+    }
+
+    /// Whether `owner` (the caller, or the owner of a session shared with them) may have one
+    /// more session on an agent process.
+    pub(super) fn room_for_a_live_session_of(&self, owner: &str) -> Result<(), RpcError> {
+        let live = self.gw.sessions.live_count(owner);
         self.gw.quotas.live_session(live).map_err(|cap| {
-            self.gw
-                .audit
-                .cap_refused(&self.client.user, cap.cap, Some(&self.client.id));
+            self.gw.audit.cap_refused(owner, cap.cap, Some(&self.client.id));
             cap.rpc()
         })
     }
 
     /// Whether the caller may store more transcript (`max_stored_bytes_per_user`).
     pub(super) async fn room_to_store(&self) -> Result<(), RpcError> {
+        self.room_to_store_of(&self.client.user).await
+    }
+
+    /// Whether `owner` may store more transcript (a shared session's prompts are its owner's).
+    pub(super) async fn room_to_store_of(&self, owner: &Arc<str>) -> Result<(), RpcError> {
         let max = self.gw.config.limits.max_stored_bytes_per_user;
-        self.gw.sessions.check_stored_bytes(&self.client.user, max).await
+        self.gw.sessions.check_stored_bytes(owner, max).await
     }
 
     /// Attaches this connection to `session` (and remembers it, to detach when it ends).

@@ -25,6 +25,7 @@ use crate::protocol::{self, Incoming, Kind, RpcError, codes};
 use crate::quota::CAP_REACHED;
 use crate::session::{Client, Controls, LiveSession};
 
+mod attach;
 mod controls;
 mod fork;
 mod forward;
@@ -92,6 +93,13 @@ impl Tracked {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .insert(session.clone());
+    }
+
+    fn is_attached(&self, session: &str) -> bool {
+        self.sessions
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .contains(session)
     }
 
     fn left(&self, session: &str) {
@@ -166,7 +174,8 @@ impl Connection {
             .drain()
             .collect();
         for id in sessions {
-            if let Some(s) = self.gw.sessions.live(&self.client.user, &id) {
+            // Only sessions it was let into are tracked (its own, or shared with it).
+            if let Some(s) = self.gw.sessions.any_live(&id) {
                 s.detach(&self.client);
             }
         }
@@ -196,7 +205,7 @@ impl Connection {
                 let Some(sid) = protocol::session_id_of(msg.params) else {
                     return;
                 };
-                let Some(session) = self.gw.sessions.live(&self.client.user, &sid) else {
+                let Some(session) = self.cancellable(&sid).await else {
                     return;
                 };
                 if !session.is_bound_now()
@@ -251,6 +260,28 @@ impl Connection {
                 tracing::debug!(connection = %self.client.id, method = other, "client notification ignored")
             }
         }
+    }
+
+    /// The session a `session/cancel` may stop: the caller's own, or one shared with them as a
+    /// controller (an observer's cancel is audited and ignored: it is a notification).
+    async fn cancellable(&self, sid: &str) -> Option<Arc<LiveSession>> {
+        if let Some(session) = self.gw.sessions.live(&self.client.user, sid) {
+            return Some(session);
+        }
+        let access = self.gw.shares.access(&self.client.user, sid).await.ok().flatten()?;
+        if crate::sharing::Role::parse(&access.role) != Some(crate::sharing::Role::Controller) {
+            self.gw.audit.record(crate::audit::Event {
+                actor: &self.client.user,
+                action: "share_refused",
+                target: Some(sid),
+                outcome: "refused",
+                detail: Some(json!({ "method": "session/cancel", "share": access.share_id })),
+                connection: Some(&self.client.id),
+                client: None,
+            });
+            return None;
+        }
+        self.gw.sessions.any_live(sid)
     }
 
     /// A request, in a span of its own when traces are on.
@@ -447,6 +478,13 @@ impl Ctx {
                 self.load(&session_id, cwd.as_deref(), &additional_dirs, after_seq, replay)
                     .await
             }
+            ClientRequest::Attach {
+                session_id,
+                role,
+                history,
+                after_seq,
+            } => self.attach_session(&session_id, role, history, after_seq).await,
+            ClientRequest::Detach { session_id } => self.detach_session(&session_id),
             ClientRequest::List(params) => {
                 let params = params.as_deref().map_or("{}", RawValue::get);
                 let result = self.gw.sessions.list_raw(&self.client.user, params).await?;

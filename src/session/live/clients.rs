@@ -23,6 +23,19 @@ const FEED_MISSING_WAIT: Duration = Duration::from_secs(2);
 /// Most frames a feed queues in one go.
 const FEED_RUN_FRAMES: usize = 512;
 
+/// How a client attaches ([`LiveSession::attach_as`]).
+#[derive(Debug, Clone, Copy)]
+pub struct Attach {
+    /// Feed it the stored transcript first.
+    pub replay: bool,
+    /// From after this seq.
+    pub after_seq: u64,
+    /// It only observes: never asked the agent's requests.
+    pub observer: bool,
+    /// Ask it the requests already open (a permission nobody answered yet).
+    pub ask_open: bool,
+}
+
 /// Why a feed stopped.
 enum FeedEnd {
     /// The client left, or was given another feed (a new `session/load`).
@@ -42,16 +55,43 @@ impl LiveSession {
         replay: bool,
         after_seq: u64,
     ) -> Result<(), RpcError> {
+        let how = Attach {
+            replay,
+            after_seq,
+            observer: false,
+            ask_open: true,
+        };
+        self.attach_as(client, store, how).await
+    }
+
+    /// [`LiveSession::attach`], as `how` says: an observer is never asked the agent's requests;
+    /// without `ask_open`, requests already open are not asked of it (only later ones).
+    pub async fn attach_as(
+        self: &Arc<Self>,
+        client: &Arc<Client>,
+        store: &dyn Store,
+        how: Attach,
+    ) -> Result<(), RpcError> {
+        let Attach {
+            replay,
+            after_seq,
+            observer,
+            ask_open,
+        } = how;
         let feed = replay.then(feed_id);
         {
             let mut f = self.fanout();
-            let present = f.subscribers.iter().any(|s| Arc::ptr_eq(&s.client, client));
             // A client that loads again starts its replay over (its old feed, if any, stops).
             let reloading = |s: &Subscriber| replay && Arc::ptr_eq(&s.client, client);
             f.subscribers.retain(|s| !s.client.is_closed() && !reloading(s));
-            if replay || !present {
-                let sent_up_to = if replay { after_seq } else { f.released };
-                f.subscribers.push(Subscriber::new(client.clone(), sent_up_to, feed));
+            match f.subscribers.iter_mut().find(|s| Arc::ptr_eq(&s.client, client)) {
+                Some(present) => present.observer = observer,
+                None => {
+                    let sent_up_to = if replay { after_seq } else { f.released };
+                    let mut sub = Subscriber::new(client.clone(), sent_up_to, feed);
+                    sub.observer = observer;
+                    f.subscribers.push(sub);
+                }
             }
         }
         if let Some(feed) = feed {
@@ -77,9 +117,11 @@ impl LiveSession {
             self.dispatch_agent_request(request);
         }
         // What every client is asked and nobody has answered yet is asked of this one too.
-        for request in open {
-            if !request.was_asked(client) {
-                request.ask(std::slice::from_ref(client));
+        if !observer && ask_open {
+            for request in open {
+                if !request.was_asked(client) {
+                    request.ask(std::slice::from_ref(client));
+                }
             }
         }
         Ok(())
@@ -262,15 +304,16 @@ impl LiveSession {
             f.subscribers.retain(|s| !s.client.is_closed());
             let released = f.released;
             let mut now = Vec::new();
-            let targeted = !f.subscribers.is_empty();
-            if targeted {
+            // Observers are never asked: a request waits for a client that may answer it.
+            let newest = f.subscribers.iter().rposition(|s| !s.observer);
+            let targeted = newest.is_some();
+            if let Some(newest) = newest {
                 let everyone = request.asks_everyone();
                 if everyone {
                     f.keep_open(&request);
                 }
-                let newest = f.subscribers.len() - 1;
                 for (i, sub) in f.subscribers.iter_mut().enumerate() {
-                    if !everyone && i != newest {
+                    if sub.observer || (!everyone && i != newest) {
                         continue;
                     }
                     if sub.must_hold(released) {

@@ -54,6 +54,8 @@ pub(super) struct Subscriber {
     pub(super) feed: Option<u64>,
     /// What must reach it after updates it has not been given yet: (after seq, what), in order.
     pub(super) held: VecDeque<(u64, Held)>,
+    /// It observes (a share's observer): it is never asked the agent's requests.
+    pub(super) observer: bool,
 }
 
 impl Subscriber {
@@ -63,6 +65,7 @@ impl Subscriber {
             sent_up_to,
             feed,
             held: VecDeque::new(),
+            observer: false,
         }
     }
 

@@ -18,6 +18,7 @@
 //! [`follow`] (sessions another replica serves), [`restore`] (back onto an agent process).
 
 mod clients;
+pub use clients::Attach;
 mod controls;
 mod fanout;
 mod follow;

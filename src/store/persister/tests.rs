@@ -151,6 +151,24 @@ impl Store for Flaky {
     async fn cost_since(&self, _: &str, _: &str, _: &str) -> Result<f64, StoreError> {
         unimplemented!()
     }
+    async fn create_share(&self, _: &crate::store::NewShare<'_>, _: i64) -> Result<Option<bool>, StoreError> {
+        unimplemented!()
+    }
+    async fn shares(&self, _: &str, _: &str) -> Result<Vec<crate::store::ShareRow>, StoreError> {
+        unimplemented!()
+    }
+    async fn delete_share(&self, _: &str, _: &str, _: &str) -> Result<bool, StoreError> {
+        unimplemented!()
+    }
+    async fn join_link_share(&self, _: &[u8], _: &str, _: i64) -> Result<Option<crate::store::ShareRow>, StoreError> {
+        unimplemented!()
+    }
+    async fn share_access(&self, _: &str, _: &str, _: i64) -> Result<Option<crate::store::ShareAccess>, StoreError> {
+        unimplemented!()
+    }
+    async fn shared_with(&self, _: &str, _: i64, _: i64) -> Result<Vec<crate::store::SharedSession>, StoreError> {
+        unimplemented!()
+    }
 }
 
 #[derive(Default)]

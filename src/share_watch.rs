@@ -1,0 +1,70 @@
+//! Closes the clients a share let in once it no longer does: at its expiry (checked every
+//! second against the clock), when it is revoked on this replica (at once), or on another
+//! replica, or its session is deleted (checked against the store every [`RECHECK`]).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::json;
+
+use crate::gateway::Gateway;
+use crate::sharing::{CLOSE_SHARE_ENDED, Watched};
+
+/// How often expiries are checked.
+const TICK: Duration = Duration::from_secs(1);
+/// How often every watched share is checked in the store (a revocation on another replica).
+const RECHECK: Duration = Duration::from_secs(2);
+
+/// Runs until shutdown.
+pub async fn run(gw: Arc<Gateway>) {
+    let mut tick = tokio::time::interval(TICK);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut last_recheck = tokio::time::Instant::now();
+    loop {
+        let revoked_here = tokio::select! {
+            () = gw.shutdown.cancelled() => return,
+            _ = tick.tick() => false,
+            () = gw.shares.revoked.notified() => true,
+        };
+        let recheck = revoked_here || last_recheck.elapsed() >= RECHECK;
+        if recheck {
+            last_recheck = tokio::time::Instant::now();
+        }
+        match gw.shares.lost(recheck).await {
+            Ok(lost) if !lost.is_empty() => end(&gw, &lost),
+            Ok(_) => {}
+            // Nothing is closed on a store error: it is tried again next time.
+            Err(e) => tracing::warn!(error = %e.message, "cannot check shares"),
+        }
+    }
+}
+
+/// Detaches and closes each client whose share ended.
+fn end(gw: &Gateway, lost: &[Watched]) {
+    for w in lost {
+        let Some(client) = w.client.upgrade() else { continue };
+        if let Some(session) = gw.sessions.any_live(&w.session) {
+            session.detach(&client);
+        }
+        let expired = w.expires_at.is_some_and(|e| e <= crate::store::now_micros());
+        client.outbox.close(
+            CLOSE_SHARE_ENDED,
+            if expired {
+                "your share of this session has expired"
+            } else {
+                "your share of this session was revoked"
+            },
+        );
+        tracing::info!(user = %client.user, session = %w.session, share = %w.share, expired, "share ended; client closed");
+        gw.audit.record(crate::audit::Event {
+            actor: &client.user,
+            action: "share_ended",
+            target: Some(&w.session),
+            outcome: "ok",
+            detail: Some(json!({ "share": w.share, "reason": if expired { "expired" } else { "revoked" } })),
+            connection: Some(&client.id),
+            client: None,
+        });
+    }
+    gw.shares.forget(lost);
+}

@@ -1,0 +1,242 @@
+//! The statements behind sharing a session with a teammate (`session_shares`, `share_members`),
+//! written once for both databases. This is the gateway's own check of who may reach a session
+//! that is not theirs: on Postgres it runs as the gateway's login role, and the session itself is
+//! then read as its owner.
+
+use sqlx::{Database, Encode, Executor, FromRow, IntoArguments, Postgres, Sqlite, Type};
+
+/// A share as its owner sees it.
+#[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
+pub struct ShareRow {
+    /// Its id (what revoking names).
+    pub id: String,
+    /// The session shared.
+    pub session_id: String,
+    /// Who shared it (the session's owner).
+    pub owner: String,
+    /// The user it names, for a share by name.
+    pub grantee: Option<String>,
+    /// Whether it is a link (then `grantee` is `None`).
+    pub link: bool,
+    /// `observer` or `controller`.
+    pub role: String,
+    /// When it was made (epoch µs).
+    pub created_at: i64,
+    /// When it ends (epoch µs), if it does.
+    pub expires_at: Option<i64>,
+    /// How many people have opened it (a link).
+    pub members: i64,
+}
+
+/// A share to store.
+#[derive(Debug, Clone, Copy)]
+pub struct NewShare<'a> {
+    /// Its id.
+    pub id: &'a str,
+    /// The session shared.
+    pub session_id: &'a str,
+    /// Its owner (the share is refused unless the session is theirs).
+    pub owner: &'a str,
+    /// The user it names, or `None` for a link.
+    pub grantee: Option<&'a str>,
+    /// SHA-256 of the link's token, or `None` for a share by name.
+    pub token_hash: Option<&'a [u8]>,
+    /// `observer` or `controller`.
+    pub role: &'a str,
+    /// Now (epoch µs).
+    pub created_at: i64,
+    /// When it ends (epoch µs), if it does.
+    pub expires_at: Option<i64>,
+}
+
+/// What lets a user reach a session that is not theirs: the share that gives the most.
+#[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
+pub struct ShareAccess {
+    /// The share.
+    pub share_id: String,
+    /// The session.
+    pub session_id: String,
+    /// The session's owner.
+    pub owner: String,
+    /// `observer` or `controller`.
+    pub role: String,
+    /// When it ends (epoch µs), if it does.
+    pub expires_at: Option<i64>,
+}
+
+/// A session someone shared with a user, as their list shows it.
+#[derive(Debug, Clone, PartialEq, sqlx::FromRow)]
+pub struct SharedSession {
+    /// The session.
+    pub session_id: String,
+    /// Whose it is.
+    pub owner: String,
+    /// `observer` or `controller`.
+    pub role: String,
+    /// When the share ends (epoch µs), if it does.
+    pub expires_at: Option<i64>,
+    /// The session's title.
+    pub title: Option<String>,
+    /// Its agent.
+    pub agent: String,
+    /// When it was last updated (epoch µs).
+    pub updated_at: i64,
+}
+
+const SHARE_COLUMNS: &str = "s.id, s.session_id, s.owner, s.grantee, s.token_hash IS NOT NULL AS link, s.role, \
+     s.created_at, s.expires_at, (SELECT COUNT(*) FROM share_members m WHERE m.share_id = s.id) AS members";
+
+/// A share in force at `$now` that names `$user` or that `$user` has opened.
+const REACHES: &str = "(s.expires_at IS NULL OR s.expires_at > $2)
+     AND (s.grantee = $1 OR EXISTS (SELECT 1 FROM share_members m WHERE m.share_id = s.id AND m.member = $1))";
+
+/// The statements, for any database that can run them.
+pub(crate) trait ShareSql: Database
+where
+    for<'q> Self::Arguments<'q>: IntoArguments<'q, Self>,
+    for<'c> &'c mut Self::Connection: Executor<'c, Database = Self>,
+    for<'q> &'q str: Encode<'q, Self> + Type<Self>,
+    for<'q> Option<&'q str>: Encode<'q, Self> + Type<Self>,
+    for<'q> Option<&'q [u8]>: Encode<'q, Self> + Type<Self>,
+    for<'q> &'q [u8]: Encode<'q, Self> + Type<Self>,
+    for<'q> i64: Encode<'q, Self> + Type<Self>,
+    for<'q> Option<i64>: Encode<'q, Self> + Type<Self>,
+    for<'r> ShareRow: FromRow<'r, Self::Row>,
+    for<'r> ShareAccess: FromRow<'r, Self::Row>,
+    for<'r> SharedSession: FromRow<'r, Self::Row>,
+    for<'r> (i64,): FromRow<'r, Self::Row>,
+{
+    /// Stores `s` if its session is its owner's, with fewer than `max` shares; `Ok(None)` when
+    /// there is no such session, `Ok(Some(false))` when it has `max` shares already.
+    async fn create_share<'c>(
+        e: impl Executor<'c, Database = Self>,
+        s: &NewShare<'_>,
+        max: i64,
+    ) -> Result<Option<bool>, sqlx::Error> {
+        let done: Option<(i64,)> = sqlx::query_as(
+            "INSERT INTO session_shares (id, session_id, owner, grantee, token_hash, role, created_at, expires_at)
+             SELECT $1, $2, $3, $4, $5, $6, $7, $8
+             WHERE EXISTS (SELECT 1 FROM sessions WHERE id = $2 AND owner = $3)
+               AND (SELECT COUNT(*) FROM session_shares WHERE session_id = $2) < $9
+             RETURNING CAST(1 AS BIGINT)",
+        )
+        .bind(s.id)
+        .bind(s.session_id)
+        .bind(s.owner)
+        .bind(s.grantee)
+        .bind(s.token_hash)
+        .bind(s.role)
+        .bind(s.created_at)
+        .bind(s.expires_at)
+        .bind(max)
+        .fetch_optional(e)
+        .await?;
+        Ok(done.map(|_| true))
+    }
+
+    /// The shares of `owner`'s session `session_id`, oldest first.
+    async fn shares<'c>(
+        e: impl Executor<'c, Database = Self>,
+        owner: &str,
+        session_id: &str,
+    ) -> Result<Vec<ShareRow>, sqlx::Error> {
+        let sql = format!(
+            "SELECT {SHARE_COLUMNS} FROM session_shares s WHERE s.session_id = $1 AND s.owner = $2
+             ORDER BY s.created_at, s.id"
+        );
+        sqlx::query_as(&sql).bind(session_id).bind(owner).fetch_all(e).await
+    }
+
+    /// Revokes the share `id` of `owner`'s session `session_id`; whether there was one.
+    async fn delete_share<'c>(
+        e: impl Executor<'c, Database = Self>,
+        owner: &str,
+        session_id: &str,
+        id: &str,
+    ) -> Result<bool, sqlx::Error> {
+        let done: Option<(i64,)> = sqlx::query_as(
+            "DELETE FROM session_shares WHERE id = $1 AND session_id = $2 AND owner = $3 RETURNING CAST(1 AS BIGINT)",
+        )
+        .bind(id)
+        .bind(session_id)
+        .bind(owner)
+        .fetch_optional(e)
+        .await?;
+        Ok(done.is_some())
+    }
+
+    /// The link share whose token hashes to `token_hash`, in force at `now`.
+    async fn link_share<'c>(
+        e: impl Executor<'c, Database = Self>,
+        token_hash: &[u8],
+        now: i64,
+    ) -> Result<Option<ShareRow>, sqlx::Error> {
+        let sql = format!(
+            "SELECT {SHARE_COLUMNS} FROM session_shares s
+             WHERE s.token_hash = $1 AND (s.expires_at IS NULL OR s.expires_at > $2)"
+        );
+        sqlx::query_as(&sql).bind(token_hash).bind(now).fetch_optional(e).await
+    }
+
+    /// Records that `member` opened the link share `share_id` (again: nothing changes).
+    async fn join_share<'c>(
+        e: impl Executor<'c, Database = Self>,
+        share_id: &str,
+        member: &str,
+        now: i64,
+    ) -> Result<(), sqlx::Error> {
+        sqlx::query(
+            "INSERT INTO share_members (share_id, member, joined_at) VALUES ($1, $2, $3)
+             ON CONFLICT (share_id, member) DO NOTHING",
+        )
+        .bind(share_id)
+        .bind(member)
+        .bind(now)
+        .execute(e)
+        .await?;
+        Ok(())
+    }
+
+    /// What lets `user` reach `session_id` at `now`: the share in force giving the most (a
+    /// controller's before an observer's, then the one that lasts longest).
+    async fn share_access<'c>(
+        e: impl Executor<'c, Database = Self>,
+        user: &str,
+        session_id: &str,
+        now: i64,
+    ) -> Result<Option<ShareAccess>, sqlx::Error> {
+        let sql = format!(
+            "SELECT s.id AS share_id, s.session_id, s.owner, s.role, s.expires_at FROM session_shares s
+             WHERE s.session_id = $3 AND {REACHES}
+             ORDER BY CASE s.role WHEN 'controller' THEN 0 ELSE 1 END,
+                      COALESCE(s.expires_at, 9223372036854775807) DESC
+             LIMIT 1"
+        );
+        sqlx::query_as(&sql)
+            .bind(user)
+            .bind(now)
+            .bind(session_id)
+            .fetch_optional(e)
+            .await
+    }
+
+    /// Sessions shared with `user` in force at `now`, most recently updated first (a session
+    /// shared twice shows twice: the caller keeps the share giving the most).
+    async fn shared_with<'c>(
+        e: impl Executor<'c, Database = Self>,
+        user: &str,
+        now: i64,
+        limit: i64,
+    ) -> Result<Vec<SharedSession>, sqlx::Error> {
+        let sql = format!(
+            "SELECT s.session_id, s.owner, s.role, s.expires_at, x.title, x.agent, x.updated_at
+             FROM session_shares s JOIN sessions x ON x.id = s.session_id
+             WHERE {REACHES} AND s.owner <> $1
+             ORDER BY x.updated_at DESC, s.session_id LIMIT $3"
+        );
+        sqlx::query_as(&sql).bind(user).bind(now).bind(limit).fetch_all(e).await
+    }
+}
+
+impl ShareSql for Sqlite {}
+impl ShareSql for Postgres {}

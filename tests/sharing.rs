@@ -1,0 +1,423 @@
+//! Issue 21, item 4: a session shared with a teammate, on both backends and across replicas.
+//! An observer sees the history and the live stream and can do nothing else: its prompt, control
+//! change and cancel are refused (the cancel is ignored: the turn runs to its end), it is never
+//! asked the agent's permission requests, and its answer to one counts for nothing. A controller
+//! (here let in by a link) prompts and answers. Another user, an unknown id and an ended share
+//! answer alike. Revoking a share closes the sockets it let in (on this replica at once, on
+//! another one at its next check); so does expiry. Only a link's hash is stored. Every step is
+//! audited.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::serve_process::ServeProcess;
+use common::{Client, Db, SECRET, TestGateway, WAIT, seq};
+use serde_json::{Value, json};
+use tokio_tungstenite::tungstenite::Message;
+
+/// `method path` with a JSON body as `token`'s user on the gateway at `base`: status and body.
+async fn call(base: &str, token: &str, method: reqwest::Method, path: &str, body: Option<Value>) -> (u16, Value) {
+    let mut req = reqwest::Client::new()
+        .request(method, format!("{base}{path}"))
+        .bearer_auth(token);
+    if let Some(body) = body {
+        req = req.json(&body);
+    }
+    let res = req.send().await.expect("request");
+    let status = res.status().as_u16();
+    (status, res.json().await.unwrap_or(Value::Null))
+}
+
+/// `base` of a gateway whose WebSocket is at `ws` (`ws://host/acp`).
+fn http_base(ws: &str) -> String {
+    ws.replacen("ws://", "http://", 1).trim_end_matches("/acp").to_string()
+}
+
+/// Shares `session` as `role` (with `user`, or as a link): the answer's body.
+async fn share(base: &str, owner_token: &str, session: &str, body: Value) -> Value {
+    let (status, answer) = call(
+        base,
+        owner_token,
+        reqwest::Method::POST,
+        &format!("/api/sessions/{session}/shares"),
+        Some(body),
+    )
+    .await;
+    assert_eq!(status, 201, "{answer}");
+    answer
+}
+
+/// Reads until the server closes the socket; the close code (`None`: no close frame).
+async fn closed_with(c: &mut Client) -> Option<u16> {
+    loop {
+        match c.recv_frame().await {
+            Some(Message::Close(frame)) => return frame.map(|f| u16::from(f.code)),
+            Some(_) => {}
+            None => return None,
+        }
+    }
+}
+
+async fn attach(c: &mut Client, session: &str, extra: Value) -> Value {
+    let mut params = json!({ "sessionId": session });
+    if let (Some(p), Some(e)) = (params.as_object_mut(), extra.as_object()) {
+        p.extend(e.clone());
+    }
+    c.request("session/attach", params).await
+}
+
+fn is_permission(m: &Value) -> bool {
+    m["method"] == "session/request_permission"
+}
+
+async fn observer_and_controller(db: Db) {
+    let gw = TestGateway::start(db, |_| {}).await;
+    let base = gw.http_url("");
+    let mut alice = gw.client("alice").await;
+    let s = alice.new_session().await;
+    let r = alice.prompt(&s, "first [chunks=3] [title=Pairing]").await;
+    assert_eq!(r["result"]["stopReason"], "end_turn");
+    alice.take_updates(&s);
+    let history = alice.load(&s).await;
+    assert!(history.len() >= 4, "{history:?}");
+
+    // Before any share, bob is a stranger: his attach is answered like an unknown id's.
+    let mut bob = gw.client("bob").await;
+    let unknown = attach(&mut bob, "no-such-session", json!({})).await;
+    let foreign = attach(&mut bob, &s, json!({})).await;
+    assert_eq!(foreign["error"], unknown["error"], "{foreign} vs {unknown}");
+    assert_eq!(foreign["error"]["code"], -32002);
+
+    // Bob by name, as an observer; a link, as a controller (carol opens it).
+    let by_name = share(
+        &base,
+        &gw.token("alice"),
+        &s,
+        json!({"role": "observer", "user": "bob"}),
+    )
+    .await;
+    assert!(
+        by_name.get("token").is_none(),
+        "a share by name has no token: {by_name}"
+    );
+    let link = share(&base, &gw.token("alice"), &s, json!({"role": "controller"})).await;
+    let token = link["token"].as_str().expect("a link's token").to_string();
+    let (status, opened) = call(
+        &base,
+        &gw.token("carol"),
+        reqwest::Method::POST,
+        "/api/shares/redeem",
+        Some(json!({ "token": token })),
+    )
+    .await;
+    assert_eq!(status, 200, "{opened}");
+    assert_eq!(opened["sessionId"], s.as_str());
+    assert_eq!(opened["role"], "controller");
+    let (status, _) = call(
+        &base,
+        &gw.token("dave"),
+        reqwest::Method::POST,
+        "/api/shares/redeem",
+        Some(json!({ "token": format!("{token}x") })),
+    )
+    .await;
+    assert_eq!(status, 404, "a wrong token opens nothing");
+    // The owner's list: both shares, the link opened once, no token in it.
+    let (status, listed) = call(
+        &base,
+        &gw.token("alice"),
+        reqwest::Method::GET,
+        &format!("/api/sessions/{s}/shares"),
+        None,
+    )
+    .await;
+    assert_eq!(status, 200);
+    assert_eq!(listed["shares"].as_array().map(Vec::len), Some(2), "{listed}");
+    assert!(!listed.to_string().contains(&token));
+    assert_eq!(listed["shares"][1]["members"], 1, "{listed}");
+    // Nobody else may list or revoke them.
+    let (status, _) = call(
+        &base,
+        &gw.token("bob"),
+        reqwest::Method::GET,
+        &format!("/api/sessions/{s}/shares"),
+        None,
+    )
+    .await;
+    assert_eq!(status, 404);
+    let (status, shared) = call(&base, &gw.token("bob"), reqwest::Method::GET, "/api/shared", None).await;
+    assert_eq!(status, 200);
+    assert_eq!(shared["sessions"][0]["sessionId"], s.as_str(), "{shared}");
+    assert_eq!(shared["sessions"][0]["owner"], "alice");
+    assert_eq!(shared["sessions"][0]["title"], "Pairing");
+
+    // Bob observes: the whole history first.
+    let a = attach(&mut bob, &s, json!({})).await;
+    assert_eq!(a["result"]["role"], "observer", "{a}");
+    assert_eq!(a["result"]["_meta"]["gateway"]["owner"], "alice");
+    let replayed = bob.take_updates(&s);
+    assert_eq!(replayed.len(), history.len());
+    assert_eq!(
+        replayed.iter().map(seq).collect::<Vec<_>>(),
+        history.iter().map(seq).collect::<Vec<_>>()
+    );
+    let asked_controller = attach(&mut bob, &s, json!({"role": "controller"})).await;
+    assert!(asked_controller.get("error").is_some(), "{asked_controller}");
+    // What an observer may not do, each tried.
+    let p = bob.prompt(&s, "observer's prompt").await;
+    assert_eq!(p["error"]["data"]["reason"], "observer", "{p}");
+    let m = bob
+        .request("session/set_mode", json!({"sessionId": s, "modeId": "x"}))
+        .await;
+    assert_eq!(m["error"]["data"]["reason"], "observer", "{m}");
+    for method in ["session/load", "session/fork", "session/delete"] {
+        let r = bob
+            .request(
+                method,
+                json!({"sessionId": s, "cwd": bob.root.clone(), "mcpServers": []}),
+            )
+            .await;
+        assert_eq!(r["error"]["code"], -32002, "{method}: {r}");
+    }
+    let (status, _) = call(
+        &base,
+        &gw.token("bob"),
+        reqwest::Method::GET,
+        &format!("/api/sessions/{s}/export?format=jsonl"),
+        None,
+    )
+    .await;
+    assert_eq!(status, 404, "an observer cannot export");
+
+    // Alice's turn asks a permission: bob sees the turn live but is not asked; his cancel and
+    // his answer to the id he would have been asked under do nothing.
+    let turn = alice
+        .start(
+            "session/prompt",
+            json!({"sessionId": s, "prompt": [{"type": "text", "text": "second [permission] [chunks=2]"}]}),
+        )
+        .await;
+    let ask = alice.wait_for(is_permission).await;
+    let live = bob
+        .updates_until(&s, |u| u["params"]["update"]["sessionUpdate"] == "tool_call")
+        .await;
+    assert!(seq(&live[0]) > seq(replayed.last().expect("history")));
+    bob.send(json!({"jsonrpc": "2.0", "method": "session/cancel", "params": {"sessionId": s}}))
+        .await;
+    bob.send(json!({"jsonrpc": "2.0", "id": 0, "result": {"outcome": {"outcome": "selected", "optionId": "allow"}}}))
+        .await;
+    let option = ask["params"]["options"][0]["optionId"].clone();
+    alice
+        .send(json!({"jsonrpc": "2.0", "id": ask["id"], "result": {"outcome": {"outcome": "selected", "optionId": option}}}))
+        .await;
+    let done = alice.answer(turn).await;
+    assert_eq!(
+        done["result"]["stopReason"], "end_turn",
+        "an observer's cancel is ignored: {done}"
+    );
+    let seen = bob
+        .updates_until(&s, |u| u["params"]["update"]["sessionUpdate"] == "agent_message_chunk")
+        .await;
+    assert!(!seen.is_empty());
+    assert!(
+        !bob.inbox.iter().any(is_permission),
+        "an observer is never asked: {:?}",
+        bob.inbox
+    );
+
+    // Carol, a controller by link, prompts; alice sees her turn live.
+    let mut carol = gw.client("carol").await;
+    let a = attach(&mut carol, &s, json!({"historyPolicy": "none"})).await;
+    assert_eq!(a["result"]["role"], "controller", "{a}");
+    assert!(carol.take_updates(&s).is_empty(), "historyPolicy none replays nothing");
+    let r = carol.prompt(&s, "carol here [chunks=1]").await;
+    assert_eq!(r["result"]["stopReason"], "end_turn", "{r}");
+    alice
+        .updates_until(&s, |u| {
+            u["params"]["update"]["sessionUpdate"] == "user_message_chunk"
+                && u["params"]["update"]["content"]["text"]
+                    .as_str()
+                    .is_some_and(|t| t.contains("carol here"))
+        })
+        .await;
+
+    // Revoked: bob's socket closes at once, and he is a stranger again.
+    let bob_share = by_name["share"]["id"].as_str().expect("share id");
+    let started = Instant::now();
+    let (status, _) = call(
+        &base,
+        &gw.token("alice"),
+        reqwest::Method::DELETE,
+        &format!("/api/sessions/{s}/shares/{bob_share}"),
+        None,
+    )
+    .await;
+    assert_eq!(status, 204);
+    assert_eq!(closed_with(&mut bob).await, Some(1008));
+    let took = started.elapsed();
+    assert!(took < Duration::from_secs(3), "closed after {took:?}");
+    let mut bob = gw.client("bob").await;
+    let again = attach(&mut bob, &s, json!({})).await;
+    assert_eq!(
+        again["error"], unknown["error"],
+        "a revoked share answers like an unknown id"
+    );
+
+    // Expiry: erin's share lasts a second; her socket closes when it ends.
+    share(
+        &base,
+        &gw.token("alice"),
+        &s,
+        json!({"role": "observer", "user": "erin", "expiresInSecs": 1}),
+    )
+    .await;
+    let mut erin = gw.client("erin").await;
+    let a = attach(&mut erin, &s, json!({"historyPolicy": "pending_only"})).await;
+    assert_eq!(a["result"]["role"], "observer", "{a}");
+    assert_eq!(closed_with(&mut erin).await, Some(1008));
+    let mut erin = gw.client("erin").await;
+    let r = attach(&mut erin, &s, json!({})).await;
+    assert_eq!(
+        r["error"]["code"], -32002,
+        "an expired share answers like an unknown id: {r}"
+    );
+
+    // A link's token is not in the database, only its hash.
+    if gw.db_url.starts_with("sqlite:") {
+        for entry in std::fs::read_dir(gw.dir.path()).expect("dir").flatten() {
+            let name = entry.file_name().to_string_lossy().to_string();
+            if name.starts_with("gw.db") {
+                let bytes = std::fs::read(entry.path()).expect("read");
+                assert!(
+                    !bytes.windows(token.len()).any(|w| w == token.as_bytes()),
+                    "{name} holds the link token"
+                );
+            }
+        }
+    }
+
+    // The audit log has it all (entries are written a moment after they happen).
+    let expected = [
+        ("alice", "share_create", "ok"),
+        ("carol", "share_redeem", "ok"),
+        ("dave", "share_redeem", "refused"),
+        ("bob", "session_attach", "ok"),
+        ("bob", "share_refused", "refused"),
+        ("alice", "share_revoke", "ok"),
+        ("bob", "share_ended", "ok"),
+        ("erin", "share_ended", "ok"),
+    ];
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let actions: Vec<(String, String, String)> = gw
+            .gw
+            .sessions
+            .store()
+            .audit_page(&acp_gateway::store::AuditFilter {
+                limit: 500,
+                ..Default::default()
+            })
+            .await
+            .expect("audit")
+            .into_iter()
+            .map(|e| (e.actor, e.action, e.outcome))
+            .collect();
+        let missing: Vec<_> = expected
+            .iter()
+            .filter(|(actor, action, outcome)| {
+                !actions
+                    .iter()
+                    .any(|(a, b, c)| a == actor && b == action && c == outcome)
+            })
+            .collect();
+        if missing.is_empty() {
+            break;
+        }
+        assert!(Instant::now() < deadline, "not audited: {missing:?} in {actions:?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    gw.stop().await;
+}
+
+#[tokio::test]
+async fn observer_and_controller_sqlite() {
+    observer_and_controller(Db::Sqlite).await;
+}
+
+#[tokio::test]
+async fn observer_and_controller_postgres() {
+    observer_and_controller(Db::Postgres).await;
+}
+
+/// A viewer on replica B of a session served by replica A sees its turns live, and is closed
+/// when the owner revokes the share on A.
+#[tokio::test]
+async fn a_viewer_on_another_replica_sees_it_live_until_revoked() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let dir = tmp.path().canonicalize().expect("canon");
+    std::fs::create_dir_all(dir.join("work")).expect("workspace");
+    let db_url = common::pg::fresh_database().await;
+    let config = |name: &str| {
+        let path = dir.join(format!("{name}.toml"));
+        std::fs::write(
+            &path,
+            format!(
+                "data_dir = {:?}\nreplica_id = {name:?}\nworkspace_roots = [{:?}]\n\
+                 [agents.default]\ncommand = {:?}\nargs = [\"demo-agent\", \"--delay-us\", \"0\"]\nsandbox = \"none\"\n",
+                dir.join(name).display().to_string(),
+                dir.join("work").display().to_string(),
+                common::gateway_bin(),
+            ),
+        )
+        .expect("config");
+        path
+    };
+    let a = ServeProcess::start(&config("a"), &db_url, SECRET).await;
+    let b = ServeProcess::start(&config("b"), &db_url, SECRET).await;
+    let mut alice = a.client("alice").await;
+    let s = alice.new_session().await;
+    let r = alice.prompt(&s, "hello [chunks=2]").await;
+    assert_eq!(r["result"]["stopReason"], "end_turn");
+    alice.take_updates(&s);
+    let made = share(
+        &http_base(&a.ws_url()),
+        &a.token("alice"),
+        &s,
+        json!({"role": "observer", "user": "bob"}),
+    )
+    .await;
+
+    let mut bob = b.client("bob").await;
+    let at = attach(&mut bob, &s, json!({})).await;
+    assert_eq!(at["result"]["role"], "observer", "{at}");
+    let before = bob.take_updates(&s);
+    let last = before.last().map(seq).expect("history");
+    let r = alice.prompt(&s, "live [chunks=5]").await;
+    assert_eq!(r["result"]["stopReason"], "end_turn");
+    let on_a = alice.take_updates(&s);
+    let on_b = bob
+        .updates_until(&s, |u| seq(u) >= on_a.last().map(seq).unwrap_or(u64::MAX))
+        .await;
+    let seqs: Vec<u64> = on_b.iter().map(seq).filter(|n| *n > last).collect();
+    assert_eq!(
+        seqs,
+        on_a.iter().map(seq).collect::<Vec<_>>(),
+        "B's viewer got A's turn once, in order"
+    );
+
+    let share_id = made["share"]["id"].as_str().expect("id");
+    let started = Instant::now();
+    let (status, _) = call(
+        &http_base(&a.ws_url()),
+        &a.token("alice"),
+        reqwest::Method::DELETE,
+        &format!("/api/sessions/{s}/shares/{share_id}"),
+        None,
+    )
+    .await;
+    assert_eq!(status, 204);
+    assert_eq!(closed_with(&mut bob).await, Some(1008));
+    assert!(started.elapsed() < WAIT);
+    eprintln!("revoked on A; B closed its viewer after {:?}", started.elapsed());
+}

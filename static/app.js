@@ -21,12 +21,14 @@ import { AgentLogin } from './js/agent-login.js';
 import { Attachments } from './js/attachments.js';
 import { PromptQueue } from './js/queue.js';
 import { renderPush } from './js/push.js';
+import { showMyUsage } from './js/my-usage.js';
 import { api, onUnauthorized } from './js/http.js';
 import { SessionList, sessionTitle } from './js/session-list.js';
 import { onLeave, showSignIn } from './js/signin-page.js';
 import { Asks } from './js/asks.js';
 import { showDownload, wireDownload } from './js/download.js';
 import { forkSession } from './js/fork.js';
+import { loadSharedWithMe, openShareDialog, openShareLink, takeShareToken } from './js/sharing.js';
 
 // ---------------------------------------------------------------------------------------------
 
@@ -37,13 +39,15 @@ const ui = {
   title: $('session-title'), agentLabel: $('session-agent'), conn: $('conn-status'),
   composer: $('composer'), input: $('prompt-input'), send: $('send'), queue: $('queue-send'), stop: $('stop'), cwd: $('cwd-input'),
   toggle: $('sidebar-toggle'), scrim: $('scrim'), download: $('session-download'),
+  share: $('share-open'), shareBadge: $('share-badge'), shared: { section: $('shared-section'), list: $('shared-list') },
 };
+ui.share.addEventListener('click', () => state.current && openShareDialog(state.current.id));
 wireDownload(ui.download);
 
 const state = {
   agents: [],
   sessions: null, // sessionId → {data, item}: the session list's entries (set below)
-  current: null, // {id, cwd, title, agent}
+  current: null, // {id, cwd, title, agent}, and {role, owner} for a session shared with the user
   running: new Set(), // sessions with a session/prompt in flight
   roots: [], // the user's workspace roots (GET /api/me), the first is the default cwd
 };
@@ -51,6 +55,7 @@ const state = {
 const conv = new Conversation(ui.log, {
   render: (update) => controls.render(update),
   cwd: () => state.current?.cwd ?? '',
+  canFork: () => !state.current?.role,
   fork: (seq, lastSeq) => forkSession(conn, state.current, seq, lastSeq)
     .then((entry) => { upsertSession(entry, { top: true }); openSession(entry.sessionId); })
     .catch(reportError),
@@ -233,7 +238,10 @@ function setCurrent(session) {
   conv.reset(session?.id ?? null);
   controls.show(session);
   queue.show(session?.id ?? null);
-  showDownload(ui.download, session?.id);
+  showDownload(ui.download, session?.role ? null : session?.id);
+  ui.share.hidden = !session || !!session.role;
+  ui.shareBadge.hidden = !session?.role;
+  ui.shareBadge.textContent = session?.role ? `${session.role === 'observer' ? 'Observing' : 'Controlling'} ${session.owner}’s session` : '';
   setTitle(session?.title ?? '');
   ui.agentLabel.textContent = session?.agent ? `agent: ${session.agent}` : '';
   sessionList.markCurrent(session?.id);
@@ -266,11 +274,12 @@ function syncSession() {
   if (!current) return;
   conv.flush();
   // A restore names the session's own stored cwd (the gateway checks it against the roots).
-  const params = { sessionId: current.id, cwd: current.cwd || defaultCwd(), mcpServers: [] };
+  // A session shared with the user is joined with session/attach, in the role its share gives.
+  const params = current.role ? { sessionId: current.id } : { sessionId: current.id, cwd: current.cwd || defaultCwd(), mcpServers: [] };
   if (conv.lastSeq > 0) params._meta = { gateway: { afterSeq: conv.lastSeq } };
   queue.forget(current.id); // the load's notice says it again, if there is anything to say
   conv.busy(true);
-  conn.request('session/load', params)
+  conn.request(current.role ? 'session/attach' : 'session/load', params)
     .then((result) => controls.loaded(current.id, result, { running: state.running.has(current.id) }))
     .catch((err) => {
       if (state.current !== current) return;
@@ -278,12 +287,24 @@ function syncSession() {
       // load is tried again.
       if (err instanceof RpcError && err.code === AUTH_REQUIRED && authMethods().length) {
         showAgentLogin(err, (note) => { conv.note(note); syncSession(); });
+      } else if (current.role && err instanceof RpcError && err.code === -32002) {
+        conv.error(new Error(`This session is no longer shared with you (${current.owner} revoked it, or the share ended).`));
+        loadShared();
       } else {
         reportError(err);
       }
     })
     .finally(() => { if (state.current === current) updateComposer(); });
 }
+
+/** Opens a session someone shared with the user (`entry` from js/sharing.js). */
+function openShared(entry) {
+  closeSidebar();
+  setCurrent(entry);
+  if (entry.agent && (entry.agent !== conn.agent || conn.stopped)) useAgent(entry.agent); // onReady will attach
+  else if (conn.ready) syncSession();
+}
+const loadShared = () => loadSharedWithMe(ui.shared, openShared).catch(() => []);
 
 function openSession(id) {
   const data = state.sessions.get(id)?.data;
@@ -360,12 +381,18 @@ function reportError(err) {
 /** Whether a turn of session `id` runs: one this tab started, or one the gateway says runs. */
 const turnRuns = (id) => state.running.has(id) || queue.running(id);
 
+const PLACEHOLDER = ui.input.placeholder;
+
 function updateComposer() {
   const running = !!state.current && turnRuns(state.current.id);
   // While a turn runs the box stays usable: what is sent then is queued (js/queue.js).
   ui.send.hidden = running;
   ui.queue.hidden = !running;
   ui.stop.hidden = !running;
+  // An observer sees the session and can do nothing to it.
+  const observing = state.current?.role === 'observer';
+  ui.input.disabled = ui.send.disabled = observing;
+  ui.input.placeholder = observing ? `You are observing ${state.current.owner}’s session (read-only)` : PLACEHOLDER;
   conv.busy(running);
 }
 
@@ -554,22 +581,10 @@ new MutationObserver(() => { if ($('shortcuts-dialog').open) renderPush(); })
   .observe($('shortcuts-dialog'), { attributes: true, attributeFilter: ['open'] });
 $('mcp-open').addEventListener('click', async () => (await import('./js/mcp-settings.js')).openMcpSettings());
 
-/** "This month: 1.23 USD" under the user's name, when their agents report a cost. */
-async function showMyUsage() {
-  let usage;
-  try { usage = await api('/api/usage'); } catch { return; }
-  const totals = new Map();
-  for (const d of Array.isArray(usage?.days) ? usage.days : []) {
-    if (typeof d?.cost === 'number' && typeof d?.currency === 'string') totals.set(d.currency, (totals.get(d.currency) ?? 0) + d.cost);
-  }
-  if (!totals.size) return;
-  $('my-usage').textContent = `This month: ${[...totals].map(([c, v]) => `${v.toFixed(2)} ${c}`).join(', ')}`;
-  $('my-usage').hidden = false;
-}
-
 // --- boot ----------------------------------------------------------------------------------
 
 async function boot() {
+  const shareToken = takeShareToken(); // before a sign-in can take the page elsewhere
   let me;
   try {
     me = await api('/api/me');
@@ -582,7 +597,7 @@ async function boot() {
   ui.app.hidden = false;
   $('user-name').textContent = me?.user ?? '';
   $('admin-open').hidden = me?.admin !== true;
-  showMyUsage();
+  showMyUsage($('my-usage'));
   initTabs(me?.user ?? '', tabHooks);
   state.roots = Array.isArray(me?.workspaceRoots) ? me.workspaceRoots.filter((r) => typeof r === 'string') : [];
   if (state.roots.length) ui.cwd.value = state.roots[0];
@@ -590,6 +605,9 @@ async function boot() {
   const agent = await loadAgents();
   useAgent(agent);
   await loadSessions().catch(() => {});
+  await loadShared();
+  // Opened from a share link: redeemed, then opened in the role it gives.
+  if (shareToken) openShareLink(shareToken, { listed: loadShared, open: openShared, agent: conn.agent }).catch((err) => conv.error(err));
   // Opened from a push: the session it is about.
   const asked = new URLSearchParams(location.search).get('session');
   if (asked) {

@@ -106,7 +106,7 @@ export class Conversation {
   /** Gives an agent's message a "Fork from here" button, forking after its last update. */
   forkPoint(message, seq) {
     message.root.dataset.seq = String(seq);
-    if (message.forkButton || !this.hooks.fork) return;
+    if (message.forkButton || !this.hooks.fork || this.hooks.canFork?.() === false) return;
     message.forkButton = h('button', {
       type: 'button', class: 'msg-fork', testid: 'fork-here', text: 'Fork from here',
       title: 'A new session with this conversation up to here',

@@ -1,0 +1,120 @@
+// Sharing a session (issue 21, item 4): the owner makes a link from the topbar's Share dialog; a
+// teammate opens it in another browser context, signed in as someone else, and observes the
+// session read-only while the owner's next turn arrives live; a controller shared by name finds
+// the session under "Shared with you" and prompts it; the owner revokes the link, and the
+// observer's page says the session is no longer shared. Screenshots share-dialog.png,
+// shared-observer-phone.png.
+//
+// Run: `cargo build && cd tests/ui && node --test sharing.test.mjs`.
+
+import { after, before, describe } from 'node:test';
+import assert from 'node:assert/strict';
+import { axeScan, connected, NO_ERRORS, openBrowser, PHONE, DESKTOP, scenario, shutdown, startGateway } from './harness.mjs';
+
+/** What axe finds that blocks (serious or critical), as the a11y suite counts it. */
+const blocking = async (page) => (await axeScan(page)).filter((v) => ['serious', 'critical'].includes(v.impact));
+
+describe('a session shared with teammates', { timeout: 180_000 }, () => {
+  let gw;
+  let browser;
+  let owner;
+  let viewer;
+  let link;
+  const step = scenario(async () => {
+    await owner?.shot('sharing-failure-owner').catch(() => {});
+    await viewer?.shot('sharing-failure-viewer').catch(() => {});
+    console.error(gw?.log?.());
+  });
+
+  before(async () => {
+    gw = await startGateway({ agent: ['demo-agent', '--delay-us', '0', '--chunks', '2'] });
+    browser = await openBrowser();
+  });
+
+  after(() => shutdown(browser, gw));
+
+  step('the owner makes a link from the Share dialog', async () => {
+    owner = await browser.open(gw, { user: 'alice', ...DESKTOP });
+    const page = owner.page;
+    await connected(page);
+    assert.equal(await page.getByTestId('share-open').isHidden(), true, 'nothing to share yet');
+    await page.getByTestId('prompt-input').fill('Plan the release');
+    await page.getByTestId('prompt-input').press('Enter');
+    await page.getByTestId('send').waitFor();
+    await page.getByTestId('message-agent').first().waitFor();
+    await page.getByTestId('share-open').click();
+    await page.getByTestId('share-dialog').waitFor();
+    await page.getByTestId('share-role').selectOption('observer');
+    await page.getByTestId('share-submit').click();
+    link = await page.getByTestId('share-link').inputValue();
+    assert.match(link, /^http:\/\/127\.0\.0\.1:\d+\/#share=acpshare_[\w-]+$/);
+    await owner.shot('share-dialog');
+    await page.getByTestId('share-row').first().waitFor();
+    assert.match(await page.getByTestId('share-row').first().innerText(), /Link \(0 opened\) · observer · until revoked/);
+    // A controller, by name.
+    await page.getByTestId('share-user').fill('carol');
+    await page.getByTestId('share-role').selectOption('controller');
+    await page.getByTestId('share-submit').click();
+    await page.getByTestId('share-row').nth(1).waitFor();
+    assert.match(await page.getByTestId('share-row').nth(1).innerText(), /carol · controller/);
+    assert.deepEqual(await blocking(page), [], 'the Share dialog: no serious or critical axe violations');
+    await page.getByTestId('share-close').click();
+    assert.deepEqual(owner.errors(), NO_ERRORS);
+  });
+
+  step('another user opens the link and observes, read-only, live', async () => {
+    viewer = await browser.open(gw, { user: 'bob', goto: false, ...PHONE });
+    const page = viewer.page;
+    await page.goto(link);
+    await connected(page);
+    await page.getByTestId('share-badge').waitFor();
+    assert.equal(await page.getByTestId('share-badge').innerText(), 'Observing alice’s session');
+    assert.equal(new URL(page.url()).hash, '', 'the token leaves the address bar');
+    await page.getByTestId('message-agent').first().waitFor();
+    assert.match(await page.getByTestId('message-agent').first().innerText(), /you said: Plan the release/);
+    assert.equal(await page.getByTestId('prompt-input').isDisabled(), true);
+    assert.match(await page.getByTestId('prompt-input').getAttribute('placeholder'), /observing alice’s session/);
+    assert.equal(await page.getByTestId('share-open').isHidden(), true, 'not theirs to share');
+    assert.equal(await page.getByTestId('session-download').isHidden(), true, 'not theirs to download');
+    assert.equal(await page.getByTestId('fork-here').count(), 0, 'not theirs to fork');
+
+    // The owner's next turn reaches the observer as it happens.
+    await owner.page.getByTestId('prompt-input').fill('Now write the changelog');
+    await owner.page.getByTestId('prompt-input').press('Enter');
+    await page.getByTestId('message-agent').filter({ hasText: 'you said: Now write the changelog' }).waitFor();
+    await viewer.shot('shared-observer-phone');
+    assert.deepEqual(await blocking(page), [], 'the observer\'s page: no serious or critical axe violations');
+    assert.deepEqual(viewer.errors(), NO_ERRORS);
+  });
+
+  step('a controller shared by name finds it under "Shared with you" and prompts', async () => {
+    const carol = await browser.open(gw, { user: 'carol', ...DESKTOP });
+    const page = carol.page;
+    await connected(page);
+    await page.getByTestId('shared-session').first().waitFor();
+    await page.getByTestId('shared-session').first().click();
+    await page.getByTestId('share-badge').waitFor();
+    assert.equal(await page.getByTestId('share-badge').innerText(), 'Controlling alice’s session');
+    await page.getByTestId('message-agent').filter({ hasText: 'you said: Plan the release' }).waitFor();
+    assert.equal(await page.getByTestId('prompt-input').isDisabled(), false);
+    await page.getByTestId('prompt-input').fill('Carol adds a note');
+    await page.getByTestId('prompt-input').press('Enter');
+    await page.getByTestId('message-agent').filter({ hasText: 'you said: Carol adds a note' }).waitFor();
+    // The owner and the observer see carol's turn too.
+    await owner.page.getByTestId('message-agent').filter({ hasText: 'you said: Carol adds a note' }).waitFor();
+    await viewer.page.getByTestId('message-agent').filter({ hasText: 'you said: Carol adds a note' }).waitFor();
+    assert.deepEqual(carol.errors(), NO_ERRORS);
+    await carol.close();
+  });
+
+  step('revoked, the link no longer lets the observer in', async () => {
+    const page = owner.page;
+    await page.getByTestId('share-open').click();
+    const row = page.getByTestId('share-row').filter({ hasText: 'Link (1 opened)' });
+    await row.waitFor();
+    await row.getByTestId('share-revoke').click();
+    await row.waitFor({ state: 'detached' });
+    await page.getByTestId('share-close').click();
+    await viewer.page.getByTestId('error-banner').filter({ hasText: 'no longer shared with you' }).waitFor();
+  });
+});

@@ -3,7 +3,7 @@
 //! or a **controller** (may also prompt and answer). Shares live in the store, so every replica
 //! sees them; a link's token is shown once and only its SHA-256 is stored. A share that is revoked
 //! or expires answers like an unknown session, and the clients it let in are closed
-//! ([`Shares::lost`] lists them for the watcher in `crate::share_watch`).
+//! ([`Shares::lost`] lists them for the watcher that closes them).
 
 use std::sync::{Arc, Mutex, Weak};
 

@@ -192,16 +192,16 @@ impl Shares {
             created_at: now,
             expires_at,
         };
-        match self.store.create_share(&new, MAX_SHARES_PER_SESSION).await? {
-            None => return Err(RpcError::session_not_found()),
-            Some(false) => {
-                return Err(RpcError::new(
-                    crate::quota::CAP_REACHED,
-                    format!("a session may have at most {MAX_SHARES_PER_SESSION} shares; revoke one first"),
-                )
-                .with_data(json!({ "cap": "shares_per_session", "limit": MAX_SHARES_PER_SESSION })));
+        if !self.store.create_share(&new, MAX_SHARES_PER_SESSION).await? {
+            // Refused: not a session of theirs (it lists no shares of theirs), or the cap.
+            if self.store.shares(owner, sid).await?.is_empty() {
+                return Err(RpcError::session_not_found());
             }
-            Some(true) => {}
+            return Err(RpcError::new(
+                crate::quota::CAP_REACHED,
+                format!("a session may have at most {MAX_SHARES_PER_SESSION} shares; revoke one first"),
+            )
+            .with_data(json!({ "cap": "shares_per_session", "limit": MAX_SHARES_PER_SESSION })));
         }
         let row = ShareRow {
             id,
@@ -237,10 +237,17 @@ impl Shares {
         if !token.starts_with(TOKEN_PREFIX) || token.len() > 128 {
             return Err(RpcError::new(codes::RESOURCE_NOT_FOUND, "share link not found"));
         }
-        self.store
-            .join_link_share(&token_hash(token), user, now_micros())
+        let now = now_micros();
+        let share = self
+            .store
+            .link_share(&token_hash(token), now)
             .await?
-            .ok_or_else(|| RpcError::new(codes::RESOURCE_NOT_FOUND, "share link not found"))
+            .ok_or_else(|| RpcError::new(codes::RESOURCE_NOT_FOUND, "share link not found"))?;
+        // Its owner is not a member: the session is theirs anyway.
+        if share.owner != user {
+            self.store.join_share(&share.id, user, now).await?;
+        }
+        Ok(share)
     }
 
     /// What lets `user` reach session `sid`, which is not theirs, now.

@@ -144,7 +144,7 @@ impl Store for Bounded {
     async fn cost_since(&self, owner: &str, since: &str, currency: &str) -> Result<f64, StoreError> {
         self.within(self.inner.cost_since(owner, since, currency)).await
     }
-    async fn create_share(&self, s: &NewShare<'_>, max: i64) -> Result<Option<bool>, StoreError> {
+    async fn create_share(&self, s: &NewShare<'_>, max: i64) -> Result<bool, StoreError> {
         self.within(self.inner.create_share(s, max)).await
     }
     async fn shares(&self, owner: &str, session_id: &str) -> Result<Vec<ShareRow>, StoreError> {
@@ -153,8 +153,11 @@ impl Store for Bounded {
     async fn delete_share(&self, owner: &str, session_id: &str, id: &str) -> Result<bool, StoreError> {
         self.within(self.inner.delete_share(owner, session_id, id)).await
     }
-    async fn join_link_share(&self, token_hash: &[u8], member: &str, now: i64) -> Result<Option<ShareRow>, StoreError> {
-        self.within(self.inner.join_link_share(token_hash, member, now)).await
+    async fn link_share(&self, token_hash: &[u8], now: i64) -> Result<Option<ShareRow>, StoreError> {
+        self.within(self.inner.link_share(token_hash, now)).await
+    }
+    async fn join_share(&self, id: &str, member: &str, now: i64) -> Result<(), StoreError> {
+        self.within(self.inner.join_share(id, member, now)).await
     }
     async fn share_access(&self, user: &str, session_id: &str, now: i64) -> Result<Option<ShareAccess>, StoreError> {
         self.within(self.inner.share_access(user, session_id, now)).await

@@ -12,6 +12,7 @@ mod bounded;
 pub(crate) mod cursor;
 mod lifecycle;
 pub mod persister;
+mod pg_roles;
 pub(crate) mod postgres;
 mod shares;
 mod sql;
@@ -358,15 +359,16 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     async fn usage(&self, owner: Option<&str>, since: &str) -> Result<Vec<UsageRow>, StoreError>;
     /// What `owner` spent in `currency` from day `since` on.
     async fn cost_since(&self, owner: &str, since: &str, currency: &str) -> Result<f64, StoreError>;
-    /// Stores a share of its owner's session with fewer than `max` shares (`None`: no such
-    /// session of theirs; `Some(false)`: `max` reached).
-    async fn create_share(&self, s: &NewShare<'_>, max: i64) -> Result<Option<bool>, StoreError>;
+    /// Stores a share of its owner's session if it has fewer than `max` shares; whether it did.
+    async fn create_share(&self, s: &NewShare<'_>, max: i64) -> Result<bool, StoreError>;
     /// The shares of `owner`'s session.
     async fn shares(&self, owner: &str, session_id: &str) -> Result<Vec<ShareRow>, StoreError>;
     /// Revokes a share of `owner`'s session; whether there was one.
     async fn delete_share(&self, owner: &str, session_id: &str, id: &str) -> Result<bool, StoreError>;
-    /// The link share in force whose token hashes to `token_hash`, now with `member` in it.
-    async fn join_link_share(&self, token_hash: &[u8], member: &str, now: i64) -> Result<Option<ShareRow>, StoreError>;
+    /// The link share in force at `now` whose token hashes to `token_hash`.
+    async fn link_share(&self, token_hash: &[u8], now: i64) -> Result<Option<ShareRow>, StoreError>;
+    /// Records that `member` opened the link share `id`.
+    async fn join_share(&self, id: &str, member: &str, now: i64) -> Result<(), StoreError>;
     /// What lets `user` reach another user's session at `now`, if anything does.
     async fn share_access(&self, user: &str, session_id: &str, now: i64) -> Result<Option<ShareAccess>, StoreError>;
     /// Sessions shared with `user` at `now`.

@@ -106,13 +106,12 @@ where
     for<'r> SharedSession: FromRow<'r, Self::Row>,
     for<'r> (i64,): FromRow<'r, Self::Row>,
 {
-    /// Stores `s` if its session is its owner's, with fewer than `max` shares; `Ok(None)` when
-    /// there is no such session, `Ok(Some(false))` when it has `max` shares already.
+    /// Stores `s` if its session is its owner's and has fewer than `max` shares; whether it did.
     async fn create_share<'c>(
         e: impl Executor<'c, Database = Self>,
         s: &NewShare<'_>,
         max: i64,
-    ) -> Result<Option<bool>, sqlx::Error> {
+    ) -> Result<bool, sqlx::Error> {
         let done: Option<(i64,)> = sqlx::query_as(
             "INSERT INTO session_shares (id, session_id, owner, grantee, token_hash, role, created_at, expires_at)
              SELECT $1, $2, $3, $4, $5, $6, $7, $8
@@ -131,7 +130,7 @@ where
         .bind(max)
         .fetch_optional(e)
         .await?;
-        Ok(done.map(|_| true))
+        Ok(done.is_some())
     }
 
     /// The shares of `owner`'s session `session_id`, oldest first.

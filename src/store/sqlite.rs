@@ -341,15 +341,8 @@ impl Store for SqliteStore {
         Ok(Sqlite::prune_audit(&self.pool, before).await?)
     }
 
-    async fn create_share(&self, s: &super::NewShare<'_>, max: i64) -> Result<Option<bool>, StoreError> {
-        let made = Sqlite::create_share(&self.pool, s, max).await?;
-        // Refused: no such session of theirs (None), or the cap (Some(false)).
-        Ok(match made {
-            Some(true) => Some(true),
-            _ => Sqlite::shares(&self.pool, s.owner, s.session_id)
-                .await
-                .map(|v| (!v.is_empty()).then_some(false))?,
-        })
+    async fn create_share(&self, s: &super::NewShare<'_>, max: i64) -> Result<bool, StoreError> {
+        Ok(Sqlite::create_share(&self.pool, s, max).await?)
     }
 
     async fn shares(&self, owner: &str, session_id: &str) -> Result<Vec<super::ShareRow>, StoreError> {
@@ -360,20 +353,12 @@ impl Store for SqliteStore {
         Ok(Sqlite::delete_share(&self.pool, owner, session_id, id).await?)
     }
 
-    async fn join_link_share(
-        &self,
-        hash: &[u8],
-        member: &str,
-        now: i64,
-    ) -> Result<Option<super::ShareRow>, StoreError> {
-        let Some(share) = Sqlite::link_share(&self.pool, hash, now).await? else {
-            return Ok(None);
-        };
-        // Its owner is not a member: the session is theirs anyway.
-        if share.owner != member {
-            Sqlite::join_share(&self.pool, &share.id, member, now).await?;
-        }
-        Ok(Some(share))
+    async fn link_share(&self, hash: &[u8], now: i64) -> Result<Option<super::ShareRow>, StoreError> {
+        Ok(Sqlite::link_share(&self.pool, hash, now).await?)
+    }
+
+    async fn join_share(&self, id: &str, member: &str, now: i64) -> Result<(), StoreError> {
+        Ok(Sqlite::join_share(&self.pool, id, member, now).await?)
     }
 
     async fn share_access(&self, user: &str, sid: &str, now: i64) -> Result<Option<super::ShareAccess>, StoreError> {

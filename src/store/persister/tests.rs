@@ -151,7 +151,7 @@ impl Store for Flaky {
     async fn cost_since(&self, _: &str, _: &str, _: &str) -> Result<f64, StoreError> {
         unimplemented!()
     }
-    async fn create_share(&self, _: &crate::store::NewShare<'_>, _: i64) -> Result<Option<bool>, StoreError> {
+    async fn create_share(&self, _: &crate::store::NewShare<'_>, _: i64) -> Result<bool, StoreError> {
         unimplemented!()
     }
     async fn shares(&self, _: &str, _: &str) -> Result<Vec<crate::store::ShareRow>, StoreError> {
@@ -160,7 +160,10 @@ impl Store for Flaky {
     async fn delete_share(&self, _: &str, _: &str, _: &str) -> Result<bool, StoreError> {
         unimplemented!()
     }
-    async fn join_link_share(&self, _: &[u8], _: &str, _: i64) -> Result<Option<crate::store::ShareRow>, StoreError> {
+    async fn link_share(&self, _: &[u8], _: i64) -> Result<Option<crate::store::ShareRow>, StoreError> {
+        unimplemented!()
+    }
+    async fn join_share(&self, _: &str, _: &str, _: i64) -> Result<(), StoreError> {
         unimplemented!()
     }
     async fn share_access(&self, _: &str, _: &str, _: i64) -> Result<Option<crate::store::ShareAccess>, StoreError> {

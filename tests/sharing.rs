@@ -350,8 +350,8 @@ async fn observer_and_controller_postgres() {
     observer_and_controller(Db::Postgres).await;
 }
 
-/// A viewer on replica B of a session served by replica A sees its turns live, and is closed
-/// when the owner revokes the share on A.
+/// A viewer on replica B of a session served by replica A sees its turns live; a controller on B
+/// prompts it (served on A); the viewer is closed when the owner revokes its share on A.
 #[tokio::test]
 async fn a_viewer_on_another_replica_sees_it_live_until_revoked() {
     let tmp = tempfile::tempdir().expect("tmp");
@@ -405,6 +405,27 @@ async fn a_viewer_on_another_replica_sees_it_live_until_revoked() {
         on_a.iter().map(seq).collect::<Vec<_>>(),
         "B's viewer got A's turn once, in order"
     );
+
+    // A controller on B prompts the session A serves: the prompt goes to A, the answer comes back.
+    share(
+        &http_base(&a.ws_url()),
+        &a.token("alice"),
+        &s,
+        json!({"role": "controller", "user": "carol"}),
+    )
+    .await;
+    let mut carol = b.client("carol").await;
+    let at = attach(&mut carol, &s, json!({"historyPolicy": "none"})).await;
+    assert_eq!(at["result"]["role"], "controller", "{at}");
+    let r = carol.prompt(&s, "from B [chunks=1]").await;
+    assert_eq!(r["result"]["stopReason"], "end_turn", "{r}");
+    alice
+        .updates_until(&s, |u| {
+            u["params"]["update"]["content"]["text"]
+                .as_str()
+                .is_some_and(|t| t.contains("you said: from B"))
+        })
+        .await;
 
     let share_id = made["share"]["id"].as_str().expect("id");
     let started = Instant::now();

@@ -26,15 +26,14 @@ pub async fn run(gw: Arc<Gateway>) {
             _ = tick.tick() => false,
             () = gw.shares.revoked.notified() => true,
         };
-        let recheck = revoked_here || last_recheck.elapsed() >= RECHECK;
+        // An expiry is checked in the store too: another share may still let the client in.
+        let recheck = revoked_here || last_recheck.elapsed() >= RECHECK || gw.shares.any_expired();
         if recheck {
             last_recheck = tokio::time::Instant::now();
         }
-        match gw.shares.lost(recheck).await {
-            Ok(lost) if !lost.is_empty() => end(&gw, &lost),
-            Ok(_) => {}
-            // Nothing is closed on a store error: it is tried again next time.
-            Err(e) => tracing::warn!(error = %e.message, "cannot check shares"),
+        let lost = gw.shares.lost(recheck).await;
+        if !lost.is_empty() {
+            end(&gw, &lost);
         }
     }
 }

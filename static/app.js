@@ -388,9 +388,10 @@ function updateComposer() {
   // While a turn runs the box stays usable: what is sent then is queued (js/queue.js).
   ui.send.hidden = running;
   ui.queue.hidden = !running;
-  ui.stop.hidden = !running;
-  // An observer sees the session and can do nothing to it.
+  // An observer sees the session and can do nothing to it: no prompt, no stop, no controls.
   const observing = state.current?.role === 'observer';
+  ui.stop.hidden = !running || observing;
+  $('session-controls').inert = observing;
   ui.input.disabled = ui.send.disabled = observing;
   ui.input.placeholder = observing ? `You are observing ${state.current.owner}’s session (read-only)` : PLACEHOLDER;
   conv.busy(running);
@@ -607,7 +608,7 @@ async function boot() {
   await loadSessions().catch(() => {});
   await loadShared();
   // Opened from a share link: redeemed, then opened in the role it gives.
-  if (shareToken) openShareLink(shareToken, { listed: loadShared, open: openShared, agent: conn.agent }).catch((err) => conv.error(err));
+  if (shareToken) openShareLink(shareToken, { me: me?.user, listed: loadShared, open: openShared, own: openById, agent: conn.agent }).catch((err) => conv.error(err));
   // Opened from a push: the session it is about.
   const asked = new URLSearchParams(location.search).get('session');
   if (asked) {

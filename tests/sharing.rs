@@ -167,10 +167,21 @@ async fn observer_and_controller(db: Db) {
     // What an observer may not do, each tried.
     let p = bob.prompt(&s, "observer's prompt").await;
     assert_eq!(p["error"]["data"]["reason"], "observer", "{p}");
-    let m = bob
-        .request("session/set_mode", json!({"sessionId": s, "modeId": "x"}))
-        .await;
-    assert_eq!(m["error"]["data"]["reason"], "observer", "{m}");
+    for (method, params) in [
+        ("session/set_mode", json!({"sessionId": s, "modeId": "x"})),
+        ("session/set_model", json!({"sessionId": s, "modelId": "x"})),
+        (
+            "session/set_config_option",
+            json!({"sessionId": s, "configId": "x", "value": "y"}),
+        ),
+        (
+            "_gateway/queue/add",
+            json!({"sessionId": s, "prompt": [{"type": "text", "text": "later"}]}),
+        ),
+    ] {
+        let m = bob.request(method, params).await;
+        assert_eq!(m["error"]["data"]["reason"], "observer", "{method}: {m}");
+    }
     for method in ["session/load", "session/fork", "session/delete"] {
         let r = bob
             .request(

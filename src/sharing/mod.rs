@@ -54,6 +54,15 @@ impl Role {
     }
 }
 
+/// How much a stored role lets its holder do (an unknown one: nothing).
+fn rank(role: &str) -> u8 {
+    match Role::parse(role) {
+        Some(Role::Controller) => 2,
+        Some(Role::Observer) => 1,
+        None => 0,
+    }
+}
+
 /// The error for an observer trying what only a controller may.
 pub fn observer_refused(what: &str) -> RpcError {
     RpcError::new(
@@ -244,8 +253,14 @@ impl Shares {
             .await?
             .ok_or_else(|| RpcError::new(codes::RESOURCE_NOT_FOUND, "share link not found"))?;
         // Its owner is not a member: the session is theirs anyway.
-        if share.owner != user {
-            self.store.join_share(&share.id, user, now).await?;
+        if share.owner != user
+            && let Err(e) = self.store.join_share(&share.id, user, now).await
+        {
+            // Revoked meanwhile (its row is gone): as unknown as any ended link.
+            if self.store.link_share(&token_hash(token), now).await?.is_none() {
+                return Err(RpcError::new(codes::RESOURCE_NOT_FOUND, "share link not found"));
+            }
+            return Err(e.into());
         }
         Ok(share)
     }
@@ -302,6 +317,12 @@ impl Shares {
         w.clone()
     }
 
+    /// Whether a watched client's share has passed its end by the clock.
+    pub fn any_expired(&self) -> bool {
+        let now = now_micros();
+        self.lock().iter().any(|w| w.expires_at.is_some_and(|e| e <= now))
+    }
+
     /// Forgets `gone` (their share ended and they were closed).
     pub fn forget(&self, gone: &[Watched]) {
         self.lock().retain(|x| {
@@ -317,11 +338,14 @@ impl Shares {
 
     /// Of the watched clients, those whose share no longer lets them in: expired by the clock,
     /// or (`recheck`) no longer giving them access in the store (revoked, or the session gone).
-    pub async fn lost(&self, recheck: bool) -> Result<Vec<Watched>, RpcError> {
+    /// A share still in force that gives as much is enough: a client kept by another share
+    /// has its watch moved to it. A store that fails keeps the clients it could not check (they
+    /// are checked again next time) and never keeps one whose share expired by the clock.
+    pub async fn lost(&self, recheck: bool) -> Vec<Watched> {
         let now = now_micros();
         let mut lost = Vec::new();
         for w in self.watched() {
-            if w.expires_at.is_some_and(|e| e <= now) {
+            if w.expires_at.is_some_and(|e| e <= now) && !recheck {
                 lost.push(w);
                 continue;
             }
@@ -329,12 +353,28 @@ impl Shares {
                 continue;
             }
             let Some(client) = w.client.upgrade() else { continue };
-            let still = self.store.share_access(&client.user, &w.session, now).await?;
-            if still.is_none_or(|a| a.role != w.role) {
-                lost.push(w);
+            match self.store.share_access(&client.user, &w.session, now).await {
+                Ok(Some(a)) if rank(&a.role) >= rank(&w.role) => {
+                    if a.share_id != w.share || a.expires_at != w.expires_at {
+                        self.watch(
+                            &client,
+                            &ShareAccess {
+                                role: w.role.clone(),
+                                ..a
+                            },
+                        );
+                    }
+                }
+                Ok(_) => lost.push(w),
+                Err(e) => {
+                    tracing::warn!(error = %e, session = %w.session, "cannot check a share");
+                    if w.expires_at.is_some_and(|e| e <= now) {
+                        lost.push(w);
+                    }
+                }
             }
         }
-        Ok(lost)
+        lost
     }
 }
 

@@ -116,7 +116,8 @@ where
             "INSERT INTO session_shares (id, session_id, owner, grantee, token_hash, role, created_at, expires_at)
              SELECT $1, $2, $3, $4, $5, $6, $7, $8
              WHERE EXISTS (SELECT 1 FROM sessions WHERE id = $2 AND owner = $3)
-               AND (SELECT COUNT(*) FROM session_shares WHERE session_id = $2) < $9
+               AND (SELECT COUNT(*) FROM session_shares
+                    WHERE session_id = $2 AND (expires_at IS NULL OR expires_at > $7)) < $9
              RETURNING CAST(1 AS BIGINT)",
         )
         .bind(s.id)

@@ -28,8 +28,9 @@ export function takeShareToken() {
 }
 
 /** Redeems a link's `token` and opens its session in the role it gives: `listed()` reloads
- *  "Shared with you" (its entries), `open(entry)` opens one, `agent` is the default agent. */
-export async function openShareLink(token, { listed, open, agent }) {
+ *  "Shared with you" (its entries), `open(entry)` opens one, `agent` is the default agent; the
+ *  owner (`me`) opening their own link gets their session as theirs (`own(id)`). */
+export async function openShareLink(token, { me, listed, open, own, agent }) {
   sessionStorage.removeItem(KEPT);
   let r;
   try {
@@ -37,6 +38,7 @@ export async function openShareLink(token, { listed, open, agent }) {
   } catch (err) {
     throw err.status === 404 ? new Error('This share link is unknown, revoked or expired.') : err;
   }
+  if (r.owner === me) return own(r.sessionId);
   const entry = (await listed()).find((s) => s.sessionId === r.sessionId);
   open(entry ? sharedEntry(entry) : { id: r.sessionId, title: '', agent, role: r.role, owner: r.owner, cwd: '' });
 }

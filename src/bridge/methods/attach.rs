@@ -77,9 +77,10 @@ impl Ctx {
             observer: role == Role::Observer,
             ask_open: history != History::None,
         };
-        session
-            .attach_as(&self.client, &**self.gw.sessions.store(), how)
-            .await?;
+        if let Err(e) = session.attach_as(&self.client, &**self.gw.sessions.store(), how).await {
+            self.tracked.left(sid);
+            return Err(e);
+        }
         self.gw.sessions.watched(&session).await;
         self.audit(
             "session_attach",

@@ -268,6 +268,8 @@ impl Connection {
         if let Some(session) = self.gw.sessions.live(&self.client.user, sid) {
             return Some(session);
         }
+        // Only a session in memory here can be running a turn to stop: nothing else is looked up.
+        let session = self.gw.sessions.any_live(sid)?;
         let access = self.gw.shares.access(&self.client.user, sid).await.ok().flatten()?;
         if crate::sharing::Role::parse(&access.role) != Some(crate::sharing::Role::Controller) {
             self.gw.audit.record(crate::audit::Event {
@@ -281,7 +283,7 @@ impl Connection {
             });
             return None;
         }
-        self.gw.sessions.any_live(sid)
+        Some(session)
     }
 
     /// A request, in a span of its own when traces are on.

@@ -429,14 +429,15 @@ fn give(client: &Arc<Client>, what: Held) {
 }
 
 impl LiveSession {
-    /// Pushes `event` to the owner's devices, unless a tab of theirs shows this session.
+    /// Pushes `event` to the owner's devices, unless a tab of theirs shows this session (a
+    /// teammate's tab, shown a shared session, does not count).
     pub fn push_if_unwatched(&self, event: crate::push::Event, asked: Option<String>) {
         let Some(push) = &self.push else { return };
         let watched = self
             .fanout()
             .subscribers
             .iter()
-            .any(|s| !s.client.is_closed() && s.client.shows(&self.id));
+            .any(|s| !s.client.is_closed() && s.client.user == self.owner && s.client.shows(&self.id));
         if !watched {
             push.notify(&self.owner, &self.id, event, asked);
         }

@@ -81,7 +81,11 @@ impl Ctx {
             self.tracked.left(sid);
             return Err(e);
         }
-        self.gw.sessions.watched(&session).await;
+        // Other replicas' agents ask their requests of replicas that watch the session: one with
+        // only observers would take a request nobody there may answer.
+        if role == Role::Controller {
+            self.gw.sessions.watched(&session).await;
+        }
         self.audit(
             "session_attach",
             Some(sid),

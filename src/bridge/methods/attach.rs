@@ -45,6 +45,13 @@ impl Ctx {
                 return Err(sharing::observer_refused(what));
             }
             self.gw.shares.watch(&self.client, &access);
+            // Watched from now on; a revoke made before that would have gone unseen until the
+            // watcher's next pass, so the store is asked once more.
+            let still = self.gw.shares.access(&self.client.user, sid).await?;
+            if still.is_none_or(|a| Role::parse(&a.role) != Some(Role::Controller)) {
+                self.gw.shares.unwatch(&self.client, sid);
+                return Err(RpcError::session_not_found());
+            }
         }
         Ok(session)
     }

@@ -91,6 +91,11 @@ impl Ctx {
             }
         }
         let binding = session.ensure_bound(&self.gw.pools).await?;
+        // A teammate whose share ended while the session was restored has been closed by now:
+        // nothing of theirs goes to the owner's agent.
+        if session.owner != self.client.user && self.client.is_closed() {
+            return Err(RpcError::session_not_found());
+        }
         let rewritten = protocol::rewrite_params(params, Some(&binding.agent_session_id), Some(&cfg.forward_meta))
             .ok_or_else(|| RpcError::invalid_params("params must be an object"))?;
         let route: Arc<dyn SessionRoute> = if CONTROL_METHODS.contains(&method) {

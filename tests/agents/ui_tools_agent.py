@@ -80,8 +80,8 @@ def prompt(session_id: str) -> None:
     update(session_id, {"sessionUpdate": "tool_call", "toolCallId": "t-rewrite", "title": "Rewrite rewrite.txt",
                         "kind": "edit", "status": "completed",
                         "content": [{"type": "diff", "path": rewrite,
-                                     "oldText": "".join(f"old {n}\n" for n in range(1, 1001)),
-                                     "newText": "".join(f"new {n}\n" for n in range(1, 1001))}]})
+                                     "oldText": "".join(f"old {n}\n" for n in range(1, 2501)),
+                                     "newText": "".join(f"new {n}\n" for n in range(1, 2501))}]})
 
     first = f"{ESC}[1m{ESC}[32m   Compiling{ESC}[0m fixture v0.1.0\n"
     second = (f"running 2 tests\ntest ok_case ... {ESC}[32mok{ESC}[0m\n"

@@ -373,13 +373,14 @@ describe('tool call cards: edge cases (tests/agents/ui_tools_agent.py)', () => {
     assert.equal(await big.locator('[data-testid="diff-line"]').count(), 2500);
     assert.equal(await big.getByTestId('diff-show-all').count(), 0);
 
-    // Every line of 1,000 rewritten: jsdiff needs longer than the page allows; the worker answers.
+    // Every line of 2,500 rewritten: jsdiff needs longer than the page allows (100 ms; a rewrite
+    // of 1,000 lines sometimes made it on a quick machine), so the worker answers.
     const rewrite = card(page, 't-rewrite').getByTestId('tool-diff');
     await rewrite.and(page.locator('[data-state="ready"]')).waitFor();
     assert.equal(await rewrite.getAttribute('data-computed-by'), 'worker');
     assert.equal(await diff.getAttribute('data-computed-by'), 'page');
-    assert.equal(await rewrite.locator('.tc-stat-add').textContent(), '+1000');
-    assert.equal(await rewrite.locator('.tc-stat-del').textContent(), '−1000');
+    assert.equal(await rewrite.locator('.tc-stat-add').textContent(), '+2500');
+    assert.equal(await rewrite.locator('.tc-stat-del').textContent(), '−2500');
     assert.equal(await rewrite.locator('.tc-diff-note').count(), 0, 'the exact diff was not computed');
     assert.equal(await rewrite.locator('[data-testid="diff-line"]').count(), 2000);
 

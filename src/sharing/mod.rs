@@ -45,21 +45,17 @@ impl Role {
         }
     }
 
+    /// A share's role as stored (the table allows only the two; anything else gives the least).
+    pub fn of(stored: &str) -> Self {
+        Self::parse(stored).unwrap_or(Self::Observer)
+    }
+
     /// As stored and on the wire.
     pub fn as_str(self) -> &'static str {
         match self {
             Self::Observer => "observer",
             Self::Controller => "controller",
         }
-    }
-}
-
-/// How much a stored role lets its holder do (an unknown one: nothing).
-fn rank(role: &str) -> u8 {
-    match Role::parse(role) {
-        Some(Role::Controller) => 2,
-        Some(Role::Observer) => 1,
-        None => 0,
     }
 }
 
@@ -354,7 +350,7 @@ impl Shares {
             }
             let Some(client) = w.client.upgrade() else { continue };
             match self.store.share_access(&client.user, &w.session, now).await {
-                Ok(Some(a)) if rank(&a.role) >= rank(&w.role) => {
+                Ok(Some(a)) if Role::of(&a.role) >= Role::of(&w.role) => {
                     if a.share_id != w.share || a.expires_at != w.expires_at {
                         self.watch(
                             &client,
@@ -387,6 +383,11 @@ mod tests {
         assert_eq!(Role::parse("observer"), Some(Role::Observer));
         assert_eq!(Role::parse("controller"), Some(Role::Controller));
         assert_eq!(Role::parse("owner"), None);
+        assert_eq!(
+            Role::of("owner"),
+            Role::Observer,
+            "an unknown stored role gives the least"
+        );
         assert!(Role::Controller > Role::Observer);
     }
 

@@ -35,7 +35,7 @@ impl Ctx {
     pub(super) async fn controllable(&self, sid: &str, what: &str) -> Result<Arc<LiveSession>, RpcError> {
         let (session, access) = self.reach(sid).await?;
         if let Some(access) = access {
-            if Role::parse(&access.role) != Some(Role::Controller) {
+            if Role::of(&access.role) != Role::Controller {
                 self.audit(
                     "share_refused",
                     Some(sid),
@@ -48,7 +48,7 @@ impl Ctx {
             // Watched from now on; a revoke made before that would have gone unseen until the
             // watcher's next pass, so the store is asked once more.
             let still = self.gw.shares.access(&self.client.user, sid).await?;
-            if still.is_none_or(|a| Role::parse(&a.role) != Some(Role::Controller)) {
+            if still.is_none_or(|a| Role::of(&a.role) != Role::Controller) {
                 self.gw.shares.unwatch(&self.client, sid);
                 return Err(RpcError::session_not_found());
             }
@@ -60,10 +60,7 @@ impl Ctx {
     /// controls (as `session/load` does).
     pub(super) async fn attach_session(&self, sid: &str, asked: Option<Role>, history: History, after: u64) -> Handled {
         let (session, access) = self.reach(sid).await?;
-        let allowed = match &access {
-            None => Role::Controller,
-            Some(a) => Role::parse(&a.role).unwrap_or(Role::Observer),
-        };
+        let allowed = access.as_ref().map_or(Role::Controller, |a| Role::of(&a.role));
         let role = asked.unwrap_or(allowed);
         if role > allowed {
             self.audit(

@@ -271,7 +271,7 @@ impl Connection {
         // Only a session in memory here can be running a turn to stop: nothing else is looked up.
         let session = self.gw.sessions.any_live(sid)?;
         let access = self.gw.shares.access(&self.client.user, sid).await.ok().flatten()?;
-        if crate::sharing::Role::parse(&access.role) != Some(crate::sharing::Role::Controller) {
+        if crate::sharing::Role::of(&access.role) != crate::sharing::Role::Controller {
             self.gw.audit.record(crate::audit::Event {
                 actor: &self.client.user,
                 action: "share_refused",

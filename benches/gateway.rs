@@ -11,7 +11,8 @@
 //! - `BENCH_THROUGHPUT_RUNS` (default 3): throughput runs each way (alternating);
 //! - `BENCH_EIGHT_UPDATES` (default 50000): updates per connection when eight stream at once;
 //! - `BENCH_GW_THREADS` (default: one per core, like `#[tokio::main]`): the gateway's workers;
-//! - `BENCH_ONLY=latency` or `BENCH_ONLY=throughput`: run one part (for profiling);
+//! - `BENCH_ONLY=latency` or `BENCH_ONLY=throughput`: run one part (for profiling; the
+//!   throughput part ends with section 6, a stuck tab's cost to other tabs, `gateway/stuck.rs`);
 //! - `BENCH_LIFT_QUEUE=1`: client queues large enough never to fall behind (default limits
 //!   otherwise); `BENCH_SANDBOX=none|bwrap|auto`: the agent's sandbox in the gateway;
 //! - `BENCH_MARKDOWN=path`: also write the results as Markdown table rows there;
@@ -28,6 +29,8 @@
 mod rust_sdk;
 #[path = "gateway/stats.rs"]
 mod stats;
+#[path = "gateway/stuck.rs"]
+mod stuck;
 #[path = "gateway/transport.rs"]
 mod transport;
 
@@ -235,6 +238,7 @@ async fn run(gw_rt: &tokio::runtime::Runtime, gw: &Arc<Gateway>, addr: SocketAdd
         throughput(gw_rt, gw, &mut direct, &mut via, peer.as_mut(), k, &mut md).await?;
         let tokens: Vec<String> = (0..EIGHT).map(|i| token(&format!("bench{i}"))).collect::<Result<_>>()?;
         eight(addr, &tokens, websocketd.as_ref().map(|w| w.addr), k, &mut md).await?;
+        stuck::section(gw_rt, gw, addr, token, &mut via, k.n_updates, &mut md).await?;
     }
     if let Ok(path) = std::env::var("BENCH_MARKDOWN") {
         std::fs::write(&path, &md).with_context(|| format!("writing {path}"))?;

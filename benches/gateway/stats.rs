@@ -9,6 +9,7 @@ pub struct Stats {
     pub p99: f64,
     pub mean: f64,
     pub min: f64,
+    pub max: f64,
 }
 
 pub fn stats(samples: &[Duration]) -> Stats {
@@ -28,6 +29,7 @@ pub fn stats(samples: &[Duration]) -> Stats {
         p99: pct(0.99),
         mean: us.iter().sum::<f64>() / us.len().max(1) as f64,
         min: us.first().copied().unwrap_or(f64::NAN),
+        max: us.last().copied().unwrap_or(f64::NAN),
     }
 }
 

@@ -68,6 +68,47 @@ pub enum Item {
     Flush(oneshot::Sender<()>),
 }
 
+impl Item {
+    /// A copy of the item, except a flush (its answer cannot be copied).
+    pub(super) fn copy(&self) -> Option<Item> {
+        Some(match self {
+            Item::Update {
+                session,
+                notify,
+                seq,
+                update,
+                at,
+                more,
+            } => Item::Update {
+                session: session.clone(),
+                notify: notify.clone(),
+                seq: *seq,
+                update: update.clone(),
+                at: *at,
+                more: *more,
+            },
+            Item::Prompt {
+                session,
+                title,
+                through,
+            } => Item::Prompt {
+                session: session.clone(),
+                title: title.clone(),
+                through: *through,
+            },
+            Item::AgentTitle { session, title } => Item::AgentTitle {
+                session: session.clone(),
+                title: title.clone(),
+            },
+            Item::Controls { session, controls } => Item::Controls {
+                session: session.clone(),
+                controls: controls.clone(),
+            },
+            Item::Flush(_) => return None,
+        })
+    }
+}
+
 impl std::fmt::Debug for Item {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {

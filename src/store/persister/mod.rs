@@ -25,7 +25,9 @@
 //!
 //! Where the store has a connection for the writer alone ([`Store::transcript_writer`]: SQLite),
 //! the writer runs on a thread of its own and commits through it directly; otherwise it is a task
-//! on the gateway's runtime writing through the store's pool.
+//! on the gateway's runtime writing through the store's pool. There, a prompt lingering for its
+//! answer waits on a [`stage`], and the agent's reader that completes it commits it on its own
+//! thread: a round trip does not hop to the writer's thread and back.
 
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
@@ -94,8 +96,13 @@ impl Health {
 }
 
 mod batch;
+mod stage;
+#[cfg(test)]
+mod stage_tests;
 #[cfg(test)]
 mod tests;
+
+use stage::{Lingered, Stage};
 
 use batch::{Batch, awaits_answer, burst_goes_on, coalesce, item_bytes, merge_metadata, split};
 pub use batch::{Committed, Item};
@@ -108,6 +115,8 @@ pub struct Persister {
     room: ByteBudget,
     /// How the writer is doing.
     health: Arc<Health>,
+    /// Where a prompt waits for its answer when the writer has a connection of its own.
+    stage: Option<Arc<Stage>>,
 }
 
 impl Persister {
@@ -147,14 +156,15 @@ impl Persister {
             }
             None => None,
         };
-        let task = match direct {
-            Some(direct) => {
+        let stage = direct.map(|d| Arc::new(Stage::new(Arc::new(Mutex::new(d)), room.clone(), health.clone())));
+        let task = match stage.clone() {
+            Some(stage) => {
                 let (done, finished) = oneshot::channel::<()>();
                 let health = health.clone();
                 let room = room.clone();
                 let thread = std::thread::Builder::new().name("transcript-writer".into()).spawn(move || {
                     match tokio::runtime::Builder::new_current_thread().enable_all().build() {
-                        Ok(rt) => rt.block_on(run(store, rx, room, cancel, health, holder, Some(direct))),
+                        Ok(rt) => rt.block_on(run(store, rx, room, cancel, health, holder, Some(stage))),
                         Err(e) => tracing::error!(error = %e, "the transcript writer's runtime could not start; nothing is stored"),
                     }
                     let _ = done.send(());
@@ -168,7 +178,15 @@ impl Persister {
             }
             None => tokio::spawn(run(store, rx, room.clone(), cancel, health.clone(), holder, None)),
         };
-        (Self { tx, room, health }, task)
+        (
+            Self {
+                tx,
+                room,
+                health,
+                stage,
+            },
+            task,
+        )
     }
 
     /// `Ok` while the writer's writes succeed; otherwise what is wrong: its writes have failed
@@ -202,7 +220,10 @@ impl Persister {
             return;
         };
         self.room.take(item_bytes(&item)).await;
-        slot.send(item);
+        match &self.stage {
+            Some(stage) => stage.offer(item, slot),
+            None => slot.send(item),
+        }
     }
 
     /// Waits until everything queued so far is in the database, at most [`FLUSH_TIMEOUT`]
@@ -231,8 +252,9 @@ async fn run(
     cancel: CancellationToken,
     health: Arc<Health>,
     holder: Option<Arc<str>>,
-    direct: Option<Box<dyn BatchWriter>>,
+    stage: Option<Arc<Stage>>,
 ) {
+    let direct = stage.as_ref().map(|s| s.direct.clone());
     let mut items = Vec::with_capacity(1024);
     // Message counts and titles not yet written (see below).
     let mut pending_metadata: Vec<SessionWrite> = Vec::new();
@@ -248,7 +270,7 @@ async fn run(
         health: &health,
         holder: holder.as_deref(),
         refused: Mutex::new(HashSet::new()),
-        direct: direct.map(Mutex::new),
+        direct,
     };
     // Since when metadata has been held back.
     let mut metadata_since: Option<Instant> = None;
@@ -281,7 +303,26 @@ async fn run(
         // wrote at once: the updates it has read right behind it are on their way).
         let mut bytes: usize = items.iter().map(item_bytes).sum();
         take_waiting(&mut rx, &mut items, &mut bytes);
-        if !cancel.is_cancelled() && awaits_answer(&items) {
+        let mut held = false;
+        if let Some(stage) = stage.as_deref()
+            && lost.is_empty()
+            && !cancel.is_cancelled()
+            && awaits_answer(&items)
+        {
+            // Held where the agent's reader can complete and commit it (see `stage`).
+            match stage.linger(&mut rx, &mut items, &mut bytes, &cancel).await {
+                Lingered::NotHeld => {}
+                Lingered::Taken => held = true,
+                Lingered::Done(metadata) => {
+                    if !metadata.is_empty() {
+                        metadata_since.get_or_insert_with(Instant::now);
+                        pending_metadata.extend(metadata);
+                    }
+                    continue;
+                }
+            }
+        }
+        if !held && !cancel.is_cancelled() && awaits_answer(&items) {
             let until = tokio::time::Instant::now() + LINGER;
             while items.len() < MAX_BATCH_ITEMS && (awaits_answer(&items) || burst_goes_on(&items)) {
                 match tokio::time::timeout_at(until, rx.recv()).await {
@@ -390,8 +431,9 @@ struct Writer<'a> {
     /// Sessions whose chunks the store refused (their lease is another replica's), since the
     /// last batch's commit notices.
     refused: Mutex<HashSet<Arc<str>>>,
-    /// The store's connection for this thread ([`Store::transcript_writer`]), if it has one.
-    direct: Option<Mutex<Box<dyn BatchWriter>>>,
+    /// The store's connection for this thread ([`Store::transcript_writer`]), if it has one
+    /// (shared with the [`Stage`]).
+    direct: Option<Arc<Mutex<Box<dyn BatchWriter>>>>,
 }
 
 impl Writer<'_> {

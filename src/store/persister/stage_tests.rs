@@ -1,0 +1,131 @@
+//! The stage on a real SQLite file: a held prompt is committed by whoever completes it, at once;
+//! one nobody completes, or that a flush joins, is the writer's.
+
+use super::*;
+use crate::store::NewSession;
+use crate::store::sqlite::SqliteStore;
+
+/// Remembers the highest seq it was told is committed.
+#[derive(Default)]
+struct Seen(AtomicU64);
+impl super::Committed for Seen {
+    fn committed(&self, seq: u64) {
+        self.0.fetch_max(seq, Ordering::SeqCst);
+    }
+    fn lost(&self) {}
+}
+
+async fn sqlite_with_session(dir: &std::path::Path) -> Arc<dyn Store> {
+    let url = format!("sqlite://{}/stage.db", dir.display());
+    let store = Arc::new(SqliteStore::connect(&url).await.expect("sqlite"));
+    store
+        .create_session(&NewSession {
+            id: "s",
+            owner: "alice",
+            agent: "demo",
+            agent_session_id: None,
+            cwd: "/",
+            additional_dirs: "[]",
+            meta: "{}",
+            now: now_micros(),
+        })
+        .await
+        .expect("session");
+    store
+}
+
+fn update(seen: &Arc<Seen>, seq: u64, more: bool) -> Item {
+    Item::Update {
+        session: Arc::from("s"),
+        notify: seen.clone(),
+        seq,
+        update: format!(r#"{{"n":{seq}}}"#).into(),
+        at: now_micros(),
+        more,
+    }
+}
+
+fn prompt(through: u64) -> Item {
+    Item::Prompt {
+        session: Arc::from("s"),
+        title: Some("hello".into()),
+        through,
+    }
+}
+
+/// Sends the prompt and its chunk, and waits until the writer holds them for the answer.
+async fn held(p: &Persister, seen: &Arc<Seen>) {
+    p.send(prompt(1)).await;
+    p.send(update(seen, 1, false)).await;
+    let stage = p.stage.as_ref().expect("SQLite's writer has a stage");
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while !stage.is_holding() {
+        assert!(std::time::Instant::now() < deadline, "the writer never held the prompt");
+        tokio::task::yield_now().await;
+    }
+}
+
+async fn stored_seqs(store: &Arc<dyn Store>) -> Vec<(i64, i64)> {
+    let chunks = store.read_events("alice", "s", 0, 100).await.expect("read");
+    chunks.iter().map(|c| (c.seq_from, c.seq_to)).collect()
+}
+
+/// The agent's answer completes the held prompt: its send commits both before it returns, on
+/// the sender's thread, in one chunk; the prompt's title is written later by the writer.
+#[tokio::test]
+async fn the_send_that_completes_a_held_prompt_commits_it_at_once() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store = sqlite_with_session(dir.path()).await;
+    let (p, _task) = Persister::spawn(store.clone(), 64, 1 << 20, CancellationToken::new());
+    let seen = Arc::new(Seen::default());
+    held(&p, &seen).await;
+    p.send(update(&seen, 2, true)).await;
+    assert_eq!(seen.0.load(Ordering::SeqCst), 0, "the rest of the burst is awaited");
+    p.send(update(&seen, 3, false)).await;
+    assert_eq!(
+        seen.0.load(Ordering::SeqCst),
+        3,
+        "committed by the send that completed it"
+    );
+    assert_eq!(stored_seqs(&store).await, vec![(1, 3)], "one chunk, 1 to 3");
+    p.flush().await.expect("flushed");
+    let row = store.get_session("alice", "s").await.expect("read").expect("row");
+    assert_eq!(row.title.as_deref(), Some("hello"), "the title is written after");
+    assert_eq!(row.last_seq, 3);
+}
+
+/// Nobody answers: the writer commits the prompt after the linger.
+#[tokio::test]
+async fn a_held_prompt_nobody_answers_is_committed_by_the_writer() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store = sqlite_with_session(dir.path()).await;
+    let (p, _task) = Persister::spawn(store.clone(), 64, 1 << 20, CancellationToken::new());
+    let seen = Arc::new(Seen::default());
+    let started = std::time::Instant::now();
+    held(&p, &seen).await;
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while seen.0.load(Ordering::SeqCst) < 1 {
+        assert!(std::time::Instant::now() < deadline, "never committed");
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    assert!(started.elapsed() >= LINGER, "after the linger");
+    assert_eq!(stored_seqs(&store).await, vec![(1, 1)]);
+}
+
+/// A flush joins the held prompt: the writer takes it back, commits it and answers the flush;
+/// what is sent afterwards goes through the queue and follows in order.
+#[tokio::test]
+async fn a_flush_hands_a_held_prompt_back_to_the_writer() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store = sqlite_with_session(dir.path()).await;
+    let (p, _task) = Persister::spawn(store.clone(), 64, 1 << 20, CancellationToken::new());
+    let seen = Arc::new(Seen::default());
+    held(&p, &seen).await;
+    p.flush_within(Duration::from_secs(10)).await.expect("flushed");
+    assert_eq!(seen.0.load(Ordering::SeqCst), 1);
+    assert!(!p.stage.as_ref().expect("stage").is_holding());
+    p.send(update(&seen, 2, false)).await;
+    p.flush_within(Duration::from_secs(10)).await.expect("flushed");
+    assert_eq!(seen.0.load(Ordering::SeqCst), 2);
+    assert_eq!(stored_seqs(&store).await, vec![(1, 1), (2, 2)]);
+}

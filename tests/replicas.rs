@@ -496,6 +496,75 @@ async fn a_replica_without_the_lease_cannot_overwrite_the_controls() {
     );
 }
 
+/// Updates are stored only by the replica holding the session's lease, in one statement that
+/// also announces them (NOTIFY, delivered once it commits): the holder's chunk is stored and
+/// announced once, a chunk stored already is skipped, and another replica's is refused, neither
+/// stored nor announced.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_the_lease_holder_stores_and_announces_updates() {
+    use acp_gateway::replica::{Replica, lease::Holder};
+    use acp_gateway::store::{EventChunk, SessionWrite};
+    let url = common::pg::fresh_database().await;
+    let store = store_with_session(&url, "s").await;
+    let b = Replica::connect(&url, "b", Duration::from_secs(LEASE_SECS))
+        .await
+        .expect("replica b");
+    assert_eq!(b.acquire("s").await.expect("acquire"), Holder::Me);
+    let mut listener = sqlx::postgres::PgListener::connect(&url).await.expect("listener");
+    listener.listen("acp_session_committed").await.expect("listen");
+    let chunk = |from: i64, to: i64, text: &str| SessionWrite {
+        session_id: std::sync::Arc::from("s"),
+        chunk: Some(EventChunk {
+            seq_from: from,
+            seq_to: to,
+            payload: text.to_string(),
+            stored_at: 0,
+        }),
+        prompt_title: None,
+        agent_title: None,
+        prompts: 0,
+        controls: None,
+        updated_at: 1_700_000_000_002,
+    };
+    let refused = store
+        .write_batch_leased(&[chunk(1, 2, "{\"b\":1}\n{\"b\":2}")], "b")
+        .await
+        .expect("b writes");
+    assert!(refused.is_empty(), "{refused:?}");
+    let note = tokio::time::timeout(Duration::from_secs(10), listener.recv())
+        .await
+        .expect("announced")
+        .expect("notification");
+    assert_eq!(note.payload(), "s:2");
+    // The same chunk again (a retry after a lost answer): skipped, the session not advanced twice.
+    store
+        .write_batch_leased(&[chunk(1, 2, "{\"b\":1}\n{\"b\":2}")], "b")
+        .await
+        .expect("b writes again");
+    let refused = store
+        .write_batch_leased(&[chunk(3, 3, "{\"a\":3}")], "a")
+        .await
+        .expect("a's write is answered");
+    assert_eq!(refused, [std::sync::Arc::from("s")], "a holds no lease");
+    let chunks = store.read_events("alice", "s", 0, 10).await.expect("read");
+    let stored: Vec<(i64, i64, &str)> = chunks
+        .iter()
+        .map(|c| (c.seq_from, c.seq_to, c.payload.as_str()))
+        .collect();
+    assert_eq!(stored, [(1, 2, "{\"b\":1}\n{\"b\":2}")]);
+    let row = store.get_session("alice", "s").await.expect("read").expect("row");
+    assert_eq!(row.last_seq, 2);
+    assert_eq!(store.stored_bytes("alice").await.expect("bytes"), 15, "counted once");
+    // The retry's announcement, and none for a's refused write.
+    let next = tokio::time::timeout(Duration::from_secs(10), listener.recv())
+        .await
+        .expect("the retry is announced")
+        .expect("notification");
+    assert_eq!(next.payload(), "s:2");
+    let none = tokio::time::timeout(Duration::from_millis(500), listener.recv()).await;
+    assert!(none.is_err(), "a's refused write was announced: {none:?}");
+}
+
 /// The store on `url` (migrated) with alice's session `id` in it.
 async fn store_with_session(url: &str, id: &str) -> std::sync::Arc<dyn acp_gateway::store::Store> {
     let store = acp_gateway::store::connect(url).await.expect("migrated");

@@ -44,6 +44,11 @@ pub struct PgStore {
     /// Each method borrows one connection for one transaction, whose role and identity end with
     /// it.
     pool: PgPool,
+    /// The transcript writer's connections: taken without the ping the request pool makes
+    /// before handing one out (a round trip, ~150 µs on a busy 2-core machine, on the commit
+    /// every update waits for). A connection that died meanwhile fails the write with an error
+    /// the writer retries, on a new one.
+    writes: PgPool,
     /// Whether `session/list` searches can start from the pg_trgm indexes on `session_search`:
     /// they exist (pg_trgm could be created), and this role owns the table, so it can read it
     /// without row-level security, which keeps `ILIKE` from any index.
@@ -64,6 +69,12 @@ impl PgStore {
             .connect(url)
             .await?;
         sqlx::migrate!("./migrations/postgres").run(&pool).await?;
+        let writes = PgPoolOptions::new()
+            .max_connections(2)
+            .acquire_timeout(ACQUIRE_TIMEOUT)
+            .test_before_acquire(false)
+            .connect(url)
+            .await?;
         let identity = check_roles(&pool).await?;
         let search_index: bool = sqlx::query_scalar(
             "SELECT to_regclass('session_search_title_trgm') IS NOT NULL
@@ -81,6 +92,7 @@ impl PgStore {
         }
         Ok(Self {
             pool,
+            writes,
             search_index,
             identity,
         })
@@ -129,7 +141,77 @@ const WRITE_CHUNKS: &str = "WITH w AS (
     )
     SELECT session_id, seq_from FROM stored";
 
+/// [`WRITE_CHUNKS`] for a replica holding leases, also one statement (one round trip, one
+/// commit, no `BEGIN`): the leases `$6` holds among these sessions, their rows locked for the
+/// statement (a takeover waits for it and then sees all of it), and for each a NOTIFY that
+/// Postgres delivers only once this commits; only their chunks are stored. Returns each held
+/// session with the seq_from of each chunk stored (`NULL` when none was).
+const WRITE_CHUNKS_LEASED: &str = "WITH w AS (
+        SELECT * FROM unnest($1::text[], $2::bigint[], $3::bigint[], $4::text[], $5::bigint[])
+            AS w(session_id, seq_from, seq_to, payload, at)
+    ), held AS (
+        SELECT l.session_id FROM session_leases l
+        WHERE l.replica = $6 AND l.session_id IN (SELECT session_id FROM w)
+        FOR SHARE OF l
+    ), stored AS (
+        INSERT INTO session_events (session_id, seq_from, seq_to, payload, created_at)
+        SELECT w.session_id, w.seq_from, w.seq_to, w.payload, w.at FROM w
+        WHERE w.session_id IN (SELECT session_id FROM held)
+          AND EXISTS (SELECT 1 FROM sessions s WHERE s.id = w.session_id)
+        ON CONFLICT (session_id, seq_from) DO NOTHING
+        RETURNING session_id, seq_from, seq_to, octet_length(payload) AS bytes, created_at
+    ), advanced AS (
+        UPDATE sessions SET
+            last_seq = GREATEST(last_seq, a.seq_to),
+            updated_at = GREATEST(updated_at, a.at),
+            stored_bytes = stored_bytes + a.bytes
+        FROM (SELECT session_id, MAX(seq_to) AS seq_to, MAX(created_at) AS at, SUM(bytes) AS bytes
+              FROM stored GROUP BY session_id) a
+        WHERE sessions.id = a.session_id
+        RETURNING 1
+    ), notified AS (
+        SELECT pg_notify('acp_session_committed', n.session_id || ':' || n.seq_to)
+        FROM (SELECT session_id, MAX(seq_to) AS seq_to FROM w
+              WHERE session_id IN (SELECT session_id FROM held) GROUP BY session_id) n
+    )
+    SELECT h.session_id, s.seq_from
+    FROM held h LEFT JOIN stored s ON s.session_id = h.session_id
+    WHERE (SELECT count(*) FROM notified) >= 0";
+
 impl PgStore {
+    /// [`WRITE_CHUNKS_LEASED`]: the sessions among `writes` whose lease `holder` does not hold
+    /// (their chunks were not stored).
+    async fn write_chunks_leased(&self, writes: &[SessionWrite], holder: &str) -> Result<Vec<Arc<str>>, StoreError> {
+        let chunks: Vec<(&str, &super::EventChunk, i64)> = writes
+            .iter()
+            .filter_map(|w| Some((&*w.session_id, w.chunk.as_ref()?, w.updated_at)))
+            .collect();
+        let rows: Vec<(String, Option<i64>)> = sqlx::query_as(WRITE_CHUNKS_LEASED)
+            .bind(chunks.iter().map(|c| c.0).collect::<Vec<_>>())
+            .bind(chunks.iter().map(|c| c.1.seq_from).collect::<Vec<_>>())
+            .bind(chunks.iter().map(|c| c.1.seq_to).collect::<Vec<_>>())
+            .bind(chunks.iter().map(|c| c.1.payload.as_str()).collect::<Vec<_>>())
+            .bind(chunks.iter().map(|c| c.2).collect::<Vec<_>>())
+            .bind(holder)
+            .fetch_all(&self.writes)
+            .await?;
+        let mut refused: Vec<Arc<str>> = Vec::new();
+        for w in writes {
+            let held = rows.iter().any(|(s, _)| **s == *w.session_id);
+            if !held {
+                if !refused.contains(&w.session_id) {
+                    refused.push(w.session_id.clone());
+                }
+            } else if let Some(chunk) = &w.chunk {
+                let stored = rows
+                    .iter()
+                    .any(|(s, f)| **s == *w.session_id && *f == Some(chunk.seq_from));
+                super::sql::note_unstored(&w.session_id, chunk, u64::from(stored));
+            }
+        }
+        Ok(refused)
+    }
+
     async fn write_chunks(&self, writes: &[SessionWrite]) -> Result<(), StoreError> {
         let chunks: Vec<(&str, &super::EventChunk, i64)> = writes
             .iter()
@@ -141,7 +223,7 @@ impl PgStore {
             .bind(chunks.iter().map(|c| c.1.seq_to).collect::<Vec<_>>())
             .bind(chunks.iter().map(|c| c.1.payload.as_str()).collect::<Vec<_>>())
             .bind(chunks.iter().map(|c| c.2).collect::<Vec<_>>())
-            .fetch_all(&self.pool)
+            .fetch_all(&self.writes)
             .await?;
         if stored.len() < chunks.len() {
             let stored: std::collections::HashSet<(&str, i64)> = stored.iter().map(|(s, f)| (s.as_str(), *f)).collect();
@@ -408,6 +490,9 @@ impl Store for PgStore {
     }
 
     async fn write_batch_leased(&self, writes: &[SessionWrite], holder: &str) -> Result<Vec<Arc<str>>, StoreError> {
+        if writes.iter().all(|w| w.chunk.is_some() && !w.has_metadata()) {
+            return self.write_chunks_leased(writes, holder).await;
+        }
         let mut tx = self.as_system().await?;
         // One statement: which of these sessions' leases `holder` holds (their rows locked until
         // commit, so a takeover waits for this write and then sees all of it), and a NOTIFY for

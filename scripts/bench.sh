@@ -94,6 +94,10 @@ per connection) at once. These machines are noisy: compare columns of one run, n
 its transcript writer, its checkpoint thread, the agent and the client share two cores, and the
 same build's median ranged from 76,000 to 305,000 updates/s between runs on one afternoon
 (websocketd's from 60,000 to 100,000); the latency figures move by about 10 %.
+A stuck tab (section 6): one tab of the bench user starts a 200,000-update stream and never reads
+it, while the same user's other tab (same agent process) and another user's tab take turns with
+small prompts for 3 s; their round trips are compared with the same tabs' just before (the
+target: the worst is at most 50 ms above the usual p50).
 
 ## Results
 

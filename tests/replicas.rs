@@ -462,14 +462,8 @@ async fn a_lease_the_database_has_not_confirmed_for_a_lease_time_is_not_trusted(
 /// neither its updates nor its controls (a late `set_mode` answer, a `config_option_update`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_replica_without_the_lease_cannot_overwrite_the_controls() {
-    use acp_gateway::replica::{Replica, lease::Holder};
     use acp_gateway::store::SessionWrite;
-    let url = common::pg::fresh_database().await;
-    let store = store_with_session(&url, "s").await;
-    let b = Replica::connect(&url, "b", Duration::from_secs(LEASE_SECS))
-        .await
-        .expect("replica b");
-    assert_eq!(b.acquire("s").await.expect("acquire"), Holder::Me);
+    let (store, _b, _) = held_by_b().await;
     let controls = |value: &str| SessionWrite {
         session_id: std::sync::Arc::from("s"),
         chunk: None,
@@ -502,14 +496,8 @@ async fn a_replica_without_the_lease_cannot_overwrite_the_controls() {
 /// stored nor announced.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn only_the_lease_holder_stores_and_announces_updates() {
-    use acp_gateway::replica::{Replica, lease::Holder};
     use acp_gateway::store::{EventChunk, SessionWrite};
-    let url = common::pg::fresh_database().await;
-    let store = store_with_session(&url, "s").await;
-    let b = Replica::connect(&url, "b", Duration::from_secs(LEASE_SECS))
-        .await
-        .expect("replica b");
-    assert_eq!(b.acquire("s").await.expect("acquire"), Holder::Me);
+    let (store, _b, url) = held_by_b().await;
     let mut listener = sqlx::postgres::PgListener::connect(&url).await.expect("listener");
     listener.listen("acp_session_committed").await.expect("listen");
     let chunk = |from: i64, to: i64, text: &str| SessionWrite {
@@ -563,6 +551,23 @@ async fn only_the_lease_holder_stores_and_announces_updates() {
     assert_eq!(next.payload(), "s:2");
     let none = tokio::time::timeout(Duration::from_millis(500), listener.recv()).await;
     assert!(none.is_err(), "a's refused write was announced: {none:?}");
+}
+
+/// A fresh database with alice's session `s`, whose lease replica `b` holds: the store, `b` and
+/// the database's URL.
+async fn held_by_b() -> (
+    std::sync::Arc<dyn acp_gateway::store::Store>,
+    std::sync::Arc<acp_gateway::replica::Replica>,
+    String,
+) {
+    use acp_gateway::replica::{Replica, lease::Holder};
+    let url = common::pg::fresh_database().await;
+    let store = store_with_session(&url, "s").await;
+    let b = Replica::connect(&url, "b", Duration::from_secs(LEASE_SECS))
+        .await
+        .expect("replica b");
+    assert_eq!(b.acquire("s").await.expect("acquire"), Holder::Me);
+    (store, b, url)
 }
 
 /// The store on `url` (migrated) with alice's session `id` in it.

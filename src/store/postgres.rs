@@ -116,17 +116,23 @@ impl PgStore {
     }
 }
 
-/// Stores chunks and advances their sessions in one statement, atomic on its own: the writes
-/// every update waits on before a client sees it are one round trip and one commit, not `BEGIN`,
-/// an `INSERT` and an `UPDATE` per session, and `COMMIT`. A chunk whose session is gone, or whose
-/// seqs are stored already, is skipped (and logged), as [`super::sql::Sql::write_batch`] does.
-const WRITE_CHUNKS: &str = "WITH w AS (
+/// The statement that stores chunks and advances their sessions: `$held` names a `held` CTE that
+/// limits the chunks stored to its sessions (or nothing), `$only_held` the condition that does so,
+/// `$tail` what follows the CTEs.
+macro_rules! write_chunks_sql {
+    ($held:literal, $only_held:literal, $tail:literal) => {
+        concat!(
+            "WITH w AS (
         SELECT * FROM unnest($1::text[], $2::bigint[], $3::bigint[], $4::text[], $5::bigint[])
             AS w(session_id, seq_from, seq_to, payload, at)
-    ), stored AS (
+    ), ",
+            $held,
+            "stored AS (
         INSERT INTO session_events (session_id, seq_from, seq_to, payload, created_at)
         SELECT w.session_id, w.seq_from, w.seq_to, w.payload, w.at FROM w
-        WHERE EXISTS (SELECT 1 FROM sessions s WHERE s.id = w.session_id)
+        WHERE ",
+            $only_held,
+            "EXISTS (SELECT 1 FROM sessions s WHERE s.id = w.session_id)
         ON CONFLICT (session_id, seq_from) DO NOTHING
         RETURNING session_id, seq_from, seq_to, octet_length(payload) AS bytes, created_at
     ), advanced AS (
@@ -138,45 +144,39 @@ const WRITE_CHUNKS: &str = "WITH w AS (
               FROM stored GROUP BY session_id) a
         WHERE sessions.id = a.session_id
         RETURNING 1
-    )
-    SELECT session_id, seq_from FROM stored";
+    )",
+            $tail
+        )
+    };
+}
+
+/// Stores chunks and advances their sessions in one statement, atomic on its own: the writes
+/// every update waits on before a client sees it are one round trip and one commit, not `BEGIN`,
+/// an `INSERT` and an `UPDATE` per session, and `COMMIT`. A chunk whose session is gone, or whose
+/// seqs are stored already, is skipped (and logged), as [`super::sql::Sql::write_batch`] does.
+const WRITE_CHUNKS: &str = write_chunks_sql!("", "", "\n    SELECT session_id, seq_from FROM stored");
 
 /// [`WRITE_CHUNKS`] for a replica holding leases, also one statement (one round trip, one
 /// commit, no `BEGIN`): the leases `$6` holds among these sessions, their rows locked for the
 /// statement (a takeover waits for it and then sees all of it), and for each a NOTIFY that
 /// Postgres delivers only once this commits; only their chunks are stored. Returns each held
 /// session with the seq_from of each chunk stored (`NULL` when none was).
-const WRITE_CHUNKS_LEASED: &str = "WITH w AS (
-        SELECT * FROM unnest($1::text[], $2::bigint[], $3::bigint[], $4::text[], $5::bigint[])
-            AS w(session_id, seq_from, seq_to, payload, at)
-    ), held AS (
+const WRITE_CHUNKS_LEASED: &str = write_chunks_sql!(
+    "held AS (
         SELECT l.session_id FROM session_leases l
         WHERE l.replica = $6 AND l.session_id IN (SELECT session_id FROM w)
         FOR SHARE OF l
-    ), stored AS (
-        INSERT INTO session_events (session_id, seq_from, seq_to, payload, created_at)
-        SELECT w.session_id, w.seq_from, w.seq_to, w.payload, w.at FROM w
-        WHERE w.session_id IN (SELECT session_id FROM held)
-          AND EXISTS (SELECT 1 FROM sessions s WHERE s.id = w.session_id)
-        ON CONFLICT (session_id, seq_from) DO NOTHING
-        RETURNING session_id, seq_from, seq_to, octet_length(payload) AS bytes, created_at
-    ), advanced AS (
-        UPDATE sessions SET
-            last_seq = GREATEST(last_seq, a.seq_to),
-            updated_at = GREATEST(updated_at, a.at),
-            stored_bytes = stored_bytes + a.bytes
-        FROM (SELECT session_id, MAX(seq_to) AS seq_to, MAX(created_at) AS at, SUM(bytes) AS bytes
-              FROM stored GROUP BY session_id) a
-        WHERE sessions.id = a.session_id
-        RETURNING 1
-    ), notified AS (
+    ), ",
+    "w.session_id IN (SELECT session_id FROM held) AND ",
+    ", notified AS (
         SELECT pg_notify('acp_session_committed', n.session_id || ':' || n.seq_to)
         FROM (SELECT session_id, MAX(seq_to) AS seq_to FROM w
               WHERE session_id IN (SELECT session_id FROM held) GROUP BY session_id) n
     )
     SELECT h.session_id, s.seq_from
     FROM held h LEFT JOIN stored s ON s.session_id = h.session_id
-    WHERE (SELECT count(*) FROM notified) >= 0";
+    WHERE (SELECT count(*) FROM notified) >= 0"
+);
 
 impl PgStore {
     /// [`WRITE_CHUNKS_LEASED`]: the sessions among `writes` whose lease `holder` does not hold

@@ -69,12 +69,12 @@ impl PgStore {
             .connect(url)
             .await?;
         sqlx::migrate!("./migrations/postgres").run(&pool).await?;
+        // Opened on the first write: a store that only reads (the CLI's admin commands) opens none.
         let writes = PgPoolOptions::new()
             .max_connections(2)
             .acquire_timeout(ACQUIRE_TIMEOUT)
             .test_before_acquire(false)
-            .connect(url)
-            .await?;
+            .connect_lazy(url)?;
         let identity = check_roles(&pool).await?;
         let search_index: bool = sqlx::query_scalar(
             "SELECT to_regclass('session_search_title_trgm') IS NOT NULL

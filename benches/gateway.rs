@@ -13,6 +13,7 @@
 //! - `BENCH_GW_THREADS` (default: one per core, like `#[tokio::main]`): the gateway's workers;
 //! - `BENCH_ONLY=latency` or `BENCH_ONLY=throughput`: run one part (for profiling; the
 //!   throughput part ends with section 6, a stuck tab's cost to other tabs, `gateway/stuck.rs`);
+//!   `BENCH_ONLY=stream`: sections 2 and 3 alone (one connection streaming);
 //! - `BENCH_LIFT_QUEUE=1`: client queues large enough never to fall behind (default limits
 //!   otherwise); `BENCH_SANDBOX=none|bwrap|auto`: the agent's sandbox in the gateway;
 //! - `BENCH_MARKDOWN=path`: also write the results as Markdown table rows there;
@@ -227,15 +228,17 @@ async fn run(gw_rt: &tokio::runtime::Runtime, gw: &Arc<Gateway>, addr: SocketAdd
     };
     let mut md = String::new();
     let only = std::env::var("BENCH_ONLY").unwrap_or_default();
-    if only != "throughput" {
+    if only.is_empty() || only == "latency" {
         latency(&mut direct, &mut via, peer.as_mut(), k, backend, &mut md).await?;
     }
     #[cfg(feature = "bench-peers")]
-    if only != "throughput" {
+    if only.is_empty() || only == "latency" {
         rust_sdk::section(&mut direct, &mut via, backend, &mut md).await?;
     }
     if only != "latency" {
         throughput(gw_rt, gw, &mut direct, &mut via, peer.as_mut(), k, &mut md).await?;
+    }
+    if only != "latency" && only != "stream" {
         let tokens: Vec<String> = (0..EIGHT).map(|i| token(&format!("bench{i}"))).collect::<Result<_>>()?;
         eight(addr, &tokens, websocketd.as_ref().map(|w| w.addr), k, &mut md).await?;
         stuck::section(gw_rt, gw, addr, token, &mut via, k.n_updates, &mut md).await?;

@@ -399,6 +399,10 @@ impl LiveSession {
             }
         };
         self.first_update.prompt_sent();
+        // The agent's stdin writer was just woken: let it write the prompt before this records
+        // it (measured: the bookkeeping below put the prompt on the agent's stdin ~40 µs after
+        // its frame arrived). The numbering lock keeps the answer's updates behind its chunks.
+        tokio::task::yield_now().await;
         self.persister
             .send(Item::Prompt {
                 session: self.id.clone(),

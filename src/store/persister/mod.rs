@@ -30,7 +30,7 @@
 //! thread: a round trip does not hop to the writer's thread and back.
 
 use std::collections::HashSet;
-use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -67,42 +67,16 @@ const STALLED_AFTER: Duration = Duration::from_secs(5);
 /// Longest pause between attempts at a failing write.
 const MAX_BACKOFF: Duration = Duration::from_secs(2);
 
-/// How the writer is doing (for `/readyz`), updated by the writer at every attempt.
-#[derive(Debug, Default)]
-struct Health {
-    /// When the current run of failed attempts began (epoch µs); 0 while writes succeed.
-    failing_since: AtomicI64,
-    /// When the attempt under way began (epoch µs); 0 when none is.
-    writing_since: AtomicI64,
-    /// The last failed attempt's error.
-    last_error: Mutex<String>,
-    /// Session writes given up on for good since start.
-    dropped: AtomicU64,
-}
-
-impl Health {
-    fn succeeded(&self) {
-        self.failing_since.store(0, Ordering::Release);
-    }
-
-    fn failed(&self, e: &StoreError) {
-        if let Ok(mut last) = self.last_error.lock() {
-            *last = e.to_string();
-        }
-        let _ = self
-            .failing_since
-            .compare_exchange(0, now_micros(), Ordering::AcqRel, Ordering::Acquire);
-    }
-}
-
 mod batch;
+mod health;
 mod stage;
 #[cfg(test)]
 mod stage_tests;
 #[cfg(test)]
 mod tests;
 
-use stage::{Lingered, Stage};
+use health::Health;
+use stage::{Lingered, Offered, Stage};
 
 use batch::{Batch, awaits_answer, burst_goes_on, coalesce, item_bytes, merge_metadata, split};
 pub use batch::{Committed, Item};
@@ -192,19 +166,7 @@ impl Persister {
     /// `Ok` while the writer's writes succeed; otherwise what is wrong: its writes have failed
     /// since some time (with the last error), or one has waited on the database too long.
     pub fn health(&self) -> Result<(), String> {
-        let now = now_micros();
-        let failing_since = self.health.failing_since.load(Ordering::Acquire);
-        if failing_since != 0 {
-            let error = self.health.last_error.lock().map(|e| e.clone()).unwrap_or_default();
-            let secs = (now - failing_since).max(0) as f64 / 1e6;
-            return Err(format!("transcript writes failing for {secs:.1} s: {error}"));
-        }
-        let writing_since = self.health.writing_since.load(Ordering::Acquire);
-        if writing_since != 0 && now - writing_since > STALLED_AFTER.as_micros() as i64 {
-            let secs = (now - writing_since) as f64 / 1e6;
-            return Err(format!("a transcript write has waited {secs:.1} s for the database"));
-        }
-        Ok(())
+        self.health.report()
     }
 
     /// Session writes given up on for good since start.
@@ -221,7 +183,18 @@ impl Persister {
         };
         self.room.take(item_bytes(&item)).await;
         match &self.stage {
-            Some(stage) => stage.offer(item, slot),
+            Some(stage) => {
+                match stage.offer(item, slot) {
+                    Offered::Passed => {}
+                    Offered::Held(hold) => stage.time_hold(hold),
+                    Offered::CommittedForWriter => {
+                        // The commit woke the clients' socket writers: they send before the
+                        // writer's thread is woken to compete with them for a core.
+                        let _wake = stage.wake_writer();
+                        tokio::task::yield_now().await;
+                    }
+                }
+            }
             None => slot.send(item),
         }
     }
@@ -275,10 +248,24 @@ async fn run(
     // Since when metadata has been held back.
     let mut metadata_since: Option<Instant> = None;
     loop {
+        if let Some(stage) = stage.as_deref() {
+            take_metadata(stage, &mut pending_metadata, &mut metadata_since);
+            stage.writer_waiting(&rx, lost.is_empty() && !cancel.is_cancelled());
+        }
         let put_off = metadata_since.into_iter().chain(w.unsettled_since()).min();
+        // What a sender held and gave back has lingered already.
+        let mut lingered = false;
         // Once cancelled, write what is still queued and stop (handles may outlive the gateway).
         let received = tokio::select! {
             biased;
+            () = woken(stage.as_deref()) => {
+                items = stage.as_deref().map(|s| s.take_back(false)).unwrap_or_default();
+                if items.is_empty() {
+                    continue;
+                }
+                lingered = true;
+                items.len()
+            }
             n = rx.recv_many(&mut items, MAX_BATCH_ITEMS) => n,
             () = tokio::time::sleep(QUIET), if put_off.is_some() => {
                 w.put_off_writes(&mut pending_metadata).await;
@@ -286,6 +273,7 @@ async fn run(
                 continue;
             }
             () = cancel.cancelled() => {
+                items.extend(stage.as_deref().map(|s| s.take_back(true)).unwrap_or_default());
                 while items.len() < MAX_BATCH_ITEMS {
                     match rx.try_recv() {
                         Ok(item) => items.push(item),
@@ -303,8 +291,22 @@ async fn run(
         // wrote at once: the updates it has read right behind it are on their way).
         let mut bytes: usize = items.iter().map(item_bytes).sum();
         take_waiting(&mut rx, &mut items, &mut bytes);
-        let mut held = false;
         if let Some(stage) = stage.as_deref()
+            && !lingered
+        {
+            // What is queued came after what a sender holds or commits (it held only when the
+            // writer had nothing): that goes first, or waits for the sender's commit.
+            stage.sender_committed().await;
+            let back = stage.take_back(false);
+            if !back.is_empty() {
+                bytes += back.iter().map(item_bytes).sum::<usize>();
+                items.splice(0..0, back);
+                lingered = true;
+            }
+        }
+        let mut held = lingered;
+        if let Some(stage) = stage.as_deref()
+            && !lingered
             && lost.is_empty()
             && !cancel.is_cancelled()
             && awaits_answer(&items)
@@ -313,13 +315,8 @@ async fn run(
             match stage.linger(&mut rx, &mut items, &mut bytes, &cancel).await {
                 Lingered::NotHeld => {}
                 Lingered::Taken => held = true,
-                Lingered::Done(metadata) => {
-                    if !metadata.is_empty() {
-                        metadata_since.get_or_insert_with(Instant::now);
-                        pending_metadata.extend(metadata);
-                    }
-                    continue;
-                }
+                // Its metadata is taken with the rest senders committed.
+                Lingered::Done => continue,
             }
         }
         if !held && !cancel.is_cancelled() && awaits_answer(&items) {
@@ -382,6 +379,10 @@ async fn run(
                 }
             }
         }
+        if let Some(stage) = stage.as_deref() {
+            // What senders committed meanwhile: a flush answered below covers it too.
+            take_metadata(stage, &mut pending_metadata, &mut metadata_since);
+        }
         let overdue = metadata_since
             .into_iter()
             .chain(w.unsettled_since())
@@ -397,6 +398,23 @@ async fn run(
         }
     }
     w.put_off_writes(&mut pending_metadata).await;
+}
+
+/// Adds the metadata of batches senders committed to the writer's put-off writes.
+fn take_metadata(stage: &Stage, pending: &mut Vec<SessionWrite>, since: &mut Option<Instant>) {
+    let metadata = stage.take_metadata();
+    if !metadata.is_empty() {
+        since.get_or_insert_with(Instant::now);
+        pending.extend(metadata);
+    }
+}
+
+/// Until the stage wakes the writer (never without one).
+async fn woken(stage: Option<&Stage>) {
+    match stage {
+        Some(stage) => stage.woken().await,
+        None => std::future::pending().await,
+    }
 }
 
 /// Moves what is already queued into `items`, up to the item and byte caps.

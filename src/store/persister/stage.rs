@@ -10,15 +10,23 @@
 //! grows past [`MAX_HELD`], carries a flush, or fails to commit is the writer's again, with its
 //! retries.
 //!
+//! When the writer is idle (nothing in its hands, nothing queued since it last looked), the
+//! prompt's own send starts the hold, with a timer for the linger: the writer's thread is not
+//! woken at all for a round trip (measured: it was woken twice per round trip, once as the
+//! prompt went to the agent and once after the answer's commit, competing for the two cores
+//! with the agent and the gateway).
+//!
 //! Order: a sender puts its item in the queue under the stage's lock, and the writer moves what
 //! the queue holds into the stage under the same lock as it starts holding, so nothing sent
-//! earlier is left behind in the queue. While a sender commits, the writer waits for it, so no
-//! later update of a session can be committed (and release this one) first.
+//! earlier is left behind in the queue; a sender starts a hold only when the writer has nothing
+//! that came before. While a sender commits, the writer waits for it before writing anything,
+//! so no later update of a session can be committed (and release this one) first.
 
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant;
 
 use tokio::sync::{Notify, mpsc};
+use tokio::task::AbortHandle;
 use tokio_util::sync::CancellationToken;
 
 use super::batch::{Batch, Item, awaits_answer, burst_goes_on, coalesce, item_bytes, split};
@@ -47,6 +55,17 @@ enum Phase {
 #[derive(Default)]
 struct State {
     phase: Phase,
+    /// The hold was started by a sender (the writer was idle), not by the writer's linger.
+    by_sender: bool,
+    /// The writer waits with nothing in its hands and nothing queued since it looked, and
+    /// senders may hold (no session is lost, no shutdown).
+    writer_idle: bool,
+    /// The writer waits for a sender's commit to end before it writes.
+    writer_waits: bool,
+    /// Holds started by senders so far: a timer ends only its own.
+    holds: u64,
+    /// The linger's timer of a sender's hold.
+    timer: Option<AbortHandle>,
     items: Vec<Item>,
     /// Message counts and titles of batches committed here: the writer makes them later, with
     /// its own.
@@ -59,8 +78,19 @@ pub(super) enum Lingered {
     NotHeld,
     /// The items (and what else the queue held) are back in the writer's hands, to commit.
     Taken,
-    /// A sender committed them; here is their metadata, for the writer's put-off writes.
-    Done(Vec<SessionWrite>),
+    /// A sender committed them (their metadata waits in the stage: [`Stage::take_metadata`]).
+    Done,
+}
+
+/// What became of a sender's item.
+pub(super) enum Offered {
+    /// Queued for the writer, or held with the batch.
+    Passed,
+    /// It started a hold (number given): the caller starts its timer ([`Stage::time_hold`]).
+    Held(u64),
+    /// It completed the writer's held batch, committed here: the caller wakes the writer
+    /// ([`Stage::wake_writer`]) once the clients the commit woke have been served.
+    CommittedForWriter,
 }
 
 /// What the writer finds when it looks again.
@@ -69,8 +99,8 @@ enum Resume {
     Wait,
     /// The items are the writer's to commit.
     Take(Vec<Item>),
-    /// A sender committed them; here is their metadata.
-    Done(Vec<SessionWrite>),
+    /// A sender committed them.
+    Done,
 }
 
 impl std::fmt::Debug for Stage {
@@ -78,6 +108,15 @@ impl std::fmt::Debug for Stage {
         f.debug_struct("Stage")
             .field("phase", &self.state().phase)
             .finish_non_exhaustive()
+    }
+}
+
+/// Wakes the writer when dropped ([`Stage::wake_writer`]), however the sender's send ends.
+pub(super) struct WakeWriter<'a>(&'a Stage);
+
+impl Drop for WakeWriter<'_> {
+    fn drop(&mut self) {
+        self.0.wake.notify_one();
     }
 }
 
@@ -107,29 +146,93 @@ impl Stage {
     }
 
     /// A sender's item: held with the batch if one is held (committed here if it completes it),
-    /// else into the queue through `slot`.
-    pub(super) fn offer(&self, item: Item, slot: mpsc::Permit<'_, Item>) {
+    /// a hold of its own if it is a prompt and the writer idle, else into the queue through `slot`.
+    pub(super) fn offer(&self, item: Item, slot: mpsc::Permit<'_, Item>) -> Offered {
         let mut state = self.state();
+        if state.phase == Phase::Idle && state.writer_idle && awaits_answer(std::slice::from_ref(&item)) {
+            drop(slot);
+            state.phase = Phase::Holding;
+            state.by_sender = true;
+            state.holds += 1;
+            state.items.push(item);
+            return Offered::Held(state.holds);
+        }
         if state.phase != Phase::Holding {
+            // The writer has something to look at: no sender holds until it has looked.
+            state.writer_idle = false;
             slot.send(item);
-            return;
+            return Offered::Passed;
         }
         drop(slot);
         let flush = matches!(item, Item::Flush(_));
         state.items.push(item);
         if flush || state.items.len() >= MAX_HELD {
-            state.phase = Phase::Returned;
-            drop(state);
-            self.wake.notify_one();
-            return;
+            self.hand_back(state);
+            return Offered::Passed;
         }
         if awaits_answer(&state.items) || burst_goes_on(&state.items) {
-            return;
+            return Offered::Passed;
         }
         state.phase = Phase::Committing;
+        // A sender's hold keeps its timer: when it fires, the writer is woken for the put-off
+        // writes of what was committed here (message counts, titles, the session's row), later
+        // and off the round trip.
+        state.timer = None;
+        let by_sender = state.by_sender;
         let items = std::mem::take(&mut state.items);
         drop(state);
-        self.commit(items);
+        if self.commit(items, by_sender) && !by_sender {
+            Offered::CommittedForWriter
+        } else {
+            Offered::Passed
+        }
+    }
+
+    /// The held batch is the writer's again (a flush, too many, the linger's end, a failed
+    /// commit): wakes it, lingering or not.
+    fn hand_back(&self, mut state: MutexGuard<'_, State>) {
+        state.phase = Phase::Returned;
+        if let Some(timer) = state.timer.take() {
+            timer.abort();
+        }
+        drop(state);
+        self.wake.notify_one();
+    }
+
+    /// Ends sender hold `hold` after [`super::LINGER`], unless it has ended: started by
+    /// [`Persister::send`](super::Persister::send) for [`Offered::Held`].
+    pub(super) fn time_hold(self: &Arc<Self>, hold: u64) {
+        let stage = self.clone();
+        let timer = tokio::spawn(async move {
+            tokio::time::sleep(super::LINGER).await;
+            let mut state = stage.state();
+            if state.phase == Phase::Holding && state.by_sender && state.holds == hold {
+                state.timer = None;
+                stage.hand_back(state);
+            } else {
+                // Committed by a sender (or handed back, and the writer told already): the
+                // writer has the committed batch's put-off writes to make.
+                drop(state);
+                stage.wake.notify_one();
+            }
+        });
+        let mut state = self.state();
+        if state.phase == Phase::Holding && state.by_sender && state.holds == hold {
+            state.timer = Some(timer.abort_handle());
+        } else {
+            timer.abort();
+        }
+    }
+
+    /// Until something is handed back to the writer, or it is told of a commit.
+    pub(super) async fn woken(&self) {
+        self.wake.notified().await;
+    }
+
+    /// Tells the lingering writer, when dropped, that what it held was committed (until then
+    /// sends go to the queue and the writer waits: a sender's commit it saw begin, without end).
+    pub(super) fn wake_writer(&self) -> WakeWriter<'_> {
+        WakeWriter(self)
     }
 
     /// The writer lingers for a prompt's answer (`items` wait for one): holds them here until a
@@ -167,7 +270,7 @@ impl Stage {
                     take_waiting(rx, items, bytes);
                     return Lingered::Taken;
                 }
-                Resume::Done(metadata) => return Lingered::Done(metadata),
+                Resume::Done => return Lingered::Done,
             }
         }
     }
@@ -182,14 +285,70 @@ impl Stage {
         }
         debug_assert_eq!(state.phase, Phase::Idle);
         state.phase = Phase::Holding;
+        state.by_sender = false;
         state.items = std::mem::take(items);
         true
     }
 
-    /// Whether the writer holds a prompt for its answer.
+    /// The writer is about to wait with empty hands: senders may hold a prompt from now on if
+    /// `may_hold` (no session lost, no shutdown) and nothing is queued.
+    pub(super) fn writer_waiting(&self, rx: &mpsc::Receiver<Item>, may_hold: bool) {
+        let mut state = self.state();
+        state.writer_idle = may_hold && rx.is_empty() && state.phase == Phase::Idle;
+    }
+
+    /// What a sender held and gave back (the linger's end, a flush, a failed commit), for the
+    /// writer waiting in its loop; with `shutdown`, a sender's hold too. Empty if none.
+    pub(super) fn take_back(&self, shutdown: bool) -> Vec<Item> {
+        let mut state = self.state();
+        let held_by_sender = state.phase == Phase::Holding && state.by_sender;
+        if state.phase != Phase::Returned && !(shutdown && held_by_sender) {
+            return Vec::new();
+        }
+        if let Some(timer) = state.timer.take() {
+            timer.abort();
+        }
+        state.phase = Phase::Idle;
+        state.writer_idle = false;
+        std::mem::take(&mut state.items)
+    }
+
+    /// Waits while a sender commits: nothing the writer holds may be committed before it.
+    pub(super) async fn sender_committed(&self) {
+        loop {
+            {
+                let mut state = self.state();
+                if state.phase != Phase::Committing {
+                    return;
+                }
+                state.writer_waits = true;
+            }
+            self.wake.notified().await;
+        }
+    }
+
+    /// The metadata of batches senders committed, for the writer's put-off writes.
+    pub(super) fn take_metadata(&self) -> Vec<SessionWrite> {
+        std::mem::take(&mut self.state().metadata)
+    }
+
+    /// Whether a prompt is held for its answer.
     #[cfg(test)]
     pub(super) fn is_holding(&self) -> bool {
         self.state().phase == Phase::Holding
+    }
+
+    /// Whether the writer waits with nothing in hand (senders may hold).
+    #[cfg(test)]
+    pub(super) fn is_writer_idle(&self) -> bool {
+        self.state().writer_idle
+    }
+
+    /// Whether a sender started the hold (the writer's thread was not woken).
+    #[cfg(test)]
+    pub(super) fn is_held_by_sender(&self) -> bool {
+        let state = self.state();
+        state.phase == Phase::Holding && state.by_sender
     }
 
     /// Whether a sender is committing what was held.
@@ -207,13 +366,14 @@ impl Stage {
                 state.phase = Phase::Idle;
                 Resume::Take(std::mem::take(&mut state.items))
             }
-            Phase::Idle => Resume::Done(std::mem::take(&mut state.metadata)),
+            Phase::Idle => Resume::Done,
         }
     }
 
-    /// Commits a completed batch on this thread and tells its sessions; handed back to the
-    /// writer if the commit fails (nothing was told).
-    fn commit(&self, items: Vec<Item>) {
+    /// Commits a completed batch on this thread and tells its sessions (`true`; the writer is
+    /// still to be woken if it held them); handed back to the writer if the commit fails
+    /// (nothing was told).
+    fn commit(&self, items: Vec<Item>, by_sender: bool) -> bool {
         let held: Vec<usize> = items.iter().map(item_bytes).collect();
         let copies: Vec<Item> = items.iter().filter_map(Item::copy).collect();
         let Batch {
@@ -242,10 +402,9 @@ impl Stage {
             tracing::debug!(error = %e, "a held batch's commit failed; the writer takes it with its retries");
             let mut state = self.state();
             state.items = copies;
-            state.phase = Phase::Returned;
-            drop(state);
-            self.wake.notify_one();
-            return;
+            state.writer_waits = false;
+            self.hand_back(state);
+            return false;
         }
         self.health.succeeded();
         metrics::histogram!(crate::metrics::TRANSCRIPT_COMMIT_SECONDS).record(started.elapsed().as_secs_f64());
@@ -261,7 +420,10 @@ impl Stage {
         let mut state = self.state();
         state.metadata.extend(metadata);
         state.phase = Phase::Idle;
-        drop(state);
-        self.wake.notify_one();
+        if by_sender && std::mem::take(&mut state.writer_waits) {
+            drop(state);
+            self.wake.notify_one();
+        }
+        true
     }
 }

@@ -4,6 +4,7 @@
 use super::*;
 use crate::store::NewSession;
 use crate::store::sqlite::SqliteStore;
+use std::sync::atomic::AtomicU64;
 
 /// Remembers the highest seq it was told is committed.
 #[derive(Default)]
@@ -128,4 +129,61 @@ async fn a_flush_hands_a_held_prompt_back_to_the_writer() {
     p.flush_within(Duration::from_secs(10)).await.expect("flushed");
     assert_eq!(seen.0.load(Ordering::SeqCst), 2);
     assert_eq!(stored_seqs(&store).await, vec![(1, 1), (2, 2)]);
+}
+
+/// The writer is idle: the prompt's own send holds it (the writer's thread is not woken), the
+/// answer's send commits it, and the metadata reaches the session's row at the next flush.
+#[tokio::test]
+async fn a_prompt_sent_to_an_idle_writer_is_held_by_its_sender() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store = sqlite_with_session(dir.path()).await;
+    let (p, _task) = Persister::spawn(store.clone(), 64, 1 << 20, CancellationToken::new());
+    let stage = p.stage.clone().expect("SQLite's writer has a stage");
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while !stage.is_writer_idle() {
+        assert!(std::time::Instant::now() < deadline, "the writer never waited");
+        tokio::task::yield_now().await;
+    }
+    let seen = Arc::new(Seen::default());
+    p.send(prompt(1)).await;
+    assert!(stage.is_held_by_sender(), "held by the prompt's send, not the writer");
+    p.send(update(&seen, 1, false)).await;
+    p.send(update(&seen, 2, false)).await;
+    assert_eq!(seen.0.load(Ordering::SeqCst), 2, "committed by the answer's send");
+    assert!(!stage.is_holding());
+    assert_eq!(stored_seqs(&store).await, vec![(1, 2)], "one chunk");
+    p.flush().await.expect("flushed");
+    let row = store.get_session("alice", "s").await.expect("read").expect("row");
+    assert_eq!(
+        row.title.as_deref(),
+        Some("hello"),
+        "the prompt's title, written by the writer"
+    );
+    assert_eq!(row.last_seq, 2);
+    // A later update goes to the writer through the queue, after them.
+    p.send(update(&seen, 3, false)).await;
+    p.flush().await.expect("flushed");
+    assert_eq!(stored_seqs(&store).await, vec![(1, 2), (3, 3)]);
+}
+
+/// Shutdown while a sender holds a prompt: the writer takes it and commits it before stopping.
+#[tokio::test]
+async fn shutdown_commits_what_a_sender_holds() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store = sqlite_with_session(dir.path()).await;
+    let cancel = CancellationToken::new();
+    let (p, task) = Persister::spawn(store.clone(), 64, 1 << 20, cancel.clone());
+    let stage = p.stage.clone().expect("stage");
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while !stage.is_writer_idle() {
+        assert!(std::time::Instant::now() < deadline, "the writer never waited");
+        tokio::task::yield_now().await;
+    }
+    let seen = Arc::new(Seen::default());
+    p.send(prompt(1)).await;
+    p.send(update(&seen, 1, false)).await;
+    cancel.cancel();
+    task.await.expect("writer ended");
+    assert_eq!(seen.0.load(Ordering::SeqCst), 1);
+    assert_eq!(stored_seqs(&store).await, vec![(1, 1)]);
 }

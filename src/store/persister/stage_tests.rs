@@ -66,6 +66,17 @@ async fn held(p: &Persister, seen: &Arc<Seen>) {
     }
 }
 
+/// The persister's stage, once its writer waits with nothing in hand (senders may hold).
+async fn idle_stage(p: &Persister) -> Arc<Stage> {
+    let stage = p.stage.clone().expect("SQLite's writer has a stage");
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while !stage.is_writer_idle() {
+        assert!(std::time::Instant::now() < deadline, "the writer never waited");
+        tokio::task::yield_now().await;
+    }
+    stage
+}
+
 async fn stored_seqs(store: &Arc<dyn Store>) -> Vec<(i64, i64)> {
     let chunks = store.read_events("alice", "s", 0, 100).await.expect("read");
     chunks.iter().map(|c| (c.seq_from, c.seq_to)).collect()
@@ -138,12 +149,7 @@ async fn a_prompt_sent_to_an_idle_writer_is_held_by_its_sender() {
     let dir = tempfile::tempdir().expect("tempdir");
     let store = sqlite_with_session(dir.path()).await;
     let (p, _task) = Persister::spawn(store.clone(), 64, 1 << 20, CancellationToken::new());
-    let stage = p.stage.clone().expect("SQLite's writer has a stage");
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    while !stage.is_writer_idle() {
-        assert!(std::time::Instant::now() < deadline, "the writer never waited");
-        tokio::task::yield_now().await;
-    }
+    let stage = idle_stage(&p).await;
     let seen = Arc::new(Seen::default());
     p.send(prompt(1)).await;
     assert!(stage.is_held_by_sender(), "held by the prompt's send, not the writer");
@@ -173,12 +179,7 @@ async fn shutdown_commits_what_a_sender_holds() {
     let store = sqlite_with_session(dir.path()).await;
     let cancel = CancellationToken::new();
     let (p, task) = Persister::spawn(store.clone(), 64, 1 << 20, cancel.clone());
-    let stage = p.stage.clone().expect("stage");
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    while !stage.is_writer_idle() {
-        assert!(std::time::Instant::now() < deadline, "the writer never waited");
-        tokio::task::yield_now().await;
-    }
+    let stage = idle_stage(&p).await;
     let seen = Arc::new(Seen::default());
     p.send(prompt(1)).await;
     p.send(update(&seen, 1, false)).await;

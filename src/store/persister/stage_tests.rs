@@ -183,6 +183,7 @@ async fn shutdown_commits_what_a_sender_holds() {
     let seen = Arc::new(Seen::default());
     p.send(prompt(1)).await;
     p.send(update(&seen, 1, false)).await;
+    assert!(stage.is_held_by_sender());
     cancel.cancel();
     task.await.expect("writer ended");
     assert_eq!(seen.0.load(Ordering::SeqCst), 1);

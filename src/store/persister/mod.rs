@@ -259,7 +259,7 @@ async fn run(
         let received = tokio::select! {
             biased;
             () = woken(stage.as_deref()) => {
-                items = stage.as_deref().map(|s| s.take_back(false)).unwrap_or_default();
+                items.extend(stage.as_deref().map(|s| s.take_back(false)).unwrap_or_default());
                 if items.is_empty() {
                     continue;
                 }
@@ -296,8 +296,7 @@ async fn run(
         {
             // What is queued came after what a sender holds or commits (it held only when the
             // writer had nothing): that goes first, or waits for the sender's commit.
-            stage.sender_committed().await;
-            let back = stage.take_back(false);
+            let back = stage.after_senders().await;
             if !back.is_empty() {
                 bytes += back.iter().map(item_bytes).sum::<usize>();
                 items.splice(0..0, back);

@@ -103,6 +103,13 @@ enum Resume {
     Done,
 }
 
+impl State {
+    /// Whether sender hold `hold` (or, with `None`, any sender's hold) is still holding.
+    fn sender_holds(&self, hold: Option<u64>) -> bool {
+        self.phase == Phase::Holding && self.by_sender && hold.is_none_or(|h| h == self.holds)
+    }
+}
+
 impl std::fmt::Debug for Stage {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Stage")
@@ -206,7 +213,7 @@ impl Stage {
         let timer = tokio::spawn(async move {
             tokio::time::sleep(super::LINGER).await;
             let mut state = stage.state();
-            if state.phase == Phase::Holding && state.by_sender && state.holds == hold {
+            if state.sender_holds(Some(hold)) {
                 state.timer = None;
                 stage.hand_back(state);
             } else {
@@ -217,7 +224,7 @@ impl Stage {
             }
         });
         let mut state = self.state();
-        if state.phase == Phase::Holding && state.by_sender && state.holds == hold {
+        if state.sender_holds(Some(hold)) {
             state.timer = Some(timer.abort_handle());
         } else {
             timer.abort();
@@ -300,11 +307,15 @@ impl Stage {
     /// What a sender held and gave back (the linger's end, a flush, a failed commit), for the
     /// writer waiting in its loop; with `shutdown`, a sender's hold too. Empty if none.
     pub(super) fn take_back(&self, shutdown: bool) -> Vec<Item> {
-        let mut state = self.state();
-        let held_by_sender = state.phase == Phase::Holding && state.by_sender;
-        if state.phase != Phase::Returned && !(shutdown && held_by_sender) {
+        let state = self.state();
+        if state.phase != Phase::Returned && !(shutdown && state.sender_holds(None)) {
             return Vec::new();
         }
+        Self::taken_back(state)
+    }
+
+    /// Moves the held items to the writer (the caller checked that they are its).
+    fn taken_back(mut state: MutexGuard<'_, State>) -> Vec<Item> {
         if let Some(timer) = state.timer.take() {
             timer.abort();
         }
@@ -313,15 +324,17 @@ impl Stage {
         std::mem::take(&mut state.items)
     }
 
-    /// Waits while a sender commits: nothing the writer holds may be committed before it.
-    pub(super) async fn sender_committed(&self) {
+    /// Waits while a sender commits (nothing the writer holds may be committed before it),
+    /// then takes what a sender gave back, which came before anything the writer holds.
+    pub(super) async fn after_senders(&self) -> Vec<Item> {
         loop {
             {
                 let mut state = self.state();
-                if state.phase != Phase::Committing {
-                    return;
+                match state.phase {
+                    Phase::Committing => state.writer_waits = true,
+                    Phase::Returned => return Self::taken_back(state),
+                    _ => return Vec::new(),
                 }
-                state.writer_waits = true;
             }
             self.wake.notified().await;
         }
@@ -347,8 +360,7 @@ impl Stage {
     /// Whether a sender started the hold (the writer's thread was not woken).
     #[cfg(test)]
     pub(super) fn is_held_by_sender(&self) -> bool {
-        let state = self.state();
-        state.phase == Phase::Holding && state.by_sender
+        self.state().sender_holds(None)
     }
 
     /// Whether a sender is committing what was held.
@@ -358,14 +370,11 @@ impl Stage {
 
     /// The writer looks again (`expired`: its linger is over, or it is shutting down).
     fn resume(&self, expired: bool) -> Resume {
-        let mut state = self.state();
+        let state = self.state();
         match state.phase {
             Phase::Holding if !expired => Resume::Wait,
             Phase::Committing => Resume::Wait,
-            Phase::Holding | Phase::Returned => {
-                state.phase = Phase::Idle;
-                Resume::Take(std::mem::take(&mut state.items))
-            }
+            Phase::Holding | Phase::Returned => Resume::Take(Self::taken_back(state)),
             Phase::Idle => Resume::Done,
         }
     }

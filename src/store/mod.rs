@@ -359,7 +359,8 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     async fn usage(&self, owner: Option<&str>, since: &str) -> Result<Vec<UsageRow>, StoreError>;
     /// What `owner` spent in `currency` from day `since` on.
     async fn cost_since(&self, owner: &str, since: &str, currency: &str) -> Result<f64, StoreError>;
-    /// Stores a share of its owner's session if it has fewer than `max` shares; whether it did.
+    /// Stores a share of its owner's session if it has fewer than `max` shares in force (however
+    /// many are made at once); whether it did. The session's ended shares are forgotten first.
     async fn create_share(&self, s: &NewShare<'_>, max: i64) -> Result<bool, StoreError>;
     /// The shares of `owner`'s session.
     async fn shares(&self, owner: &str, session_id: &str) -> Result<Vec<ShareRow>, StoreError>;

@@ -391,7 +391,19 @@ impl Store for PgStore {
     }
 
     async fn create_share(&self, s: &super::NewShare<'_>, max: i64) -> Result<bool, StoreError> {
-        Ok(Postgres::create_share(&self.pool, s, max).await?)
+        // Under Postgres's READ COMMITTED two creates at once would each count the shares the
+        // other has not committed yet, and both pass the cap: a lock per session serializes them
+        // (an advisory one, which the transcript writer's updates of the session row do not wait
+        // for). The second counts in a snapshot taken after the first committed.
+        let mut tx = self.pool.begin().await?;
+        sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended('session_shares:' || $1, 0))")
+            .bind(s.session_id)
+            .execute(&mut *tx)
+            .await?;
+        Postgres::purge_ended_shares(&mut *tx, s.owner, s.session_id, s.created_at).await?;
+        let made = Postgres::create_share(&mut *tx, s, max).await?;
+        tx.commit().await?;
+        Ok(made)
     }
 
     async fn shares(&self, owner: &str, session_id: &str) -> Result<Vec<super::ShareRow>, StoreError> {

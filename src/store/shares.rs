@@ -106,7 +106,9 @@ where
     for<'r> SharedSession: FromRow<'r, Self::Row>,
     for<'r> (i64,): FromRow<'r, Self::Row>,
 {
-    /// Stores `s` if its session is its owner's and has fewer than `max` shares; whether it did.
+    /// Stores `s` if its session is its owner's and has fewer than `max` shares in force; whether
+    /// it did. One statement: on SQLite it holds the write lock from its start, so two at once
+    /// cannot both count the same shares; Postgres needs the lock of [`super::postgres`].
     async fn create_share<'c>(
         e: impl Executor<'c, Database = Self>,
         s: &NewShare<'_>,
@@ -132,6 +134,24 @@ where
         .fetch_optional(e)
         .await?;
         Ok(done.is_some())
+    }
+
+    /// Forgets the shares of `owner`'s session `session_id` that ended by `now`: done before each
+    /// new share, so a session keeps at most twice [`create_share`](Self::create_share)'s cap of
+    /// rows however many short shares its owner makes (an ended share lets nobody in).
+    async fn purge_ended_shares<'c>(
+        e: impl Executor<'c, Database = Self>,
+        owner: &str,
+        session_id: &str,
+        now: i64,
+    ) -> Result<(), sqlx::Error> {
+        sqlx::query("DELETE FROM session_shares WHERE session_id = $1 AND owner = $2 AND expires_at <= $3")
+            .bind(session_id)
+            .bind(owner)
+            .bind(now)
+            .execute(e)
+            .await?;
+        Ok(())
     }
 
     /// The shares of `owner`'s session `session_id`, oldest first.

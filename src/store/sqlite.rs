@@ -342,6 +342,7 @@ impl Store for SqliteStore {
     }
 
     async fn create_share(&self, s: &super::NewShare<'_>, max: i64) -> Result<bool, StoreError> {
+        Sqlite::purge_ended_shares(&self.pool, s.owner, s.session_id, s.created_at).await?;
         Ok(Sqlite::create_share(&self.pool, s, max).await?)
     }
 

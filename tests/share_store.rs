@@ -1,0 +1,132 @@
+//! The store's share rows, on both backends: the cap on shares in force holds when many are made
+//! at once (on Postgres each create counted in its own snapshot, and all could pass), and ended
+//! shares do not pile up (a session keeps at most twice the cap however many short shares its
+//! owner makes).
+
+mod common;
+
+use std::sync::Arc;
+
+use acp_gateway::store::{self, NewSession, NewShare, Store};
+
+const NOW: i64 = 1_700_000_000_000_000;
+
+async fn open(postgres: bool) -> (Arc<dyn Store>, Option<tempfile::TempDir>) {
+    let (url, dir) = if postgres {
+        (common::pg::fresh_database().await, None)
+    } else {
+        let dir = tempfile::tempdir().expect("tempdir");
+        (format!("sqlite://{}/store.db", dir.path().display()), Some(dir))
+    };
+    let store = store::connect(&url)
+        .await
+        .unwrap_or_else(|e| panic!("connect {url}: {e}"));
+    store
+        .create_session(&NewSession {
+            id: "s1",
+            owner: "alice",
+            agent: "demo",
+            agent_session_id: None,
+            cwd: "/w",
+            additional_dirs: "[]",
+            meta: "{}",
+            now: NOW,
+        })
+        .await
+        .expect("session");
+    (store, dir)
+}
+
+fn share<'a>(id: &'a str, grantee: &'a str, expires_at: Option<i64>, now: i64) -> NewShare<'a> {
+    NewShare {
+        id,
+        session_id: "s1",
+        owner: "alice",
+        grantee: Some(grantee),
+        token_hash: None,
+        role: "observer",
+        created_at: now,
+        expires_at,
+    }
+}
+
+async fn cap_holds_when_shares_are_made_at_once(postgres: bool) {
+    let (store, _dir) = open(postgres).await;
+    const CAP: i64 = 3;
+    let tries: Vec<_> = (0..24)
+        .map(|i| {
+            let store = store.clone();
+            tokio::spawn(async move {
+                let (id, grantee) = (format!("shr_{i}"), format!("user{i}"));
+                store.create_share(&share(&id, &grantee, None, NOW), CAP).await
+            })
+        })
+        .collect();
+    let mut made = 0;
+    for t in tries {
+        if t.await.expect("task").expect("create_share") {
+            made += 1;
+        }
+    }
+    let rows = store.shares("alice", "s1").await.expect("shares");
+    assert_eq!((made, rows.len()), (CAP, CAP as usize), "{rows:?}");
+}
+
+async fn ended_shares_do_not_pile_up(postgres: bool) {
+    let (store, _dir) = open(postgres).await;
+    const CAP: i64 = 4;
+    // A share that lasts, and many that end a second after they are made, one a second.
+    assert!(
+        store
+            .create_share(&share("lasting", "bob", None, NOW), CAP)
+            .await
+            .expect("create_share")
+    );
+    for i in 0..20i64 {
+        let now = NOW + i * 1_000_000;
+        let id = format!("short{i}");
+        assert!(
+            store
+                .create_share(&share(&id, "carol", Some(now + 1_000_000), now), CAP)
+                .await
+                .expect("create_share"),
+            "the ended ones do not count towards the cap"
+        );
+        let ids: Vec<String> = store
+            .shares("alice", "s1")
+            .await
+            .expect("shares")
+            .into_iter()
+            .map(|s| s.id)
+            .collect();
+        // Made at `now`: the one made a second before ended just now, and is forgotten.
+        assert_eq!(ids, ["lasting".to_string(), id], "share {i}");
+    }
+    // Another owner's session id names nothing of theirs: their create forgets nothing.
+    let foreign = NewShare {
+        owner: "mallory",
+        ..share("m1", "mallory2", None, NOW + 30_000_000)
+    };
+    assert!(store.create_share(&foreign, CAP).await.is_ok_and(|made| !made));
+    assert_eq!(store.shares("alice", "s1").await.expect("shares").len(), 2);
+}
+
+#[tokio::test]
+async fn sqlite_share_cap_holds_when_shares_are_made_at_once() {
+    cap_holds_when_shares_are_made_at_once(false).await;
+}
+
+#[tokio::test]
+async fn postgres_share_cap_holds_when_shares_are_made_at_once() {
+    cap_holds_when_shares_are_made_at_once(true).await;
+}
+
+#[tokio::test]
+async fn sqlite_ended_shares_do_not_pile_up() {
+    ended_shares_do_not_pile_up(false).await;
+}
+
+#[tokio::test]
+async fn postgres_ended_shares_do_not_pile_up() {
+    ended_shares_do_not_pile_up(true).await;
+}

@@ -44,6 +44,12 @@ fn end(gw: &Gateway, lost: &[Watched]) {
         let Some(client) = w.client.upgrade() else { continue };
         if let Some(session) = gw.sessions.any_live(&w.session) {
             session.detach(&client);
+            // What they queued is not sent on the owner's behalf now (nor would it be: the
+            // sender checks their share again), and the owner's tabs see it go.
+            let forgot = session.queue().forget_by(&client.user);
+            if forgot {
+                session.tell_queue();
+            }
         }
         let expired = w.expires_at.is_some_and(|e| e <= crate::store::now_micros());
         client.outbox.close(

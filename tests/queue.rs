@@ -282,3 +282,66 @@ async fn an_agent_that_queues_prompts_itself_gets_the_message_at_once() {
     })
     .await;
 }
+
+/// A teammate's message queued under a controller's share is not sent once the share ends: the
+/// owner's tabs see it leave the queue when the share is revoked, and the turn's end sends only
+/// the owner's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_teammates_queued_message_is_not_sent_once_their_share_ends() {
+    let gw = TestGateway::start(Db::Sqlite, |_| {}).await;
+    let mut a = gw.client("alice").await;
+    let s = a.new_session().await;
+    let (turn, ask) = held_turn(&mut a, &s).await;
+
+    let http = reqwest::Client::new();
+    let made: Value = http
+        .post(gw.http_url(&format!("/api/sessions/{s}/shares")))
+        .bearer_auth(gw.token("alice"))
+        .json(&json!({"role": "controller", "user": "carol"}))
+        .send()
+        .await
+        .expect("share")
+        .json()
+        .await
+        .expect("share json");
+    let share = made["share"]["id"].as_str().expect("share id").to_string();
+    let mut carol = gw.client("carol").await;
+    let r = carol
+        .request("session/attach", json!({"sessionId": s, "historyPolicy": "none"}))
+        .await;
+    assert_eq!(r["result"]["role"], "controller", "{r}");
+    let r = carol
+        .request("_gateway/queue/add", json!({"sessionId": s, "prompt": text("carol's")}))
+        .await;
+    assert!(r["result"]["id"].is_u64(), "{r}");
+    let r = a
+        .request("_gateway/queue/add", json!({"sessionId": s, "prompt": text("alice's")}))
+        .await;
+    assert!(r["result"]["id"].is_u64(), "{r}");
+    a.wait_for(|m| is_queue(m, |p| queued_texts(p) == ["carol's", "alice's"]))
+        .await;
+
+    let revoked = http
+        .delete(gw.http_url(&format!("/api/sessions/{s}/shares/{share}")))
+        .bearer_auth(gw.token("alice"))
+        .send()
+        .await
+        .expect("revoke");
+    assert_eq!(revoked.status().as_u16(), 204);
+    a.wait_for(|m| is_queue(m, |p| queued_texts(p) == ["alice's"])).await;
+
+    a.send(
+        json!({"jsonrpc": "2.0", "id": ask["id"], "result": {"outcome": {"outcome": "selected", "optionId": "allow"}}}),
+    )
+    .await;
+    assert_eq!(a.answer(turn).await["result"]["stopReason"], "end_turn");
+    a.wait_for(|m| is_queue(m, |p| p["running"] == false && queued_texts(p).is_empty()))
+        .await;
+    let mut fresh = gw.client("alice").await;
+    let replayed = fresh.load(&s).await;
+    assert_eq!(
+        user_texts(&replayed),
+        ["first [permission]", "alice's"],
+        "only the owner's queued message was sent"
+    );
+}

@@ -26,6 +26,9 @@ pub struct Queued {
     pub id: u64,
     /// ACP `ContentBlock[]`, raw, as the client sent it.
     pub prompt: Box<RawValue>,
+    /// The teammate who queued it (a controller by share), `None` for the owner: it is sent
+    /// only while a share still lets them in.
+    pub by: Option<String>,
 }
 
 /// A session's queued messages and whether a turn runs.
@@ -52,8 +55,9 @@ fn unknown(id: u64) -> RpcError {
 }
 
 impl PromptQueue {
-    /// Queues `prompt`; its id. `-32602` when the session already holds [`MAX_QUEUED`].
-    pub fn add(&mut self, prompt: Box<RawValue>) -> Result<u64, RpcError> {
+    /// Queues `prompt`, from teammate `by` or (`None`) the owner; its id. `-32602` when the
+    /// session already holds [`MAX_QUEUED`].
+    pub fn add(&mut self, prompt: Box<RawValue>, by: Option<String>) -> Result<u64, RpcError> {
         if self.items.len() >= MAX_QUEUED {
             return Err(RpcError::invalid_params(format!(
                 "this session already holds {MAX_QUEUED} queued messages; wait for the agent or remove one"
@@ -63,6 +67,7 @@ impl PromptQueue {
         self.items.push_back(Queued {
             id: self.last_id,
             prompt,
+            by,
         });
         // A message added is the user saying "go on".
         self.held = false;
@@ -86,6 +91,24 @@ impl PromptQueue {
             self.error = None;
         }
         Ok(())
+    }
+
+    /// Forgets what teammate `user` queued (no share lets them in any more); whether anything was.
+    pub fn forget_by(&mut self, user: &str) -> bool {
+        let before = self.items.len();
+        self.items.retain(|q| q.by.as_deref() != Some(user));
+        if self.items.is_empty() {
+            self.held = false;
+            self.error = None;
+        }
+        self.items.len() != before
+    }
+
+    /// The message [`PromptQueue::take_due`] gave is not sent after all (whoever queued it may
+    /// no longer reach the session); the next one to send.
+    pub fn dropped(&mut self) -> Option<Queued> {
+        self.sending = false;
+        self.take_due()
     }
 
     /// Whether a turn runs (or a queued message is on its way to start one).
@@ -199,8 +222,8 @@ mod tests {
     fn a_turn_that_ends_before_its_message_is_reported_sent_does_not_stall_the_queue() {
         let mut q = PromptQueue::default();
         q.turn_started();
-        q.add(prompt("a")).expect("a");
-        q.add(prompt("b")).expect("b");
+        q.add(prompt("a"), None).expect("a");
+        q.add(prompt("b"), None).expect("b");
         assert_eq!(text(&q.turn_ended(false).expect("a goes")), "a");
         q.turn_started(); // a is forwarded…
         assert!(q.turn_ended(false).is_none(), "…and answered while still on its way");
@@ -215,8 +238,8 @@ mod tests {
     fn messages_wait_for_the_turn_and_go_one_at_a_time_in_order() {
         let mut q = PromptQueue::default();
         q.turn_started();
-        let a = q.add(prompt("a")).expect("a");
-        let b = q.add(prompt("b")).expect("b");
+        let a = q.add(prompt("a"), None).expect("a");
+        let b = q.add(prompt("b"), None).expect("b");
         assert_ne!(a, b);
         assert!(q.take_due().is_none(), "a turn runs");
         let first = q.turn_ended(false).expect("the turn ended: a goes");
@@ -237,8 +260,8 @@ mod tests {
     fn edits_and_removals_apply_until_a_message_is_sent() {
         let mut q = PromptQueue::default();
         q.turn_started();
-        let a = q.add(prompt("a")).expect("a");
-        let b = q.add(prompt("b")).expect("b");
+        let a = q.add(prompt("a"), None).expect("a");
+        let b = q.add(prompt("b"), None).expect("b");
         q.edit(b, prompt("b2")).expect("edit");
         q.remove(a).expect("remove");
         assert!(q.remove(a).is_err(), "gone");
@@ -252,7 +275,7 @@ mod tests {
     fn a_stopped_turn_holds_the_queue_until_the_user_goes_on() {
         let mut q = PromptQueue::default();
         q.turn_started();
-        q.add(prompt("a")).expect("a");
+        q.add(prompt("a"), None).expect("a");
         assert!(q.turn_ended(true).is_none(), "cancelled: held");
         assert!(q.take_due().is_none(), "still held");
         assert!(q.notice("s").contains(r#""held":true"#));
@@ -262,8 +285,8 @@ mod tests {
     #[test]
     fn a_message_that_cannot_be_sent_goes_back_first_and_says_why() {
         let mut q = PromptQueue::default();
-        q.add(prompt("a")).expect("a");
-        q.add(prompt("b")).expect("b");
+        q.add(prompt("a"), None).expect("a");
+        q.add(prompt("b"), None).expect("b");
         let a = q.take_due().expect("idle: a goes at once");
         q.not_sent(a, "agent process is gone".into());
         assert!(!q.running());
@@ -280,9 +303,33 @@ mod tests {
         let mut q = PromptQueue::default();
         q.turn_started();
         for _ in 0..MAX_QUEUED {
-            q.add(prompt("x")).expect("room");
+            q.add(prompt("x"), None).expect("room");
         }
-        let err = q.add(prompt("x")).expect_err("full");
+        let err = q.add(prompt("x"), None).expect_err("full");
         assert!(err.message.contains(&MAX_QUEUED.to_string()), "{}", err.message);
+    }
+
+    /// A teammate's messages are forgotten when their share ends; one already taken to be sent
+    /// is dropped instead, and the next one goes.
+    #[test]
+    fn a_teammates_messages_are_forgotten_or_dropped() {
+        let mut q = PromptQueue::default();
+        q.turn_started();
+        q.add(prompt("carol 1"), Some("carol".into())).expect("carol 1");
+        q.add(prompt("alice"), None).expect("alice");
+        q.add(prompt("carol 2"), Some("carol".into())).expect("carol 2");
+        assert!(q.forget_by("carol"));
+        assert!(!q.forget_by("carol"), "nothing of hers is left");
+        let next = q.turn_ended(false).expect("alice's goes");
+        assert_eq!(text(&next), "alice");
+
+        let mut q = PromptQueue::default();
+        q.add(prompt("carol"), Some("carol".into())).expect("carol");
+        q.add(prompt("alice"), None).expect("alice");
+        let taken = q.take_due().expect("carol's is taken");
+        assert_eq!(taken.by.as_deref(), Some("carol"));
+        let next = q.dropped().expect("not sent after all: the next goes");
+        assert_eq!(text(&next), "alice");
+        assert!(q.running(), "alice's is on its way");
     }
 }

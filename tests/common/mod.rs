@@ -344,12 +344,17 @@ impl Client {
     }
 
     /// Waits until a message matching `pred` arrives (checking the inbox first); returns it.
+    /// Fails after [`WAIT`] twice over even while other messages keep coming.
     pub async fn wait_for(&mut self, pred: impl Fn(&Value) -> bool) -> Value {
         if let Some(pos) = self.inbox.iter().position(&pred) {
             return self.inbox.remove(pos).expect("present");
         }
+        let deadline = tokio::time::Instant::now() + 2 * WAIT;
         loop {
-            let m = self.recv_raw().await.expect("socket open while waiting");
+            let m = tokio::time::timeout_at(deadline, self.recv_raw())
+                .await
+                .expect("the awaited message in time (others came meanwhile)")
+                .expect("socket open while waiting");
             if pred(&m) {
                 return m;
             }

@@ -362,7 +362,9 @@ async fn observer_and_controller_postgres() {
 }
 
 /// A viewer on replica B of a session served by replica A sees its turns live; a controller on B
-/// prompts it (served on A); the viewer is closed when the owner revokes its share on A.
+/// prompts it (served on A); the viewer is closed when the owner revokes its share on A. A
+/// controller's prompt right after its share is revoked on A is refused, and a message it queued
+/// through B is not sent when the turn ends after the revoke.
 #[tokio::test]
 async fn a_viewer_on_another_replica_sees_it_live_until_revoked() {
     let tmp = tempfile::tempdir().expect("tmp");
@@ -418,7 +420,7 @@ async fn a_viewer_on_another_replica_sees_it_live_until_revoked() {
     );
 
     // A controller on B prompts the session A serves: the prompt goes to A, the answer comes back.
-    share(
+    let carols = share(
         &http_base(&a.ws_url()),
         &a.token("alice"),
         &s,
@@ -452,4 +454,102 @@ async fn a_viewer_on_another_replica_sees_it_live_until_revoked() {
     assert_eq!(closed_with(&mut bob).await, Some(1008));
     assert!(started.elapsed() < WAIT);
     eprintln!("revoked on A; B closed its viewer after {:?}", started.elapsed());
+
+    // Carol's share is revoked on A, and she prompts through B at once, before B's watcher can
+    // have noticed: refused (B asks the store before each teammate's prompt, and A again before
+    // running it), or B closed her first.
+    let carol_share = carols["share"]["id"].as_str().expect("id");
+    let (status, _) = call(
+        &http_base(&a.ws_url()),
+        &a.token("alice"),
+        reqwest::Method::DELETE,
+        &format!("/api/sessions/{s}/shares/{carol_share}"),
+        None,
+    )
+    .await;
+    assert_eq!(status, 204);
+    let id = carol
+        .start(
+            "session/prompt",
+            json!({"sessionId": s, "prompt": [{"type": "text", "text": "after the revoke"}]}),
+        )
+        .await;
+    loop {
+        match carol.recv_raw().await {
+            None => break,
+            Some(m) if m["id"] == id => {
+                assert_eq!(m["error"]["code"], -32002, "refused as an unknown session: {m}");
+                break;
+            }
+            Some(_) => {}
+        }
+    }
+    let history = a.client("alice").await.load(&s).await;
+    assert!(
+        !history
+            .iter()
+            .any(|u| u["params"]["update"]["content"]["text"] == "after the revoke"),
+        "a revoked teammate's prompt reached the owner's agent"
+    );
+
+    // Carol, a controller again, queues a message through B while alice's turn waits on A; the
+    // share is revoked on A, where nobody watches carol: when the turn ends, A checks her share
+    // before sending it, and does not.
+    let again = share(
+        &http_base(&a.ws_url()),
+        &a.token("alice"),
+        &s,
+        json!({"role": "controller", "user": "carol"}),
+    )
+    .await;
+    let turn = alice
+        .start(
+            "session/prompt",
+            json!({"sessionId": s, "prompt": [{"type": "text", "text": "hold [permission]"}]}),
+        )
+        .await;
+    let ask = alice.wait_for(|m| m["method"] == "session/request_permission").await;
+    let mut carol = b.client("carol").await;
+    let at = attach(&mut carol, &s, json!({"historyPolicy": "none"})).await;
+    assert_eq!(at["result"]["role"], "controller", "{at}");
+    let r = carol
+        .request(
+            "_gateway/queue/add",
+            json!({"sessionId": s, "prompt": [{"type": "text", "text": "queued on B"}]}),
+        )
+        .await;
+    assert!(r["result"]["id"].is_u64(), "{r}");
+    let queued_on_b =
+        |m: &Value| m["method"] == "_gateway/queue" && m["params"]["queue"][0]["prompt"][0]["text"] == "queued on B";
+    alice.wait_for(queued_on_b).await;
+    let (status, _) = call(
+        &http_base(&a.ws_url()),
+        &a.token("alice"),
+        reqwest::Method::DELETE,
+        &format!(
+            "/api/sessions/{s}/shares/{}",
+            again["share"]["id"].as_str().expect("id")
+        ),
+        None,
+    )
+    .await;
+    assert_eq!(status, 204);
+    alice
+        .send(json!({"jsonrpc": "2.0", "id": ask["id"], "result": {"outcome": {"outcome": "selected", "optionId": "allow"}}}))
+        .await;
+    assert_eq!(alice.answer(turn).await["result"]["stopReason"], "end_turn");
+    alice
+        .wait_for(|m| {
+            m["method"] == "_gateway/queue"
+                && m["params"]["running"] == false
+                && m["params"]["queue"].as_array().is_some_and(Vec::is_empty)
+        })
+        .await;
+    let history = a.client("alice").await.load(&s).await;
+    assert!(
+        !history
+            .iter()
+            .any(|u| u["params"]["update"]["content"]["text"] == "queued on B"),
+        "a revoked teammate's queued message reached the owner's agent"
+    );
 }

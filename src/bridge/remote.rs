@@ -40,8 +40,10 @@ pub(super) async fn forward(
         from: replica.id.to_string(),
         reply,
         session: session.id.to_string(),
-        // The serving replica acts as the owner: this one checked the caller may (a share).
+        // The serving replica acts as the owner: this one checked the caller may (a share),
+        // and the serving one checks again.
         user: session.owner.to_string(),
+        teammate: (client.user != session.owner).then(|| client.user.to_string()),
         method: method.to_string(),
         params: params.get().to_string(),
         client_id: id.get().to_string(),
@@ -181,6 +183,13 @@ impl Handler for BusHandler {
     }
 }
 
+/// Who sent a request another replica passed on: the session's owner, or a teammate of theirs.
+#[derive(Clone, Copy)]
+struct Caller<'a> {
+    owner: &'a str,
+    teammate: Option<&'a str>,
+}
+
 /// Runs another replica's request (or notification) here, where the session is served.
 async fn serve(gw: Arc<Gateway>, message: Message) {
     match message {
@@ -189,6 +198,7 @@ async fn serve(gw: Arc<Gateway>, message: Message) {
             reply,
             session,
             user,
+            teammate,
             method,
             params,
             client_id,
@@ -201,7 +211,11 @@ async fn serve(gw: Arc<Gateway>, message: Message) {
                     return;
                 }
             };
-            let (frame, after_seq) = match run_request(&gw, &session, &user, &method, &params, &client_id).await {
+            let by = Caller {
+                owner: &user,
+                teammate: teammate.as_deref(),
+            };
+            let (frame, after_seq) = match run_request(&gw, &session, by, &method, &params, &client_id).await {
                 Ok(answer) => answer,
                 Err(e) => (protocol::error(Some(client_id.get()), &e), 0),
             };
@@ -249,12 +263,18 @@ async fn serve(gw: Arc<Gateway>, message: Message) {
 async fn run_request(
     gw: &Arc<Gateway>,
     sid: &str,
-    user: &str,
+    by: Caller<'_>,
     method: &str,
     params: &RawValue,
     client_id: &RawValue,
 ) -> Result<(String, u64), RpcError> {
-    let session = gw.sessions.owned(user, sid).await?;
+    let session = gw.sessions.owned(by.owner, sid).await?;
+    if let Some(teammate) = by.teammate
+        && !gw.shares.controls(teammate, sid).await
+    {
+        // Revoked (here, or anywhere: the store says) since their replica checked.
+        return Err(RpcError::session_not_found());
+    }
     if !session.is_bound_now() && gw.sessions.serving_elsewhere(&session).await?.is_some() {
         return Err(RpcError::internal(
             "this session moved to another gateway replica; send the request again",
@@ -271,7 +291,7 @@ async fn run_request(
     let (outbox, mut rx) = crate::outbox::outbox(4, 64 << 20);
     let stand_in = Client::new(
         Arc::from(format!("{}-remote", gw.replica)),
-        Arc::from(user),
+        Arc::from(by.teammate.unwrap_or(by.owner)),
         outbox.clone(),
     );
     let ctx = Ctx::stand_in(gw.clone(), stand_in, pool);

@@ -69,6 +69,11 @@ pub enum Message {
         session: String,
         /// The session's owner (the target checks it again).
         user: String,
+        /// The teammate who sent it under a share, when not the owner: the target checks that a
+        /// share still lets them control the session (it may have been revoked there), and what
+        /// they queue is theirs. Absent from a replica that predates it.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        teammate: Option<String>,
         /// The ACP method.
         method: String,
         /// Its params, raw JSON (a string: serde cannot buffer raw values in tagged enums).

@@ -266,6 +266,19 @@ impl Shares {
         Ok(self.store.share_access(user, sid, now_micros()).await?)
     }
 
+    /// Whether a share lets `user` control session `sid` now (asked of the store, where a share
+    /// revoked on any replica is gone). A store that cannot answer says no: nothing of a
+    /// teammate's goes to the owner's agent unchecked.
+    pub async fn controls(&self, user: &str, sid: &str) -> bool {
+        match self.access(user, sid).await {
+            Ok(access) => access.is_some_and(|a| Role::of(&a.role) == Role::Controller),
+            Err(e) => {
+                tracing::warn!(session = %sid, user, error = %e.message, "cannot check a teammate's share; refused");
+                false
+            }
+        }
+    }
+
     /// Sessions shared with `user` now, one entry per session (the share giving the most).
     pub async fn shared_with(&self, user: &str) -> Result<Vec<SharedSession>, RpcError> {
         let rows = self.store.shared_with(user, now_micros(), SHARED_WITH_LIMIT).await?;

@@ -112,7 +112,7 @@ pub(super) fn send_queued(gw: &Arc<Gateway>, session: &Arc<LiveSession>, item: Q
     let (gw, session) = (gw.clone(), session.clone());
     gw.tracker.clone().spawn(async move {
         if let Some(by) = &item.by
-            && !still_controls(&gw, by, &session.id).await
+            && !gw.shares.controls(by, &session.id).await
         {
             // Their share ended (revoked or expired, here or on another replica) while it waited.
             tracing::info!(session = %session.id, user = %by, "a queued message's author no longer controls the session; not sent");
@@ -138,18 +138,6 @@ pub(super) fn send_queued(gw: &Arc<Gateway>, session: &Arc<LiveSession>, item: Q
         }
         session.tell_queue();
     });
-}
-
-/// Whether a share lets teammate `user` control session `sid` now (asked of the store: the share
-/// may have ended on another replica). A store that cannot answer keeps the message from going.
-async fn still_controls(gw: &Gateway, user: &str, sid: &str) -> bool {
-    match gw.shares.access(user, sid).await {
-        Ok(access) => access.is_some_and(|a| crate::sharing::Role::of(&a.role) == crate::sharing::Role::Controller),
-        Err(e) => {
-            tracing::warn!(session = %sid, user, error = %e.message, "cannot check a queued message's share; not sent");
-            false
-        }
-    }
 }
 
 /// Sends `prompt` to `session`'s agent as its owner would (recorded, restoring the session onto

@@ -49,6 +49,14 @@ async fn held_turn(c: &mut Client, s: &str) -> (u64, Value) {
     (id, ask)
 }
 
+/// Answers the permission request `ask` that holds a turn open: allowed, so the turn ends.
+async fn allow(c: &mut Client, ask: &Value) {
+    c.send(
+        json!({"jsonrpc": "2.0", "id": ask["id"], "result": {"outcome": {"outcome": "selected", "optionId": "allow"}}}),
+    )
+    .await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn messages_typed_mid_turn_are_sent_in_order_after_it_and_every_tab_sees_the_queue() {
     let gw = TestGateway::start(Db::Sqlite, |_| {}).await;
@@ -118,10 +126,7 @@ async fn messages_typed_mid_turn_are_sent_in_order_after_it_and_every_tab_sees_t
     );
 
     // The turn ends: the queued messages go, one turn each, in order.
-    a.send(
-        json!({"jsonrpc": "2.0", "id": ask["id"], "result": {"outcome": {"outcome": "selected", "optionId": "allow"}}}),
-    )
-    .await;
+    allow(&mut a, &ask).await;
     assert_eq!(a.answer(turn).await["result"]["stopReason"], "end_turn");
     b.wait_for(|m| is_queue(m, |p| p["running"] == false && queued_texts(p).is_empty()))
         .await;
@@ -270,10 +275,7 @@ async fn an_agent_that_queues_prompts_itself_gets_the_message_at_once() {
         !a.inbox.iter().any(|m| is_queue(m, |p| !queued_texts(p).is_empty())),
         "nothing was held in the gateway"
     );
-    a.send(
-        json!({"jsonrpc": "2.0", "id": ask["id"], "result": {"outcome": {"outcome": "selected", "optionId": "allow"}}}),
-    )
-    .await;
+    allow(&mut a, &ask).await;
     assert_eq!(a.answer(turn).await["result"]["stopReason"], "end_turn");
     a.updates_until(&s, |u| {
         u["params"]["update"]["content"]["text"]
@@ -330,10 +332,7 @@ async fn a_teammates_queued_message_is_not_sent_once_their_share_ends() {
     assert_eq!(revoked.status().as_u16(), 204);
     a.wait_for(|m| is_queue(m, |p| queued_texts(p) == ["alice's"])).await;
 
-    a.send(
-        json!({"jsonrpc": "2.0", "id": ask["id"], "result": {"outcome": {"outcome": "selected", "optionId": "allow"}}}),
-    )
-    .await;
+    allow(&mut a, &ask).await;
     assert_eq!(a.answer(turn).await["result"]["stopReason"], "end_turn");
     a.wait_for(|m| is_queue(m, |p| p["running"] == false && queued_texts(p).is_empty()))
         .await;

@@ -48,6 +48,13 @@ async fn share(base: &str, owner_token: &str, session: &str, body: Value) -> Val
     answer
 }
 
+/// Revokes `made` (a share's creation answer) of `session` as `owner_token`'s user; the status.
+async fn revoke(base: &str, owner_token: &str, session: &str, made: &Value) -> u16 {
+    let id = made["share"]["id"].as_str().expect("share id");
+    let path = format!("/api/sessions/{session}/shares/{id}");
+    call(base, owner_token, reqwest::Method::DELETE, &path, None).await.0
+}
+
 /// Reads until the server closes the socket; the close code (`None`: no close frame).
 async fn closed_with(c: &mut Client) -> Option<u16> {
     loop {
@@ -254,17 +261,8 @@ async fn observer_and_controller(db: Db) {
         .await;
 
     // Revoked: bob's socket closes at once, and he is a stranger again.
-    let bob_share = by_name["share"]["id"].as_str().expect("share id");
     let started = Instant::now();
-    let (status, _) = call(
-        &base,
-        &gw.token("alice"),
-        reqwest::Method::DELETE,
-        &format!("/api/sessions/{s}/shares/{bob_share}"),
-        None,
-    )
-    .await;
-    assert_eq!(status, 204);
+    assert_eq!(revoke(&base, &gw.token("alice"), &s, &by_name).await, 204);
     assert_eq!(closed_with(&mut bob).await, Some(1008));
     let took = started.elapsed();
     assert!(took < Duration::from_secs(3), "closed after {took:?}");
@@ -440,17 +438,8 @@ async fn a_viewer_on_another_replica_sees_it_live_until_revoked() {
         })
         .await;
 
-    let share_id = made["share"]["id"].as_str().expect("id");
     let started = Instant::now();
-    let (status, _) = call(
-        &http_base(&a.ws_url()),
-        &a.token("alice"),
-        reqwest::Method::DELETE,
-        &format!("/api/sessions/{s}/shares/{share_id}"),
-        None,
-    )
-    .await;
-    assert_eq!(status, 204);
+    assert_eq!(revoke(&http_base(&a.ws_url()), &a.token("alice"), &s, &made).await, 204);
     assert_eq!(closed_with(&mut bob).await, Some(1008));
     assert!(started.elapsed() < WAIT);
     eprintln!("revoked on A; B closed its viewer after {:?}", started.elapsed());
@@ -458,16 +447,10 @@ async fn a_viewer_on_another_replica_sees_it_live_until_revoked() {
     // Carol's share is revoked on A, and she prompts through B at once, before B's watcher can
     // have noticed: refused (B asks the store before each teammate's prompt, and A again before
     // running it), or B closed her first.
-    let carol_share = carols["share"]["id"].as_str().expect("id");
-    let (status, _) = call(
-        &http_base(&a.ws_url()),
-        &a.token("alice"),
-        reqwest::Method::DELETE,
-        &format!("/api/sessions/{s}/shares/{carol_share}"),
-        None,
-    )
-    .await;
-    assert_eq!(status, 204);
+    assert_eq!(
+        revoke(&http_base(&a.ws_url()), &a.token("alice"), &s, &carols).await,
+        204
+    );
     let id = carol
         .start(
             "session/prompt",
@@ -522,18 +505,10 @@ async fn a_viewer_on_another_replica_sees_it_live_until_revoked() {
     let queued_on_b =
         |m: &Value| m["method"] == "_gateway/queue" && m["params"]["queue"][0]["prompt"][0]["text"] == "queued on B";
     alice.wait_for(queued_on_b).await;
-    let (status, _) = call(
-        &http_base(&a.ws_url()),
-        &a.token("alice"),
-        reqwest::Method::DELETE,
-        &format!(
-            "/api/sessions/{s}/shares/{}",
-            again["share"]["id"].as_str().expect("id")
-        ),
-        None,
-    )
-    .await;
-    assert_eq!(status, 204);
+    assert_eq!(
+        revoke(&http_base(&a.ws_url()), &a.token("alice"), &s, &again).await,
+        204
+    );
     alice
         .send(json!({"jsonrpc": "2.0", "id": ask["id"], "result": {"outcome": {"outcome": "selected", "optionId": "allow"}}}))
         .await;

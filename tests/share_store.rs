@@ -1,13 +1,14 @@
 //! The store's share rows, on both backends: the cap on shares in force holds when many are made
-//! at once (on Postgres each create counted in its own snapshot, and all could pass), and ended
+//! at once (on Postgres each create counted in its own snapshot, and all could pass), ended
 //! shares do not pile up (a session keeps at most twice the cap however many short shares its
-//! owner makes).
+//! owner makes), and asking about many users at once (the share watcher's recheck) answers as
+//! asking about each.
 
 mod common;
 
 use std::sync::Arc;
 
-use acp_gateway::store::{self, NewSession, NewShare, Store};
+use acp_gateway::store::{self, NewSession, NewShare, ShareAccess, Store};
 
 const NOW: i64 = 1_700_000_000_000_000;
 
@@ -109,6 +110,84 @@ async fn ended_shares_do_not_pile_up(postgres: bool) {
     };
     assert!(store.create_share(&foreign, CAP).await.is_ok_and(|made| !made));
     assert_eq!(store.shares("alice", "s1").await.expect("shares").len(), 2);
+}
+
+async fn many_users_at_once_answer_as_each(postgres: bool) {
+    let (store, _dir) = open(postgres).await;
+    store
+        .create_session(&NewSession {
+            id: "s2",
+            owner: "alice",
+            agent: "demo",
+            agent_session_id: None,
+            cwd: "/w",
+            additional_dirs: "[]",
+            meta: "{}",
+            now: NOW,
+        })
+        .await
+        .expect("second session");
+    let now = NOW + 10_000_000;
+    let make = |id: &'static str, session: &'static str, grantee: Option<&'static str>, role, expires_at| NewShare {
+        id,
+        session_id: session,
+        owner: "alice",
+        grantee,
+        token_hash: grantee.is_none().then_some(id.as_bytes()),
+        role,
+        created_at: NOW,
+        expires_at,
+    };
+    for s in [
+        // bob: an observer's share and a controller's on s1 (the controller's counts), none on s2.
+        make("bob_obs", "s1", Some("bob"), "observer", None),
+        make("bob_ctl", "s1", Some("bob"), "controller", Some(now + 60_000_000)),
+        // carol: a link she opened, on s2; an ended share on s1.
+        make("link", "s2", None, "controller", None),
+        make("carol_old", "s1", Some("carol"), "controller", Some(now - 1)),
+    ] {
+        assert!(store.create_share(&s, 32).await.expect("create_share"), "{}", s.id);
+    }
+    store.join_share("link", "carol", NOW).await.expect("join");
+    let pairs = [
+        ("bob", "s1"),
+        ("bob", "s2"),
+        ("carol", "s1"),
+        ("carol", "s2"),
+        ("dave", "s1"),
+        ("alice", "s1"),
+        ("bob", "no-such-session"),
+    ];
+    let mut each: Vec<(String, ShareAccess)> = Vec::new();
+    for (user, session) in pairs {
+        if let Some(a) = store.share_access(user, session, now).await.expect("share_access") {
+            each.push((user.to_string(), a));
+        }
+    }
+    let mut at_once: Vec<(String, ShareAccess)> = store
+        .share_accesses(&pairs, now)
+        .await
+        .expect("share_accesses")
+        .into_iter()
+        .map(|m| (m.member, m.access))
+        .collect();
+    at_once.sort_by(|a, b| (&a.0, &a.1.session_id).cmp(&(&b.0, &b.1.session_id)));
+    let found: Vec<(&str, &str, &str)> = at_once
+        .iter()
+        .map(|(u, a)| (u.as_str(), a.session_id.as_str(), a.share_id.as_str()))
+        .collect();
+    assert_eq!(found, [("bob", "s1", "bob_ctl"), ("carol", "s2", "link")]);
+    assert_eq!(at_once, each, "the same answers as one at a time");
+}
+
+#[tokio::test]
+async fn sqlite_many_users_at_once_answer_as_each() {
+    many_users_at_once_answer_as_each(false).await;
+}
+
+#[tokio::test]
+async fn postgres_many_users_at_once_answer_as_each() {
+    many_users_at_once_answer_as_each(true).await;
 }
 
 #[tokio::test]

@@ -5,6 +5,7 @@
 //! or expires answers like an unknown session, and the clients it let in are closed
 //! ([`Shares::lost`] lists them for the watcher that closes them).
 
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, Weak};
 
 use base64::Engine as _;
@@ -13,7 +14,7 @@ use sha2::{Digest, Sha256};
 
 use crate::protocol::{RpcError, codes};
 use crate::session::Client;
-use crate::store::{NewShare, ShareAccess, ShareRow, SharedSession, Store, now_micros};
+use crate::store::{ACCESS_PAIRS_PER_STATEMENT, NewShare, ShareAccess, ShareRow, SharedSession, Store, now_micros};
 
 /// Most shares one session may have.
 pub const MAX_SHARES_PER_SESSION: i64 = 32;
@@ -352,35 +353,56 @@ impl Shares {
     /// are checked again next time) and never keeps one whose share expired by the clock.
     pub async fn lost(&self, recheck: bool) -> Vec<Watched> {
         let now = now_micros();
+        let expired = |w: &Watched| w.expires_at.is_some_and(|e| e <= now);
+        let watched = self.watched();
+        if !recheck {
+            return watched.into_iter().filter(expired).collect();
+        }
+        let clients: Vec<(Watched, Arc<Client>)> = watched
+            .into_iter()
+            .filter_map(|w| w.client.upgrade().map(|c| (w, c)))
+            .collect();
+        // One question per user and session, many to a statement.
+        let mut pairs: Vec<(&str, &str)> = clients.iter().map(|(w, c)| (&*c.user, &*w.session)).collect();
+        pairs.sort_unstable();
+        pairs.dedup();
+        let mut found: HashMap<(String, String), ShareAccess> = HashMap::new();
+        let mut unknown: HashSet<(String, String)> = HashSet::new();
+        for chunk in pairs.chunks(ACCESS_PAIRS_PER_STATEMENT) {
+            match self.store.share_accesses(chunk, now).await {
+                Ok(rows) => {
+                    for r in rows {
+                        found.insert((r.member, r.access.session_id.clone()), r.access);
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, clients = chunk.len(), "cannot check shares");
+                    unknown.extend(chunk.iter().map(|(u, s)| ((*u).to_string(), (*s).to_string())));
+                }
+            }
+        }
         let mut lost = Vec::new();
-        for w in self.watched() {
-            if w.expires_at.is_some_and(|e| e <= now) && !recheck {
-                lost.push(w);
+        for (w, client) in clients {
+            let pair = (client.user.to_string(), w.session.to_string());
+            if unknown.contains(&pair) {
+                if expired(&w) {
+                    lost.push(w);
+                }
                 continue;
             }
-            if !recheck {
-                continue;
-            }
-            let Some(client) = w.client.upgrade() else { continue };
-            match self.store.share_access(&client.user, &w.session, now).await {
-                Ok(Some(a)) if Role::of(&a.role) >= Role::of(&w.role) => {
+            match found.get(&pair) {
+                Some(a) if Role::of(&a.role) >= Role::of(&w.role) => {
                     if a.share_id != w.share || a.expires_at != w.expires_at {
                         self.watch(
                             &client,
                             &ShareAccess {
                                 role: w.role.clone(),
-                                ..a
+                                ..a.clone()
                             },
                         );
                     }
                 }
-                Ok(_) => lost.push(w),
-                Err(e) => {
-                    tracing::warn!(error = %e, session = %w.session, "cannot check a share");
-                    if w.expires_at.is_some_and(|e| e <= now) {
-                        lost.push(w);
-                    }
-                }
+                _ => lost.push(w),
             }
         }
         lost

@@ -162,6 +162,9 @@ impl Store for Bounded {
     async fn share_access(&self, user: &str, session_id: &str, now: i64) -> Result<Option<ShareAccess>, StoreError> {
         self.within(self.inner.share_access(user, session_id, now)).await
     }
+    async fn share_accesses(&self, pairs: &[(&str, &str)], now: i64) -> Result<Vec<super::MemberAccess>, StoreError> {
+        self.within(self.inner.share_accesses(pairs, now)).await
+    }
     async fn shared_with(&self, user: &str, now: i64, limit: i64) -> Result<Vec<SharedSession>, StoreError> {
         self.within(self.inner.shared_with(user, now, limit)).await
     }

@@ -30,7 +30,7 @@ pub use admin::UserOverview;
 pub use audit::{AuditEntry, AuditFilter};
 pub use bounded::Bounded;
 pub use lifecycle::StaleSession;
-pub use shares::{NewShare, ShareAccess, ShareRow, SharedSession};
+pub use shares::{ACCESS_PAIRS_PER_STATEMENT, MemberAccess, NewShare, ShareAccess, ShareRow, SharedSession};
 pub use sql::{SEARCH_PROBE, SearchBy, SearchIndex, list_query};
 pub use usage::{UsageRow, UsageSample};
 pub use user_secrets::{StoredLogin, StoredSecret};
@@ -372,6 +372,21 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     async fn join_share(&self, id: &str, member: &str, now: i64) -> Result<(), StoreError>;
     /// What lets `user` reach another user's session at `now`, if anything does.
     async fn share_access(&self, user: &str, session_id: &str, now: i64) -> Result<Option<ShareAccess>, StoreError>;
+    /// [`Store::share_access`] for each (user, session) of `pairs` (at most
+    /// [`ACCESS_PAIRS_PER_STATEMENT`]): the pairs a share lets in, with it; one statement where
+    /// the store can.
+    async fn share_accesses(&self, pairs: &[(&str, &str)], now: i64) -> Result<Vec<MemberAccess>, StoreError> {
+        let mut found = Vec::new();
+        for (user, session) in pairs {
+            if let Some(access) = self.share_access(user, session, now).await? {
+                found.push(MemberAccess {
+                    member: (*user).to_string(),
+                    access,
+                });
+            }
+        }
+        Ok(found)
+    }
     /// Sessions shared with `user` at `now`.
     async fn shared_with(&self, user: &str, now: i64, limit: i64) -> Result<Vec<SharedSession>, StoreError>;
 }

@@ -426,6 +426,10 @@ impl Store for PgStore {
         Ok(Postgres::share_access(&self.pool, user, sid, now).await?)
     }
 
+    async fn share_accesses(&self, pairs: &[(&str, &str)], now: i64) -> Result<Vec<super::MemberAccess>, StoreError> {
+        Ok(Postgres::share_accesses(&self.pool, pairs, now).await?)
+    }
+
     async fn shared_with(&self, user: &str, now: i64, limit: i64) -> Result<Vec<super::SharedSession>, StoreError> {
         Ok(Postgres::shared_with(&self.pool, user, now, limit).await?)
     }

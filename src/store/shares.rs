@@ -64,6 +64,19 @@ pub struct ShareAccess {
     pub expires_at: Option<i64>,
 }
 
+/// [`ShareAccess`] for one of several users asked about at once.
+#[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
+pub struct MemberAccess {
+    /// The user it lets in.
+    pub member: String,
+    /// What lets them in.
+    #[sqlx(flatten)]
+    pub access: ShareAccess,
+}
+
+/// Most (user, session) pairs asked about in one statement.
+pub const ACCESS_PAIRS_PER_STATEMENT: usize = 200;
+
 /// A session someone shared with a user, as their list shows it.
 #[derive(Debug, Clone, PartialEq, sqlx::FromRow)]
 pub struct SharedSession {
@@ -104,6 +117,7 @@ where
     for<'r> ShareRow: FromRow<'r, Self::Row>,
     for<'r> ShareAccess: FromRow<'r, Self::Row>,
     for<'r> SharedSession: FromRow<'r, Self::Row>,
+    for<'r> MemberAccess: FromRow<'r, Self::Row>,
     for<'r> (i64,): FromRow<'r, Self::Row>,
 {
     /// Stores `s` if its session is its owner's and has fewer than `max` shares in force; whether
@@ -238,6 +252,41 @@ where
             .bind(session_id)
             .fetch_optional(e)
             .await
+    }
+
+    /// [`Self::share_access`] for each (user, session) pair of `pairs` (at most
+    /// [`ACCESS_PAIRS_PER_STATEMENT`]) in one statement: the pairs a share lets in, with it.
+    async fn share_accesses<'c>(
+        e: impl Executor<'c, Database = Self>,
+        pairs: &[(&str, &str)],
+        now: i64,
+    ) -> Result<Vec<MemberAccess>, sqlx::Error> {
+        if pairs.is_empty() {
+            return Ok(Vec::new());
+        }
+        let values: Vec<String> = (0..pairs.len())
+            .map(|i| format!("(${}, ${})", 2 + 2 * i, 3 + 2 * i))
+            .collect();
+        let sql = format!(
+            "WITH p (member, session_id) AS (VALUES {})
+             SELECT member, share_id, session_id, owner, role, expires_at FROM (
+                 SELECT p.member, s.id AS share_id, s.session_id, s.owner, s.role, s.expires_at,
+                        ROW_NUMBER() OVER (
+                            PARTITION BY p.member, p.session_id
+                            ORDER BY CASE s.role WHEN 'controller' THEN 0 ELSE 1 END,
+                                     COALESCE(s.expires_at, 9223372036854775807) DESC) AS best
+                 FROM p JOIN session_shares s ON s.session_id = p.session_id
+                 WHERE (s.expires_at IS NULL OR s.expires_at > $1)
+                   AND (s.grantee = p.member
+                        OR EXISTS (SELECT 1 FROM share_members m WHERE m.share_id = s.id AND m.member = p.member))
+             ) ranked WHERE best = 1",
+            values.join(", ")
+        );
+        let mut query = sqlx::query_as(&sql).bind(now);
+        for (user, session) in pairs {
+            query = query.bind(*user).bind(*session);
+        }
+        query.fetch_all(e).await
     }
 
     /// Sessions shared with `user` in force at `now`, most recently updated first (a session

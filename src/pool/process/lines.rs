@@ -1,0 +1,219 @@
+//! What an agent process writes on stdout: each line read (to the end, even after the process is
+//! gone), parsed once (a `session/update`, the hot path of a streaming agent, in one pass), and
+//! routed: an answer to whoever waits, an update to its session (or held while it has none), a
+//! request to the session's clients.
+
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use futures_util::StreamExt;
+use serde::Deserialize;
+use serde_json::value::RawValue;
+use tokio_util::codec::FramedRead;
+use tokio_util::sync::CancellationToken;
+
+use super::super::child::{AgentLines, Line, lock};
+use super::super::route::SessionRoute;
+use super::{AgentProcess, Destination};
+use crate::protocol::{self, Incoming, Kind, RpcError, codes};
+
+/// A whole `session/update` line, read in one pass (the hot path of a streaming agent).
+#[derive(Deserialize)]
+struct UpdateLine<'a> {
+    #[serde(borrow)]
+    method: std::borrow::Cow<'a, str>,
+    #[serde(borrow, default)]
+    id: Option<&'a RawValue>,
+    #[serde(borrow)]
+    params: UpdateParams<'a>,
+}
+
+/// Whether the line's first bytes name `session/update` (where agents put `method`).
+fn looks_like_update(line: &str) -> bool {
+    starts_like_update(line.as_bytes())
+}
+
+/// [`looks_like_update`] for the start of a line (the head of what is read and not yet handled).
+fn starts_like_update(line: &[u8]) -> bool {
+    const NEEDLE: &[u8] = b"\"session/update\"";
+    let head = &line[..line.len().min(96)];
+    head.windows(NEEDLE.len()).any(|w| w == NEEDLE)
+}
+
+#[derive(Deserialize)]
+struct UpdateParams<'a> {
+    #[serde(rename = "sessionId", borrow)]
+    session_id: std::borrow::Cow<'a, str>,
+    #[serde(borrow)]
+    update: &'a RawValue,
+    #[serde(rename = "_meta", borrow, default)]
+    meta: Option<&'a RawValue>,
+}
+
+impl AgentProcess {
+    /// Routes one stdout line.
+    async fn on_line(self: &Arc<Self>, line: &str) {
+        self.heard();
+        if looks_like_update(line)
+            && let Ok(u) = serde_json::from_str::<UpdateLine<'_>>(line)
+            && u.method == "session/update"
+            && u.id.is_none()
+        {
+            crate::metrics::message_in(crate::metrics::Peer::Agent, "session/update");
+            self.route_update(&u.params.session_id, u.params.update, u.params.meta)
+                .await;
+            return;
+        }
+        let (msg, kind) = match Incoming::parse(line) {
+            Ok(parsed) => parsed,
+            Err(e) => {
+                tracing::warn!(agent = %self.agent, process = self.id, error = ?e, "agent wrote a line that is not JSON-RPC; ignored");
+                return;
+            }
+        };
+        if kind != Kind::Response {
+            crate::metrics::message_in(crate::metrics::Peer::Agent, msg.method());
+        }
+        match kind {
+            Kind::Response => self.rpc.on_response(&msg),
+            Kind::Notification if msg.method() == "session/update" => {
+                let Some(params) = msg
+                    .params
+                    .and_then(|p| serde_json::from_str::<UpdateParams<'_>>(p.get()).ok())
+                else {
+                    tracing::warn!(agent = %self.agent, "malformed session/update from agent; ignored");
+                    return;
+                };
+                self.route_update(&params.session_id, params.update, params.meta).await;
+            }
+            Kind::Notification if msg.method() == "$/cancel_request" => {
+                // The agent no longer waits for that answer.
+                #[derive(Deserialize)]
+                struct Cancel<'a> {
+                    #[serde(rename = "requestId", borrow)]
+                    request_id: &'a RawValue,
+                }
+                if let Some(c) = msg
+                    .params
+                    .and_then(|p| serde_json::from_str::<Cancel<'_>>(p.get()).ok())
+                {
+                    lock(&self.asks).remove(c.request_id.get());
+                }
+            }
+            Kind::Notification => {
+                // Nothing else uses it; a sign-in running on the process may (a device code).
+                self.stderr_tail.watch.notification(msg.method(), msg.params);
+                tracing::debug!(agent = %self.agent, method = msg.method(), "agent notification not routed")
+            }
+            Kind::Request => self.on_agent_request(&msg).await,
+        }
+    }
+
+    /// A request from the agent to its client (`session/request_permission`, `fs/*`,
+    /// `terminal/*`, ...): goes to the clients attached to the session it names.
+    async fn on_agent_request(self: &Arc<Self>, msg: &Incoming<'_>) {
+        let Some(id) = msg.id else { return };
+        let session = protocol::session_id_of(msg.params).and_then(|sid| self.session(&sid));
+        let Some(session) = session else {
+            let err = RpcError::new(codes::INVALID_PARAMS, "request names no session of this process");
+            let _ = self.send_line(protocol::error(Some(id.get()), &err)).await;
+            return;
+        };
+        let params = msg
+            .params
+            .and_then(|p| protocol::with_session_id(p, session.session_id()));
+        let params = params.unwrap_or_else(|| String::from("{}"));
+        lock(&self.asks).insert(Box::from(id.get()));
+        session.agent_request(self, id.to_owned(), msg.method(), params);
+    }
+
+    /// Hands an update to its session, or holds it while it has none (see [`early`](super::early)).
+    async fn route_update(&self, agent_session_id: &str, update: &RawValue, meta: Option<&RawValue>) {
+        loop {
+            match self.destination(agent_session_id, update, meta) {
+                Destination::Session(session) => return self.hand_on(&session, update, meta).await,
+                Destination::Held => return,
+                Destination::Wait => {
+                    // A new session hands on what was held for it, under this lock: this
+                    // update follows those. The wait is the store's pace, not the agent's.
+                    self.handing_on.store(true, Ordering::Release);
+                    drop(self.handing_early.lock().await);
+                    self.handing_on.store(false, Ordering::Release);
+                }
+                Destination::Room => {
+                    // Until a session being created takes what is held for it, or is given
+                    // up: the store's pace too (a claim ends once its session is stored,
+                    // bound, answered and handed on, none of which needs this reader).
+                    self.handing_on.store(true, Ordering::Release);
+                    self.claim_room.notified().await;
+                    self.handing_on.store(false, Ordering::Release);
+                }
+            }
+        }
+    }
+
+    /// Hands an update to its session; the agent is not silent while that waits.
+    async fn hand_on(&self, session: &Arc<dyn SessionRoute>, update: &RawValue, meta: Option<&RawValue>) {
+        self.handing_on.store(true, Ordering::Release);
+        session.publish(update, meta).await;
+        self.heard();
+        self.handing_on.store(false, Ordering::Release);
+    }
+}
+
+tokio::task_local! {
+    /// While an agent's line is handled: whether the next line, already read, is an update too.
+    static MORE_LINES: bool;
+}
+
+/// Whether the agent line being handled on this task has another update right behind it,
+/// already read (a burst the agent wrote at once); `false` off the agent's reader.
+pub fn more_lines_follow() -> bool {
+    MORE_LINES.try_with(|more| *more).unwrap_or(false)
+}
+
+pub(super) async fn read_stdout(
+    process: Weak<AgentProcess>,
+    mut lines: FramedRead<tokio::process::ChildStdout, AgentLines>,
+    stop: CancellationToken,
+) {
+    // Read to EOF even after the process is gone: its last lines (a final update, the error it
+    // died with) are still in the pipe. If something outside the group holds the pipe open, give
+    // up a second after the stop.
+    let give_up = async {
+        stop.cancelled().await;
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    };
+    tokio::pin!(give_up);
+    loop {
+        let next = tokio::select! {
+            next = lines.next() => next,
+            () = &mut give_up => None,
+        };
+        let Some(process) = process.upgrade() else {
+            return;
+        };
+        match next {
+            Some(Ok(Line::Text(line))) => {
+                let more = starts_like_update(lines.read_buffer());
+                MORE_LINES.scope(more, process.on_line(&line)).await;
+            }
+            Some(Ok(Line::TooLong)) => {
+                tracing::warn!(agent = %process.agent, process = process.id, "agent wrote a line over the cap; skipped");
+            }
+            Some(Ok(Line::NotUtf8)) => {
+                tracing::warn!(agent = %process.agent, process = process.id, "agent wrote a line that is not UTF-8; skipped");
+            }
+            Some(Err(e)) => {
+                tracing::warn!(agent = %process.agent, error = %e, "reading agent stdout failed");
+                process.on_exit().await;
+                return;
+            }
+            None => {
+                process.on_exit().await;
+                return;
+            }
+        }
+    }
+}

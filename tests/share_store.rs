@@ -22,9 +22,15 @@ async fn open(postgres: bool) -> (Arc<dyn Store>, Option<tempfile::TempDir>) {
     let store = store::connect(&url)
         .await
         .unwrap_or_else(|e| panic!("connect {url}: {e}"));
+    alices_session(&*store, "s1").await;
+    (store, dir)
+}
+
+/// Creates alice's session `id`.
+async fn alices_session(store: &dyn Store, id: &str) {
     store
         .create_session(&NewSession {
-            id: "s1",
+            id,
             owner: "alice",
             agent: "demo",
             agent_session_id: None,
@@ -35,7 +41,6 @@ async fn open(postgres: bool) -> (Arc<dyn Store>, Option<tempfile::TempDir>) {
         })
         .await
         .expect("session");
-    (store, dir)
 }
 
 fn share<'a>(id: &'a str, grantee: &'a str, expires_at: Option<i64>, now: i64) -> NewShare<'a> {
@@ -114,19 +119,7 @@ async fn ended_shares_do_not_pile_up(postgres: bool) {
 
 async fn many_users_at_once_answer_as_each(postgres: bool) {
     let (store, _dir) = open(postgres).await;
-    store
-        .create_session(&NewSession {
-            id: "s2",
-            owner: "alice",
-            agent: "demo",
-            agent_session_id: None,
-            cwd: "/w",
-            additional_dirs: "[]",
-            meta: "{}",
-            now: NOW,
-        })
-        .await
-        .expect("second session");
+    alices_session(&*store, "s2").await;
     let now = NOW + 10_000_000;
     let make = |id: &'static str, session: &'static str, grantee: Option<&'static str>, role, expires_at| NewShare {
         id,

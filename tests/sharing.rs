@@ -48,6 +48,12 @@ async fn share(base: &str, owner_token: &str, session: &str, body: Value) -> Val
     answer
 }
 
+/// Whether `session` on `gw`, loaded by its owner alice, holds an update whose text is `text`.
+async fn stored_text(gw: &ServeProcess, session: &str, text: &str) -> bool {
+    let history = gw.client("alice").await.load(session).await;
+    history.iter().any(|u| u["params"]["update"]["content"]["text"] == text)
+}
+
 /// Revokes `made` (a share's creation answer) of `session` as `owner_token`'s user; the status.
 async fn revoke(base: &str, owner_token: &str, session: &str, made: &Value) -> u16 {
     let id = made["share"]["id"].as_str().expect("share id");
@@ -467,11 +473,8 @@ async fn a_viewer_on_another_replica_sees_it_live_until_revoked() {
             Some(_) => {}
         }
     }
-    let history = a.client("alice").await.load(&s).await;
     assert!(
-        !history
-            .iter()
-            .any(|u| u["params"]["update"]["content"]["text"] == "after the revoke"),
+        !stored_text(&a, &s, "after the revoke").await,
         "a revoked teammate's prompt reached the owner's agent"
     );
 
@@ -520,11 +523,8 @@ async fn a_viewer_on_another_replica_sees_it_live_until_revoked() {
                 && m["params"]["queue"].as_array().is_some_and(Vec::is_empty)
         })
         .await;
-    let history = a.client("alice").await.load(&s).await;
     assert!(
-        !history
-            .iter()
-            .any(|u| u["params"]["update"]["content"]["text"] == "queued on B"),
+        !stored_text(&a, &s, "queued on B").await,
         "a revoked teammate's queued message reached the owner's agent"
     );
 }

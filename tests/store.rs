@@ -1070,9 +1070,11 @@ async fn migrations_fill_in_sessions_stored_before_them(backend: Backend) {
         .cloned()
         .collect::<Vec<_>>()
         .into();
-    let sessions = "INSERT INTO sessions (id, owner, agent, cwd, title, meta, created_at, updated_at)
-                    VALUES ('old1', 'alice', 'demo', '/w', 'Written before the index', '{\"ticket\":\"OPS-77\"}', 1, 1),
-                           ('old2', 'bob', 'demo', '/w', 'Also written before', '{}', 1, 1)";
+    // With the `last_seq` the gateway of those migrations gave them (SQLite's trigger then, the
+    // writer's statement on Postgres, each advanced the row with the chunk).
+    let sessions = "INSERT INTO sessions (id, owner, agent, cwd, title, meta, created_at, updated_at, last_seq)
+                    VALUES ('old1', 'alice', 'demo', '/w', 'Written before the index', '{\"ticket\":\"OPS-77\"}', 1, 1, 3),
+                           ('old2', 'bob', 'demo', '/w', 'Also written before', '{}', 1, 1, 1)";
     let transcript = "INSERT INTO session_events (session_id, seq_from, seq_to, payload, created_at)
                   VALUES ('old1', 1, 2, 'twelve bytes', 1), ('old1', 3, 3, 'é', 1), ('old2', 1, 1, 'xyz', 1)";
     match backend {

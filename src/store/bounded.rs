@@ -57,6 +57,16 @@ impl Store for Bounded {
     async fn write_batch_leased(&self, writes: &[SessionWrite], holder: &str) -> Result<Vec<Arc<str>>, StoreError> {
         self.inner.write_batch_leased(writes, holder).await
     }
+    async fn write_chunks_unsettled(
+        &self,
+        writes: &[SessionWrite],
+        holder: Option<&str>,
+    ) -> Result<Vec<Arc<str>>, StoreError> {
+        self.inner.write_chunks_unsettled(writes, holder).await
+    }
+    async fn settle_sessions(&self, sessions: &[Arc<str>]) -> Result<(), StoreError> {
+        self.inner.settle_sessions(sessions).await
+    }
     async fn read_events(
         &self,
         owner: &str,

@@ -306,6 +306,28 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
         let _ = holder;
         self.write_batch(writes).await.map(|()| Vec::new())
     }
+    /// Stores `writes` as [`Store::write_batch`] (no `holder`) or [`Store::write_batch_leased`]
+    /// do, but may leave the rows of the sessions whose chunks it stored behind them (`last_seq`,
+    /// `updated_at`, `stored_bytes`) until [`Store::settle_sessions`]: the transcript writer's
+    /// commit, which every update waits on, then stores the chunks alone. A session is still
+    /// read with its newest chunk's seq meanwhile.
+    async fn write_chunks_unsettled(
+        &self,
+        writes: &[SessionWrite],
+        holder: Option<&str>,
+    ) -> Result<Vec<Arc<str>>, StoreError> {
+        match holder {
+            Some(holder) => self.write_batch_leased(writes, holder).await,
+            None => self.write_batch(writes).await.map(|()| Vec::new()),
+        }
+    }
+    /// Advances `sessions`' rows past the chunks [`Store::write_chunks_unsettled`] stored. It
+    /// recounts from the stored chunks, so any replica may settle any session, any number of
+    /// times.
+    async fn settle_sessions(&self, sessions: &[Arc<str>]) -> Result<(), StoreError> {
+        let _ = sessions;
+        Ok(())
+    }
     /// A connection of the transcript writer's own that writes batches on the caller's thread
     /// (SQLite: the writer then runs on a thread of its own, see [`persister`]); `None` when
     /// batches go through [`Store::write_batch`].

@@ -42,11 +42,11 @@ where
     const LIKE: &'static str;
     /// The text index `session/list` searches can start from (migration `…_session_search`).
     const SEARCH_INDEX: SearchIndex;
-    /// A session's `last_seq` as [`Sql::get_session`] reads it. SQLite's transcript writer
-    /// advances a session's row after its chunks (see `migrations/sqlite/…_chunks_leave_sessions_alone`),
-    /// so it is read there as the larger of the row's and the newest stored chunk's: a session
-    /// loaded again at once numbers its updates above every stored one. Postgres advances the row
-    /// in the transaction that stores the chunk.
+    /// A session's `last_seq` as [`Sql::get_session`] reads it. The transcript writers advance a
+    /// session's row after its chunks, when their queue is quiet (see
+    /// `migrations/sqlite/…_chunks_leave_sessions_alone` and `postgres/transcript.rs`), so it is
+    /// read as the larger of the row's and the newest stored chunk's: a session loaded again at
+    /// once numbers its updates above every stored one.
     const LAST_SEQ: &'static str;
 
     /// How many rows a statement changed (sqlx's result types share no trait for it).
@@ -313,7 +313,8 @@ impl Sql for Postgres {
     const GREATEST: &'static str = "GREATEST";
     const LIKE: &'static str = "ILIKE";
     const SEARCH_INDEX: SearchIndex = SearchIndex::Trigram;
-    const LAST_SEQ: &'static str = "last_seq";
+    const LAST_SEQ: &'static str = "GREATEST(last_seq, COALESCE((SELECT seq_to FROM session_events e
+        WHERE e.session_id = sessions.id ORDER BY seq_from DESC LIMIT 1), 0)) AS last_seq";
 
     fn rows_affected(done: &Self::QueryResult) -> u64 {
         done.rows_affected()

@@ -244,6 +244,7 @@ async fn run(
         holder: holder.as_deref(),
         refused: Mutex::new(HashSet::new()),
         direct,
+        unsettled: Mutex::default(),
     };
     // Since when metadata has been held back.
     let mut metadata_since: Option<Instant> = None;
@@ -451,17 +452,69 @@ struct Writer<'a> {
     /// The store's connection for this thread ([`Store::transcript_writer`]), if it has one
     /// (shared with the [`Stage`]).
     direct: Option<Arc<Mutex<Box<dyn BatchWriter>>>>,
+    /// Sessions whose rows the store has not advanced past their stored chunks yet
+    /// ([`Store::write_chunks_unsettled`]).
+    unsettled: Mutex<Unsettled>,
 }
 
+/// Sessions left for [`Store::settle_sessions`], since when, and when to try again after a
+/// settle failed.
+#[derive(Default)]
+struct Unsettled {
+    sessions: HashSet<Arc<str>>,
+    since: Option<Instant>,
+    not_before: Option<Instant>,
+}
+
+/// How long a failed settle waits before the next (the rows only lag; nobody waits on them).
+const SETTLE_RETRY: Duration = Duration::from_secs(1);
+
 impl Writer<'_> {
-    /// Since when the store's own connection has writes it put off, if it has.
+    /// Since when writes were put off (the store's own connection's, the sessions left for
+    /// [`Store::settle_sessions`]), if any are.
     fn unsettled_since(&self) -> Option<Instant> {
-        let direct = self.direct.as_ref()?;
-        direct.lock().unwrap_or_else(|e| e.into_inner()).unsettled_since()
+        let own = {
+            let u = self.unsettled.lock().unwrap_or_else(|e| e.into_inner());
+            u.since.filter(|_| u.not_before.is_none_or(|t| Instant::now() >= t))
+        };
+        let direct = self
+            .direct
+            .as_ref()
+            .and_then(|d| d.lock().unwrap_or_else(|e| e.into_inner()).unsettled_since());
+        own.into_iter().chain(direct).min()
     }
 
-    /// Makes the writes nobody waits on: the held-back metadata, and what the store's own
-    /// connection put off ([`BatchWriter::settle`]; kept for the next try if it fails).
+    /// What a write through the store came to: the sessions it refused are told they were fenced,
+    /// the ones whose chunks it stored are left for [`Store::settle_sessions`].
+    fn stored(&self, writes: &[SessionWrite], refused: Vec<Arc<str>>) {
+        {
+            let mut u = self.unsettled.lock().unwrap_or_else(|e| e.into_inner());
+            for w in writes
+                .iter()
+                .filter(|w| w.chunk.is_some() && !refused.contains(&w.session_id))
+            {
+                if !u.sessions.contains(&w.session_id) {
+                    u.sessions.insert(w.session_id.clone());
+                }
+                u.since.get_or_insert_with(Instant::now);
+            }
+        }
+        if refused.is_empty() {
+            return;
+        }
+        tracing::warn!(sessions = ?refused, "updates refused: another replica holds these sessions now");
+        // Only sessions whose updates were in this batch are told they were fenced (a refused
+        // controls-only write has no update waiting on it).
+        let with_updates = |s: &Arc<str>| writes.iter().any(|w| w.session_id == *s && w.chunk.is_some());
+        self.refused
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .extend(refused.into_iter().filter(with_updates));
+    }
+
+    /// Makes the writes nobody waits on: the held-back metadata, and the session rows put off
+    /// (by the store's own connection, [`BatchWriter::settle`], or through the store,
+    /// [`Store::settle_sessions`]; kept for the next try if it fails).
     async fn put_off_writes(&self, metadata: &mut Vec<SessionWrite>) {
         if !metadata.is_empty() {
             let merged = merge_metadata(std::mem::take(metadata));
@@ -471,6 +524,36 @@ impl Writer<'_> {
             && let Err(e) = direct.lock().unwrap_or_else(|e| e.into_inner()).settle()
         {
             tracing::warn!(error = %e, "sessions not advanced past their stored chunks yet; trying again when the queue is quiet");
+        }
+        let sessions: Vec<Arc<str>> = {
+            let mut u = self.unsettled.lock().unwrap_or_else(|e| e.into_inner());
+            u.sessions.drain().collect()
+        };
+        if sessions.is_empty() {
+            return;
+        }
+        // A write like any other to /readyz: one waiting on the database too long, or failing,
+        // makes the writer unhealthy (a frozen database shows here first when the queue is quiet).
+        self.health.writing_since.store(now_micros(), Ordering::Release);
+        let settled = self.store.settle_sessions(&sessions).await;
+        self.health.writing_since.store(0, Ordering::Release);
+        match &settled {
+            Ok(()) => self.health.succeeded(),
+            Err(e) => self.health.failed(e),
+        }
+        let mut u = self.unsettled.lock().unwrap_or_else(|e| e.into_inner());
+        match settled {
+            Ok(()) => {
+                if u.sessions.is_empty() {
+                    u.since = None;
+                }
+                u.not_before = None;
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, sessions = sessions.len(), "sessions not advanced past their stored chunks yet; trying again");
+                u.sessions.extend(sessions);
+                u.not_before = Some(Instant::now() + SETTLE_RETRY);
+            }
         }
     }
 
@@ -541,21 +624,13 @@ impl Writer<'_> {
         let mut permanent = 0;
         loop {
             self.health.writing_since.store(now_micros(), Ordering::Release);
-            let result = match (self.holder, &self.direct) {
-                (None, Some(direct)) => direct.lock().unwrap_or_else(|e| e.into_inner()).write_batch(writes),
-                (None, None) => self.store.write_batch(writes).await,
-                (Some(holder), _) => self.store.write_batch_leased(writes, holder).await.map(|refused| {
-                    if !refused.is_empty() {
-                        tracing::warn!(sessions = ?refused, "updates refused: another replica holds these sessions now");
-                    }
-                    // Only sessions whose updates were in this batch are told they were fenced
-                    // (a refused controls-only write has no update waiting on it).
-                    let with_updates = |s: &Arc<str>| writes.iter().any(|w| w.session_id == *s && w.chunk.is_some());
-                    self.refused
-                        .lock()
-                        .unwrap_or_else(|e| e.into_inner())
-                        .extend(refused.into_iter().filter(with_updates));
-                }),
+            let result = match &self.direct {
+                Some(direct) => direct.lock().unwrap_or_else(|e| e.into_inner()).write_batch(writes),
+                None => self
+                    .store
+                    .write_chunks_unsettled(writes, self.holder)
+                    .await
+                    .map(|refused| self.stored(writes, refused)),
             };
             self.health.writing_since.store(0, Ordering::Release);
             let e = match result {

@@ -30,6 +30,10 @@ use super::sql::{RunList, SearchBy, Sql};
 use super::usage::UsageSql;
 use super::user_secrets::SecretSql;
 use super::web_sessions::WebSessionSql;
+use transcript::{SETTLE_ALL_BEHIND, is_chunk_only};
+
+mod transcript;
+
 use super::{
     AuditEntry, AuditFilter, EventChunk, ListFilter, NewSession, Position, SessionRecord, SessionWrite, Store,
     StoreError, StoredLogin, StoredSecret, WEB_SESSIONS_KEPT_SECS, WebSession,
@@ -76,6 +80,13 @@ impl PgStore {
             .test_before_acquire(false)
             .connect_lazy(url)?;
         let identity = check_roles(&pool).await?;
+        let behind = sqlx::query(SETTLE_ALL_BEHIND).execute(&pool).await?.rows_affected();
+        if behind > 0 {
+            tracing::info!(
+                sessions = behind,
+                "sessions advanced past chunks stored before a gateway stopped"
+            );
+        }
         let search_index: bool = sqlx::query_scalar(
             "SELECT to_regclass('session_search_title_trgm') IS NOT NULL
                 AND to_regclass('session_search_meta_trgm') IS NOT NULL
@@ -113,126 +124,6 @@ impl PgStore {
     /// the login role, the tables' owner, which row-level security does not apply to.
     async fn as_system(&self) -> Result<Transaction<'static, Postgres>, StoreError> {
         Ok(self.pool.begin().await?)
-    }
-}
-
-/// The statement that stores chunks and advances their sessions: `$held` names a `held` CTE that
-/// limits the chunks stored to its sessions (or nothing), `$only_held` the condition that does so,
-/// `$tail` what follows the CTEs.
-macro_rules! write_chunks_sql {
-    ($held:literal, $only_held:literal, $tail:literal) => {
-        concat!(
-            "WITH w AS (
-        SELECT * FROM unnest($1::text[], $2::bigint[], $3::bigint[], $4::text[], $5::bigint[])
-            AS w(session_id, seq_from, seq_to, payload, at)
-    ), ",
-            $held,
-            "stored AS (
-        INSERT INTO session_events (session_id, seq_from, seq_to, payload, created_at)
-        SELECT w.session_id, w.seq_from, w.seq_to, w.payload, w.at FROM w
-        WHERE ",
-            $only_held,
-            "EXISTS (SELECT 1 FROM sessions s WHERE s.id = w.session_id)
-        ON CONFLICT (session_id, seq_from) DO NOTHING
-        RETURNING session_id, seq_from, seq_to, octet_length(payload) AS bytes, created_at
-    ), advanced AS (
-        UPDATE sessions SET
-            last_seq = GREATEST(last_seq, a.seq_to),
-            updated_at = GREATEST(updated_at, a.at),
-            stored_bytes = stored_bytes + a.bytes
-        FROM (SELECT session_id, MAX(seq_to) AS seq_to, MAX(created_at) AS at, SUM(bytes) AS bytes
-              FROM stored GROUP BY session_id) a
-        WHERE sessions.id = a.session_id
-        RETURNING 1
-    )",
-            $tail
-        )
-    };
-}
-
-/// Stores chunks and advances their sessions in one statement, atomic on its own: the writes
-/// every update waits on before a client sees it are one round trip and one commit, not `BEGIN`,
-/// an `INSERT` and an `UPDATE` per session, and `COMMIT`. A chunk whose session is gone, or whose
-/// seqs are stored already, is skipped (and logged), as [`super::sql::Sql::write_batch`] does.
-const WRITE_CHUNKS: &str = write_chunks_sql!("", "", "\n    SELECT session_id, seq_from FROM stored");
-
-/// [`WRITE_CHUNKS`] for a replica holding leases, also one statement (one round trip, one
-/// commit, no `BEGIN`): the leases `$6` holds among these sessions, their rows locked for the
-/// statement (a takeover waits for it and then sees all of it), and for each a NOTIFY that
-/// Postgres delivers only once this commits; only their chunks are stored. Returns each held
-/// session with the seq_from of each chunk stored (`NULL` when none was).
-const WRITE_CHUNKS_LEASED: &str = write_chunks_sql!(
-    "held AS (
-        SELECT l.session_id FROM session_leases l
-        WHERE l.replica = $6 AND l.session_id IN (SELECT session_id FROM w)
-        FOR SHARE OF l
-    ), ",
-    "w.session_id IN (SELECT session_id FROM held) AND ",
-    ", notified AS (
-        SELECT pg_notify('acp_session_committed', n.session_id || ':' || n.seq_to)
-        FROM (SELECT session_id, MAX(seq_to) AS seq_to FROM w
-              WHERE session_id IN (SELECT session_id FROM held) GROUP BY session_id) n
-    )
-    SELECT h.session_id, s.seq_from
-    FROM held h LEFT JOIN stored s ON s.session_id = h.session_id
-    WHERE (SELECT count(*) FROM notified) >= 0"
-);
-
-impl PgStore {
-    /// [`WRITE_CHUNKS_LEASED`]: the sessions among `writes` whose lease `holder` does not hold
-    /// (their chunks were not stored).
-    async fn write_chunks_leased(&self, writes: &[SessionWrite], holder: &str) -> Result<Vec<Arc<str>>, StoreError> {
-        let chunks: Vec<(&str, &super::EventChunk, i64)> = writes
-            .iter()
-            .filter_map(|w| Some((&*w.session_id, w.chunk.as_ref()?, w.updated_at)))
-            .collect();
-        let rows: Vec<(String, Option<i64>)> = sqlx::query_as(WRITE_CHUNKS_LEASED)
-            .bind(chunks.iter().map(|c| c.0).collect::<Vec<_>>())
-            .bind(chunks.iter().map(|c| c.1.seq_from).collect::<Vec<_>>())
-            .bind(chunks.iter().map(|c| c.1.seq_to).collect::<Vec<_>>())
-            .bind(chunks.iter().map(|c| c.1.payload.as_str()).collect::<Vec<_>>())
-            .bind(chunks.iter().map(|c| c.2).collect::<Vec<_>>())
-            .bind(holder)
-            .fetch_all(&self.writes)
-            .await?;
-        let mut refused: Vec<Arc<str>> = Vec::new();
-        for w in writes {
-            let held = rows.iter().any(|(s, _)| **s == *w.session_id);
-            if !held {
-                if !refused.contains(&w.session_id) {
-                    refused.push(w.session_id.clone());
-                }
-            } else if let Some(chunk) = &w.chunk {
-                let stored = rows
-                    .iter()
-                    .any(|(s, f)| **s == *w.session_id && *f == Some(chunk.seq_from));
-                super::sql::note_unstored(&w.session_id, chunk, u64::from(stored));
-            }
-        }
-        Ok(refused)
-    }
-
-    async fn write_chunks(&self, writes: &[SessionWrite]) -> Result<(), StoreError> {
-        let chunks: Vec<(&str, &super::EventChunk, i64)> = writes
-            .iter()
-            .filter_map(|w| Some((&*w.session_id, w.chunk.as_ref()?, w.updated_at)))
-            .collect();
-        let stored: Vec<(String, i64)> = sqlx::query_as(WRITE_CHUNKS)
-            .bind(chunks.iter().map(|c| c.0).collect::<Vec<_>>())
-            .bind(chunks.iter().map(|c| c.1.seq_from).collect::<Vec<_>>())
-            .bind(chunks.iter().map(|c| c.1.seq_to).collect::<Vec<_>>())
-            .bind(chunks.iter().map(|c| c.1.payload.as_str()).collect::<Vec<_>>())
-            .bind(chunks.iter().map(|c| c.2).collect::<Vec<_>>())
-            .fetch_all(&self.writes)
-            .await?;
-        if stored.len() < chunks.len() {
-            let stored: std::collections::HashSet<(&str, i64)> = stored.iter().map(|(s, f)| (s.as_str(), *f)).collect();
-            for (session, chunk, _) in chunks {
-                let rows = u64::from(stored.contains(&(session, chunk.seq_from)));
-                super::sql::note_unstored(session, chunk, rows);
-            }
-        }
-        Ok(())
     }
 }
 
@@ -496,77 +387,26 @@ impl Store for PgStore {
     }
 
     async fn write_batch(&self, writes: &[SessionWrite]) -> Result<(), StoreError> {
-        if writes.iter().all(|w| w.chunk.is_some() && !w.has_metadata()) {
-            return self.write_chunks(writes).await;
-        }
-        let mut tx = self.as_system().await?;
-        Postgres::write_batch(&mut tx, writes).await?;
-        tx.commit().await?;
-        Ok(())
+        self.write_settled(writes, None).await.map(|_| ())
     }
 
     async fn write_batch_leased(&self, writes: &[SessionWrite], holder: &str) -> Result<Vec<Arc<str>>, StoreError> {
-        if writes.iter().all(|w| w.chunk.is_some() && !w.has_metadata()) {
-            return self.write_chunks_leased(writes, holder).await;
+        self.write_settled(writes, Some(holder)).await
+    }
+
+    async fn write_chunks_unsettled(
+        &self,
+        writes: &[SessionWrite],
+        holder: Option<&str>,
+    ) -> Result<Vec<Arc<str>>, StoreError> {
+        if writes.iter().all(is_chunk_only) {
+            return self.write_chunks(writes, holder).await;
         }
-        let mut tx = self.as_system().await?;
-        // One statement: which of these sessions' leases `holder` holds (their rows locked until
-        // commit, so a takeover waits for this write and then sees all of it), and a NOTIFY for
-        // each that carries updates, delivered by Postgres only if and when this transaction
-        // commits. What only the serving agent says (updates, its controls) needs the lease.
-        let (ids, seqs): (Vec<&str>, Vec<i64>) = writes
-            .iter()
-            .filter(|w| needs_lease(w))
-            .map(|w| (&*w.session_id, w.chunk.as_ref().map_or(-1, |c| c.seq_to)))
-            .unzip();
-        let held: Vec<String> = if ids.is_empty() {
-            Vec::new()
-        } else {
-            sqlx::query_scalar(
-                "SELECT l.session_id,
-                        CASE WHEN w.seq_to >= 0
-                             THEN pg_notify('acp_session_committed', l.session_id || ':' || w.seq_to) END
-                 FROM session_leases l
-                 JOIN unnest($1::text[], $2::bigint[]) AS w(session_id, seq_to) ON w.session_id = l.session_id
-                 WHERE l.replica = $3
-                 FOR SHARE OF l",
-            )
-            .bind(&ids)
-            .bind(&seqs)
-            .bind(holder)
-            .fetch_all(&mut *tx)
-            .await?
-        };
-        let is_refused = |w: &SessionWrite| needs_lease(w) && !held.iter().any(|h| **h == *w.session_id);
-        let mut refused: Vec<Arc<str>> = Vec::new();
-        for w in writes.iter().filter(|w| is_refused(w)) {
-            if !refused.contains(&w.session_id) {
-                refused.push(w.session_id.clone());
-            }
-        }
-        if refused.is_empty() {
-            Postgres::write_batch(&mut tx, writes).await?;
-        } else {
-            // Their message counts and titles still count; their updates and controls (which
-            // would overwrite what the new holder's agent said) are not stored.
-            let kept: Vec<SessionWrite> = writes
-                .iter()
-                .map(|w| {
-                    if is_refused(w) {
-                        SessionWrite {
-                            chunk: None,
-                            controls: None,
-                            ..w.clone()
-                        }
-                    } else {
-                        w.clone()
-                    }
-                })
-                .collect();
-            Postgres::write_batch(&mut tx, &kept).await?;
-        }
-        tx.commit().await?;
-        Ok(refused)
+        self.write_settled(writes, holder).await
+    }
+
+    async fn settle_sessions(&self, sessions: &[Arc<str>]) -> Result<(), StoreError> {
+        self.settle(sessions).await
     }
 
     async fn read_events(
@@ -595,10 +435,4 @@ impl Store for PgStore {
         tx.commit().await?;
         Ok(u64::try_from(bytes).unwrap_or(0))
     }
-}
-
-/// Whether `w` holds what only the replica serving the session may write: its agent's updates or
-/// controls.
-fn needs_lease(w: &SessionWrite) -> bool {
-    w.chunk.is_some() || w.controls.is_some()
 }

@@ -51,7 +51,8 @@ const MAX_PENDING_METADATA: usize = 1024;
 const QUIET: Duration = Duration::from_millis(2);
 /// How long a prompt just sent waits for the agent's answer before its chunks are written on
 /// their own ([`batch::awaits_answer`]). An agent that answers at once gets both in one commit;
-/// one that thinks first (any model) finds the prompt stored this much later than at once.
+/// one that thinks first (any model) finds the prompt stored this much later than at once (up
+/// to the stage's tick later when a sender holds it, see [`stage`]).
 const LINGER: Duration = Duration::from_millis(1);
 /// Those writes wait at most this long while updates keep coming.
 const PUT_OFF_AT_MOST: Duration = Duration::from_millis(500);
@@ -131,6 +132,9 @@ impl Persister {
             None => None,
         };
         let stage = direct.map(|d| Arc::new(Stage::new(Arc::new(Mutex::new(d)), room.clone(), health.clone())));
+        if let Some(stage) = &stage {
+            stage.start_ticker();
+        }
         let task = match stage.clone() {
             Some(stage) => {
                 let (done, finished) = oneshot::channel::<()>();
@@ -186,7 +190,7 @@ impl Persister {
             Some(stage) => {
                 match stage.offer(item, slot) {
                     Offered::Passed => {}
-                    Offered::Held(hold) => stage.time_hold(hold),
+                    Offered::Held => stage.tick_for_holds(),
                     Offered::CommittedForWriter => {
                         // The commit woke the clients' socket writers: they send before the
                         // writer's thread is woken to compete with them for a core.

@@ -12,7 +12,8 @@
 //!
 //! Both settings are transaction-local, so a pooled connection never carries one user's identity,
 //! or the request role, into the next transaction. The statements themselves are in
-//! [`super::sql`]; this file only picks the transaction each one runs in.
+//! [`super::sql`]; this file only picks the transaction each one runs in. The transcript's
+//! writes, which every update waits on, are Postgres's own: [`transcript`].
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -63,6 +63,15 @@ impl FromRequestParts<Arc<Gateway>> for Admin {
 }
 
 async fn users(State(gw): State<Arc<Gateway>>, Admin(_): Admin) -> Response {
+    // Stored bytes and last activity as of every update stored so far (the transcript writer
+    // advances session rows after their chunks, when its queue is quiet).
+    if let Err(e) = gw.sessions.flush_for_request().await {
+        tracing::error!(error = %e, "the transcript writer did not flush for the users overview");
+        return refuse(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "the transcript is not written yet; try again",
+        );
+    }
     let store = gw.sessions.store();
     let (stored, signins) = match (store.users_overview(10_000).await, store.last_sign_ins().await) {
         (Ok(a), Ok(b)) => (a, b),

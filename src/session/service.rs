@@ -124,6 +124,12 @@ impl Sessions {
         let _ = self.persister.flush_within(Duration::from_secs(u32::MAX.into())).await;
     }
 
+    /// [`Self::flush`] for a request: at most [`crate::store::persister::FLUSH_TIMEOUT`] (then
+    /// [`StoreError::Timeout`]), so that it reads the rows what was just stored advanced.
+    pub async fn flush_for_request(&self) -> Result<(), StoreError> {
+        self.persister.flush().await
+    }
+
     /// Sessions in memory (for metrics).
     pub fn in_memory(&self) -> usize {
         self.registry.len()

@@ -52,7 +52,7 @@ const MAX_HELD: usize = 512;
 /// but its echo).
 const TICK: std::time::Duration = std::time::Duration::from_millis(4);
 /// Ticks with no sender's hold after which the ticker parks.
-const PARK_AFTER_TICKS: u32 = 4;
+const PARK_AFTER_TICKS: u32 = 2;
 
 /// Where the held batch is.
 #[derive(Debug, Default, PartialEq, Eq)]

@@ -178,8 +178,12 @@ async fn run_ticker(stage: Weak<Stage>, arm: Arc<Notify>) {
             s.ticker.ticking.store(false, Ordering::SeqCst);
             // A hold that began before `ticking` was cleared found it set and did not arm: the
             // ticker goes on for it (unless a later hold armed it already: then it parks, and
-            // the permit wakes it at once).
-            let (holding, _) = s.tick(&mut seen_holds, false);
+            // the permit wakes it at once). One that began and committed since the last look
+            // left put-off writes: the writer is woken for them before the ticker parks.
+            let (holding, committed) = s.tick(&mut seen_holds, true);
+            if committed {
+                s.wake.notify_one();
+            }
             if !holding || s.ticker.ticking.swap(true, Ordering::SeqCst) {
                 drop(s);
                 arm.notified().await;

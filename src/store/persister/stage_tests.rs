@@ -189,3 +189,56 @@ async fn shutdown_commits_what_a_sender_holds() {
     assert_eq!(seen.0.load(Ordering::SeqCst), 1);
     assert_eq!(stored_seqs(&store).await, vec![(1, 1)]);
 }
+
+/// The writer is idle and nobody answers the prompt its own send holds: the stage's ticker hands
+/// it back after the linger (within a tick or two), and the writer commits it.
+#[tokio::test]
+async fn a_prompt_its_own_send_holds_that_nobody_answers_is_committed_after_the_linger() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store = sqlite_with_session(dir.path()).await;
+    let (p, _task) = Persister::spawn(store.clone(), 64, 1 << 20, CancellationToken::new());
+    let stage = idle_stage(&p).await;
+    let seen = Arc::new(Seen::default());
+    let started = std::time::Instant::now();
+    p.send(prompt(1)).await;
+    p.send(update(&seen, 1, false)).await;
+    assert!(stage.is_held_by_sender(), "held by the prompt's send");
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while seen.0.load(Ordering::SeqCst) < 1 {
+        assert!(std::time::Instant::now() < deadline, "never committed");
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    assert!(started.elapsed() >= LINGER, "after the linger");
+    assert_eq!(stored_seqs(&store).await, vec![(1, 1)]);
+}
+
+/// What a sender's hold committed leaves put-off writes (the prompt's title, the row's advance):
+/// the ticker wakes the writer for them once the holds stop, with no flush asking.
+#[tokio::test]
+async fn a_senders_commit_reaches_the_session_row_without_a_flush() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store = sqlite_with_session(dir.path()).await;
+    let (p, _task) = Persister::spawn(store.clone(), 64, 1 << 20, CancellationToken::new());
+    let stage = idle_stage(&p).await;
+    let seen = Arc::new(Seen::default());
+    p.send(prompt(1)).await;
+    assert!(stage.is_held_by_sender());
+    p.send(update(&seen, 1, false)).await;
+    p.send(update(&seen, 2, false)).await;
+    assert_eq!(seen.0.load(Ordering::SeqCst), 2, "committed by the answer's send");
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let row = store.get_session("alice", "s").await.expect("read").expect("row");
+        let bytes = store.stored_bytes("alice").await.expect("bytes");
+        if row.title.as_deref() == Some("hello") && row.message_count == 1 && bytes > 0 {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "never written: title {:?}, {} messages, {bytes} bytes",
+            row.title,
+            row.message_count
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}

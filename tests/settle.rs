@@ -7,7 +7,7 @@ mod common;
 
 use std::sync::Arc;
 
-use acp_gateway::store::{self, EventChunk, ListFilter, NewSession, SessionWrite, Store};
+use acp_gateway::store::{self, EventChunk, ListFilter, SessionWrite, Store};
 
 const BASE: i64 = 1_700_000_000_000_000;
 
@@ -32,22 +32,6 @@ async fn connect(url: &str) -> Arc<dyn Store> {
     store::connect(url)
         .await
         .unwrap_or_else(|e| panic!("connect {url}: {e}"))
-}
-
-async fn create(store: &dyn Store, id: &str) {
-    store
-        .create_session(&NewSession {
-            id,
-            owner: "alice",
-            agent: "demo",
-            agent_session_id: None,
-            cwd: "/w",
-            additional_dirs: "[]",
-            meta: "{}",
-            now: BASE,
-        })
-        .await
-        .unwrap_or_else(|e| panic!("create {id}: {e}"));
 }
 
 /// Session `id`'s updates `from..=to`, received at `at`: each update's payload differs in length,
@@ -120,14 +104,19 @@ on_both_backends!(
 async fn a_session_reads_its_newest_chunk_before_its_row_settles(backend: Backend) {
     let (url, _dir) = url(backend).await;
     let s = connect(&url).await;
-    create(&*s, "a").await;
+    common::fixtures::create_session(&*s, "a", "alice", BASE).await;
     let writes = [chunk("a", 1, 4, BASE + 10), chunk("a", 5, 9, BASE + 20)];
     for w in &writes {
-        let refused = s
+        let stored = s
             .write_chunks_unsettled(std::slice::from_ref(w), None)
             .await
             .expect("write");
-        assert!(refused.is_empty(), "no leases: nothing refused");
+        assert!(stored.refused.is_empty(), "no leases: nothing refused");
+        assert_eq!(
+            stored.rows_behind,
+            matches!(backend, Backend::Postgres),
+            "Postgres leaves the row for a settle; SQLite's pool writes it in the same transaction"
+        );
     }
     let read = s.get_session("alice", "a").await.expect("get").expect("a");
     assert_eq!(
@@ -151,7 +140,7 @@ async fn settles_at_once_count_each_chunk_once(backend: Backend) {
     let s = connect(&url).await;
     let sessions: Vec<Arc<str>> = ["x", "y", "z"].into_iter().map(Arc::from).collect();
     for id in &sessions {
-        create(&*s, id).await;
+        common::fixtures::create_session(&*s, id, "alice", BASE).await;
     }
     // One writer stores each session's chunks in seq order (one a metadata write through the
     // other path, which settles first), while four others settle all three sessions in a loop.
@@ -220,7 +209,7 @@ async fn a_restart_settles_rows_left_behind(backend: Backend) {
     let writes = [chunk("r", 1, 3, BASE + 5), chunk("r", 4, 8, BASE + 7)];
     {
         let s = connect(&url).await;
-        create(&*s, "r").await;
+        common::fixtures::create_session(&*s, "r", "alice", BASE).await;
         for w in &writes {
             s.write_chunks_unsettled(std::slice::from_ref(w), None)
                 .await

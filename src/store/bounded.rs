@@ -61,7 +61,7 @@ impl Store for Bounded {
         &self,
         writes: &[SessionWrite],
         holder: Option<&str>,
-    ) -> Result<Vec<Arc<str>>, StoreError> {
+    ) -> Result<super::ChunksStored, StoreError> {
         self.inner.write_chunks_unsettled(writes, holder).await
     }
     async fn settle_sessions(&self, sessions: &[Arc<str>]) -> Result<(), StoreError> {

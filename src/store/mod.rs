@@ -206,6 +206,16 @@ pub struct EventChunk {
     pub stored_at: i64,
 }
 
+/// What [`Store::write_chunks_unsettled`] did.
+#[derive(Debug, Default)]
+pub struct ChunksStored {
+    /// Sessions whose chunks were refused: their lease is another replica's.
+    pub refused: Vec<Arc<str>>,
+    /// Whether the rows of the sessions whose chunks were stored were left behind them, for
+    /// [`Store::settle_sessions`] (otherwise they were advanced in the same transaction).
+    pub rows_behind: bool,
+}
+
 /// Everything one flush writes for one session.
 #[derive(Debug, Clone, Default)]
 pub struct SessionWrite {
@@ -315,11 +325,15 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
         &self,
         writes: &[SessionWrite],
         holder: Option<&str>,
-    ) -> Result<Vec<Arc<str>>, StoreError> {
-        match holder {
-            Some(holder) => self.write_batch_leased(writes, holder).await,
-            None => self.write_batch(writes).await.map(|()| Vec::new()),
-        }
+    ) -> Result<ChunksStored, StoreError> {
+        let refused = match holder {
+            Some(holder) => self.write_batch_leased(writes, holder).await?,
+            None => self.write_batch(writes).await.map(|()| Vec::new())?,
+        };
+        Ok(ChunksStored {
+            refused,
+            rows_behind: false,
+        })
     }
     /// Advances `sessions`' rows past the chunks [`Store::write_chunks_unsettled`] stored. It
     /// recounts from the stored chunks, so any replica may settle any session, any number of

@@ -36,8 +36,8 @@ use transcript::{SETTLE_ALL_BEHIND, is_chunk_only};
 mod transcript;
 
 use super::{
-    AuditEntry, AuditFilter, EventChunk, ListFilter, NewSession, Position, SessionRecord, SessionWrite, Store,
-    StoreError, StoredLogin, StoredSecret, WEB_SESSIONS_KEPT_SECS, WebSession,
+    AuditEntry, AuditFilter, ChunksStored, EventChunk, ListFilter, NewSession, Position, SessionRecord, SessionWrite,
+    Store, StoreError, StoredLogin, StoredSecret, WEB_SESSIONS_KEPT_SECS, WebSession,
 };
 
 /// Longest wait for a pooled connection (see [`super::ACQUIRE_TIMEOUT`]).
@@ -399,11 +399,14 @@ impl Store for PgStore {
         &self,
         writes: &[SessionWrite],
         holder: Option<&str>,
-    ) -> Result<Vec<Arc<str>>, StoreError> {
-        if writes.iter().all(is_chunk_only) {
-            return self.write_chunks(writes, holder).await;
-        }
-        self.write_settled(writes, holder).await
+    ) -> Result<ChunksStored, StoreError> {
+        let rows_behind = writes.iter().all(is_chunk_only);
+        let refused = if rows_behind {
+            self.write_chunks(writes, holder).await?
+        } else {
+            self.write_settled(writes, holder).await?
+        };
+        Ok(ChunksStored { refused, rows_behind })
     }
 
     async fn settle_sessions(&self, sessions: &[Arc<str>]) -> Result<(), StoreError> {

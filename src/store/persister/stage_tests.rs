@@ -4,16 +4,35 @@
 use super::*;
 use crate::store::NewSession;
 use crate::store::sqlite::SqliteStore;
-use std::sync::atomic::AtomicU64;
+use tokio::sync::watch;
 
 /// Remembers the highest seq it was told is committed.
-#[derive(Default)]
-struct Seen(AtomicU64);
+struct Seen(watch::Sender<u64>);
+impl Default for Seen {
+    fn default() -> Self {
+        Self(watch::channel(0).0)
+    }
+}
 impl super::Committed for Seen {
     fn committed(&self, seq: u64) {
-        self.0.fetch_max(seq, Ordering::SeqCst);
+        self.0.send_modify(|through| *through = (*through).max(seq));
     }
     fn lost(&self) {}
+}
+impl Seen {
+    /// The highest seq committed so far.
+    fn through(&self) -> u64 {
+        *self.0.borrow()
+    }
+}
+
+/// Waits (10 s at most) until `seen` is told updates through `seq` are committed.
+async fn committed_through(seen: &Seen, seq: u64) {
+    let mut rx = seen.0.subscribe();
+    tokio::time::timeout(Duration::from_secs(10), rx.wait_for(|through| *through >= seq))
+        .await
+        .expect("never committed")
+        .expect("the sender lives in `seen`");
 }
 
 async fn sqlite_with_session(dir: &std::path::Path) -> Arc<dyn Store> {
@@ -92,13 +111,9 @@ async fn the_send_that_completes_a_held_prompt_commits_it_at_once() {
     let seen = Arc::new(Seen::default());
     held(&p, &seen).await;
     p.send(update(&seen, 2, true)).await;
-    assert_eq!(seen.0.load(Ordering::SeqCst), 0, "the rest of the burst is awaited");
+    assert_eq!(seen.through(), 0, "the rest of the burst is awaited");
     p.send(update(&seen, 3, false)).await;
-    assert_eq!(
-        seen.0.load(Ordering::SeqCst),
-        3,
-        "committed by the send that completed it"
-    );
+    assert_eq!(seen.through(), 3, "committed by the send that completed it");
     assert_eq!(stored_seqs(&store).await, vec![(1, 3)], "one chunk, 1 to 3");
     p.flush().await.expect("flushed");
     let row = store.get_session("alice", "s").await.expect("read").expect("row");
@@ -115,11 +130,7 @@ async fn a_held_prompt_nobody_answers_is_committed_by_the_writer() {
     let seen = Arc::new(Seen::default());
     let started = std::time::Instant::now();
     held(&p, &seen).await;
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    while seen.0.load(Ordering::SeqCst) < 1 {
-        assert!(std::time::Instant::now() < deadline, "never committed");
-        tokio::time::sleep(Duration::from_millis(1)).await;
-    }
+    committed_through(&seen, 1).await;
     assert!(started.elapsed() >= LINGER, "after the linger");
     assert_eq!(stored_seqs(&store).await, vec![(1, 1)]);
 }
@@ -134,11 +145,11 @@ async fn a_flush_hands_a_held_prompt_back_to_the_writer() {
     let seen = Arc::new(Seen::default());
     held(&p, &seen).await;
     p.flush_within(Duration::from_secs(10)).await.expect("flushed");
-    assert_eq!(seen.0.load(Ordering::SeqCst), 1);
+    assert_eq!(seen.through(), 1);
     assert!(!p.stage.as_ref().expect("stage").is_holding());
     p.send(update(&seen, 2, false)).await;
     p.flush_within(Duration::from_secs(10)).await.expect("flushed");
-    assert_eq!(seen.0.load(Ordering::SeqCst), 2);
+    assert_eq!(seen.through(), 2);
     assert_eq!(stored_seqs(&store).await, vec![(1, 1), (2, 2)]);
 }
 
@@ -155,7 +166,7 @@ async fn a_prompt_sent_to_an_idle_writer_is_held_by_its_sender() {
     assert!(stage.is_held_by_sender(), "held by the prompt's send, not the writer");
     p.send(update(&seen, 1, false)).await;
     p.send(update(&seen, 2, false)).await;
-    assert_eq!(seen.0.load(Ordering::SeqCst), 2, "committed by the answer's send");
+    assert_eq!(seen.through(), 2, "committed by the answer's send");
     assert!(!stage.is_holding());
     assert_eq!(stored_seqs(&store).await, vec![(1, 2)], "one chunk");
     p.flush().await.expect("flushed");
@@ -186,7 +197,7 @@ async fn shutdown_commits_what_a_sender_holds() {
     assert!(stage.is_held_by_sender());
     cancel.cancel();
     task.await.expect("writer ended");
-    assert_eq!(seen.0.load(Ordering::SeqCst), 1);
+    assert_eq!(seen.through(), 1);
     assert_eq!(stored_seqs(&store).await, vec![(1, 1)]);
 }
 
@@ -203,11 +214,7 @@ async fn a_prompt_its_own_send_holds_that_nobody_answers_is_committed_after_the_
     p.send(prompt(1)).await;
     p.send(update(&seen, 1, false)).await;
     assert!(stage.is_held_by_sender(), "held by the prompt's send");
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    while seen.0.load(Ordering::SeqCst) < 1 {
-        assert!(std::time::Instant::now() < deadline, "never committed");
-        tokio::time::sleep(Duration::from_millis(1)).await;
-    }
+    committed_through(&seen, 1).await;
     assert!(started.elapsed() >= LINGER, "after the linger");
     assert_eq!(stored_seqs(&store).await, vec![(1, 1)]);
 }
@@ -225,7 +232,7 @@ async fn a_senders_commit_reaches_the_session_row_without_a_flush() {
     assert!(stage.is_held_by_sender());
     p.send(update(&seen, 1, false)).await;
     p.send(update(&seen, 2, false)).await;
-    assert_eq!(seen.0.load(Ordering::SeqCst), 2, "committed by the answer's send");
+    assert_eq!(seen.through(), 2, "committed by the answer's send");
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
     loop {
         let row = store.get_session("alice", "s").await.expect("read").expect("row");

@@ -8,27 +8,12 @@ mod common;
 
 use std::sync::Arc;
 
-use acp_gateway::store::{self, EventChunk, NewSession, SessionWrite, Store};
+use acp_gateway::store::{self, EventChunk, SessionWrite};
+use common::fixtures::create_session;
 use common::pg::{REQUEST_ROLE, signed_identity};
 use sqlx::{Connection, Executor, PgConnection, Postgres, Row, Transaction};
 
 const BASE: i64 = 1_700_000_000_000_000;
-
-async fn create(store: &dyn Store, id: &str, owner: &str) {
-    store
-        .create_session(&NewSession {
-            id,
-            owner,
-            agent: "demo",
-            agent_session_id: None,
-            cwd: "/w",
-            additional_dirs: "[]",
-            meta: "{}",
-            now: BASE,
-        })
-        .await
-        .unwrap_or_else(|e| panic!("create {id}: {e}"));
-}
 
 fn events(id: &str, seq: i64) -> SessionWrite {
     SessionWrite {
@@ -71,7 +56,7 @@ async fn a_request_statement_cannot_reach_another_users_rows() {
     let database = common::pg::database_of(&url).to_string();
     let s = store::connect(&url).await.expect("connect");
     for (id, owner) in [("a1", "alice"), ("a2", "alice"), ("b1", "bob")] {
-        create(&*s, id, owner).await;
+        create_session(&*s, id, owner, BASE).await;
     }
     s.write_batch(&[events("a1", 1), events("b1", 1), events("b1", 2)])
         .await
@@ -365,7 +350,7 @@ async fn the_migration_creates_the_request_role_or_says_what_to_run() {
     let stores = futures_util::future::join_all(urls.iter().map(|u| store::connect(u))).await;
     for (d, s) in databases.iter().zip(stores) {
         let s = s.unwrap_or_else(|e| panic!("{d}: {e}"));
-        create(&*s, "a1", "alice").await;
+        create_session(&*s, "a1", "alice", BASE).await;
         assert!(s.get_session("alice", "a1").await.expect("get").is_some(), "{d}");
         assert!(s.get_session("bob", "a1").await.expect("get").is_none(), "{d}");
     }

@@ -8,7 +8,8 @@ mod common;
 
 use std::sync::Arc;
 
-use acp_gateway::store::{self, NewSession, NewShare, ShareAccess, Store};
+use acp_gateway::store::{self, NewShare, ShareAccess, Store};
+use common::fixtures::create_session;
 
 const NOW: i64 = 1_700_000_000_000_000;
 
@@ -22,25 +23,8 @@ async fn open(postgres: bool) -> (Arc<dyn Store>, Option<tempfile::TempDir>) {
     let store = store::connect(&url)
         .await
         .unwrap_or_else(|e| panic!("connect {url}: {e}"));
-    alices_session(&*store, "s1").await;
+    create_session(&*store, "s1", "alice", NOW).await;
     (store, dir)
-}
-
-/// Creates alice's session `id`.
-async fn alices_session(store: &dyn Store, id: &str) {
-    store
-        .create_session(&NewSession {
-            id,
-            owner: "alice",
-            agent: "demo",
-            agent_session_id: None,
-            cwd: "/w",
-            additional_dirs: "[]",
-            meta: "{}",
-            now: NOW,
-        })
-        .await
-        .expect("session");
 }
 
 fn share<'a>(id: &'a str, grantee: &'a str, expires_at: Option<i64>, now: i64) -> NewShare<'a> {
@@ -119,7 +103,7 @@ async fn ended_shares_do_not_pile_up(postgres: bool) {
 
 async fn many_users_at_once_answer_as_each(postgres: bool) {
     let (store, _dir) = open(postgres).await;
-    alices_session(&*store, "s2").await;
+    create_session(&*store, "s2", "alice", NOW).await;
     let now = NOW + 10_000_000;
     let make = |id: &'static str, session: &'static str, grantee: Option<&'static str>, role, expires_at| NewShare {
         id,

@@ -3,6 +3,7 @@
 
 #![allow(dead_code, reason = "each test binary uses a different part of the harness")]
 
+pub mod fixtures;
 pub mod oidc_provider;
 pub mod pg;
 pub mod procfs;

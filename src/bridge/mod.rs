@@ -213,34 +213,34 @@ async fn write_frames(
                         return Written::Stopped;
                     }
                     outbox.writing(true);
-                    let mut chunk = 0;
-                    for text in &batch {
-                        if text.is_empty() {
-                            // `Outbox::close_when_written`'s mark: what came before it is out.
-                            let _ = sink.flush().await;
-                            outbox.close_at_mark();
-                            return Written::Stopped;
+                    let mut start = 0;
+                    while start < batch.len() {
+                        // Up to a chunk's worth of the peer's reading under one timer (not
+                        // one per frame: a stream's frames are small and many), or up to
+                        // `Outbox::close_when_written`'s mark (an empty frame).
+                        let (mut end, mut bytes) = (start, 0);
+                        while end < batch.len() && bytes < WRITE_CHUNK_BYTES && !batch[end].is_empty() {
+                            bytes += batch[end].len();
+                            end += 1;
                         }
-                        chunk += text.len();
-                        match tokio::time::timeout(slow_after, sink.feed(Message::Text(text.clone()))).await {
+                        let frames = &batch[start..end];
+                        let written = tokio::time::timeout(slow_after, async {
+                            for text in frames {
+                                sink.feed(Message::Text(text.clone())).await?;
+                            }
+                            sink.flush().await
+                        });
+                        match written.await {
                             Ok(Ok(())) => {}
                             Ok(Err(_)) => return Written::Stopped,
                             Err(_) => return Written::PeerStuck,
                         }
-                        // Each timer covers at most a chunk's worth of the peer's reading.
-                        if chunk >= WRITE_CHUNK_BYTES {
-                            chunk = 0;
-                            match tokio::time::timeout(slow_after, sink.flush()).await {
-                                Ok(Ok(())) => {}
-                                Ok(Err(_)) => return Written::Stopped,
-                                Err(_) => return Written::PeerStuck,
-                            }
+                        if batch.get(end).is_some_and(|text| text.is_empty()) {
+                            // What came before the mark is out.
+                            outbox.close_at_mark();
+                            return Written::Stopped;
                         }
-                    }
-                    match tokio::time::timeout(slow_after, sink.flush()).await {
-                        Ok(Ok(())) => {}
-                        Ok(Err(_)) => return Written::Stopped,
-                        Err(_) => return Written::PeerStuck,
+                        start = end;
                     }
                     outbox.writing(false);
                     rx.written(&batch);

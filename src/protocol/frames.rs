@@ -14,6 +14,22 @@ pub fn push_json_str(out: &mut String, s: &str) {
     out.push_str(&serde_json::to_string(s).unwrap_or_else(|_| String::from("\"\"")));
 }
 
+/// Appends `n` in decimal (without `fmt`'s machinery: this is on every streamed frame).
+fn push_u64(out: &mut String, mut n: u64) {
+    let mut digits = [0u8; 20];
+    let mut at = digits.len();
+    loop {
+        at -= 1;
+        digits[at] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    // Only ASCII digits were written.
+    out.push_str(std::str::from_utf8(&digits[at..]).unwrap_or("0"));
+}
+
 /// `{"jsonrpc":"2.0","id":ID,"result":RESULT}` with both parts raw JSON.
 pub fn response(id: &str, result: &str) -> String {
     let mut out = String::with_capacity(40 + id.len() + result.len());
@@ -77,8 +93,12 @@ pub fn notification(method: &str, params: &str) -> String {
 /// string literal, escaped once per session), the agent's `update` object verbatim, and
 /// `_meta.gateway.seq`. An agent's own `_meta` is kept beside ours.
 pub fn session_update_raw_id(session_id_json: &str, update: &str, seq: u64, agent_meta: Option<&RawValue>) -> String {
-    let mut out = String::with_capacity(120 + update.len());
-    out.push_str(r#"{"jsonrpc":"2.0","method":"session/update","params":{"sessionId":"#);
+    const HEAD: &str = r#"{"jsonrpc":"2.0","method":"session/update","params":{"sessionId":"#;
+    const META: &str = r#","_meta":{"gateway":{"seq":"#;
+    // Sized for the frame without an agent's `_meta` (20 digits of seq and the closing braces):
+    // the stream's frames are built in one allocation, never grown.
+    let mut out = String::with_capacity(HEAD.len() + session_id_json.len() + 10 + update.len() + META.len() + 24);
+    out.push_str(HEAD);
     out.push_str(session_id_json);
     out.push_str(r#","update":"#);
     out.push_str(update);
@@ -90,7 +110,9 @@ pub fn session_update_raw_id(session_id_json: &str, update: &str, seq: u64, agen
             out.push_str("}}");
         }
         None => {
-            let _ = write!(out, r#","_meta":{{"gateway":{{"seq":{seq}}}}}}}}}"#);
+            out.push_str(META);
+            push_u64(&mut out, seq);
+            out.push_str("}}}}");
         }
     }
     out

@@ -45,7 +45,7 @@ use acp_gateway::config::{CliOverrides, Config, DEFAULT_AGENT};
 use anyhow::{Context, Result, anyhow, bail};
 use serde_json::{Value, json};
 
-use stats::{Stats, median, rss_kib, stats};
+use stats::{Stats, gateway_cpu, median, rss_kib, stats};
 use transport::{AgentPipe, Rpc, Transport, Websocketd, WsClient, agent_args, gateway_bin};
 
 /// Updates a prompt produces besides its `agent_message_chunk`s, as the agent writes them:
@@ -469,6 +469,10 @@ async fn throughput(
     let (rss0, _) = rss_kib();
     let (mut d_runs, mut g_runs, mut p_runs) = (Vec::new(), Vec::new(), Vec::new());
     let mut flush_ms = Vec::new();
+    // The gateway's own CPU time per update streamed (steadier than rates on a noisy machine).
+    let mut cpu_us = Vec::new();
+    // Updates per transcript commit in each run.
+    let mut per_commit = Vec::new();
     let mut rss_after_stream = 0;
     let mut hwm = 0;
     for _ in 0..k.tp_runs {
@@ -477,7 +481,12 @@ async fn throughput(
             p_runs.push(stream_once(&mut p.rpc, &p.session, k.n_updates, AGENT_EXTRAS).await?);
         }
         let before = stored_last_seq(gw_rt, gw, &via.session).await?;
+        let cpu = gateway_cpu();
+        let commits = metric_total("acp_gateway_transcript_commit_seconds_count");
         let t = stream_once(&mut via.rpc, &via.session, k.n_updates, GATEWAY_EXTRAS).await?;
+        cpu_us.push((gateway_cpu() - cpu).as_secs_f64() * 1e6 / t.updates as f64);
+        per_commit
+            .push(t.updates as f64 / (metric_total("acp_gateway_transcript_commit_seconds_count") - commits).max(1.0));
         rss_after_stream = rss_kib().0;
         // How long after the answer until the transcript is all in the database.
         let gw2 = gw.clone();
@@ -526,6 +535,15 @@ async fn throughput(
             .join(" / "),
         metric_total("acp_gateway_client_catch_ups_total")
     );
+    println!(
+        "gateway CPU per update streamed: {} µs (its threads' time on a CPU during each run, /proc/self/task/*/schedstat); updates per transcript commit: {}",
+        cpu_us.iter().map(|c| format!("{c:.2}")).collect::<Vec<_>>().join(" / "),
+        per_commit
+            .iter()
+            .map(|c| format!("{c:.0}"))
+            .collect::<Vec<_>>()
+            .join(" / ")
+    );
     let flush_text: Vec<String> = flush_ms.iter().map(|m| format!("{m:.1}")).collect();
     println!(
         "transcript fully flushed {} ms after the prompt's answer; stored transcript complete (last_seq matches the last forwarded seq)",
@@ -565,6 +583,7 @@ async fn eight(
     md: &mut String,
 ) -> Result<()> {
     async fn all<T: Transport>(paths: &mut [Path<T>], n: u64) -> Result<f64> {
+        let cpu = gateway_cpu();
         let started = Instant::now();
         let runs = futures_util::future::try_join_all(
             paths
@@ -573,7 +592,15 @@ async fn eight(
         )
         .await?;
         let updates: u64 = runs.iter().map(|t| t.updates).sum();
-        Ok(updates as f64 / started.elapsed().as_secs_f64())
+        let rate = updates as f64 / started.elapsed().as_secs_f64();
+        let cpu = gateway_cpu() - cpu;
+        if paths.first().is_some_and(|p| p.name == "gateway") {
+            println!(
+                "gateway run: {rate:.0} updates/s, gateway CPU per update {:.2} µs",
+                cpu.as_secs_f64() * 1e6 / updates as f64
+            );
+        }
+        Ok(rate)
     }
     println!();
     println!(

@@ -51,3 +51,20 @@ pub fn rss_kib() -> (u64, u64) {
     };
     (field("VmRSS:"), field("VmHWM:"))
 }
+
+/// Time on a CPU of this process's threads but the main one (the benchmark client runs there;
+/// the in-process gateway's workers, transcript writer and SQLite threads are the others), from
+/// `/proc/self/task/*/schedstat` (nanoseconds; a thread gone since is not counted).
+pub fn gateway_cpu() -> Duration {
+    let main = std::process::id().to_string();
+    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
+        return Duration::ZERO;
+    };
+    let ns: u64 = tasks
+        .flatten()
+        .filter(|t| t.file_name().to_str() != Some(main.as_str()))
+        .filter_map(|t| std::fs::read_to_string(t.path().join("schedstat")).ok())
+        .filter_map(|s| s.split_whitespace().next().and_then(|n| n.parse::<u64>().ok()))
+        .sum();
+    Duration::from_nanos(ns)
+}

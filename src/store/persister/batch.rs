@@ -68,47 +68,6 @@ pub enum Item {
     Flush(oneshot::Sender<()>),
 }
 
-impl Item {
-    /// A copy of the item, except a flush (its answer cannot be copied).
-    pub(super) fn copy(&self) -> Option<Item> {
-        Some(match self {
-            Item::Update {
-                session,
-                notify,
-                seq,
-                update,
-                at,
-                more,
-            } => Item::Update {
-                session: session.clone(),
-                notify: notify.clone(),
-                seq: *seq,
-                update: update.clone(),
-                at: *at,
-                more: *more,
-            },
-            Item::Prompt {
-                session,
-                title,
-                through,
-            } => Item::Prompt {
-                session: session.clone(),
-                title: title.clone(),
-                through: *through,
-            },
-            Item::AgentTitle { session, title } => Item::AgentTitle {
-                session: session.clone(),
-                title: title.clone(),
-            },
-            Item::Controls { session, controls } => Item::Controls {
-                session: session.clone(),
-                controls: controls.clone(),
-            },
-            Item::Flush(_) => return None,
-        })
-    }
-}
-
 impl std::fmt::Debug for Item {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
@@ -178,21 +137,36 @@ pub(super) fn item_bytes(item: &Item) -> usize {
 /// no other session's update, no flush. Such a batch waits a moment for the answer, so that a
 /// round trip waits for one commit, not for the prompt's and then the answer's.
 pub(super) fn awaits_answer(items: &[Item]) -> bool {
-    let prompted = |session: &Arc<str>, seq: u64| {
-        items
-            .iter()
-            .any(|i| matches!(i, Item::Prompt { session: s, through, .. } if s == session && seq <= *through))
-    };
     let mut prompts = false;
     for item in items {
         match item {
             Item::Prompt { .. } => prompts = true,
-            Item::Update { session, seq, .. } if !prompted(session, *seq) => return false,
+            Item::Update { session, seq, .. } if !prompted(items, session, *seq) => return false,
             Item::Flush(_) => return false,
             _ => {}
         }
     }
     prompts
+}
+
+/// [`awaits_answer`] of `items` just after their last item was added to ones of which it was
+/// `before`: in full only when that item is a prompt, so that a held burst is not scanned again
+/// for each update that joins it.
+pub(super) fn awaits_answer_after(items: &[Item], before: bool) -> bool {
+    match items.last() {
+        Some(Item::Prompt { .. }) => awaits_answer(items),
+        _ if !before => false,
+        Some(Item::Update { session, seq, .. }) => prompted(items, session, *seq),
+        Some(Item::Flush(_)) => false,
+        _ => before,
+    }
+}
+
+/// Whether update `seq` of `session` is one of the chunks of a prompt in `items`.
+fn prompted(items: &[Item], session: &Arc<str>, seq: u64) -> bool {
+    items
+        .iter()
+        .any(|i| matches!(i, Item::Prompt { session: s, through, .. } if s == session && seq <= *through))
 }
 
 /// Whether the last update taken had the agent's next update read right behind it.
@@ -207,8 +181,6 @@ pub(super) fn burst_goes_on(items: &[Item]) -> bool {
 pub(super) struct Batch {
     /// One write per session (one chunk per run of consecutive updates).
     pub(super) writes: Vec<SessionWrite>,
-    /// Flushes to answer once it is written.
-    pub(super) acks: Vec<oneshot::Sender<()>>,
     /// Updates in it.
     pub(super) updates: u64,
     /// Each session's highest seq in it, and whom to tell once it is committed.
@@ -218,15 +190,19 @@ pub(super) struct Batch {
     pub(super) oldest: Vec<i64>,
 }
 
-/// Groups a batch into one write per session (one chunk per run of consecutive updates).
-pub(super) fn coalesce(items: impl Iterator<Item = Item>) -> Batch {
+/// Groups a batch into one write per session (one chunk per run of consecutive updates). Its
+/// flushes are the caller's to answer; the items stay the caller's (to hand back if the write
+/// fails).
+pub(super) fn coalesce(items: &[Item]) -> Batch {
     let mut writes: Vec<SessionWrite> = Vec::new();
     let mut current: HashMap<Arc<str>, usize> = HashMap::new();
-    let mut acks = Vec::new();
     let mut updates = 0;
     let mut stored_up_to: Vec<(Arc<str>, Arc<dyn Committed>, u64)> = Vec::new();
     let mut oldest: Vec<i64> = Vec::new();
     let mut notify_slot: HashMap<Arc<str>, usize> = HashMap::new();
+    // The last update's session and its places in `stored_up_to` and `writes`: a stream's
+    // updates come one session at a time, and skip both lookups.
+    let mut last: Option<(Arc<str>, usize, usize)> = None;
     fn slot(writes: &mut Vec<SessionWrite>, current: &mut HashMap<Arc<str>, usize>, session: &Arc<str>) -> usize {
         *current.entry(session.clone()).or_insert_with(|| {
             writes.push(SessionWrite {
@@ -246,16 +222,29 @@ pub(super) fn coalesce(items: impl Iterator<Item = Item>) -> Batch {
                 at,
                 ..
             } => {
+                let (seq, at) = (*seq, *at);
                 updates += 1;
-                match notify_slot.get(&session) {
+                let seq_i = seq as i64;
+                if let Some((_, n, i)) = last.as_ref().filter(|(s, ..)| Arc::ptr_eq(s, session))
+                    && let Some(c) = writes[*i].chunk.as_mut().filter(|c| c.seq_to + 1 == seq_i)
+                {
+                    stored_up_to[*n].2 = stored_up_to[*n].2.max(seq);
+                    c.seq_to = seq_i;
+                    c.payload.push('\n');
+                    c.payload.push_str(update);
+                    let w = &mut writes[*i];
+                    w.updated_at = w.updated_at.max(at);
+                    continue;
+                }
+                match notify_slot.get(session) {
                     Some(&i) => stored_up_to[i].2 = stored_up_to[i].2.max(seq),
                     None => {
                         notify_slot.insert(session.clone(), stored_up_to.len());
-                        stored_up_to.push((session.clone(), notify, seq));
+                        stored_up_to.push((session.clone(), notify.clone(), seq));
                         oldest.push(at);
                     }
                 }
-                let mut i = slot(&mut writes, &mut current, &session);
+                let mut i = slot(&mut writes, &mut current, session);
                 let seq = seq as i64;
                 let contiguous = writes[i].chunk.as_ref().is_none_or(|c| c.seq_to + 1 == seq);
                 if !contiguous {
@@ -266,47 +255,47 @@ pub(super) fn coalesce(items: impl Iterator<Item = Item>) -> Batch {
                         ..Default::default()
                     });
                     i = writes.len() - 1;
-                    current.insert(session, i);
+                    current.insert(session.clone(), i);
                 }
+                last = Some((session.clone(), notify_slot[session], i));
                 let w = &mut writes[i];
                 w.updated_at = w.updated_at.max(at);
                 match &mut w.chunk {
                     Some(c) => {
                         c.seq_to = seq;
                         c.payload.push('\n');
-                        c.payload.push_str(&update);
+                        c.payload.push_str(update);
                     }
                     None => {
                         w.chunk = Some(EventChunk {
                             seq_from: seq,
                             seq_to: seq,
-                            payload: update.into_string(),
+                            payload: update.to_string(),
                             stored_at: 0,
                         })
                     }
                 }
             }
             Item::Prompt { session, title, .. } => {
-                let i = slot(&mut writes, &mut current, &session);
+                let i = slot(&mut writes, &mut current, session);
                 writes[i].prompts += 1;
                 if writes[i].prompt_title.is_none() {
-                    writes[i].prompt_title = title;
+                    writes[i].prompt_title.clone_from(title);
                 }
             }
             Item::AgentTitle { session, title } => {
-                let i = slot(&mut writes, &mut current, &session);
-                writes[i].agent_title = Some(title);
+                let i = slot(&mut writes, &mut current, session);
+                writes[i].agent_title = Some(title.clone());
             }
             Item::Controls { session, controls } => {
-                let i = slot(&mut writes, &mut current, &session);
-                writes[i].controls = Some(controls);
+                let i = slot(&mut writes, &mut current, session);
+                writes[i].controls = Some(controls.clone());
             }
-            Item::Flush(ack) => acks.push(ack),
+            Item::Flush(_) => {}
         }
     }
     Batch {
         writes,
-        acks,
         updates,
         stored_up_to,
         oldest,
@@ -351,14 +340,12 @@ mod tests {
         ];
         let Batch {
             writes,
-            acks,
             updates: n,
             stored_up_to,
             oldest,
-        } = coalesce(items.into_iter());
+        } = coalesce(&items);
         assert_eq!(n, 4);
         assert_eq!(oldest, vec![1, 5], "each session's oldest update, for its commit lag");
-        assert!(acks.is_empty());
         assert_eq!(
             stored_up_to.iter().map(|(_, _, seq)| *seq).collect::<Vec<_>>(),
             vec![3, 5],
@@ -416,7 +403,47 @@ mod tests {
     #[test]
     fn a_gap_starts_a_new_chunk() {
         let a: Arc<str> = Arc::from("a");
-        let batch = coalesce(vec![upd(&a, 1), upd(&a, 3)].into_iter());
+        let batch = coalesce(&[upd(&a, 1), upd(&a, 3)]);
         assert_eq!(batch.writes.len(), 2);
+    }
+
+    /// Kept item by item as a batch is held, the answer check agrees with the full one.
+    #[test]
+    fn the_answer_check_kept_as_items_join_agrees_with_the_full_one() {
+        let a: Arc<str> = Arc::from("a");
+        let b: Arc<str> = Arc::from("b");
+        let prompt = |s: &Arc<str>, through| Item::Prompt {
+            session: s.clone(),
+            title: None,
+            through,
+        };
+        let title = || Item::AgentTitle {
+            session: a.clone(),
+            title: "t".into(),
+        };
+        let (flush, _) = oneshot::channel();
+        let sequences: Vec<Vec<Item>> = vec![
+            vec![prompt(&a, 2), upd(&a, 1), upd(&a, 2), title(), upd(&a, 3), upd(&a, 4)],
+            vec![upd(&a, 1), upd(&a, 2), prompt(&a, 4), upd(&a, 3)],
+            vec![prompt(&a, 1), upd(&a, 1), upd(&b, 7), prompt(&b, 8), upd(&a, 2)],
+            vec![prompt(&a, 1), title(), Item::Flush(flush), upd(&a, 1)],
+            vec![
+                title(),
+                prompt(&b, 3),
+                upd(&b, 3),
+                prompt(&a, 9),
+                upd(&a, 9),
+                upd(&b, 4),
+            ],
+        ];
+        for sequence in sequences {
+            let mut held: Vec<Item> = Vec::new();
+            let mut kept = false;
+            for item in sequence {
+                held.push(item);
+                kept = awaits_answer_after(&held, kept);
+                assert_eq!(kept, awaits_answer(&held), "after {held:?}");
+            }
+        }
     }
 }

@@ -5,9 +5,11 @@
 //! Sessions hand an update to clients only once it is committed ([`Committed`]), so whatever a
 //! client has seen survives a crash of the gateway, and `seq` numbers continue above it after a
 //! restart. While one transaction commits, the next batch gathers, so a burst becomes a few
-//! transactions and a lone update waits for one commit. The one linger: a prompt just sent waits
-//! up to [`LINGER`] for the agent's answer, so that a round trip waits for one commit, not for
-//! the prompt's and then the answer's. What nobody waits on (message counts, titles, and on
+//! transactions and a lone update waits for one commit. Two lingers, each at most [`LINGER`]: a
+//! prompt just sent waits for the agent's answer, so that a round trip waits for one commit, not
+//! for the prompt's and then the answer's; and a burst the agent wrote at once (its next update
+//! already read) is waited for to its end, so that a stream is a commit per read of the agent's
+//! output, not one per few updates. What nobody waits on (message counts, titles, and on
 //! SQLite the session rows that stored chunks advance) is written once the queue has been quiet
 //! for [`QUIET`], or every [`PUT_OFF_AT_MOST`] while it never is, or when someone flushes. The queue is
 //! bounded, so a slow or unreachable database slows the agents' streams down instead of growing
@@ -297,14 +299,19 @@ async fn run(
                 lingered = true;
             }
         }
+        // A prompt waits for its answer; a burst the agent wrote at once (its next update already
+        // read, see `more_lines_follow`) is taken whole: one commit for what one read of its
+        // output held, not one per few updates the reader got through while the last commit
+        // ran (measured in a stream: 22-64 updates per commit before, ~500 after).
         let mut held = lingered;
         if let Some(stage) = stage.as_deref()
             && !lingered
             && lost.is_empty()
             && !cancel.is_cancelled()
-            && awaits_answer(&items)
+            && (awaits_answer(&items) || burst_goes_on(&items))
         {
-            // Held where the agent's reader can complete and commit it (see `stage`).
+            // Held where the agent's reader can complete and commit it (see `stage`), without
+            // waking this thread for each update that joins it.
             match stage.linger(&mut rx, &mut items, &mut bytes, &cancel).await {
                 Lingered::NotHeld => {}
                 Lingered::Taken => held = true,
@@ -312,14 +319,17 @@ async fn run(
                 Lingered::Done => continue,
             }
         }
-        if !held && !cancel.is_cancelled() && awaits_answer(&items) {
+        let burst = stage.is_none() && burst_goes_on(&items);
+        if !held && !cancel.is_cancelled() && (awaits_answer(&items) || burst) {
             let until = tokio::time::Instant::now() + LINGER;
-            while items.len() < MAX_BATCH_ITEMS && (awaits_answer(&items) || burst_goes_on(&items)) {
-                match tokio::time::timeout_at(until, rx.recv()).await {
-                    Ok(Some(item)) => {
-                        bytes += item_bytes(&item);
-                        items.push(item);
-                    }
+            while items.len() < MAX_BATCH_ITEMS
+                && bytes < MAX_BATCH_BYTES
+                && (awaits_answer(&items) || burst_goes_on(&items))
+            {
+                let room = MAX_BATCH_ITEMS - items.len();
+                let before = items.len();
+                match tokio::time::timeout_at(until, rx.recv_many(&mut items, room)).await {
+                    Ok(n) if n > 0 => bytes += items[before..].iter().map(item_bytes).sum::<usize>(),
                     _ => break,
                 }
             }
@@ -329,11 +339,17 @@ async fn run(
         let held: Vec<usize> = items.iter().map(item_bytes).collect();
         let Batch {
             writes,
-            acks,
             updates,
             stored_up_to,
             oldest,
-        } = coalesce(items.drain(..));
+        } = coalesce(&items);
+        let acks: Vec<oneshot::Sender<()>> = items
+            .drain(..)
+            .filter_map(|item| match item {
+                Item::Flush(ack) => Some(ack),
+                _ => None,
+            })
+            .collect();
         // Updates first, on their own: clients wait for them. Message counts and titles wait
         // until the queue is idle (or someone waits for a flush): nobody waits for those.
         let mut chunks: Vec<SessionWrite> = Vec::with_capacity(writes.len());

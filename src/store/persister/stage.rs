@@ -8,7 +8,9 @@
 //! trip no longer hops to the writer's thread and back (measured: ~30 µs there and ~40 µs back
 //! on a 2-core machine, more than the commit itself). A batch that is not completed in time,
 //! grows past [`MAX_HELD`], carries a flush, or fails to commit is the writer's again, with its
-//! retries.
+//! retries. A burst the agent wrote at once (its next update already read when one is sent) is
+//! held the same way until its last update: a stream is one commit per read of the agent's
+//! output, and the writer's thread is not woken for each update of it.
 //!
 //! When the writer is idle (nothing in its hands, nothing queued since it last looked), the
 //! prompt's own send starts the hold: the writer's thread is not woken at all for a round trip
@@ -38,7 +40,7 @@ use tokio::sync::{Notify, mpsc};
 use tokio::task::AbortHandle;
 use tokio_util::sync::CancellationToken;
 
-use super::batch::{Batch, Item, awaits_answer, burst_goes_on, coalesce, item_bytes, split};
+use super::batch::{Batch, Item, awaits_answer, awaits_answer_after, burst_goes_on, coalesce, item_bytes, split};
 use super::{Health, SessionWrite, take_waiting};
 use crate::budget::ByteBudget;
 use crate::store::now_micros;
@@ -86,6 +88,8 @@ struct State {
     /// put-off writes to make).
     committed_by_senders: bool,
     items: Vec<Item>,
+    /// Whether `items` wait for a prompt's answer ([`awaits_answer`]), kept as they are held.
+    awaiting: bool,
     /// Message counts and titles of batches committed here: the writer makes them later, with
     /// its own.
     metadata: Vec<SessionWrite>,
@@ -243,6 +247,7 @@ impl Stage {
             state.holds += 1;
             state.hold_began = Some(Instant::now());
             state.items.push(item);
+            state.awaiting = true;
             return Offered::Held;
         }
         if state.phase != Phase::Holding {
@@ -258,7 +263,8 @@ impl Stage {
             self.hand_back(state);
             return Offered::Passed;
         }
-        if awaits_answer(&state.items) || burst_goes_on(&state.items) {
+        state.awaiting = awaits_answer_after(&state.items, state.awaiting);
+        if state.awaiting || burst_goes_on(&state.items) {
             return Offered::Passed;
         }
         state.phase = Phase::Committing;
@@ -368,16 +374,18 @@ impl Stage {
         }
     }
 
-    /// The writer starts holding `items` (a prompt waiting for its answer), with what the queue
+    /// The writer starts holding `items` (a prompt waiting for its answer, or a burst for its
+    /// last update), with what the queue
     /// holds by now. `false`: they no longer wait for an answer (it came), nothing is held.
     fn hold(&self, rx: &mut mpsc::Receiver<Item>, items: &mut Vec<Item>, bytes: &mut usize) -> bool {
         let mut state = self.state();
         take_waiting(rx, items, bytes);
-        if !awaits_answer(items) || items.len() >= MAX_HELD {
+        if !(awaits_answer(items) || burst_goes_on(items)) || items.len() >= MAX_HELD {
             return false;
         }
         debug_assert_eq!(state.phase, Phase::Idle);
         state.phase = Phase::Holding;
+        state.awaiting = awaits_answer(items);
         state.by_sender = false;
         state.items = std::mem::take(items);
         true
@@ -468,14 +476,12 @@ impl Stage {
     /// (nothing was told).
     fn commit(&self, items: Vec<Item>, by_sender: bool) -> bool {
         let held: Vec<usize> = items.iter().map(item_bytes).collect();
-        let copies: Vec<Item> = items.iter().filter_map(Item::copy).collect();
         let Batch {
             writes,
             updates,
             stored_up_to,
             oldest,
-            ..
-        } = coalesce(items.into_iter());
+        } = coalesce(&items);
         let mut chunks = Vec::with_capacity(writes.len());
         let mut metadata = Vec::new();
         for (u, m) in writes.into_iter().map(split) {
@@ -494,7 +500,7 @@ impl Stage {
         if let Err(e) = written {
             tracing::debug!(error = %e, "a held batch's commit failed; the writer takes it with its retries");
             let mut state = self.state();
-            state.items = copies;
+            state.items = items;
             state.writer_waits = false;
             self.hand_back(state);
             return false;

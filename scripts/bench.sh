@@ -93,7 +93,10 @@ per connection) at once. These machines are noisy: compare columns of one run, n
 2-core development machine the one-connection streaming figure is the noisiest: the gateway,
 its transcript writer, its checkpoint thread, the agent and the client share two cores, and the
 same build's median ranged from 76,000 to 305,000 updates/s between runs on one afternoon
-(websocketd's from 60,000 to 100,000); the latency figures move by about 10 %.
+(websocketd's from 60,000 to 100,000); the latency figures move by about 10 %. So the streaming
+section also prints, per run, the gateway's own CPU time per update (its threads' time on a CPU,
+from \`/proc/self/task/*/schedstat\`; the client's thread is not counted) and how many updates
+each transcript commit held: steadier than the rates, and they say why a run was slow.
 A stuck tab (section 6): one tab of the bench user starts a 200,000-update stream and never reads
 it, while the same user's other tab (same agent process) and another user's tab take turns with
 small prompts for 3 s; their round trips are compared with the same tabs' just before (the

@@ -58,7 +58,7 @@ async fn cap_holds_when_shares_are_made_at_once(postgres: bool) {
             made += 1;
         }
     }
-    let rows = store.shares("alice", "s1").await.expect("shares");
+    let rows = store.shares("alice", "s1", NOW).await.expect("shares");
     assert_eq!((made, rows.len()), (CAP, CAP as usize), "{rows:?}");
 }
 
@@ -83,7 +83,7 @@ async fn ended_shares_do_not_pile_up(postgres: bool) {
             "the ended ones do not count towards the cap"
         );
         let ids: Vec<String> = store
-            .shares("alice", "s1")
+            .shares("alice", "s1", now)
             .await
             .expect("shares")
             .into_iter()
@@ -92,13 +92,26 @@ async fn ended_shares_do_not_pile_up(postgres: bool) {
         // Made at `now`: the one made a second before ended just now, and is forgotten.
         assert_eq!(ids, ["lasting".to_string(), id], "share {i}");
     }
+    // The last short one has ended (its row is kept until the next share): not listed.
+    let ended_at = NOW + 20 * 1_000_000;
+    let listed: Vec<String> = store
+        .shares("alice", "s1", ended_at)
+        .await
+        .expect("shares")
+        .into_iter()
+        .map(|s| s.id)
+        .collect();
+    assert_eq!(listed, ["lasting"], "an ended share is not listed");
     // Another owner's session id names nothing of theirs: their create forgets nothing.
     let foreign = NewShare {
         owner: "mallory",
         ..share("m1", "mallory2", None, NOW + 30_000_000)
     };
     assert!(store.create_share(&foreign, CAP).await.is_ok_and(|made| !made));
-    assert_eq!(store.shares("alice", "s1").await.expect("shares").len(), 2);
+    assert_eq!(
+        store.shares("alice", "s1", ended_at - 1).await.expect("shares").len(),
+        2
+    );
 }
 
 async fn many_users_at_once_answer_as_each(postgres: bool) {

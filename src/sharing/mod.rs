@@ -200,7 +200,7 @@ impl Shares {
         };
         if !self.store.create_share(&new, MAX_SHARES_PER_SESSION).await? {
             // Refused: not a session of theirs (it lists no shares of theirs), or the cap.
-            if self.store.shares(owner, sid).await?.is_empty() {
+            if self.store.shares(owner, sid, now).await?.is_empty() {
                 return Err(RpcError::session_not_found());
             }
             return Err(RpcError::new(
@@ -223,9 +223,9 @@ impl Shares {
         Ok(Made { row, token })
     }
 
-    /// The shares of `owner`'s session `sid`.
+    /// The shares of `owner`'s session `sid` in force now.
     pub async fn list(&self, owner: &str, sid: &str) -> Result<Vec<ShareRow>, RpcError> {
-        Ok(self.store.shares(owner, sid).await?)
+        Ok(self.store.shares(owner, sid, now_micros()).await?)
     }
 
     /// Revokes the share `id` of `owner`'s session `sid`: the clients it let in are closed.

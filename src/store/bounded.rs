@@ -157,8 +157,8 @@ impl Store for Bounded {
     async fn create_share(&self, s: &NewShare<'_>, max: i64) -> Result<bool, StoreError> {
         self.within(self.inner.create_share(s, max)).await
     }
-    async fn shares(&self, owner: &str, session_id: &str) -> Result<Vec<ShareRow>, StoreError> {
-        self.within(self.inner.shares(owner, session_id)).await
+    async fn shares(&self, owner: &str, session_id: &str, now: i64) -> Result<Vec<ShareRow>, StoreError> {
+        self.within(self.inner.shares(owner, session_id, now)).await
     }
     async fn delete_share(&self, owner: &str, session_id: &str, id: &str) -> Result<bool, StoreError> {
         self.within(self.inner.delete_share(owner, session_id, id)).await

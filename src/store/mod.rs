@@ -398,8 +398,9 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     /// Stores a share of its owner's session if it has fewer than `max` shares in force (however
     /// many are made at once); whether it did. The session's ended shares are forgotten first.
     async fn create_share(&self, s: &NewShare<'_>, max: i64) -> Result<bool, StoreError>;
-    /// The shares of `owner`'s session.
-    async fn shares(&self, owner: &str, session_id: &str) -> Result<Vec<ShareRow>, StoreError>;
+    /// The shares of `owner`'s session in force at `now` (an ended one lets nobody in; its row
+    /// is forgotten at the session's next share).
+    async fn shares(&self, owner: &str, session_id: &str, now: i64) -> Result<Vec<ShareRow>, StoreError>;
     /// Revokes a share of `owner`'s session; whether there was one.
     async fn delete_share(&self, owner: &str, session_id: &str, id: &str) -> Result<bool, StoreError>;
     /// The link share in force at `now` whose token hashes to `token_hash`.

@@ -168,17 +168,24 @@ where
         Ok(())
     }
 
-    /// The shares of `owner`'s session `session_id`, oldest first.
+    /// The shares of `owner`'s session `session_id` in force at `now`, oldest first.
     async fn shares<'c>(
         e: impl Executor<'c, Database = Self>,
         owner: &str,
         session_id: &str,
+        now: i64,
     ) -> Result<Vec<ShareRow>, sqlx::Error> {
         let sql = format!(
             "SELECT {SHARE_COLUMNS} FROM session_shares s WHERE s.session_id = $1 AND s.owner = $2
+               AND (s.expires_at IS NULL OR s.expires_at > $3)
              ORDER BY s.created_at, s.id"
         );
-        sqlx::query_as(&sql).bind(session_id).bind(owner).fetch_all(e).await
+        sqlx::query_as(&sql)
+            .bind(session_id)
+            .bind(owner)
+            .bind(now)
+            .fetch_all(e)
+            .await
     }
 
     /// Revokes the share `id` of `owner`'s session `session_id`; whether there was one.

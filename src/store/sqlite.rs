@@ -346,8 +346,8 @@ impl Store for SqliteStore {
         Ok(Sqlite::create_share(&self.pool, s, max).await?)
     }
 
-    async fn shares(&self, owner: &str, session_id: &str) -> Result<Vec<super::ShareRow>, StoreError> {
-        Ok(Sqlite::shares(&self.pool, owner, session_id).await?)
+    async fn shares(&self, owner: &str, session_id: &str, now: i64) -> Result<Vec<super::ShareRow>, StoreError> {
+        Ok(Sqlite::shares(&self.pool, owner, session_id, now).await?)
     }
 
     async fn delete_share(&self, owner: &str, session_id: &str, id: &str) -> Result<bool, StoreError> {

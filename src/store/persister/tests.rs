@@ -154,7 +154,7 @@ impl Store for Flaky {
     async fn create_share(&self, _: &crate::store::NewShare<'_>, _: i64) -> Result<bool, StoreError> {
         unimplemented!()
     }
-    async fn shares(&self, _: &str, _: &str) -> Result<Vec<crate::store::ShareRow>, StoreError> {
+    async fn shares(&self, _: &str, _: &str, _: i64) -> Result<Vec<crate::store::ShareRow>, StoreError> {
         unimplemented!()
     }
     async fn delete_share(&self, _: &str, _: &str, _: &str) -> Result<bool, StoreError> {

@@ -298,8 +298,8 @@ impl Store for PgStore {
         Ok(made)
     }
 
-    async fn shares(&self, owner: &str, session_id: &str) -> Result<Vec<super::ShareRow>, StoreError> {
-        Ok(Postgres::shares(&self.pool, owner, session_id).await?)
+    async fn shares(&self, owner: &str, session_id: &str, now: i64) -> Result<Vec<super::ShareRow>, StoreError> {
+        Ok(Postgres::shares(&self.pool, owner, session_id, now).await?)
     }
 
     async fn delete_share(&self, owner: &str, session_id: &str, id: &str) -> Result<bool, StoreError> {

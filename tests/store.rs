@@ -9,7 +9,7 @@ use std::str::FromStr;
 use std::sync::Arc;
 
 use acp_gateway::store::persister::{Item, Persister};
-use acp_gateway::store::{self, EventChunk, ListFilter, NewSession, Position, SessionRecord, SessionWrite, Store};
+use acp_gateway::store::{self, EventChunk, ListFilter, Position, SessionRecord, SessionWrite, Store};
 use sqlx::{Connection, Executor, PgConnection};
 use tokio_util::sync::CancellationToken;
 
@@ -83,19 +83,7 @@ on_both_backends!(
 const BASE: i64 = 1_700_000_000_000_000;
 
 async fn create(store: &dyn Store, id: &str, owner: &str, cwd: &str, meta: &str, now: i64) {
-    store
-        .create_session(&NewSession {
-            id,
-            owner,
-            agent: "demo",
-            agent_session_id: None,
-            cwd,
-            additional_dirs: "[]",
-            meta,
-            now,
-        })
-        .await
-        .unwrap_or_else(|e| panic!("create {id}: {e}"));
+    common::fixtures::create_session_in(store, id, owner, cwd, meta, now).await;
 }
 
 /// Sets a session's title (as the agent would) without touching `updated_at`.

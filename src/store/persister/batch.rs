@@ -323,6 +323,14 @@ mod tests {
         }
     }
 
+    fn prompt(session: &Arc<str>, through: u64) -> Item {
+        Item::Prompt {
+            session: session.clone(),
+            title: None,
+            through,
+        }
+    }
+
     #[test]
     fn coalesces_runs_per_session() {
         let a: Arc<str> = Arc::from("a");
@@ -373,11 +381,6 @@ mod tests {
     fn a_prompt_alone_awaits_its_answer() {
         let a: Arc<str> = Arc::from("a");
         let b: Arc<str> = Arc::from("b");
-        let prompt = |s: &Arc<str>, through| Item::Prompt {
-            session: s.clone(),
-            title: None,
-            through,
-        };
         assert!(!awaits_answer(&[]), "nothing to wait for");
         assert!(awaits_answer(&[prompt(&a, 2)]), "the prompt, its chunks still to come");
         assert!(
@@ -412,11 +415,6 @@ mod tests {
     fn the_answer_check_kept_as_items_join_agrees_with_the_full_one() {
         let a: Arc<str> = Arc::from("a");
         let b: Arc<str> = Arc::from("b");
-        let prompt = |s: &Arc<str>, through| Item::Prompt {
-            session: s.clone(),
-            title: None,
-            through,
-        };
         let title = || Item::AgentTitle {
             session: a.clone(),
             title: "t".into(),

@@ -218,6 +218,9 @@ pub(super) struct Stage {
     pub(super) direct: Arc<Mutex<Box<dyn BatchWriter>>>,
     room: ByteBudget,
     health: Arc<Health>,
+    /// How long a hold lasts with no answer ([`super::LINGER`]; tests lengthen it, so that a
+    /// hold they look at does not end under a loaded machine before they act on it).
+    linger_us: std::sync::atomic::AtomicU64,
 }
 
 impl Stage {
@@ -229,7 +232,19 @@ impl Stage {
             direct,
             room,
             health,
+            linger_us: std::sync::atomic::AtomicU64::new(super::LINGER.as_micros() as u64),
         }
+    }
+
+    /// How long a hold lasts with no answer.
+    fn linger_for(&self) -> std::time::Duration {
+        std::time::Duration::from_micros(self.linger_us.load(Ordering::Relaxed))
+    }
+
+    /// Lengthens (or shortens) the holds from now on.
+    #[cfg(test)]
+    pub(super) fn set_linger(&self, linger: std::time::Duration) {
+        self.linger_us.store(linger.as_micros() as u64, Ordering::Relaxed);
     }
 
     fn state(&self) -> MutexGuard<'_, State> {
@@ -310,7 +325,7 @@ impl Stage {
             state.committed_by_senders = false;
         }
         let holding = state.sender_holds(None);
-        if holding && state.hold_began.is_some_and(|t| t.elapsed() >= super::LINGER) {
+        if holding && state.hold_began.is_some_and(|t| t.elapsed() >= self.linger_for()) {
             self.hand_back(state);
             return (true, committed);
         }
@@ -347,7 +362,7 @@ impl Stage {
         if !self.hold(rx, items, bytes) {
             return Lingered::NotHeld;
         }
-        let until = tokio::time::Instant::now() + super::LINGER;
+        let until = tokio::time::Instant::now() + self.linger_for();
         let mut expired = false;
         loop {
             // Once the linger is over, only a sender committing is waited for.

@@ -169,6 +169,12 @@ fn prompted(items: &[Item], session: &Arc<str>, seq: u64) -> bool {
         .any(|i| matches!(i, Item::Prompt { session: s, through, .. } if s == session && seq <= *through))
 }
 
+/// Whether a batch waits for more before it is written: a prompt's answer ([`awaits_answer`]),
+/// or the rest of a burst the agent wrote at once ([`burst_goes_on`]).
+pub(super) fn waits_for_more(items: &[Item]) -> bool {
+    awaits_answer(items) || burst_goes_on(items)
+}
+
 /// Whether the last update taken had the agent's next update read right behind it.
 pub(super) fn burst_goes_on(items: &[Item]) -> bool {
     items.iter().rev().find_map(|i| match i {
@@ -225,39 +231,40 @@ pub(super) fn coalesce(items: &[Item]) -> Batch {
                 let (seq, at) = (*seq, *at);
                 updates += 1;
                 let seq_i = seq as i64;
-                if let Some((_, n, i)) = last.as_ref().filter(|(s, ..)| Arc::ptr_eq(s, session))
-                    && let Some(c) = writes[*i].chunk.as_mut().filter(|c| c.seq_to + 1 == seq_i)
-                {
-                    stored_up_to[*n].2 = stored_up_to[*n].2.max(seq);
-                    c.seq_to = seq_i;
-                    c.payload.push('\n');
-                    c.payload.push_str(update);
-                    let w = &mut writes[*i];
-                    w.updated_at = w.updated_at.max(at);
-                    continue;
-                }
-                match notify_slot.get(session) {
-                    Some(&i) => stored_up_to[i].2 = stored_up_to[i].2.max(seq),
+                // Where it goes: the last update's places when it continues that run, else
+                // looked up (and the run's session remembered).
+                let cached = last
+                    .as_ref()
+                    .filter(|(s, _, i)| {
+                        Arc::ptr_eq(s, session) && writes[*i].chunk.as_ref().is_some_and(|c| c.seq_to + 1 == seq_i)
+                    })
+                    .map(|(_, n, i)| (*n, *i));
+                let (n, i) = match cached {
+                    Some(places) => places,
                     None => {
-                        notify_slot.insert(session.clone(), stored_up_to.len());
-                        stored_up_to.push((session.clone(), notify.clone(), seq));
-                        oldest.push(at);
+                        let n = *notify_slot.entry(session.clone()).or_insert_with(|| {
+                            stored_up_to.push((session.clone(), notify.clone(), seq));
+                            oldest.push(at);
+                            stored_up_to.len() - 1
+                        });
+                        let mut i = slot(&mut writes, &mut current, session);
+                        let contiguous = writes[i].chunk.as_ref().is_none_or(|c| c.seq_to + 1 == seq_i);
+                        if !contiguous {
+                            // Never expected (one publisher per session numbers them in order);
+                            // keep every run intact rather than merge across a gap.
+                            writes.push(SessionWrite {
+                                session_id: session.clone(),
+                                ..Default::default()
+                            });
+                            i = writes.len() - 1;
+                            current.insert(session.clone(), i);
+                        }
+                        last = Some((session.clone(), n, i));
+                        (n, i)
                     }
-                }
-                let mut i = slot(&mut writes, &mut current, session);
-                let seq = seq as i64;
-                let contiguous = writes[i].chunk.as_ref().is_none_or(|c| c.seq_to + 1 == seq);
-                if !contiguous {
-                    // Never expected (one publisher per session numbers them in order); keep
-                    // every run intact rather than merge across a gap.
-                    writes.push(SessionWrite {
-                        session_id: session.clone(),
-                        ..Default::default()
-                    });
-                    i = writes.len() - 1;
-                    current.insert(session.clone(), i);
-                }
-                last = Some((session.clone(), notify_slot[session], i));
+                };
+                stored_up_to[n].2 = stored_up_to[n].2.max(seq);
+                let seq = seq_i;
                 let w = &mut writes[i];
                 w.updated_at = w.updated_at.max(at);
                 match &mut w.chunk {

@@ -78,7 +78,7 @@ use health::Health;
 use stage::{Lingered, Offered, Stage};
 use writer::Writer;
 
-use batch::{Batch, awaits_answer, burst_goes_on, coalesce, item_bytes, split};
+use batch::{Batch, awaits_answer, burst_goes_on, coalesce, item_bytes, split, waits_for_more};
 pub use batch::{Committed, Item};
 /// Handle to the writer task. Cheap to clone.
 #[derive(Debug, Clone)]
@@ -308,7 +308,7 @@ async fn run(
             && !lingered
             && lost.is_empty()
             && !cancel.is_cancelled()
-            && (awaits_answer(&items) || burst_goes_on(&items))
+            && waits_for_more(&items)
         {
             // Held where the agent's reader can complete and commit it (see `stage`), without
             // waking this thread for each update that joins it.
@@ -322,10 +322,7 @@ async fn run(
         let burst = stage.is_none() && burst_goes_on(&items);
         if !held && !cancel.is_cancelled() && (awaits_answer(&items) || burst) {
             let until = tokio::time::Instant::now() + LINGER;
-            while items.len() < MAX_BATCH_ITEMS
-                && bytes < MAX_BATCH_BYTES
-                && (awaits_answer(&items) || burst_goes_on(&items))
-            {
+            while items.len() < MAX_BATCH_ITEMS && bytes < MAX_BATCH_BYTES && waits_for_more(&items) {
                 let room = MAX_BATCH_ITEMS - items.len();
                 let before = items.len();
                 match tokio::time::timeout_at(until, rx.recv_many(&mut items, room)).await {

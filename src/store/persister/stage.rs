@@ -390,17 +390,18 @@ impl Stage {
     }
 
     /// The writer starts holding `items` (a prompt waiting for its answer, or a burst for its
-    /// last update), with what the queue
-    /// holds by now. `false`: they no longer wait for an answer (it came), nothing is held.
+    /// last update), with what the queue holds by now. `false`: they no longer wait for either
+    /// (it came), nothing is held.
     fn hold(&self, rx: &mut mpsc::Receiver<Item>, items: &mut Vec<Item>, bytes: &mut usize) -> bool {
         let mut state = self.state();
         take_waiting(rx, items, bytes);
-        if !(awaits_answer(items) || burst_goes_on(items)) || items.len() >= MAX_HELD {
+        let awaiting = awaits_answer(items);
+        if !(awaiting || burst_goes_on(items)) || items.len() >= MAX_HELD {
             return false;
         }
         debug_assert_eq!(state.phase, Phase::Idle);
         state.phase = Phase::Holding;
-        state.awaiting = awaits_answer(items);
+        state.awaiting = awaiting;
         state.by_sender = false;
         state.items = std::mem::take(items);
         true

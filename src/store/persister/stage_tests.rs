@@ -84,6 +84,18 @@ fn spawn_lingering(store: &Arc<dyn Store>, cancel: CancellationToken) -> (Persis
     (p, task)
 }
 
+/// A persister with lingering holds ([`spawn_lingering`]) on a fresh session's file, once its
+/// writer waits with nothing in hand, and its stage.
+async fn idle_lingering(
+    dir: &std::path::Path,
+    cancel: CancellationToken,
+) -> (Arc<dyn Store>, Persister, tokio::task::JoinHandle<()>, Arc<Stage>) {
+    let store = sqlite_with_session(dir).await;
+    let (p, task) = spawn_lingering(&store, cancel);
+    let stage = idle_stage(&p).await;
+    (store, p, task, stage)
+}
+
 /// Sends the prompt and its chunk, and waits until the writer holds them for the answer.
 async fn held(p: &Persister, seen: &Arc<Seen>) {
     p.send(prompt(1)).await;
@@ -176,9 +188,7 @@ async fn a_flush_hands_a_held_prompt_back_to_the_writer() {
 #[tokio::test]
 async fn a_prompt_sent_to_an_idle_writer_is_held_by_its_sender() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let store = sqlite_with_session(dir.path()).await;
-    let (p, _task) = spawn_lingering(&store, CancellationToken::new());
-    let stage = idle_stage(&p).await;
+    let (store, p, _task, stage) = idle_lingering(dir.path(), CancellationToken::new()).await;
     let seen = Arc::new(Seen::default());
     p.send(prompt(1)).await;
     assert!(stage.is_held_by_sender(), "held by the prompt's send, not the writer");
@@ -205,10 +215,8 @@ async fn a_prompt_sent_to_an_idle_writer_is_held_by_its_sender() {
 #[tokio::test]
 async fn shutdown_commits_what_a_sender_holds() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let store = sqlite_with_session(dir.path()).await;
     let cancel = CancellationToken::new();
-    let (p, task) = spawn_lingering(&store, cancel.clone());
-    let stage = idle_stage(&p).await;
+    let (store, p, task, stage) = idle_lingering(dir.path(), cancel.clone()).await;
     let seen = Arc::new(Seen::default());
     p.send(prompt(1)).await;
     p.send(update(&seen, 1, false)).await;
@@ -242,9 +250,7 @@ async fn a_prompt_its_own_send_holds_that_nobody_answers_is_committed_after_the_
 #[tokio::test]
 async fn a_senders_commit_reaches_the_session_row_without_a_flush() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let store = sqlite_with_session(dir.path()).await;
-    let (p, _task) = spawn_lingering(&store, CancellationToken::new());
-    let stage = idle_stage(&p).await;
+    let (store, p, _task, stage) = idle_lingering(dir.path(), CancellationToken::new()).await;
     let seen = Arc::new(Seen::default());
     p.send(prompt(1)).await;
     assert!(stage.is_held_by_sender());
@@ -274,9 +280,7 @@ async fn a_senders_commit_reaches_the_session_row_without_a_flush() {
 #[tokio::test]
 async fn a_burst_is_held_until_its_last_update_and_committed_as_one_chunk() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let store = sqlite_with_session(dir.path()).await;
-    let (p, _task) = spawn_lingering(&store, CancellationToken::new());
-    idle_stage(&p).await;
+    let (store, p, _task, _) = idle_lingering(dir.path(), CancellationToken::new()).await;
     let seen = Arc::new(Seen::default());
     p.send(update(&seen, 1, true)).await;
     holding(&p).await;

@@ -58,6 +58,21 @@ impl ByteBudget {
         }
     }
 
+    /// Takes what items of `lens` bytes hold, waiting once for room for all of them; `false`
+    /// (nothing taken) when together they hold more than the whole budget (take each then).
+    pub async fn take_all(&self, lens: impl IntoIterator<Item = usize>) -> bool {
+        let total: usize = lens.into_iter().map(|len| self.cost(len) as usize).sum();
+        let Ok(total) = u32::try_from(total) else { return false };
+        if total as usize > self.max {
+            return false;
+        }
+        // The semaphore is never closed.
+        if let Ok(permit) = self.room.acquire_many(total).await {
+            permit.forget();
+        }
+        true
+    }
+
     /// Takes `len` bytes now, from the room if there is some, else as debt (paid back first
     /// when bytes are given back). Returns the debt now.
     pub fn take_anyway(&self, len: usize) -> usize {
@@ -121,6 +136,29 @@ mod tests {
             .expect("room came back")
             .expect("join");
         assert_eq!(budget.available(), 95);
+    }
+
+    #[tokio::test]
+    async fn items_taken_together_are_given_back_one_by_one_and_more_than_the_budget_is_refused() {
+        let budget = ByteBudget::new(100);
+        assert!(budget.take_all([30, 0, 20]).await, "an empty item holds a byte");
+        assert_eq!(budget.available(), 49);
+        budget.give_back([30, 0, 20]);
+        assert_eq!(budget.available(), 100);
+        assert!(!budget.take_all([60, 60]).await, "together over the whole budget");
+        assert_eq!(budget.available(), 100, "nothing taken");
+        assert!(budget.try_take(80));
+        let waiting = {
+            let budget = budget.clone();
+            tokio::spawn(async move { budget.take_all([10, 20]).await })
+        };
+        budget.give_back([80]);
+        let taken = tokio::time::timeout(std::time::Duration::from_secs(5), waiting)
+            .await
+            .expect("room came back")
+            .expect("join");
+        assert!(taken);
+        assert_eq!(budget.available(), 70);
     }
 
     #[test]

@@ -387,6 +387,11 @@ pub enum Peer {
 
 /// Counts a request or notification received from `peer`.
 pub fn message_in(peer: Peer, method: &str) {
+    messages_in(peer, method, 1);
+}
+
+/// Counts `n` requests or notifications from `peer`.
+pub fn messages_in(peer: Peer, method: &str, n: u64) {
     let list = match peer {
         Peer::Client => FROM_CLIENT,
         Peer::Agent => FROM_AGENT,
@@ -394,12 +399,12 @@ pub fn message_in(peer: Peer, method: &str) {
     let i = index_of(list, method);
     match TABLES.get() {
         Some(t) => match peer {
-            Peer::Client => t.from_client[i].increment(1),
-            Peer::Agent => t.from_agent[i].increment(1),
+            Peer::Client => t.from_client[i].increment(n),
+            Peer::Agent => t.from_agent[i].increment(n),
         },
         None => {
             let peer = if peer == Peer::Client { "client" } else { "agent" };
-            metrics::counter!(MESSAGES_IN, "peer" => peer, "method" => list[i]).increment(1);
+            metrics::counter!(MESSAGES_IN, "peer" => peer, "method" => list[i]).increment(n);
         }
     }
 }

@@ -36,8 +36,8 @@ use crate::protocol::{self, Incoming, Kind, RpcError};
 use crate::quota::Slot;
 use crate::tenancy::Launch;
 pub use early_updates::EarlyUpdates;
-pub use lines::more_lines_follow;
 use lines::read_stdout;
+pub use lines::{more_lines_follow, with_more_lines};
 
 /// What bounds a process's pipes.
 #[derive(Debug, Clone, Copy)]
@@ -358,6 +358,16 @@ impl AgentProcess {
 
     fn session(&self, agent_session_id: &str) -> Option<Arc<dyn SessionRoute>> {
         lock(&self.routes).sessions.get(agent_session_id).cloned()
+    }
+
+    /// The session an update for `agent_session_id` goes to at once: bound, and not being
+    /// created (whose updates [`Self::destination`] holds until its creator hands them on).
+    fn bound_session(&self, agent_session_id: &str) -> Option<Arc<dyn SessionRoute>> {
+        let routes = lock(&self.routes);
+        if routes.held.is_claimed(agent_session_id) {
+            return None;
+        }
+        routes.sessions.get(agent_session_id).cloned()
     }
 
     /// Where an update for `agent_session_id` goes now; holds it when that is nowhere yet.

@@ -19,6 +19,16 @@ pub trait SessionRoute: Send + Sync {
     /// while the transcript writer's queue is full: the database's pace, never a client's.
     async fn publish(&self, update: &RawValue, meta: Option<&RawValue>);
 
+    /// Updates the agent wrote at once for the session (`update` and `_meta` each), in order,
+    /// handed on together; `more`: another update, already read, follows the last. Each is
+    /// published as [`Self::publish`] would; a session may take them in one go.
+    async fn publish_burst(&self, updates: &[(&RawValue, Option<&RawValue>)], more: bool) {
+        for (i, (update, meta)) in updates.iter().enumerate() {
+            let follows = more || i + 1 < updates.len();
+            super::process::with_more_lines(follows, self.publish(update, *meta)).await;
+        }
+    }
+
     /// The agent asks the session's clients something (`session/request_permission`, `fs/*`,
     /// `terminal/*`); the answer goes back to `process` under `id`. Never waits.
     fn agent_request(self: Arc<Self>, process: &Arc<AgentProcess>, id: Box<RawValue>, method: &str, params: String);

@@ -29,6 +29,10 @@ impl SessionRoute for ControlsAnswer {
         self.session.publish(update, meta).await;
     }
 
+    async fn publish_burst(&self, updates: &[(&RawValue, Option<&RawValue>)], more: bool) {
+        self.session.publish_burst(updates, more).await;
+    }
+
     fn agent_request(self: Arc<Self>, process: &Arc<AgentProcess>, id: Box<RawValue>, method: &str, params: String) {
         self.session.clone().agent_request(process, id, method, params);
     }

@@ -7,7 +7,7 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
-use futures_util::StreamExt;
+use futures_util::{FutureExt, StreamExt};
 use serde::Deserialize;
 use serde_json::value::RawValue;
 use tokio_util::codec::FramedRead;
@@ -41,6 +41,16 @@ fn starts_like_update(line: &[u8]) -> bool {
     head.windows(NEEDLE.len()).any(|w| w == NEEDLE)
 }
 
+/// The line as a `session/update` notification, if it is one in the form agents write it
+/// (`method` near the start); `None` leaves it to the general parse.
+fn parse_update(line: &str) -> Option<UpdateLine<'_>> {
+    if !looks_like_update(line) {
+        return None;
+    }
+    let u = serde_json::from_str::<UpdateLine<'_>>(line).ok()?;
+    (u.method == "session/update" && u.id.is_none()).then_some(u)
+}
+
 #[derive(Deserialize)]
 struct UpdateParams<'a> {
     #[serde(rename = "sessionId", borrow)]
@@ -52,14 +62,69 @@ struct UpdateParams<'a> {
 }
 
 impl AgentProcess {
+    /// Routes lines the agent wrote at once (each parsed once, as [`Self::on_line`] would), the
+    /// updates of one session in a row together; `more`: another update, read already, follows.
+    async fn on_burst(self: &Arc<Self>, lines: &[String], more: bool) {
+        self.heard();
+        let mut run: Vec<(&RawValue, Option<&RawValue>)> = Vec::with_capacity(lines.len());
+        let mut run_session: Option<std::borrow::Cow<'_, str>> = None;
+        for (i, line) in lines.iter().enumerate() {
+            match parse_update(line) {
+                Some(u) if run_session.as_ref().is_none_or(|s| *s == u.params.session_id) => {
+                    run_session.get_or_insert(u.params.session_id);
+                    run.push((u.params.update, u.params.meta));
+                }
+                parsed => {
+                    // The run ends: another session's update follows it, or a line that is not
+                    // an update (which the stage does not wait for).
+                    if let Some(session) = run_session.take() {
+                        self.route_run(&session, &run, parsed.is_some()).await;
+                        run.clear();
+                    }
+                    match parsed {
+                        Some(u) => {
+                            run_session = Some(u.params.session_id);
+                            run.push((u.params.update, u.params.meta));
+                        }
+                        None => {
+                            let follows = more || i + 1 < lines.len();
+                            MORE_LINES.scope(follows, self.on_line(line)).await;
+                        }
+                    }
+                }
+            }
+        }
+        if let Some(session) = run_session {
+            self.route_run(&session, &run, more).await;
+        }
+    }
+
+    /// Hands a run of one session's updates on together when the session is bound (a
+    /// streaming session's every burst); otherwise routes each as [`Self::route_update`] does.
+    async fn route_run(&self, agent_session_id: &str, run: &[(&RawValue, Option<&RawValue>)], more: bool) {
+        crate::metrics::messages_in(crate::metrics::Peer::Agent, "session/update", run.len() as u64);
+        match self.bound_session(agent_session_id) {
+            Some(session) => {
+                self.handing_on.store(true, Ordering::Release);
+                session.publish_burst(run, more).await;
+                self.heard();
+                self.handing_on.store(false, Ordering::Release);
+            }
+            None => {
+                for (i, (update, meta)) in run.iter().enumerate() {
+                    let follows = more || i + 1 < run.len();
+                    MORE_LINES
+                        .scope(follows, self.route_update(agent_session_id, update, *meta))
+                        .await;
+                }
+            }
+        }
+    }
+
     /// Routes one stdout line.
     async fn on_line(self: &Arc<Self>, line: &str) {
         self.heard();
-        if looks_like_update(line)
-            && let Ok(u) = serde_json::from_str::<UpdateLine<'_>>(line)
-            && u.method == "session/update"
-            && u.id.is_none()
-        {
+        if let Some(u) = parse_update(line) {
             crate::metrics::message_in(crate::metrics::Peer::Agent, "session/update");
             self.route_update(&u.params.session_id, u.params.update, u.params.meta)
                 .await;
@@ -173,6 +238,23 @@ pub fn more_lines_follow() -> bool {
     MORE_LINES.try_with(|more| *more).unwrap_or(false)
 }
 
+/// Runs `handle` (of one agent line) as one whose next update, already read, follows when `more`.
+pub async fn with_more_lines<F: std::future::Future>(more: bool, handle: F) -> F::Output {
+    MORE_LINES.scope(more, handle).await
+}
+
+/// Most lines of a burst handed on together.
+const BURST_LINES: usize = 64;
+
+/// Whether what is read and not yet handled starts with a whole update line (taken from the
+/// buffer without reading: the next line of a burst).
+fn whole_update_buffered(buffered: &[u8]) -> bool {
+    starts_like_update(buffered) && buffered.contains(&b'\n')
+}
+
+/// What reading the agent's stdout gives next (`None`: its end).
+type Next = Option<Result<Line, std::io::Error>>;
+
 pub(super) async fn read_stdout(
     process: Weak<AgentProcess>,
     mut lines: FramedRead<tokio::process::ChildStdout, AgentLines>,
@@ -186,15 +268,39 @@ pub(super) async fn read_stdout(
         tokio::time::sleep(Duration::from_secs(1)).await;
     };
     tokio::pin!(give_up);
+    // An item read with a burst that is not one of its lines: handled next.
+    let mut after_burst: Option<Next> = None;
+    let mut burst: Vec<String> = Vec::new();
     loop {
-        let next = tokio::select! {
-            next = lines.next() => next,
-            () = &mut give_up => None,
+        let next = match after_burst.take() {
+            Some(next) => next,
+            None => tokio::select! {
+                next = lines.next() => next,
+                () = &mut give_up => None,
+            },
         };
         let Some(process) = process.upgrade() else {
             return;
         };
         match next {
+            Some(Ok(Line::Text(line))) if whole_update_buffered(lines.read_buffer()) && looks_like_update(&line) => {
+                // A burst the agent wrote at once: its lines already read are handed on
+                // together (one numbering, one hand-off per session, not one per line).
+                burst.push(line);
+                while burst.len() < BURST_LINES && whole_update_buffered(lines.read_buffer()) {
+                    match lines.next().now_or_never() {
+                        Some(Some(Ok(Line::Text(line)))) => burst.push(line),
+                        Some(other) => {
+                            after_burst = Some(other);
+                            break;
+                        }
+                        None => break,
+                    }
+                }
+                let more = after_burst.is_none() && starts_like_update(lines.read_buffer());
+                process.on_burst(&burst, more).await;
+                burst.clear();
+            }
             Some(Ok(Line::Text(line))) => {
                 let more = starts_like_update(lines.read_buffer());
                 MORE_LINES.scope(more, process.on_line(&line)).await;

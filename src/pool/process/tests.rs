@@ -195,3 +195,112 @@ async fn a_claim_given_up_lets_a_waiting_reader_go_on() {
         .await
         .expect("the process's tasks end");
 }
+
+/// A session that records each update handed to it with whether the agent's next update was
+/// already read behind it ([`more_lines_follow`]), and how many came in each hand-on.
+#[derive(Default)]
+struct BurstRecorder {
+    id: &'static str,
+    got: Mutex<Vec<(String, bool)>>,
+    runs: Mutex<Vec<usize>>,
+}
+
+#[async_trait::async_trait]
+impl SessionRoute for BurstRecorder {
+    fn session_id(&self) -> &str {
+        self.id
+    }
+    async fn publish(&self, update: &RawValue, _: Option<&RawValue>) {
+        lock(&self.runs).push(1);
+        lock(&self.got).push((update.get().to_owned(), more_lines_follow()));
+    }
+    async fn publish_burst(&self, updates: &[(&RawValue, Option<&RawValue>)], more: bool) {
+        lock(&self.runs).push(updates.len());
+        for (i, (update, _)) in updates.iter().enumerate() {
+            let follows = more || i + 1 < updates.len();
+            lock(&self.got).push((update.get().to_owned(), follows));
+        }
+    }
+    fn agent_request(self: Arc<Self>, _: &Arc<AgentProcess>, _: Box<RawValue>, _: &str, _: String) {}
+    fn respond(&self, _: &Outbox, _: &RawValue, _: Utf8Bytes) {}
+    fn unbound(&self, _: u64) {}
+}
+
+/// Lines the agent wrote at once are handed on as a burst, each session's updates in a row
+/// together: each session gets its updates in the agent's order, interleaved with another's and
+/// with a line that is not an update, and an update is marked as followed exactly when the
+/// agent's next line, already read, is an update.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_burst_reaches_each_session_in_order_marked_where_an_update_follows() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let tracker = TaskTracker::new();
+    let update = |sid: &str, n: usize| {
+        format!(
+            r#"{{"jsonrpc":"2.0","method":"session/update","params":{{"sessionId":"{sid}","update":{{"n":{n}}}}}}}"#
+        )
+    };
+    let burst = [
+        update("a", 0),
+        update("a", 1),
+        update("b", 0),
+        update("a", 2),
+        // An answer nobody waits for: not an update, so a's 2 is not followed by one.
+        String::from(r#"{"jsonrpc":"2.0","id":999,"result":{}}"#),
+        update("a", 3),
+        update("b", 1),
+    ]
+    .join("\n")
+        + "\n";
+    // Under a pipe's atomic size: `cat` writes the file in one piece, read at once.
+    assert!(burst.len() < 4096);
+    let file = dir.path().join("burst");
+    std::fs::write(&file, burst).expect("write the burst");
+    // The agent writes it once told to (after the sessions are bound).
+    let mut command = tokio::process::Command::new("sh");
+    command.args(["-c", "read _; exec cat \"$0\""]).arg(&file);
+    let groups = Arc::new(GroupRecord::open(&dir.path().join("agent-groups")));
+    let launch = Launch {
+        command,
+        sandboxed: false,
+    };
+    let pipes = PipeLimits {
+        max_line_bytes: 1 << 20,
+        input_queue_bytes: 1 << 20,
+    };
+    let process = AgentProcess::spawn(1, Arc::from("sh"), None, launch, pipes, &groups, &tracker).expect("spawn sh");
+    let (a, b) = (
+        Arc::new(BurstRecorder {
+            id: "a",
+            ..BurstRecorder::default()
+        }),
+        Arc::new(BurstRecorder {
+            id: "b",
+            ..BurstRecorder::default()
+        }),
+    );
+    for (sid, route) in [("a", &a), ("b", &b)] {
+        let route: Arc<dyn SessionRoute> = route.clone();
+        assert!(process.bind_session(Arc::from(sid), route));
+    }
+    process.send_line(String::from("go")).await.expect("sh takes it");
+    eventually("every update is handed on", || {
+        lock(&a.got).len() == 4 && lock(&b.got).len() == 2
+    })
+    .await;
+    let marked = |range: &[(usize, bool)]| -> Vec<(String, bool)> {
+        range
+            .iter()
+            .map(|&(n, more)| (format!(r#"{{"n":{n}}}"#), more))
+            .collect()
+    };
+    assert_eq!(*lock(&a.got), marked(&[(0, true), (1, true), (2, false), (3, true)]));
+    assert_eq!(*lock(&b.got), marked(&[(0, true), (1, false)]));
+    // Handed on in runs: a session's updates in a row together, not one by one.
+    assert_eq!(*lock(&a.runs), [2, 1, 1]);
+    assert_eq!(*lock(&b.runs), [1, 1]);
+    process.stop();
+    tracker.close();
+    tokio::time::timeout(WAIT, tracker.wait())
+        .await
+        .expect("the process's tasks end");
+}

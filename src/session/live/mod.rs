@@ -2,9 +2,9 @@
 //! serves it.
 //!
 //! The publish path, in the order an update takes it:
-//! 1. [`LiveSession::publish`] numbers the update and queues it for the transcript writer, under
-//!    `numbering` (so `seq` order is storage order). It waits only for the writer's queue: the
-//!    database's pace.
+//! 1. [`LiveSession::publish`] numbers the update (or a burst the agent wrote at once) and queues
+//!    it for the transcript writer, under `numbering` (so `seq` order is storage order). It waits
+//!    only for the writer's queue: the database's pace.
 //! 2. The writer commits a batch and calls [`Committed::committed`]; only then are the updates
 //!    offered to the attached clients' outboxes. That never waits: a client whose outbox is full
 //!    is fed from the store instead until it has caught up ([`fanout`], [`clients`]). Whatever a
@@ -14,14 +14,16 @@
 //!    client being fed, until it has been given them.
 //!
 //! No lock here is held across an await on anything a client or an agent controls. Parts:
-//! [`fanout`] (what clients get), [`clients`] (attach, feeds, answers and agent requests),
-//! [`follow`] (sessions another replica serves), [`restore`] (back onto an agent process).
+//! [`publish`] (numbering and queueing), [`fanout`] (what clients get), [`clients`] (attach,
+//! feeds, answers and agent requests), [`follow`] (sessions another replica serves),
+//! [`restore`] (back onto an agent process).
 
 mod clients;
 pub use clients::Attach;
 mod controls;
 mod fanout;
 mod follow;
+mod publish;
 mod restore;
 
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -38,13 +40,11 @@ use super::requests::AgentRequest;
 use crate::outbox::Outbox;
 use crate::pool::{AgentProcess, SessionRoute};
 use crate::protocol::{self, RpcError};
-use crate::store::persister::{Committed, Item, Persister};
+use crate::store::persister::{Committed, Persister};
 use crate::store::{SessionRecord, Store, now_micros};
 
 /// How many transcript chunks a replay reads per query (memory stays flat).
 const REPLAY_PAGE_CHUNKS: u32 = 4;
-/// Longest title made from a prompt.
-const TITLE_CHARS: usize = 100;
 
 /// The agent process a session runs on.
 #[derive(Debug, Clone)]
@@ -319,109 +319,6 @@ impl LiveSession {
         idle && self.binding().is_none()
     }
 
-    /// Numbers one update and queues it for the writer; clients get it once it is stored.
-    async fn publish_raw(&self, update: &str, agent_meta: Option<&RawValue>) {
-        let _numbering = self.numbering.lock().await;
-        let seq = self.assigned.load(Ordering::Acquire) + 1;
-        self.assigned.store(seq, Ordering::Release);
-        self.enqueue(seq, update, agent_meta).await;
-    }
-
-    /// Queues update `seq` (caller holds `numbering`).
-    async fn enqueue(&self, seq: u64, update: &str, agent_meta: Option<&RawValue>) {
-        // One scan passes the bulk of a stream (message and thought chunks) by; the few kinds
-        // that change the session are then told apart by name and parsed.
-        if update.contains("_update\"") {
-            if update.contains("\"session_info_update\"")
-                && let Some(title) = info_update_title(update)
-            {
-                self.persister
-                    .send(Item::AgentTitle {
-                        session: self.id.clone(),
-                        title,
-                    })
-                    .await;
-            }
-            if let Some(usage) = &self.usage {
-                usage.observe(&self.owner, &self.agent, &self.id, update);
-            }
-            if (update.contains("\"current_mode_update\"") || update.contains("\"config_option_update\""))
-                && self.controls_known.load(Ordering::Acquire)
-                && self.lock_controls().apply_update(update)
-            {
-                self.store_controls().await;
-            }
-        }
-        let frame = Utf8Bytes::from(protocol::session_update_raw_id(&self.id_json, update, seq, agent_meta));
-        self.fanout().unreleased.push_back((seq, frame));
-        let Some(me) = self.me.upgrade() else { return };
-        self.persister
-            .send(Item::Update {
-                session: self.id.clone(),
-                notify: me,
-                seq,
-                update: update.into(),
-                at: now_micros(),
-                more: crate::pool::process::more_lines_follow(),
-            })
-            .await;
-        self.updates_total.increment(1);
-    }
-
-    /// Records a prompt and sends it to the agent with `forward`, which must not wait. The
-    /// user's prompt becomes `user_message_chunk` updates (one per content block, sharing a
-    /// `messageId`), counts as a message, and titles an untitled session. Its seqs are reserved
-    /// before the prompt is sent, so the agent's answer is delivered after them; a prompt the
-    /// agent never got is not recorded.
-    pub async fn forward_prompt<T>(
-        &self,
-        prompt: Option<&RawValue>,
-        forward: impl FnOnce() -> Result<T, RpcError>,
-    ) -> Result<T, RpcError> {
-        let blocks: Vec<serde_json::Value> = prompt
-            .and_then(|p| serde_json::from_str(p.get()).ok())
-            .unwrap_or_default();
-        let title = blocks
-            .iter()
-            .find_map(|b| b.get("text").and_then(serde_json::Value::as_str))
-            .map(make_title);
-        let _numbering = self.numbering.lock().await;
-        if self.is_lost() {
-            return Err(Self::lost_error());
-        }
-        let base = self.assigned.load(Ordering::Acquire);
-        self.assigned.store(base + blocks.len() as u64, Ordering::Release);
-        let sent = match forward() {
-            Ok(sent) => sent,
-            Err(e) => {
-                self.assigned.store(base, Ordering::Release);
-                return Err(e);
-            }
-        };
-        self.first_update.prompt_sent();
-        // The agent's stdin writer was just woken: let it write the prompt before this records
-        // it (measured: the bookkeeping below put the prompt on the agent's stdin ~40 µs after
-        // its frame arrived). The numbering lock keeps the answer's updates behind its chunks.
-        tokio::task::yield_now().await;
-        self.persister
-            .send(Item::Prompt {
-                session: self.id.clone(),
-                title,
-                through: base + blocks.len() as u64,
-            })
-            .await;
-        // One `messageId` for the prompt's chunks: a replay shows two prompts in a row (the first
-        // refused by the agent, say) as two messages.
-        let message_id = uuid::Uuid::new_v4();
-        for (seq, block) in (base + 1..).zip(blocks) {
-            // Re-serialized compactly: a client's pretty-printed JSON must not span lines.
-            let update =
-                format!(r#"{{"sessionUpdate":"user_message_chunk","messageId":"{message_id}","content":{block}}}"#);
-            self.enqueue(seq, &update, None).await;
-        }
-        Ok(sent)
-    }
-
     /// Whether the transcript writer has given up on this session.
     pub fn is_lost(&self) -> bool {
         self.fanout().lost
@@ -492,6 +389,11 @@ impl SessionRoute for LiveSession {
         self.publish_raw(update.get(), meta).await;
     }
 
+    async fn publish_burst(&self, updates: &[(&RawValue, Option<&RawValue>)], more: bool) {
+        self.first_update.update();
+        self.publish_run(updates, more).await;
+    }
+
     fn agent_request(self: Arc<Self>, process: &Arc<AgentProcess>, id: Box<RawValue>, method: &str, params: String) {
         self.push_request(method, &params);
         let request = AgentRequest::new(&self, process, id, method, params, self.permission_wait);
@@ -514,41 +416,4 @@ impl SessionRoute for LiveSession {
 /// The answer when an agent's session id already routes to another live session.
 fn id_in_use() -> RpcError {
     RpcError::internal("the agent answered with a session id that is already bound to another session; refused")
-}
-
-/// Title from a prompt's text: first line, at most [`TITLE_CHARS`] characters.
-fn make_title(text: &str) -> String {
-    let line = text.lines().map(str::trim).find(|l| !l.is_empty()).unwrap_or("");
-    let mut title: String = line.chars().take(TITLE_CHARS).collect();
-    if line.chars().count() > TITLE_CHARS {
-        title.push('…');
-    }
-    title
-}
-
-/// The `title` of a `session_info_update`, if it is one and has one.
-fn info_update_title(update: &str) -> Option<String> {
-    let v: serde_json::Value = serde_json::from_str(update).ok()?;
-    (v.get("sessionUpdate")?.as_str()? == "session_info_update").then_some(())?;
-    // Stored and listed: an agent's title is held to the same length as one made from a prompt.
-    v.get("title")?.as_str().map(make_title)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn titles() {
-        assert_eq!(make_title("\n  hello world \nmore"), "hello world");
-        assert_eq!(make_title(&"x".repeat(150)).chars().count(), TITLE_CHARS + 1);
-        assert_eq!(
-            info_update_title(r#"{"sessionUpdate":"session_info_update","title":"T"}"#),
-            Some("T".into())
-        );
-        assert_eq!(
-            info_update_title(r#"{"sessionUpdate":"agent_message_chunk","title":"session_info_update"}"#),
-            None
-        );
-    }
 }

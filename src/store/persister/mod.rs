@@ -202,6 +202,49 @@ impl Persister {
         }
     }
 
+    /// Queues items in order, as [`Self::send`] does each, with one wait for their places and
+    /// one for their bytes (a burst of updates the agent wrote at once).
+    pub async fn send_all(&self, items: Vec<Item>) {
+        if items.len() <= 1 || items.len() > self.tx.max_capacity() {
+            for item in items {
+                self.send(item).await;
+            }
+            return;
+        }
+        // Places, then bytes, as `send` takes them.
+        let Ok(slots) = self.tx.reserve_many(items.len()).await else {
+            tracing::error!("transcript writer has stopped; updates were not stored");
+            return;
+        };
+        if !self.room.take_all(items.iter().map(item_bytes)).await {
+            // More than the whole budget together: each takes its own, as `send` does.
+            for item in &items {
+                self.room.take(item_bytes(item)).await;
+            }
+        }
+        let Some(stage) = &self.stage else {
+            for (item, slot) in items.into_iter().zip(slots) {
+                slot.send(item);
+            }
+            return;
+        };
+        let (mut held, mut committed) = (false, false);
+        for (item, slot) in items.into_iter().zip(slots) {
+            match stage.offer(item, slot) {
+                Offered::Passed => {}
+                Offered::Held => held = true,
+                Offered::CommittedForWriter => committed = true,
+            }
+        }
+        if held {
+            stage.tick_for_holds();
+        }
+        if committed {
+            let _wake = stage.wake_writer();
+            tokio::task::yield_now().await;
+        }
+    }
+
     /// Waits until everything queued so far is in the database, at most [`FLUSH_TIMEOUT`]
     /// (then [`StoreError::Timeout`]: the database is unreachable or the writer failing).
     pub async fn flush(&self) -> Result<(), StoreError> {

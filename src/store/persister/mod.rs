@@ -217,10 +217,12 @@ impl Persister {
             return;
         };
         if !self.room.take_all(items.iter().map(item_bytes)).await {
-            // More than the whole budget together: each takes its own, as `send` does.
-            for item in &items {
-                self.room.take(item_bytes(item)).await;
+            // More than the whole budget together: each is sent on its own, as it fits.
+            drop(slots);
+            for item in items {
+                self.send(item).await;
             }
+            return;
         }
         let Some(stage) = &self.stage else {
             for (item, slot) in items.into_iter().zip(slots) {

@@ -304,6 +304,58 @@ async fn the_queue_is_bounded_in_bytes_while_the_database_holds_a_write() {
     p.flush_within(Duration::from_secs(20)).await.expect("flushed");
 }
 
+/// A burst sent together waits once for room for all of it and is stored in order; one larger
+/// than the whole byte budget still goes, item by item, and every byte comes back.
+#[tokio::test]
+async fn a_burst_sent_together_waits_for_its_room_and_one_over_the_budget_goes_item_by_item() {
+    let store = Arc::new(Flaky::default());
+    let (p, _task) = Persister::spawn(store.clone(), 64, 1000, CancellationToken::new());
+    let first = Arc::new(Told::default());
+    p.send(told_upd("first", &first, 1)).await;
+    store.entered.notified().await;
+    let told = Arc::new(Told::default());
+    let big = |seq| Item::Update {
+        session: Arc::from("big"),
+        notify: told.clone(),
+        seq,
+        update: "x".repeat(400).into(),
+        at: 0,
+        more: seq % 2 == 1,
+    };
+    // `first`'s write holds its bytes; two 401-byte updates fit beside it.
+    tokio::time::timeout(Duration::from_secs(20), p.send_all(vec![big(1), big(2)]))
+        .await
+        .expect("room for the first burst");
+    let second = tokio::spawn({
+        let p = p.clone();
+        let items = vec![big(3), big(4)];
+        async move { p.send_all(items).await }
+    });
+    assert!(
+        tokio::time::timeout(Duration::from_millis(200), p.send(big(9)))
+            .await
+            .is_err(),
+        "a full byte budget makes senders wait"
+    );
+    assert!(!second.is_finished(), "the burst waits for room for all of it");
+    store.gate.add_permits(1);
+    tokio::time::timeout(Duration::from_secs(20), second)
+        .await
+        .expect("room once the write is done")
+        .expect("join");
+    // Together over the whole budget: sent item by item, each as room comes back.
+    tokio::time::timeout(Duration::from_secs(20), p.send_all(vec![big(5), big(6), big(7)]))
+        .await
+        .expect("a burst over the budget goes too");
+    p.flush_within(Duration::from_secs(20)).await.expect("flushed");
+    assert_eq!(
+        *told.0.lock().expect("lock"),
+        7,
+        "every update stored and released, in order"
+    );
+    assert_eq!(p.room.available(), 1000, "every byte given back");
+}
+
 fn prompt(s: &str, through: u64) -> Item {
     Item::Prompt {
         session: Arc::from(s),

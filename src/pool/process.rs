@@ -37,7 +37,7 @@ use crate::quota::Slot;
 use crate::tenancy::Launch;
 pub use early_updates::EarlyUpdates;
 use lines::read_stdout;
-pub use lines::{more_lines_follow, with_more_lines};
+pub use lines::{more_lines_follow, with_follows, with_more_lines};
 
 /// What bounds a process's pipes.
 #[derive(Debug, Clone, Copy)]

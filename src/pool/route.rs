@@ -23,8 +23,7 @@ pub trait SessionRoute: Send + Sync {
     /// handed on together; `more`: another update, already read, follows the last. Each is
     /// published as [`Self::publish`] would; a session may take them in one go.
     async fn publish_burst(&self, updates: &[(&RawValue, Option<&RawValue>)], more: bool) {
-        for (i, (update, meta)) in updates.iter().enumerate() {
-            let follows = more || i + 1 < updates.len();
+        for ((update, meta), follows) in super::process::with_follows(updates, more) {
             super::process::with_more_lines(follows, self.publish(update, *meta)).await;
         }
     }

@@ -68,30 +68,20 @@ impl AgentProcess {
         self.heard();
         let mut run: Vec<(&RawValue, Option<&RawValue>)> = Vec::with_capacity(lines.len());
         let mut run_session: Option<std::borrow::Cow<'_, str>> = None;
-        for (i, line) in lines.iter().enumerate() {
-            match parse_update(line) {
-                Some(u) if run_session.as_ref().is_none_or(|s| *s == u.params.session_id) => {
+        for (line, follows) in with_follows(lines, more) {
+            let parsed = parse_update(line);
+            // The run ends where another session's update follows it, or a line that is not an
+            // update (which the stage does not wait for).
+            if let Some(session) = run_session.take_if(|s| parsed.as_ref().is_none_or(|u| *s != u.params.session_id)) {
+                self.route_run(&session, &run, parsed.is_some()).await;
+                run.clear();
+            }
+            match parsed {
+                Some(u) => {
                     run_session.get_or_insert(u.params.session_id);
                     run.push((u.params.update, u.params.meta));
                 }
-                parsed => {
-                    // The run ends: another session's update follows it, or a line that is not
-                    // an update (which the stage does not wait for).
-                    if let Some(session) = run_session.take() {
-                        self.route_run(&session, &run, parsed.is_some()).await;
-                        run.clear();
-                    }
-                    match parsed {
-                        Some(u) => {
-                            run_session = Some(u.params.session_id);
-                            run.push((u.params.update, u.params.meta));
-                        }
-                        None => {
-                            let follows = more || i + 1 < lines.len();
-                            MORE_LINES.scope(follows, self.on_line(line)).await;
-                        }
-                    }
-                }
+                None => MORE_LINES.scope(follows, self.on_line(line)).await,
             }
         }
         if let Some(session) = run_session {
@@ -111,8 +101,7 @@ impl AgentProcess {
                 self.handing_on.store(false, Ordering::Release);
             }
             None => {
-                for (i, (update, meta)) in run.iter().enumerate() {
-                    let follows = more || i + 1 < run.len();
+                for ((update, meta), follows) in with_follows(run, more) {
                     MORE_LINES
                         .scope(follows, self.route_update(agent_session_id, update, *meta))
                         .await;
@@ -236,6 +225,13 @@ tokio::task_local! {
 /// already read (a burst the agent wrote at once); `false` off the agent's reader.
 pub fn more_lines_follow() -> bool {
     MORE_LINES.try_with(|more| *more).unwrap_or(false)
+}
+
+/// Each of `items` (lines or updates of a burst, in order) with whether another update, already
+/// read, follows it: every one but the last does, and the last when `more`.
+pub fn with_follows<T>(items: &[T], more: bool) -> impl Iterator<Item = (&T, bool)> {
+    let last = items.len().saturating_sub(1);
+    items.iter().enumerate().map(move |(i, item)| (item, more || i < last))
 }
 
 /// Runs `handle` (of one agent line) as one whose next update, already read, follows when `more`.

@@ -55,16 +55,21 @@ impl SessionRoute for Recorder {
 
 /// `cat` as the agent: what the test sends comes back on its stdout.
 fn echo_agent(dir: &tempfile::TempDir, tracker: &TaskTracker) -> Arc<AgentProcess> {
+    agent(dir, tracker, tokio::process::Command::new("cat"))
+}
+
+/// `command` as the agent, unsandboxed.
+fn agent(dir: &tempfile::TempDir, tracker: &TaskTracker, command: tokio::process::Command) -> Arc<AgentProcess> {
     let groups = Arc::new(GroupRecord::open(&dir.path().join("agent-groups")));
     let launch = Launch {
-        command: tokio::process::Command::new("cat"),
+        command,
         sandboxed: false,
     };
     let pipes = PipeLimits {
         max_line_bytes: 1 << 20,
         input_queue_bytes: 1 << 20,
     };
-    AgentProcess::spawn(1, Arc::from("cat"), None, launch, pipes, &groups, tracker).expect("spawn cat")
+    AgentProcess::spawn(1, Arc::from("test-agent"), None, launch, pipes, &groups, tracker).expect("spawn the agent")
 }
 
 /// The agent's `session/update` for `sid`, numbered `n`.
@@ -258,16 +263,7 @@ async fn a_burst_reaches_each_session_in_order_marked_where_an_update_follows() 
     // The agent writes it once told to (after the sessions are bound).
     let mut command = tokio::process::Command::new("sh");
     command.args(["-c", "read _; exec cat \"$0\""]).arg(&file);
-    let groups = Arc::new(GroupRecord::open(&dir.path().join("agent-groups")));
-    let launch = Launch {
-        command,
-        sandboxed: false,
-    };
-    let pipes = PipeLimits {
-        max_line_bytes: 1 << 20,
-        input_queue_bytes: 1 << 20,
-    };
-    let process = AgentProcess::spawn(1, Arc::from("sh"), None, launch, pipes, &groups, &tracker).expect("spawn sh");
+    let process = agent(&dir, &tracker, command);
     let (a, b) = (
         Arc::new(BurstRecorder {
             id: "a",

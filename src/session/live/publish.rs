@@ -83,16 +83,11 @@ impl LiveSession {
     /// does each, with one wait for the writer's queue for the run between those that change
     /// the session.
     async fn enqueue_burst(&self, first: u64, updates: &[(&RawValue, Option<&RawValue>)], more: bool) {
-        let Some(me) = self.me.upgrade() else {
-            for (seq, (i, (update, meta))) in (first..).zip(updates.iter().enumerate()) {
-                self.enqueue(seq, update.get(), *meta, more || i + 1 < updates.len())
-                    .await;
-            }
-            return;
-        };
+        // Upgraded as long as the session is held anywhere (a route holds it for this call).
+        let Some(me) = self.me.upgrade() else { return };
         let mut frames = Vec::with_capacity(updates.len());
         let mut items = Vec::with_capacity(updates.len());
-        for (seq, (i, (update, meta))) in (first..).zip(updates.iter().enumerate()) {
+        for (seq, ((update, meta), follows)) in (first..).zip(crate::pool::process::with_follows(updates, more)) {
             let update = update.get();
             if changes_session(update) {
                 // What it changes is queued after the updates before it, as one by one.
@@ -100,7 +95,6 @@ impl LiveSession {
                 self.note_changes(update).await;
             }
             frames.push((seq, self.frame(seq, update, *meta)));
-            let follows = more || i + 1 < updates.len();
             items.push(update_item(&self.id, me.clone(), seq, update, follows));
         }
         self.queue_run(&mut frames, &mut items).await;

@@ -186,18 +186,7 @@ impl Persister {
         };
         self.room.take(item_bytes(&item)).await;
         match &self.stage {
-            Some(stage) => {
-                match stage.offer(item, slot) {
-                    Offered::Passed => {}
-                    Offered::Held => stage.tick_for_holds(),
-                    Offered::CommittedForWriter => {
-                        // The commit woke the clients' socket writers: they send before the
-                        // writer's thread is woken to compete with them for a core.
-                        let _wake = stage.wake_writer();
-                        tokio::task::yield_now().await;
-                    }
-                }
-            }
+            Some(stage) => offer(stage, [(item, slot)]).await,
             None => slot.send(item),
         }
     }
@@ -224,26 +213,13 @@ impl Persister {
             }
             return;
         }
-        let Some(stage) = &self.stage else {
-            for (item, slot) in items.into_iter().zip(slots) {
-                slot.send(item);
+        match &self.stage {
+            Some(stage) => offer(stage, items.into_iter().zip(slots)).await,
+            None => {
+                for (item, slot) in items.into_iter().zip(slots) {
+                    slot.send(item);
+                }
             }
-            return;
-        };
-        let (mut held, mut committed) = (false, false);
-        for (item, slot) in items.into_iter().zip(slots) {
-            match stage.offer(item, slot) {
-                Offered::Passed => {}
-                Offered::Held => held = true,
-                Offered::CommittedForWriter => committed = true,
-            }
-        }
-        if held {
-            stage.tick_for_holds();
-        }
-        if committed {
-            let _wake = stage.wake_writer();
-            tokio::task::yield_now().await;
         }
     }
 
@@ -263,6 +239,29 @@ impl Persister {
         tokio::time::timeout(limit, flushed)
             .await
             .map_err(|_| StoreError::Timeout(limit))
+    }
+}
+
+/// Offers items to the stage with their places in the queue, in order, then does what the
+/// offers call for: the ticker runs for a hold a sender started, and after a commit made here for
+/// the writer, the writer is woken once the clients that commit woke have been served.
+async fn offer<'a>(stage: &Stage, offers: impl IntoIterator<Item = (Item, mpsc::Permit<'a, Item>)>) {
+    let (mut held, mut committed) = (false, false);
+    for (item, slot) in offers {
+        match stage.offer(item, slot) {
+            Offered::Passed => {}
+            Offered::Held => held = true,
+            Offered::CommittedForWriter => committed = true,
+        }
+    }
+    if held {
+        stage.tick_for_holds();
+    }
+    if committed {
+        // The commit woke the clients' socket writers: they send before the writer's thread is
+        // woken to compete with them for a core.
+        let _wake = stage.wake_writer();
+        tokio::task::yield_now().await;
     }
 }
 

@@ -196,6 +196,18 @@ fn told_upd(s: &str, told: &Arc<Told>, seq: u64) -> Item {
     }
 }
 
+/// Update `seq` of session `big`: 400 bytes (401 of the writer's byte budget).
+fn big_upd(told: &Arc<Told>, seq: u64) -> Item {
+    Item::Update {
+        session: Arc::from("big"),
+        notify: told.clone(),
+        seq,
+        update: "x".repeat(400).into(),
+        at: 0,
+        more: false,
+    }
+}
+
 #[tokio::test]
 async fn a_session_failing_for_good_is_dropped_and_the_others_go_on() {
     let store = Arc::new(Flaky::default());
@@ -272,14 +284,7 @@ async fn the_queue_is_bounded_in_bytes_while_the_database_holds_a_write() {
     let first = Arc::new(Told::default());
     p.send(told_upd("first", &first, 1)).await;
     store.entered.notified().await;
-    let big = |seq| Item::Update {
-        session: Arc::from("big"),
-        notify: first.clone(),
-        seq,
-        update: "x".repeat(400).into(),
-        at: 0,
-        more: false,
-    };
+    let big = |seq| big_upd(&first, seq);
     // The write of `first` holds its bytes; two 401-byte updates fit beside it, a third
     // waits for the write to end.
     p.send(big(1)).await;
@@ -314,14 +319,7 @@ async fn a_burst_sent_together_waits_for_its_room_and_one_over_the_budget_goes_i
     p.send(told_upd("first", &first, 1)).await;
     store.entered.notified().await;
     let told = Arc::new(Told::default());
-    let big = |seq| Item::Update {
-        session: Arc::from("big"),
-        notify: told.clone(),
-        seq,
-        update: "x".repeat(400).into(),
-        at: 0,
-        more: seq % 2 == 1,
-    };
+    let big = |seq| big_upd(&told, seq);
     // `first`'s write holds its bytes; two 401-byte updates fit beside it.
     tokio::time::timeout(Duration::from_secs(20), p.send_all(vec![big(1), big(2)]))
         .await

@@ -276,14 +276,20 @@ async fn an_unreachable_database_makes_the_writer_unhealthy_until_it_is_back() {
     assert_eq!(p.health(), Ok(()));
 }
 
-#[tokio::test]
-async fn the_queue_is_bounded_in_bytes_while_the_database_holds_a_write() {
+/// A writer with room for 64 items but only 1,000 bytes, held in the write of session `first`'s
+/// update (until a permit of the store's gate), which holds that update's bytes.
+async fn writing_first_in_1000_bytes() -> (Arc<Flaky>, Persister, Arc<Told>) {
     let store = Arc::new(Flaky::default());
-    // Room for 64 items, but only 1,000 bytes.
     let (p, _task) = Persister::spawn(store.clone(), 64, 1000, CancellationToken::new());
     let first = Arc::new(Told::default());
     p.send(told_upd("first", &first, 1)).await;
     store.entered.notified().await;
+    (store, p, first)
+}
+
+#[tokio::test]
+async fn the_queue_is_bounded_in_bytes_while_the_database_holds_a_write() {
+    let (store, p, first) = writing_first_in_1000_bytes().await;
     let big = |seq| big_upd(&first, seq);
     // The write of `first` holds its bytes; two 401-byte updates fit beside it, a third
     // waits for the write to end.
@@ -313,11 +319,7 @@ async fn the_queue_is_bounded_in_bytes_while_the_database_holds_a_write() {
 /// than the whole byte budget still goes, item by item, and every byte comes back.
 #[tokio::test]
 async fn a_burst_sent_together_waits_for_its_room_and_one_over_the_budget_goes_item_by_item() {
-    let store = Arc::new(Flaky::default());
-    let (p, _task) = Persister::spawn(store.clone(), 64, 1000, CancellationToken::new());
-    let first = Arc::new(Told::default());
-    p.send(told_upd("first", &first, 1)).await;
-    store.entered.notified().await;
+    let (store, p, _first) = writing_first_in_1000_bytes().await;
     let told = Arc::new(Told::default());
     let big = |seq| big_upd(&told, seq);
     // `first`'s write holds its bytes; two 401-byte updates fit beside it.

@@ -27,6 +27,10 @@ const AT_LEAST: Duration = Duration::from_secs(3);
 const AT_MOST: Duration = Duration::from_secs(40);
 /// The target: a tab's worst round trip while another is stuck, above its usual.
 const TARGET_MS: f64 = 50.0;
+/// Each turn of the two tabs starts at most this often: each user stays under the default
+/// per-user rate (`requests_per_second_per_user`, 1,000), which a fast store's round trips
+/// (two tabs' turns in ~0.9 ms on SQLite) would otherwise pass and be refused with -32029.
+const TURN: Duration = Duration::from_micros(1250);
 
 /// `token(user)` mints a token; `same` is the bench user's tab the latency sections used.
 pub async fn section(
@@ -48,8 +52,11 @@ pub async fn section(
         GATEWAY_EXTRAS,
     )
     .await?;
+    let mut turns = tokio::time::interval(TURN);
+    turns.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut before = (Vec::new(), Vec::new());
     for _ in 0..BASELINE_PROMPTS {
+        turns.tick().await;
         before.0.push(same.rpc.small_prompt(&same.session, same.extras).await?);
         before
             .1
@@ -70,6 +77,7 @@ pub async fn section(
     let mut stored_after = None;
     while started.elapsed() < AT_MOST {
         for _ in 0..20 {
+            turns.tick().await;
             during.0.push(same.rpc.small_prompt(&same.session, same.extras).await?);
             during
                 .1

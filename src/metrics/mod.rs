@@ -256,10 +256,8 @@ const LATENCY_BUCKETS: &[f64] = &[
 const COMMIT_BUCKETS: &[f64] = &[
     0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
 ];
-/// Updates per commit, up to the writer's batch cap (8,192 items).
-const BATCH_BUCKETS: &[f64] = &[
-    1.0, 2.0, 5.0, 10.0, 25.0, 50.0, 100.0, 250.0, 500.0, 1000.0, 2500.0, 8192.0,
-];
+/// Updates per commit, up to the writer's batch cap (2,048 items).
+const BATCH_BUCKETS: &[f64] = &[1.0, 2.0, 5.0, 10.0, 25.0, 50.0, 100.0, 250.0, 500.0, 1000.0, 2048.0];
 /// Replays: an empty transcript to a very long one at the client's pace.
 const REPLAY_BUCKETS: &[f64] = &[
     0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,

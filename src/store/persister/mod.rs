@@ -42,8 +42,10 @@ use tokio_util::sync::CancellationToken;
 use super::{SessionWrite, Store, StoreError, now_micros};
 use crate::budget::ByteBudget;
 
-/// Most items written in one transaction.
-const MAX_BATCH_ITEMS: usize = 8192;
+/// Most items written in one transaction: a round trip queued behind a stream waits for the
+/// commit of at most this many (see the queue's bound, `app::PERSIST_QUEUE`). A burst of a few
+/// hundred updates is one commit either way.
+const MAX_BATCH_ITEMS: usize = 2048;
 /// Metadata writes (message counts, titles) held back while updates keep coming, at most.
 const MAX_PENDING_METADATA: usize = 1024;
 /// How long the queue must be quiet before the writes nobody waits on (message counts, titles,

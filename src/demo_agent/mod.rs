@@ -13,7 +13,8 @@
 //!
 //! With `--showcase` it uses every part of an ACP client instead (modes, config options, slash
 //! commands, thoughts, read / edit / execute tool calls, Markdown, usage): see `showcase.rs`.
-//! Parts: `showcase` (session state and the turn), `content` (what it says and writes),
+//! Parts: `controls` (what a prompt asks for), `lines` (reading input), `session`, `turn` (one
+//! prompt's updates), `showcase` (its session state and turn), `content` (what it says and writes),
 //! `workspace` (the one file it writes, kept inside the session's cwd).
 //!
 //! With `--require-auth` it behaves like an agent that needs a login (`claude login`, …):
@@ -26,8 +27,7 @@
 //! `session/cancel` cancels every prompt of that session received before the cancel (running or
 //! queued), each answering `{"stopReason":"cancelled"}`.
 
-use std::collections::{HashMap, VecDeque};
-use std::fmt::Write as _;
+use std::collections::HashMap;
 use std::io;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -35,16 +35,25 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use serde_json::{Value, json};
-use tokio::io::{AsyncBufRead, AsyncBufReadExt, AsyncRead, AsyncWrite, AsyncWriteExt, BufReader};
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, BufReader};
 use tokio::sync::oneshot;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
 mod content;
+mod controls;
+mod lines;
+mod session;
 mod showcase;
 #[cfg(test)]
 mod showcase_tests;
+mod turn;
 mod workspace;
+
+use controls::{Controls, parse_controls};
+use lines::{Line, read_line_capped};
+use session::Session;
+use turn::{Decision, Stop, Turn, decide};
 
 /// Longest accepted input line; longer lines are skipped and answered with a -32700 error.
 const MAX_LINE: usize = 16 << 20;
@@ -180,108 +189,6 @@ where
     Ok(())
 }
 
-/// Prompt controls parsed from the first text block of a prompt.
-#[derive(Debug, Default, Clone, PartialEq, Eq)]
-struct Controls {
-    /// `[chunks=N]`: stream N reply chunks instead of the configured number.
-    chunks: Option<u64>,
-    /// `[delay_us=N]`: wait N microseconds between updates instead of the configured delay.
-    delay_us: Option<u64>,
-    /// `[permission]`, or the words "ask me" or "permission" anywhere (any case): ask the client
-    /// for permission before running the tool call.
-    permission: bool,
-    /// `[crash]`: send one chunk, then exit the process with code 3.
-    crash: bool,
-    /// `[hang]`: send the plan, then never answer until cancelled.
-    hang: bool,
-    /// `[title=XYZ]`: send a `session_info_update` with this title first.
-    title: Option<String>,
-}
-
-/// Parses the controls out of a prompt's text; malformed controls are ignored.
-fn parse_controls(text: &str) -> Controls {
-    let num = |key: &str| tag_value(text, key).and_then(|v| v.trim().parse().ok());
-    Controls {
-        chunks: num("chunks"),
-        delay_us: num("delay_us"),
-        permission: text.contains("[permission]") || asks_permission(text),
-        crash: text.contains("[crash]"),
-        hang: text.contains("[hang]"),
-        title: tag_value(text, "title").filter(|t| !t.is_empty()).map(str::to_owned),
-    }
-}
-
-/// Whether the prompt asks in words to be asked first: "ask me", or a word starting with
-/// "permission" ("permission", "permissions"), in any case, not inside a longer word.
-fn asks_permission(text: &str) -> bool {
-    let lower = text.to_lowercase();
-    let starts_word = |i: usize| {
-        lower
-            .get(..i)
-            .and_then(|before| before.chars().next_back())
-            .is_none_or(|c| !c.is_alphanumeric())
-    };
-    let ends_word = |i: usize| {
-        lower
-            .get(i..)
-            .and_then(|after| after.chars().next())
-            .is_none_or(|c| !c.is_alphanumeric())
-    };
-    lower
-        .match_indices("ask me")
-        .any(|(i, m)| starts_word(i) && ends_word(i + m.len()))
-        || lower.match_indices("permission").any(|(i, _)| starts_word(i))
-}
-
-/// The text between `[key=` and the next `]`, if present.
-fn tag_value<'a>(text: &'a str, key: &str) -> Option<&'a str> {
-    let open = format!("[{key}=");
-    let rest = text.get(text.find(&open)? + open.len()..)?;
-    rest.get(..rest.find(']')?)
-}
-
-/// Outcome of reading one input line.
-enum Line {
-    /// A full line (possibly without a final newline at EOF) is in the buffer.
-    Complete,
-    /// The line exceeded the cap and was discarded.
-    TooLong,
-    /// End of input.
-    Eof,
-}
-
-/// Reads one `\n`-terminated line into `line`, discarding (not buffering) lines over `max` bytes.
-async fn read_line_capped<R: AsyncBufRead + Unpin>(r: &mut R, line: &mut Vec<u8>, max: usize) -> io::Result<Line> {
-    line.clear();
-    let mut too_long = false;
-    loop {
-        let buf = r.fill_buf().await?;
-        if buf.is_empty() {
-            return Ok(match (too_long, line.is_empty()) {
-                (true, _) => Line::TooLong,
-                (false, true) => Line::Eof,
-                (false, false) => Line::Complete,
-            });
-        }
-        let (take, done) = match buf.iter().position(|&b| b == b'\n') {
-            Some(i) => (i + 1, true),
-            None => (buf.len(), false),
-        };
-        if !too_long {
-            if line.len() + take > max.saturating_add(1) {
-                too_long = true;
-                line.clear();
-            } else {
-                line.extend_from_slice(buf.get(..take).unwrap_or_default());
-            }
-        }
-        r.consume(take);
-        if done {
-            return Ok(if too_long { Line::TooLong } else { Line::Complete });
-        }
-    }
-}
-
 /// A JSON-RPC error response.
 fn error(id: Value, code: i64, message: &str) -> Value {
     json!({"jsonrpc": "2.0", "id": id, "error": {"code": code, "message": message}})
@@ -304,100 +211,6 @@ struct Agent {
     pending: Mutex<HashMap<u64, oneshot::Sender<Value>>>,
     /// Next id for a request to the client.
     next_id: AtomicU64,
-}
-
-/// One session: its replayable history and its prompt bookkeeping.
-struct Session {
-    /// The session id.
-    id: String,
-    /// Serialized `session/update` envelope up to and including `"update":`.
-    prefix: Box<[u8]>,
-    /// Serialized `update` objects, oldest first, at most [`MAX_HISTORY`].
-    history: Mutex<VecDeque<Box<str>>>,
-    /// Token shared by prompts received since the last cancel; replaced on each cancel.
-    cancel: Mutex<CancellationToken>,
-    /// Fires (is dropped) when the last prompt received ends: each prompt waits for the one
-    /// before it, so prompts run one at a time in the order they arrived.
-    turn: Mutex<Option<oneshot::Receiver<()>>>,
-    /// The working directory the client gave (`session/new`, `load`, `resume`); showcase
-    /// edits write under it and nowhere else.
-    cwd: Mutex<Option<PathBuf>>,
-    /// Showcase mode's per-session choices (mode, model, effort) and running usage.
-    show: Mutex<showcase::State>,
-}
-
-impl Session {
-    /// A fresh session with an empty history.
-    fn new(id: &str) -> Self {
-        let prefix = format!(
-            r#"{{"jsonrpc":"2.0","method":"session/update","params":{{"sessionId":{},"update":"#,
-            Value::from(id)
-        );
-        Session {
-            id: id.to_owned(),
-            prefix: prefix.into_bytes().into_boxed_slice(),
-            history: Mutex::default(),
-            cancel: Mutex::default(),
-            turn: Mutex::default(),
-            cwd: Mutex::default(),
-            show: Mutex::default(),
-        }
-    }
-
-    /// Appends an update to the history, dropping the oldest beyond the cap.
-    fn record(&self, update: &str) {
-        let mut h = lock(&self.history);
-        h.push_back(update.into());
-        if h.len() > MAX_HISTORY {
-            h.pop_front();
-        }
-    }
-
-    /// Remembers the client's `cwd` from a `session/new|load|resume` request's params.
-    fn set_cwd(&self, params: &Value) {
-        if let Some(cwd) = params.get("cwd").and_then(Value::as_str) {
-            *lock(&self.cwd) = Some(PathBuf::from(cwd));
-        }
-    }
-
-    /// One `session/update` notification line for `update` (serialized).
-    fn update_line(&self, update: &str) -> Vec<u8> {
-        let mut line = Vec::with_capacity(self.prefix.len() + update.len() + 3);
-        line.extend_from_slice(&self.prefix);
-        line.extend_from_slice(update.as_bytes());
-        line.extend_from_slice(b"}}\n");
-        line
-    }
-
-    /// Cancels every prompt received so far.
-    fn cancel(&self) {
-        std::mem::take(&mut *lock(&self.cancel)).cancel();
-    }
-}
-
-/// What the client answered to a permission request.
-#[derive(Debug, PartialEq, Eq)]
-enum Decision {
-    /// Selected `allow`.
-    Allow,
-    /// Selected `reject`, another option, or answered with an error.
-    Reject,
-    /// Outcome `cancelled`, or the prompt was cancelled while waiting.
-    Cancelled,
-}
-
-/// Why a turn ended early.
-enum Stop {
-    /// The prompt was cancelled.
-    Cancelled,
-    /// Output failed; nothing more can be sent.
-    Io(io::Error),
-}
-
-impl From<io::Error> for Stop {
-    fn from(e: io::Error) -> Self {
-        Stop::Io(e)
-    }
 }
 
 impl Agent {
@@ -764,172 +577,6 @@ impl Agent {
         lock(&self.pending).remove(&rid);
         sent?;
         Ok(answer.map_or(Decision::Cancelled, |v| decide(&v)))
-    }
-}
-
-/// Maps a permission response to a decision; JSON-RPC errors and malformed answers reject.
-fn decide(response: &Value) -> Decision {
-    let outcome = response.pointer("/result/outcome");
-    match outcome.and_then(|o| o.get("outcome")).and_then(Value::as_str) {
-        Some("cancelled") => Decision::Cancelled,
-        Some("selected") if outcome.and_then(|o| o.get("optionId")) == Some(&json!("allow")) => Decision::Allow,
-        _ => Decision::Reject,
-    }
-}
-
-/// One prompt turn's output state: a batch buffer and a scratch buffer for the current update.
-struct Turn<'a> {
-    /// The agent (output stream, options).
-    agent: &'a Agent,
-    /// The session this turn belongs to.
-    session: &'a Session,
-    /// Complete lines not yet written.
-    buf: Vec<u8>,
-    /// The current update object, serialized.
-    upd: Vec<u8>,
-    /// Pause after each update; zero means batch output instead.
-    delay: Duration,
-    /// Cancelled when the client cancels this prompt.
-    token: &'a CancellationToken,
-}
-
-impl Turn<'_> {
-    /// Writes out the batch buffer.
-    async fn flush(&mut self) -> io::Result<()> {
-        if !self.buf.is_empty() {
-            self.agent.write(&self.buf).await?;
-            self.buf.clear();
-        }
-        Ok(())
-    }
-
-    /// Sends the update in `self.upd` (and records it), then paces or batches.
-    async fn emit(&mut self) -> Result<(), Stop> {
-        let upd = std::str::from_utf8(&self.upd).unwrap_or("{}");
-        self.session.record(upd);
-        self.buf.extend_from_slice(&self.session.prefix);
-        self.buf.extend_from_slice(upd.as_bytes());
-        self.buf.extend_from_slice(b"}}\n");
-        if self.delay.is_zero() {
-            if self.buf.len() >= FLUSH_AT {
-                self.flush().await?;
-                tokio::task::consume_budget().await;
-            }
-        } else {
-            self.flush().await?;
-            tokio::select! {
-                _ = self.token.cancelled() => {}
-                _ = tokio::time::sleep(self.delay) => {}
-            }
-        }
-        if self.token.is_cancelled() {
-            Err(Stop::Cancelled)
-        } else {
-            Ok(())
-        }
-    }
-
-    /// Sends an update given as a JSON value.
-    async fn emit_json(&mut self, update: &Value) -> Result<(), Stop> {
-        self.upd.clear();
-        serde_json::to_writer(&mut self.upd, update).map_err(io::Error::from)?;
-        self.emit().await
-    }
-
-    /// Sends one `agent_message_chunk` with `text` (fast path: no `Value` built).
-    async fn chunk(&mut self, text: &str) -> Result<(), Stop> {
-        self.upd.clear();
-        self.upd
-            .extend_from_slice(br#"{"sessionUpdate":"agent_message_chunk","content":{"type":"text","text":"#);
-        serde_json::to_writer(&mut self.upd, text).map_err(io::Error::from)?;
-        self.upd.extend_from_slice(b"}}");
-        self.emit().await
-    }
-
-    /// What every turn starts with: the user's message recorded for replay, the `[title=…]`
-    /// update, and `[crash]` (one chunk saying `crash_text`, then exit code 3).
-    async fn begin(&mut self, blocks: &[Value], c: &Controls, crash_text: &str) -> Result<(), Stop> {
-        for block in blocks {
-            self.session
-                .record(&json!({"sessionUpdate": "user_message_chunk", "content": block}).to_string());
-        }
-        if let Some(title) = &c.title {
-            self.emit_json(&json!({"sessionUpdate": "session_info_update", "title": title}))
-                .await?;
-        }
-        if c.crash {
-            self.chunk(crash_text).await?;
-            self.flush().await?;
-            eprintln!("demo-agent: [crash] requested, exiting with code 3");
-            std::process::exit(3);
-        }
-        Ok(())
-    }
-
-    /// The body of a turn, from recording the user's message to the last chunk.
-    async fn run(&mut self, blocks: &[Value], text: &str, c: &Controls) -> Result<(), Stop> {
-        self.begin(blocks, c, "chunk 1/1: crashing now").await?;
-        self.emit_json(&json!({"sessionUpdate": "plan", "entries": [
-            {"content": "Read the prompt", "priority": "high", "status": "completed"},
-            {"content": "Look at the context", "priority": "medium", "status": "in_progress"},
-            {"content": "Stream the reply", "priority": "low", "status": "pending"},
-        ]}))
-        .await?;
-        if c.hang {
-            self.flush().await?;
-            self.token.cancelled().await;
-            return Err(Stop::Cancelled);
-        }
-        let call_id = format!("call-{}", uuid::Uuid::new_v4().simple());
-        let (kind, title) = if c.permission {
-            ("read", "Read the workspace")
-        } else {
-            ("think", "Think about the prompt")
-        };
-        let tool_call = json!({"toolCallId": call_id, "title": title, "kind": kind, "status": "pending"});
-        let mut update = tool_call.clone();
-        update["sessionUpdate"] = json!("tool_call");
-        self.emit_json(&update).await?;
-        let mut allowed = "";
-        if c.permission {
-            self.flush().await?;
-            match self.agent.ask_permission(self.session, &tool_call, self.token).await? {
-                Decision::Allow => allowed = "allowed; ",
-                Decision::Cancelled => return Err(Stop::Cancelled),
-                Decision::Reject => {
-                    self.emit_json(
-                        &json!({"sessionUpdate": "tool_call_update", "toolCallId": call_id, "status": "failed"}),
-                    )
-                    .await?;
-                    return self.chunk("rejected").await;
-                }
-            }
-        }
-        for status in ["in_progress", "completed"] {
-            self.emit_json(&json!({"sessionUpdate": "tool_call_update", "toolCallId": call_id, "status": status}))
-                .await?;
-        }
-        let echo = text
-            .char_indices()
-            .nth(ECHO_MAX)
-            .and_then(|(i, _)| text.get(..i))
-            .unwrap_or(text);
-        if text.contains("[recall]") {
-            let user = r#""sessionUpdate":"user_message_chunk""#;
-            let n = lock(&self.session.history).iter().filter(|u| u.contains(user)).count();
-            self.chunk(&format!("I remember {n} user message blocks.\n")).await?;
-        }
-        if let Some(said) = attachments_seen(blocks) {
-            self.chunk(&said).await?;
-        }
-        let n = c.chunks.or(self.agent.opts.chunks).unwrap_or(DEFAULT_CHUNKS);
-        let mut line = String::with_capacity(echo.len() + 64);
-        for i in 1..=n {
-            line.clear();
-            let _ = writeln!(line, "chunk {i}/{n}: {allowed}you said: {echo}");
-            self.chunk(&line).await?;
-        }
-        Ok(())
     }
 }
 

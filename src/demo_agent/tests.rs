@@ -4,6 +4,7 @@
 
 use super::*;
 use agent_client_protocol_schema::v1;
+use tokio::io::AsyncBufReadExt;
 
 #[test]
 fn parses_controls() {

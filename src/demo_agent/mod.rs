@@ -14,8 +14,8 @@
 //! With `--showcase` it uses every part of an ACP client instead (modes, config options, slash
 //! commands, thoughts, read / edit / execute tool calls, Markdown, usage): see `showcase.rs`.
 //! Parts: `controls` (what a prompt asks for), `lines` (reading input), `session`, `turn` (one
-//! prompt's updates), `showcase` (its session state and turn), `content` (what it says and writes),
-//! `workspace` (the one file it writes, kept inside the session's cwd).
+//! prompt's updates), `showcase` (its turn), `modes` (its session controls), `content` (what it
+//! says and writes), `workspace` (the one file it writes, kept inside the session's cwd).
 //!
 //! With `--require-auth` it behaves like an agent that needs a login (`claude login`, …):
 //! `initialize` advertises the `demo-login` auth method, `session/new` answers `-32000` until
@@ -43,6 +43,7 @@ use tokio_util::sync::CancellationToken;
 mod content;
 mod controls;
 mod lines;
+mod modes;
 mod session;
 mod showcase;
 #[cfg(test)]
@@ -372,7 +373,7 @@ impl Agent {
                 s.set_cwd(&params);
                 if self.opts.showcase {
                     let mut answer = json!({"sessionId": sid});
-                    if let (Some(a), Value::Object(state)) = (answer.as_object_mut(), showcase::session_state(&s)) {
+                    if let (Some(a), Value::Object(state)) = (answer.as_object_mut(), modes::session_state(&s)) {
                         a.extend(state);
                     }
                     self.answer_then_commands(&s, id, &answer, true).await?;
@@ -395,7 +396,7 @@ impl Agent {
                 let known = self.session(sid).is_some();
                 let s = self.session_or_create(sid);
                 if self.opts.showcase && !known {
-                    showcase::restore(&s, self.state_dir().as_deref());
+                    modes::restore(&s, self.state_dir().as_deref());
                 }
                 let mut buf = Vec::new();
                 for update in lock(&s.history).iter() {
@@ -406,7 +407,7 @@ impl Agent {
                 s.set_cwd(&params);
                 if self.opts.showcase {
                     self.write(&buf).await?;
-                    self.answer_then_commands(&s, id, &showcase::session_state(&s), false)
+                    self.answer_then_commands(&s, id, &modes::session_state(&s), false)
                         .await?;
                     return Ok(None);
                 }
@@ -419,11 +420,11 @@ impl Agent {
                 let known = self.session(sid).is_some();
                 let s = self.session_or_create(sid);
                 if self.opts.showcase && !known {
-                    showcase::restore(&s, self.state_dir().as_deref());
+                    modes::restore(&s, self.state_dir().as_deref());
                 }
                 s.set_cwd(&params);
                 if self.opts.showcase {
-                    self.answer_then_commands(&s, id, &showcase::session_state(&s), false)
+                    self.answer_then_commands(&s, id, &modes::session_state(&s), false)
                         .await?;
                     return Ok(None);
                 }
@@ -434,15 +435,15 @@ impl Agent {
                     return Ok(Some(Err((-32002, "session not found"))));
                 };
                 let changed = if method == "session/set_mode" {
-                    showcase::set_mode(&s, &params)
+                    modes::set_mode(&s, &params)
                 } else {
-                    showcase::set_config_option(&s, &params)
+                    modes::set_config_option(&s, &params)
                 };
                 let (answer, update) = match changed {
                     Ok(pair) => pair,
                     Err(e) => return Ok(Some(Err(e))),
                 };
-                showcase::save(&s, self.state_dir().as_deref());
+                modes::save(&s, self.state_dir().as_deref());
                 // The answer first, then the update that tells every client of the session.
                 let update = update.to_string();
                 s.record(&update);
@@ -486,7 +487,7 @@ impl Agent {
     /// commands (recorded in the history only at `session/new`, so that loads do not pile
     /// them up).
     async fn answer_then_commands(&self, s: &Session, id: &Value, result: &Value, record: bool) -> io::Result<()> {
-        let update = showcase::commands_update().to_string();
+        let update = modes::commands_update().to_string();
         if record {
             s.record(&update);
         }

@@ -8,7 +8,7 @@ use serde_json::Value;
 use tokio::sync::oneshot;
 use tokio_util::sync::CancellationToken;
 
-use super::{MAX_HISTORY, lock, showcase};
+use super::{MAX_HISTORY, lock, modes};
 
 /// One session: its replayable history and its prompt bookkeeping.
 pub(super) struct Session {
@@ -27,7 +27,7 @@ pub(super) struct Session {
     /// edits write under it and nowhere else.
     pub(super) cwd: Mutex<Option<PathBuf>>,
     /// Showcase mode's per-session choices (mode, model, effort) and running usage.
-    pub(super) show: Mutex<showcase::State>,
+    pub(super) show: Mutex<modes::State>,
 }
 
 impl Session {

@@ -58,10 +58,6 @@ use turn::{Decision, Stop, Turn, decide};
 
 /// Longest accepted input line; longer lines are skipped and answered with a -32700 error.
 const MAX_LINE: usize = 16 << 20;
-/// Most updates kept per session for `session/load` replay (oldest dropped first).
-const MAX_HISTORY: usize = 100_000;
-/// With no delay, output is written in batches of about this many bytes.
-const FLUSH_AT: usize = 64 << 10;
 /// How many characters of the prompt are echoed in each reply chunk.
 const ECHO_MAX: usize = 100;
 
@@ -113,36 +109,6 @@ impl Default for DemoAgentOptions {
         }
     }
 }
-
-/// What the prompt carried besides text, as the agent got it: "You attached an image
-/// (image/png, 68 bytes) and a file attachment:///notes.txt (12 bytes)." (`None`: only text).
-fn attachments_seen(blocks: &[Value]) -> Option<String> {
-    let str_of = |v: &Value, k: &str| v.get(k).and_then(Value::as_str).unwrap_or_default().to_string();
-    let seen: Vec<String> = blocks
-        .iter()
-        .filter_map(|b| match b.get("type").and_then(Value::as_str)? {
-            "image" => {
-                let data = str_of(b, "data");
-                let bytes = base64::Engine::decode(&base64::engine::general_purpose::STANDARD, data.as_bytes())
-                    .map_or(0, |d| d.len());
-                Some(format!("an image ({}, {bytes} bytes)", str_of(b, "mimeType")))
-            }
-            "resource" => {
-                let r = b.get("resource")?;
-                Some(format!(
-                    "a file {} ({} bytes)",
-                    str_of(r, "uri"),
-                    str_of(r, "text").len()
-                ))
-            }
-            _ => None,
-        })
-        .collect();
-    (!seen.is_empty()).then(|| format!("You attached {}.\n", seen.join(" and ")))
-}
-
-/// Reply chunks per prompt when neither `--chunks` nor `[chunks=N]` says.
-const DEFAULT_CHUNKS: u64 = 8;
 
 /// The one auth method the demo agent offers with `--require-auth`.
 const LOGIN_METHOD: &str = "demo-login";
@@ -519,14 +485,8 @@ impl Agent {
             .and_then(|b| b.get("text").and_then(Value::as_str))
             .unwrap_or_default();
         let c = parse_controls(text);
-        let mut t = Turn {
-            agent: &self,
-            session: &s,
-            buf: Vec::with_capacity(FLUSH_AT + 4096),
-            upd: Vec::with_capacity(512),
-            delay: Duration::from_micros(c.delay_us.unwrap_or(self.opts.delay_us)),
-            token: &token,
-        };
+        let delay = Duration::from_micros(c.delay_us.unwrap_or(self.opts.delay_us));
+        let mut t = Turn::new(&self, &s, delay, &token);
         let result = tokio::select! {
             _ = token.cancelled() => Err(Stop::Cancelled),
             r = async {
@@ -549,10 +509,7 @@ impl Agent {
             }
         };
         let answer = json!({"jsonrpc": "2.0", "id": id, "result": {"stopReason": stop_reason}});
-        if serde_json::to_writer(&mut t.buf, &answer).is_ok() {
-            t.buf.push(b'\n');
-        }
-        if let Err(e) = t.flush().await {
+        if let Err(e) = t.answer(&answer).await {
             eprintln!("demo-agent: output failed: {e}");
         }
     }

@@ -8,7 +8,10 @@ use serde_json::Value;
 use tokio::sync::oneshot;
 use tokio_util::sync::CancellationToken;
 
-use super::{MAX_HISTORY, lock, modes};
+use super::{lock, modes};
+
+/// Most updates kept per session for `session/load` replay (oldest dropped first).
+const MAX_HISTORY: usize = 100_000;
 
 /// One session: its replayable history and its prompt bookkeeping.
 pub(super) struct Session {

@@ -9,7 +9,40 @@ use tokio_util::sync::CancellationToken;
 
 use super::controls::Controls;
 use super::session::Session;
-use super::{Agent, DEFAULT_CHUNKS, ECHO_MAX, FLUSH_AT, attachments_seen, lock};
+use super::{Agent, ECHO_MAX, lock};
+
+/// With no delay, output is written in batches of about this many bytes.
+const FLUSH_AT: usize = 64 << 10;
+
+/// Reply chunks per prompt when neither `--chunks` nor `[chunks=N]` says.
+const DEFAULT_CHUNKS: u64 = 8;
+
+/// What the prompt carried besides text, as the agent got it: "You attached an image
+/// (image/png, 68 bytes) and a file attachment:///notes.txt (12 bytes)." (`None`: only text).
+fn attachments_seen(blocks: &[Value]) -> Option<String> {
+    let str_of = |v: &Value, k: &str| v.get(k).and_then(Value::as_str).unwrap_or_default().to_string();
+    let seen: Vec<String> = blocks
+        .iter()
+        .filter_map(|b| match b.get("type").and_then(Value::as_str)? {
+            "image" => {
+                let data = str_of(b, "data");
+                let bytes = base64::Engine::decode(&base64::engine::general_purpose::STANDARD, data.as_bytes())
+                    .map_or(0, |d| d.len());
+                Some(format!("an image ({}, {bytes} bytes)", str_of(b, "mimeType")))
+            }
+            "resource" => {
+                let r = b.get("resource")?;
+                Some(format!(
+                    "a file {} ({} bytes)",
+                    str_of(r, "uri"),
+                    str_of(r, "text").len()
+                ))
+            }
+            _ => None,
+        })
+        .collect();
+    (!seen.is_empty()).then(|| format!("You attached {}.\n", seen.join(" and ")))
+}
 
 /// What the client answered to a permission request.
 #[derive(Debug, PartialEq, Eq)]
@@ -53,16 +86,29 @@ pub(super) struct Turn<'a> {
     /// The session this turn belongs to.
     pub(super) session: &'a Session,
     /// Complete lines not yet written.
-    pub(super) buf: Vec<u8>,
+    buf: Vec<u8>,
     /// The current update object, serialized.
-    pub(super) upd: Vec<u8>,
+    upd: Vec<u8>,
     /// Pause after each update; zero means batch output instead.
-    pub(super) delay: Duration,
+    delay: Duration,
     /// Cancelled when the client cancels this prompt.
     pub(super) token: &'a CancellationToken,
 }
 
-impl Turn<'_> {
+impl<'a> Turn<'a> {
+    /// A turn of `session` writing through `agent`, pausing `delay` after each update (zero:
+    /// batching them instead), until `token` is cancelled.
+    pub(super) fn new(agent: &'a Agent, session: &'a Session, delay: Duration, token: &'a CancellationToken) -> Self {
+        Self {
+            agent,
+            session,
+            buf: Vec::with_capacity(FLUSH_AT + 4096),
+            upd: Vec::with_capacity(512),
+            delay,
+            token,
+        }
+    }
+
     /// Writes out the batch buffer.
     pub(super) async fn flush(&mut self) -> io::Result<()> {
         if !self.buf.is_empty() {
@@ -72,8 +118,16 @@ impl Turn<'_> {
         Ok(())
     }
 
+    /// Writes the prompt's answer behind the updates still buffered, and flushes them all.
+    pub(super) async fn answer(&mut self, answer: &Value) -> io::Result<()> {
+        if serde_json::to_writer(&mut self.buf, answer).is_ok() {
+            self.buf.push(b'\n');
+        }
+        self.flush().await
+    }
+
     /// Sends the update in `self.upd` (and records it), then paces or batches.
-    pub(super) async fn emit(&mut self) -> Result<(), Stop> {
+    async fn emit(&mut self) -> Result<(), Stop> {
         let upd = std::str::from_utf8(&self.upd).unwrap_or("{}");
         self.session.record(upd);
         self.buf.extend_from_slice(&self.session.prefix);

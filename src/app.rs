@@ -29,7 +29,7 @@ use crate::tenancy::Tenancy;
 /// every session of the replica, so an update waits behind at most this many (and the batch
 /// being committed): it bounds what a stream that outruns the database (a stuck tab's, fed from
 /// the store) costs everyone else's round trip. Measured on Postgres (`benches/gateway/stuck.rs`,
-/// 2 cores): 65,536 items left another tab waiting up to 113-235 ms, 2,048 up to 24-32 ms, with
+/// 2 cores): 65,536 items left another tab waiting up to 113-270 ms, 2,048 up to 19-47 ms, with
 /// the same streaming throughput.
 const PERSIST_QUEUE: usize = 2_048;
 

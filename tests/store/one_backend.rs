@@ -1,0 +1,133 @@
+//! What only one backend has: Postgres without pg_trgm, SQLite rows left behind their chunks.
+
+use super::*;
+
+/// A role that may not create pg_trgm (not the database's owner; Postgres 15 lets no one else
+/// create in `public` unless granted) still starts the gateway: the migration goes on without the
+/// trigram indexes, and searches scan as they did before them.
+#[tokio::test]
+async fn postgres_search_works_without_pg_trgm() {
+    let name = uuid::Uuid::new_v4().simple().to_string();
+    let (role, database) = (format!("no_trgm_{name}"), format!("no_trgm_{name}"));
+    let mut admin = PgConnection::connect(&common::pg::admin_url("postgres").await)
+        .await
+        .expect("admin");
+    for sql in [
+        format!("CREATE ROLE {role} LOGIN NOSUPERUSER NOBYPASSRLS PASSWORD 'pw'"),
+        format!("CREATE DATABASE {database}"),
+    ] {
+        admin.execute(sql.as_str()).await.expect("role and database");
+    }
+    let mut in_db = PgConnection::connect(&common::pg::admin_url(&database).await)
+        .await
+        .expect("admin in the database");
+    in_db
+        .execute(format!("GRANT CREATE ON SCHEMA public TO {role}").as_str())
+        .await
+        .expect("grant");
+    let preinstalled: bool = sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM pg_extension WHERE extname = 'pg_trgm')")
+        .fetch_one(&mut in_db)
+        .await
+        .expect("extensions");
+    let _ = in_db.close().await;
+
+    common::pg::provision_request_role(&mut admin, &role)
+        .await
+        .expect("request role");
+    let url = common::pg::url_as(&role, "pw", &database).await;
+    let s = store::connect(&url).await.expect("starts without pg_trgm");
+    let mut c = PgConnection::connect(&url).await.expect("connect");
+    let indexed: bool = sqlx::query_scalar("SELECT to_regclass('session_search_title_trgm') IS NOT NULL")
+        .fetch_one(&mut c)
+        .await
+        .expect("index");
+    let _ = c.close().await;
+    assert!(preinstalled || !indexed, "the index needs the extension");
+    for (i, (id, owner, title)) in [
+        ("a1", "alice", "Fix the 100% CPU bug"),
+        ("a2", "alice", "Fix the 1000 CPU bug"),
+        ("b1", "bob", "Fix the 100% CPU bug"),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        create(&*s, id, owner, "/w", "{}", BASE + i as i64).await;
+        set_title(&*s, id, title).await;
+    }
+    assert_eq!(search(&*s, "alice", "100%").await, ["a1"]);
+    assert_eq!(search(&*s, "alice", "fix THE").await, ["a2", "a1"]);
+    assert_eq!(search(&*s, "alice", "1000").await, ["a2"]);
+    assert_eq!(search(&*s, "bob", "cpu").await, ["b1"]);
+    set_title(&*s, "a2", "Renamed").await;
+    assert_eq!(search(&*s, "alice", "1000").await, Vec::<String>::new());
+
+    drop(s);
+    let _ = admin
+        .execute(format!("DROP DATABASE {database} WITH (FORCE)").as_str())
+        .await;
+    let _ = admin.execute(format!("DROP ROLE {role}").as_str()).await;
+    let _ = admin.close().await;
+}
+
+/// SQLite's transcript writer stores chunks without touching their sessions and advances the
+/// rows once the queue is quiet. A gateway killed in between leaves rows behind their chunks:
+/// the session still reads with its newest stored seq (updates go on numbering above it), and
+/// opening the database again advances the rows (last_seq, updated_at, stored bytes).
+#[tokio::test]
+async fn sqlite_rows_left_behind_their_chunks_are_advanced_when_opened() {
+    let db = open(Backend::Sqlite).await;
+    create(&*db.store, "k1", "alice", "/w", "{}", BASE).await;
+    create(&*db.store, "k2", "alice", "/w", "{}", BASE).await;
+    let (first, lone, second) = (chunk(1, 5), chunk(6, 6), chunk(1, 2));
+    {
+        let mut writer = db
+            .store
+            .transcript_writer()
+            .expect("a file has a writer of its own")
+            .expect("writer opens");
+        writer
+            .write_batch(&[
+                events("k1", first.clone(), BASE + 5),
+                events("k2", second.clone(), BASE + 7),
+            ])
+            .expect("batch");
+        writer
+            .write_batch(&[events("k1", lone.clone(), BASE + 6)])
+            .expect("lone chunk");
+        assert!(writer.unsettled_since().is_some(), "the rows are put off");
+        // Dropped without settling: as if the gateway were killed here.
+    }
+    let rec = db.store.get_session("alice", "k1").await.expect("get").expect("k1");
+    assert_eq!(rec.last_seq, 6, "a session reads with its newest stored seq");
+    let rows = list_all(&*db.store, "alice", &ListFilter::default()).await;
+    assert!(
+        rows.iter().all(|r| r.last_seq == 0),
+        "the rows themselves lag: {rows:?}"
+    );
+    assert_eq!(stored(&db.store, "alice").await, 0);
+
+    let reopened: Arc<dyn Store> = store::connect(&db.url).await.expect("reopen");
+    let rows = list_all(&*reopened, "alice", &ListFilter::default()).await;
+    let row = |id: &str| rows.iter().find(|r| r.id == id).cloned().expect("row");
+    assert_eq!((row("k1").last_seq, row("k1").updated_at), (6, BASE + 6));
+    assert_eq!((row("k2").last_seq, row("k2").updated_at), (2, BASE + 7));
+    let all = first.payload.len() + lone.payload.len() + second.payload.len();
+    assert_eq!(stored(&reopened, "alice").await, all as u64);
+    assert_eq!(
+        read_back(&*reopened, "alice", "k1").await + read_back(&*reopened, "alice", "k2").await,
+        all as u64
+    );
+
+    // Settled rows are left alone by the next opening, and a settle counts each chunk once.
+    let mut writer = reopened.transcript_writer().expect("writer").expect("opens");
+    writer
+        .write_batch(&[events("k1", chunk(7, 8), BASE + 9)])
+        .expect("write");
+    writer.settle().expect("settle");
+    assert!(writer.unsettled_since().is_none());
+    drop(writer);
+    let again: Arc<dyn Store> = store::connect(&db.url).await.expect("reopen");
+    assert_eq!(stored(&again, "alice").await, (all + chunk(7, 8).payload.len()) as u64);
+    let rec = again.get_session("alice", "k1").await.expect("get").expect("k1");
+    assert_eq!((rec.last_seq, rec.updated_at), (8, BASE + 9));
+}

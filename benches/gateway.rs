@@ -48,7 +48,7 @@ use anyhow::{Context, Result, anyhow, bail};
 use serde_json::{Value, json};
 
 use stats::{Stats, gateway_cpu, median, rss_kib, stats};
-use throughput::{eight, stored_last_seq, throughput};
+use throughput::{eight, throughput};
 use transport::{AgentPipe, Rpc, Transport, Websocketd, WsClient, agent_args, gateway_bin};
 
 /// Updates a prompt produces besides its `agent_message_chunk`s, as the agent writes them:
@@ -403,4 +403,13 @@ fn metric_total(name: &str) -> f64 {
         .filter(|l| l.starts_with(name))
         .filter_map(|l| l.split_whitespace().last()?.parse::<f64>().ok())
         .sum()
+}
+
+/// The session's `last_seq` in the database (queried on the gateway's runtime, which owns the pool).
+async fn stored_last_seq(gw_rt: &tokio::runtime::Runtime, gw: &Arc<Gateway>, session: &str) -> Result<i64> {
+    let (gw, session) = (gw.clone(), session.to_string());
+    let rec = gw_rt
+        .spawn(async move { gw.sessions.store().get_session("bench", &session).await })
+        .await??;
+    Ok(rec.map(|r| r.last_seq).unwrap_or(-1))
 }

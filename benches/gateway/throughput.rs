@@ -3,15 +3,6 @@
 
 use super::*;
 
-/// The session's `last_seq` in the database (queried on the gateway's runtime, which owns the pool).
-pub(super) async fn stored_last_seq(gw_rt: &tokio::runtime::Runtime, gw: &Arc<Gateway>, session: &str) -> Result<i64> {
-    let (gw, session) = (gw.clone(), session.to_string());
-    let rec = gw_rt
-        .spawn(async move { gw.sessions.store().get_session("bench", &session).await })
-        .await??;
-    Ok(rec.map(|r| r.last_seq).unwrap_or(-1))
-}
-
 struct Throughput {
     updates: u64,
     secs: f64,

@@ -46,10 +46,7 @@ impl Op {
 /// The write path with the search index and without it: µs per operation, median over
 /// [`WRITE_ROUNDS`] sets of fresh databases, `n` operations of each kind on each.
 pub(crate) async fn write_path(backend: Backend, n: i64) {
-    let variants: &[Variant] = match backend {
-        Backend::Sqlite => &[Variant::AsMigrated, Variant::NoSearchIndex],
-        Backend::Postgres => &[Variant::AsMigrated, Variant::NoSearchIndex],
-    };
+    let variants = &[Variant::AsMigrated, Variant::NoSearchIndex];
     println!(
         "=== {}: write path, {n} sessions, µs per operation (median of {WRITE_ROUNDS} sets of fresh databases, \
          variants interleaved every {WRITE_BLOCK} operations) ===",

@@ -1,4 +1,5 @@
-//! The gateway as a separate process: the open-file limit, its memory and CPU, started and stopped on every way out.
+//! The gateway as a separate process: the open-file limit, its memory and CPU, started and stopped
+//! on every way out.
 
 use super::*;
 

@@ -1,4 +1,5 @@
-//! Part 3: concurrent prompts, each client checked to get exactly its own session's updates, in order.
+//! Part 3: concurrent prompts, each client checked to get exactly its own session's updates, in
+//! order.
 
 use super::*;
 

@@ -1,4 +1,5 @@
-//! Misbehaving agents (`tests/agents/misbehaving_agent.py`): garbage, oversized and invalid lines, unknown ids and sessions, agents that exit, hang, close stdout or flood stderr.
+//! Misbehaving agents (`tests/agents/misbehaving_agent.py`): garbage, oversized and invalid lines,
+//! unknown ids and sessions, agents that exit, hang, close stdout or flood stderr.
 
 use super::*;
 

@@ -1,4 +1,5 @@
-//! Hostile frames from a client: odd ids, duplicates, unanswerable frames, batches, malformed JSON, invalid UTF-8, frames at the size cap.
+//! Hostile frames from a client: odd ids, duplicates, unanswerable frames, batches, malformed JSON,
+//! invalid UTF-8, frames at the size cap.
 
 use super::*;
 

@@ -1,4 +1,5 @@
-//! Updates an agent sends right after `session/new`, and its first burst: in order, to the client and the transcript.
+//! Updates an agent sends right after `session/new`, and its first burst: in order, to the client
+//! and the transcript.
 
 use super::*;
 

@@ -1,4 +1,5 @@
-//! The agent process pool: killed agents, idle reaping, no orphans, warm processes, who shares a process.
+//! The agent process pool: killed agents, idle reaping, no orphans, warm processes, who shares a
+//! process.
 
 use super::*;
 

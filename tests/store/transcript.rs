@@ -1,4 +1,5 @@
-//! Transcripts: chunks stored and read back, skipped when they cannot be, counted per user, kept across migrations, and the writer storing everything in order.
+//! Transcripts: chunks stored and read back, skipped when they cannot be, counted per user, kept
+//! across migrations, and the writer storing everything in order.
 
 use super::*;
 

@@ -393,6 +393,12 @@ async fn run(
                 _ => None,
             })
             .collect();
+        // What senders committed came before this batch (they commit only what was sent
+        // before the writer took anything, and it waited for them above): its metadata goes
+        // first, or older controls or titles would be merged over this batch's newer ones.
+        if let Some(stage) = stage.as_deref() {
+            take_metadata(stage, &mut pending_metadata, &mut metadata_since);
+        }
         // Updates first, on their own: clients wait for them. Message counts and titles wait
         // until the queue is idle (or someone waits for a flush): nobody waits for those.
         let mut chunks: Vec<SessionWrite> = Vec::with_capacity(writes.len());

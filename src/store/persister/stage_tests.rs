@@ -290,3 +290,34 @@ async fn a_burst_is_held_until_its_last_update_and_committed_as_one_chunk() {
     assert_eq!(seen.through(), 3, "committed by the send of the burst's last update");
     assert_eq!(stored_seqs(&store).await, vec![(1, 3)], "one chunk, 1 to 3");
 }
+
+fn controls(value: &str) -> Item {
+    Item::Controls {
+        session: Arc::from("s"),
+        controls: format!(r#"{{"mode":"{value}"}}"#),
+    }
+}
+
+/// A sender commits a prompt whose answer changed the controls; the next prompt, which changes
+/// them again, is handed back to the writer (here by a flush; a linger running out does the
+/// same). The newer controls are the ones stored: the writer's batch follows what senders
+/// committed before it, metadata too.
+#[tokio::test]
+async fn controls_a_sender_committed_do_not_overwrite_newer_ones_the_writer_took_back() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (store, p, _task, stage) = idle_lingering(dir.path(), CancellationToken::new()).await;
+    let seen = Arc::new(Seen::default());
+    p.send(prompt(1)).await;
+    p.send(update(&seen, 1, false)).await;
+    p.send(controls("code")).await;
+    p.send(update(&seen, 2, false)).await;
+    assert_eq!(seen.through(), 2, "committed by the answer's send");
+    assert!(stage.is_writer_idle(), "the writer was not woken");
+    p.send(prompt(3)).await;
+    assert!(stage.is_held_by_sender(), "the second prompt is held by its send");
+    p.send(update(&seen, 3, false)).await;
+    p.send(controls("plan")).await;
+    p.flush_within(Duration::from_secs(10)).await.expect("flushed");
+    let stored = store.session_controls("alice", "s").await.expect("read");
+    assert_eq!(stored.as_deref(), Some(r#"{"mode":"plan"}"#), "the newest controls");
+}

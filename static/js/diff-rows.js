@@ -1,5 +1,5 @@
-// A diff as the rows the tool cards draw, from jsdiff; shared by static/js/tools.js (small diffs,
-// on the page) and static/js/diff-worker.js (large ones, off the page's thread).
+// A diff as the rows the tool cards draw, from jsdiff; shared by static/js/tool-diff.js (small
+// diffs, on the page) and static/js/diff-worker.js (large ones, off the page's thread).
 
 import Diff from '../vendor/diff.js';
 

@@ -1,5 +1,6 @@
-// Computes large diffs for static/js/tools.js off the page's thread (a module worker): jsdiff can
-// take seconds on a rewritten file of a few thousand lines, and the conversation must not freeze.
+// Computes large diffs for static/js/tool-diff.js off the page's thread (a module worker): jsdiff
+// can take seconds on a rewritten file of a few thousand lines, and the conversation must not
+// freeze.
 // Message in: {id, oldText, newText}; out: {id, rows, exact} (exact false: a whole-file replacement,
 // because even here the diff took longer than TIMEOUT_MS).
 

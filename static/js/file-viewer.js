@@ -1,6 +1,7 @@
 // The file viewer: a <dialog> showing one file (GET /api/fs/file) at one line, opened from a tool
-// card's locations and diff paths (static/js/tools.js). The file's text reaches the page as text
-// nodes and highlight.js spans rebuilt by highlight-lines.js, never through innerHTML.
+// card's locations and diff paths (static/js/tools.js, static/js/tool-diff.js). The file's text
+// reaches the page as text nodes and highlight.js spans rebuilt by highlight-lines.js, never
+// through innerHTML.
 
 import { el as h, isString } from './dom.js';
 import { highlightLines, languageFor } from './highlight-lines.js';
@@ -129,4 +130,24 @@ function viewerError(v, message, state) {
   v.meta.textContent = '';
   v.dialog.dataset.state = `error-${state}`;
   v.body.replaceChildren(h('p', { class: 'tc-viewer-error', role: 'alert', testid: 'file-viewer-error', 'data-status': state, text: message }));
+}
+
+/** An agent's path made absolute against the session cwd (ACP paths should already be absolute). */
+function absolutePath(p, cwd) {
+  if (!isString(p) || !p) return '';
+  if (p.startsWith('/') || !isString(cwd) || !cwd) return p;
+  return `${cwd.replace(/\/+$/, '')}/${p.replace(/^\.\//, '')}`;
+}
+
+/** A button that opens `path` (at `line`) in the file viewer; its label is relative to the cwd. */
+export function fileLink(path, line, cwd, { testid = 'tool-location', className = 'tc-location', showLine = true } = {}) {
+  const abs = absolutePath(path, cwd);
+  const shown = displayPath(abs, cwd) || abs;
+  const label = showLine && Number.isInteger(line) && line > 0 ? `${shown}:${line}` : shown;
+  return h('button', {
+    type: 'button', class: className, testid, title: abs, 'data-path': abs,
+    'data-line': Number.isInteger(line) ? line : null,
+    'aria-label': `Open ${label}`,
+    onclick: (event) => openFileViewer(abs, line, { cwd, opener: event.currentTarget }),
+  }, h('span', { class: 'tc-location-text', text: label }));
 }

@@ -1,4 +1,4 @@
-// Code highlighted line by line, for the diffs (static/js/tools.js) and the file viewer
+// Code highlighted line by line, for the diffs (static/js/tool-diff.js) and the file viewer
 // (static/js/file-viewer.js): highlight.js output rebuilt as DOM, a line at a time, so a row of a
 // diff or of the viewer can take the nodes of its own line.
 

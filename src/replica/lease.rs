@@ -38,16 +38,34 @@ impl Replica {
     /// Takes `session`'s lease if it is free, expired, this replica's, or its holder is gone from
     /// the database (no connection holds its advisory lock: the process died).
     pub async fn acquire(&self, session: &str) -> Result<Holder, StoreError> {
+        self.take(session, true).await
+    }
+
+    /// [`Self::acquire`] for a session this replica has just created: nobody knows its id yet,
+    /// so no other replica can start following it while the lease is taken.
+    pub async fn acquire_new(&self, session: &str) -> Result<Holder, StoreError> {
+        self.take(session, false).await
+    }
+
+    /// [`Self::acquire`]; `followed_meanwhile`: whether another replica may start following the
+    /// session while the lease is taken.
+    async fn take(&self, session: &str, followed_meanwhile: bool) -> Result<Holder, StoreError> {
         let sent = Instant::now();
-        let taken: Option<String> = sqlx::query_scalar(
-            "INSERT INTO session_leases AS l (session_id, replica, expires_at)
-             VALUES ($1, $2, now() + make_interval(secs => $3))
-             ON CONFLICT (session_id) DO UPDATE SET replica = EXCLUDED.replica, expires_at = EXCLUDED.expires_at
+        // A lease announces the session's commits when another replica follows it (taking it
+        // over keeps a lease's `announce`: a follower's `UPDATE` and this one's serialize on the
+        // row). A fresh row is the one case a follower can miss: its `UPDATE` finds no row yet,
+        // and this statement may have read the followers before the follower's row committed.
+        let taken: Option<(String, bool)> = sqlx::query_as(
+            "INSERT INTO session_leases AS l (session_id, replica, expires_at, announce)
+             VALUES ($1, $2, now() + make_interval(secs => $3),
+                     EXISTS (SELECT 1 FROM session_followers f WHERE f.session_id = $1 AND f.replica <> $2))
+             ON CONFLICT (session_id) DO UPDATE SET replica = EXCLUDED.replica, expires_at = EXCLUDED.expires_at,
+                                                    announce = l.announce OR EXCLUDED.announce
              WHERE l.replica = EXCLUDED.replica OR l.expires_at < now()
                 OR NOT EXISTS (SELECT 1 FROM pg_locks k WHERE k.locktype = 'advisory' AND k.granted
                                AND k.database = (SELECT oid FROM pg_database WHERE datname = current_database())
                                AND k.classid = $4::oid AND k.objid = hashtext(l.replica)::oid AND k.objsubid = 2)
-             RETURNING replica",
+             RETURNING replica, announce",
         )
         .bind(session)
         .bind(&*self.id)
@@ -55,7 +73,21 @@ impl Replica {
         .bind(LOCK_CLASS)
         .fetch_optional(&self.pool)
         .await?;
-        if taken.is_some() {
+        if let Some((_, announce)) = taken {
+            if followed_meanwhile && !announce {
+                // Read again after the lease committed: a follower whose row this one did not
+                // see sets `announce` itself (its `UPDATE` comes after its row, and so after
+                // this read or else sees the lease).
+                sqlx::query(
+                    "UPDATE session_leases SET announce = true
+                     WHERE session_id = $1 AND replica = $2 AND NOT announce
+                       AND EXISTS (SELECT 1 FROM session_followers f WHERE f.session_id = $1 AND f.replica <> $2)",
+                )
+                .bind(session)
+                .bind(&*self.id)
+                .execute(&self.pool)
+                .await?;
+            }
             let mut held = self.held.lock().unwrap_or_else(|e| e.into_inner());
             let lease = held.entry(Arc::from(session)).or_insert(Held {
                 taken: sent,
@@ -71,7 +103,7 @@ impl Replica {
         Ok(match holder {
             Some(h) if *h != *self.id => Holder::Other(h),
             // Released meanwhile (or ours): try again.
-            _ => Box::pin(self.acquire(session)).await?,
+            _ => Box::pin(self.take(session, followed_meanwhile)).await?,
         })
     }
 

@@ -10,8 +10,8 @@
 //!   updates only while its lease is held ([`crate::store::Store::write_batch_leased`]).
 //! - [`bus`]: every replica LISTENs. The writer NOTIFYs `acp_session_committed` (`session:seq`)
 //!   in the transaction that stores the updates, so the notice arrives exactly when they are
-//!   committed; a replica with clients on a session it does not serve reads them from
-//!   `session_events`. Messages between replicas (a client's prompt or cancel for a session
+//!   committed, for the sessions another replica follows ([`follow`]); a replica with clients on
+//!   a session it does not serve reads them from `session_events`. Messages between replicas (a client's prompt or cancel for a session
 //!   another replica serves, and the answers) are rows of `replica_messages`, announced by
 //!   NOTIFY `acp_replica` (`target:id`).
 //!
@@ -19,6 +19,7 @@
 //! [`Handler`]'s business (the session and bridge layers implement it).
 
 pub mod bus;
+pub mod follow;
 pub mod lease;
 pub mod watchers;
 
@@ -182,6 +183,8 @@ pub struct Replica {
     next_reply: std::sync::atomic::AtomicU64,
     /// Sessions this process has noted in `session_watchers` (written once each).
     watching: Mutex<HashSet<Arc<str>>>,
+    /// Sessions this process has noted in `session_followers` (written once each).
+    following: Mutex<HashSet<Arc<str>>>,
 }
 
 impl Replica {
@@ -202,6 +205,7 @@ impl Replica {
             waiting: Mutex::new(HashMap::new()),
             next_reply: std::sync::atomic::AtomicU64::new(1),
             watching: Mutex::new(HashSet::new()),
+            following: Mutex::new(HashSet::new()),
         }))
     }
 

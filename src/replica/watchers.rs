@@ -1,37 +1,13 @@
-//! Which replicas have clients attached to a session (`session_watchers`), so the replica
-//! serving it knows where else to ask an agent's request.
+//! Which replicas have clients attached to a session that may answer its agent's requests
+//! (`session_watchers`, written by [`Replica::follow`]), so the replica serving it knows where
+//! else to ask an agent's request; and sweeping the rows of replicas gone.
 
 use super::{LOCK_CLASS, Replica};
 use crate::store::StoreError;
 
 impl Replica {
-    /// Notes that clients of this replica watch `session`; `true` if it was not noted before
-    /// (by this process: the row is written once per session).
-    pub async fn watch(&self, session: &str) -> Result<bool, StoreError> {
-        if !self
-            .watching
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(std::sync::Arc::from(session))
-        {
-            return Ok(false);
-        }
-        let written = sqlx::query(
-            "INSERT INTO session_watchers (session_id, replica) VALUES ($1, $2)
-             ON CONFLICT (session_id, replica) DO UPDATE SET since = now()",
-        )
-        .bind(session)
-        .bind(&*self.id)
-        .execute(&self.pool)
-        .await;
-        if let Err(e) = written {
-            self.watching.lock().unwrap_or_else(|e| e.into_inner()).remove(session);
-            return Err(e.into());
-        }
-        Ok(true)
-    }
-
-    /// This replica has no clients of `session` any more.
+    /// This replica has no clients of `session` that may answer its agent's requests any more
+    /// (its row in `session_followers` stays: a stale one costs announcements, not updates).
     pub async fn unwatch(&self, session: &str) -> Result<(), StoreError> {
         self.watching.lock().unwrap_or_else(|e| e.into_inner()).remove(session);
         sqlx::query("DELETE FROM session_watchers WHERE session_id = $1 AND replica = $2")
@@ -74,14 +50,17 @@ impl Replica {
         .execute(&self.pool)
         .await?
         .rows_affected();
-        let watchers = sqlx::query(&format!(
-            "DELETE FROM session_watchers w
-             WHERE w.replica IN (SELECT DISTINCT t.replica FROM session_watchers t WHERE NOT {alive})"
-        ))
-        .bind(LOCK_CLASS)
-        .execute(&self.pool)
-        .await?
-        .rows_affected();
-        Ok(messages + watchers)
+        let mut rows = messages;
+        for table in ["session_watchers", "session_followers"] {
+            rows += sqlx::query(&format!(
+                "DELETE FROM {table} w
+                 WHERE w.replica IN (SELECT DISTINCT t.replica FROM {table} t WHERE NOT {alive})"
+            ))
+            .bind(LOCK_CLASS)
+            .execute(&self.pool)
+            .await?
+            .rows_affected();
+        }
+        Ok(rows)
     }
 }

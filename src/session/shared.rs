@@ -20,11 +20,21 @@ impl Sessions {
     /// holds its lease (taking it if it was free, expired, or its holder is gone; then the
     /// session first takes in whatever the previous holder committed).
     pub async fn serving_elsewhere(&self, session: &LiveSession) -> Result<Option<String>, RpcError> {
+        self.take_lease(session, false).await
+    }
+
+    /// [`Self::serving_elsewhere`]; `new`: the session was created here just now.
+    async fn take_lease(&self, session: &LiveSession, new: bool) -> Result<Option<String>, RpcError> {
         let Some(replica) = self.replica() else {
             return Ok(None);
         };
         let held_before = replica.holds(&session.id);
-        match replica.acquire(&session.id).await? {
+        let holder = if new {
+            replica.acquire_new(&session.id).await?
+        } else {
+            replica.acquire(&session.id).await?
+        };
+        match holder {
             Holder::Me => {
                 if !held_before {
                     session.take_over(&**self.store()).await;
@@ -38,7 +48,7 @@ impl Sessions {
 
     /// Takes the lease of a session this replica has just created.
     pub async fn lease_new(&self, session: &LiveSession) -> Result<(), RpcError> {
-        match self.serving_elsewhere(session).await? {
+        match self.take_lease(session, true).await? {
             None => Ok(()),
             Some(_) => Err(RpcError::internal("a new session is served by another replica")),
         }
@@ -81,30 +91,32 @@ impl Sessions {
         self.options.asks.as_ref()
     }
 
-    /// A client of this replica attached to `session`: other replicas may now ask it their
-    /// agents' requests. The first time, the row is written and the serving replica (if
-    /// another) is told, so it asks what its agent already waits on.
-    pub async fn watched(&self, session: &LiveSession) {
+    /// A client of this replica attached to `session` (`controls`: one that may answer its
+    /// agent's requests). The first time, the serving replica (if another) is asked to announce
+    /// the session's commits, and what it committed before is read here; the first time a
+    /// controller comes, other replicas may ask it their agents' requests from now on, and the
+    /// serving replica is told, so it asks what its agent already waits on.
+    pub async fn followed(&self, session: &Arc<LiveSession>, controls: bool) {
         let Some(replica) = self.replica() else { return };
-        match replica.watch(&session.id).await {
-            Ok(true) => {}
-            Ok(false) => return,
+        let followed = match replica.follow(&session.id, controls).await {
+            Ok(Some(followed)) => followed,
+            Ok(None) => return,
             Err(e) => {
-                tracing::warn!(session = %session.id, error = %e, "cannot note that this replica watches the session");
+                tracing::warn!(session = %session.id, error = %e, "cannot note that this replica follows the session");
                 return;
             }
-        }
-        let Ok(Some(holder)) = replica.holder(&session.id).await else {
-            return;
         };
-        if holder == *replica.id {
+        let Some(served) = followed.served_by else { return };
+        // Commits announced from now on; the ones before are in the store.
+        self.spawn_catch_up(session.clone());
+        if !followed.new_watcher || !served.current {
             return;
         }
         let message = Message::Watching {
             from: replica.id.to_string(),
             session: session.id.to_string(),
         };
-        if let Err(e) = replica.send(&holder, &message).await {
+        if let Err(e) = replica.send(&served.replica, &message).await {
             tracing::warn!(session = %session.id, error = %e, "cannot tell the serving replica about a new watcher");
         }
     }
@@ -143,10 +155,18 @@ impl Sessions {
         }
     }
 
-    /// Another replica took `session`'s lease.
+    /// Another replica took `session`'s lease: its clients here are fed from the store now (the
+    /// new holder is asked to announce its commits, and what it committed before is read).
     pub fn lease_lost(&self, session: &str) {
-        if let Some(s) = self.registry.get(session) {
-            s.leave();
-        }
+        let Some(s) = self.registry.get(session) else { return };
+        s.leave();
+        let Some(replica) = self.replica().cloned() else { return };
+        let store = self.store().clone();
+        tokio::spawn(async move {
+            if let Err(e) = replica.announce(&s.id).await {
+                tracing::warn!(session = %s.id, error = %e, "cannot ask the new serving replica to announce commits");
+            }
+            s.catch_up(&*store).await;
+        });
     }
 }

@@ -85,11 +85,10 @@ impl Ctx {
             self.tracked.left(sid);
             return Err(e);
         }
-        // Other replicas' agents ask their requests of replicas that watch the session: one with
-        // only observers would take a request nobody there may answer.
-        if role == Role::Controller {
-            self.gw.sessions.watched(&session).await;
-        }
+        // Commits of the session are announced here from now on. Other replicas' agents ask
+        // their requests of replicas that watch the session: one with only observers would
+        // take a request nobody there may answer.
+        self.gw.sessions.followed(&session, role == Role::Controller).await;
         self.audit(
             "session_attach",
             Some(sid),

@@ -335,8 +335,9 @@ impl Ctx {
         session
             .attach(&self.client, &**self.gw.sessions.store(), replay, after)
             .await?;
-        // Other replicas' agents may ask this client their requests for the session.
-        self.gw.sessions.watched(session).await;
+        // Commits of the session are announced here, and other replicas' agents may ask this
+        // client their requests for it.
+        self.gw.sessions.followed(session, true).await;
         Ok(())
     }
 }

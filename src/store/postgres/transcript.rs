@@ -62,12 +62,17 @@ const WRITE_CHUNKS: &str = write_chunks_sql!("", "", "\n    SELECT session_id, s
 
 /// [`WRITE_CHUNKS`] for a replica holding leases, also one statement (one round trip, one
 /// commit, no `BEGIN`): the leases `$6` holds among these sessions, their rows locked for the
-/// statement (a takeover waits for it and then sees all of it), and for each a NOTIFY that
-/// Postgres delivers only once this commits; only their chunks are stored. Returns each held
-/// session with the seq_from of each chunk stored (`NULL` when none was).
+/// statement (a takeover waits for it and then sees all of it), and for each lease that says
+/// another replica follows the session (`announce`) a NOTIFY that Postgres delivers only once
+/// this commits; only their chunks are stored. Returns each held session with the seq_from of
+/// each chunk stored (`NULL` when none was).
+///
+/// A replica starting to follow sets `announce` with an `UPDATE`, which waits for this
+/// statement's lock; a statement that waited reads the row again (`FOR SHARE` returns its newest
+/// version), so it sees `announce` as the follower left it (see [`crate::replica::follow`]).
 const WRITE_CHUNKS_LEASED: &str = write_chunks_sql!(
     "held AS (
-        SELECT l.session_id FROM session_leases l
+        SELECT l.session_id, l.announce FROM session_leases l
         WHERE l.replica = $6 AND l.session_id IN (SELECT session_id FROM w)
         FOR SHARE OF l
     ), ",
@@ -75,7 +80,7 @@ const WRITE_CHUNKS_LEASED: &str = write_chunks_sql!(
     ", notified AS (
         SELECT pg_notify('acp_session_committed', n.session_id || ':' || n.seq_to)
         FROM (SELECT session_id, MAX(seq_to) AS seq_to FROM w
-              WHERE session_id IN (SELECT session_id FROM held) GROUP BY session_id) n
+              WHERE session_id IN (SELECT session_id FROM held WHERE announce) GROUP BY session_id) n
     )
     SELECT h.session_id, s.seq_from
     FROM held h LEFT JOIN stored s ON s.session_id = h.session_id
@@ -252,7 +257,8 @@ async fn batch_leased(
     // One statement: which of these sessions' leases `holder` holds (their rows locked until
     // commit, so a takeover waits for this write and then sees all of it), and a NOTIFY for
     // each that carries updates, delivered by Postgres only if and when this transaction
-    // commits. What only the serving agent says (updates, its controls) needs the lease.
+    // commits, for a session another replica follows. What only the serving agent says
+    // (updates, its controls) needs the lease.
     let (ids, seqs): (Vec<&str>, Vec<i64>) = writes
         .iter()
         .filter(|w| needs_lease(w))
@@ -263,7 +269,7 @@ async fn batch_leased(
     } else {
         sqlx::query_scalar(
             "SELECT l.session_id,
-                    CASE WHEN w.seq_to >= 0
+                    CASE WHEN w.seq_to >= 0 AND l.announce
                          THEN pg_notify('acp_session_committed', l.session_id || ':' || w.seq_to) END
              FROM session_leases l
              JOIN unnest($1::text[], $2::bigint[]) AS w(session_id, seq_to) ON w.session_id = l.session_id

@@ -3,7 +3,9 @@
 //! the database, their prompts go to the serving replica through Postgres, and when that replica
 //! is SIGKILLed another one takes the session over with the transcript whole.
 
+#[path = "../common/mod.rs"]
 mod common;
+mod leases;
 
 use std::collections::HashSet;
 use std::time::{Duration, Instant};
@@ -397,18 +399,22 @@ async fn rows_left_for_dead_replicas_are_swept() {
         .await
         .expect("insert");
     }
-    sqlx::query("INSERT INTO session_watchers (session_id, replica) VALUES ($1, 'ghost')")
+    for table in ["session_watchers", "session_followers"] {
+        sqlx::query(&format!(
+            "INSERT INTO {table} (session_id, replica) VALUES ($1, 'ghost')"
+        ))
         .bind(&s)
         .execute(&mut db)
         .await
-        .expect("watcher");
+        .expect("ghost's row");
+    }
     let replica = acp_gateway::replica::Replica::connect(&cluster.db_url, "sweeper", Duration::from_secs(LEASE_SECS))
         .await
         .expect("replica");
     let swept = replica.sweep_dead(Duration::from_secs(600)).await.expect("sweep");
     assert_eq!(
-        swept, 3,
-        "ghost's old message and watcher row, and a's hour-old message"
+        swept, 4,
+        "ghost's old message, watcher and follower rows, and a's hour-old message"
     );
     let left: Vec<(String, i64)> =
         sqlx::query("SELECT target, extract(epoch FROM now() - created_at)::bigint FROM replica_messages ORDER BY id")
@@ -430,161 +436,10 @@ async fn rows_left_for_dead_replicas_are_swept() {
         .await
         .expect("watchers");
     assert_eq!(watchers, ["a"], "A's own row stays");
-}
-
-/// A replica cut off from the database longer than a lease time no longer trusts that it holds
-/// its leases: another replica may have served the session meanwhile and given it back, and the
-/// first must read what that one wrote before numbering more updates (`serving_elsewhere` takes
-/// over, catching up, when the lease was not surely held).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_lease_the_database_has_not_confirmed_for_a_lease_time_is_not_trusted() {
-    use acp_gateway::replica::{Replica, lease::Holder};
-    let url = common::pg::fresh_database().await;
-    store_with_session(&url, "s").await;
-    let ttl = Duration::from_secs(1);
-    let a = Replica::connect(&url, "a", ttl).await.expect("replica a");
-    let b = Replica::connect(&url, "b", ttl).await.expect("replica b");
-    assert_eq!(a.acquire("s").await.expect("acquire"), Holder::Me);
-    assert!(a.holds("s"));
-    // No renewals run here, as if a could not reach the database.
-    common::eventually("a's lease to go unconfirmed", || !a.holds("s")).await;
-    assert_eq!(
-        b.acquire("s").await.expect("acquire"),
-        Holder::Me,
-        "a's lease has expired"
-    );
-    b.release("s").await.expect("release");
-    assert_eq!(a.acquire("s").await.expect("acquire"), Holder::Me);
-    assert!(a.holds("s"), "confirmed again");
-}
-
-/// A replica that has lost a session's lease cannot overwrite what the new holder's agent said:
-/// neither its updates nor its controls (a late `set_mode` answer, a `config_option_update`).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_replica_without_the_lease_cannot_overwrite_the_controls() {
-    use acp_gateway::store::SessionWrite;
-    let (store, _b, _) = held_by_b().await;
-    let controls = |value: &str| SessionWrite {
-        session_id: std::sync::Arc::from("s"),
-        chunk: None,
-        prompt_title: None,
-        agent_title: None,
-        prompts: 0,
-        controls: Some(format!(r#"{{"modes":{{"currentModeId":"{value}"}}}}"#)),
-        updated_at: 1_700_000_000_001,
-    };
-    let refused = store
-        .write_batch_leased(&[controls("b-mode")], "b")
+    let followers: Vec<String> = sqlx::query_scalar("SELECT replica FROM session_followers WHERE session_id = $1")
+        .bind(&s)
+        .fetch_all(&mut db)
         .await
-        .expect("b writes");
-    assert!(refused.is_empty());
-    let refused = store
-        .write_batch_leased(&[controls("stale-a-mode")], "a")
-        .await
-        .expect("a's write is answered");
-    assert_eq!(refused, [std::sync::Arc::from("s")], "a holds no lease");
-    let stored = store.session_controls("alice", "s").await.expect("read").expect("some");
-    assert!(
-        stored.contains("b-mode") && !stored.contains("stale-a-mode"),
-        "{stored}"
-    );
-}
-
-/// Updates are stored only by the replica holding the session's lease, in one statement that
-/// also announces them (NOTIFY, delivered once it commits): the holder's chunk is stored and
-/// announced once, a chunk stored already is skipped, and another replica's is refused, neither
-/// stored nor announced.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn only_the_lease_holder_stores_and_announces_updates() {
-    use acp_gateway::store::{EventChunk, SessionWrite};
-    let (store, _b, url) = held_by_b().await;
-    let mut listener = sqlx::postgres::PgListener::connect(&url).await.expect("listener");
-    listener.listen("acp_session_committed").await.expect("listen");
-    let chunk = |from: i64, to: i64, text: &str| SessionWrite {
-        session_id: std::sync::Arc::from("s"),
-        chunk: Some(EventChunk {
-            seq_from: from,
-            seq_to: to,
-            payload: text.to_string(),
-            stored_at: 0,
-        }),
-        prompt_title: None,
-        agent_title: None,
-        prompts: 0,
-        controls: None,
-        updated_at: 1_700_000_000_002,
-    };
-    let refused = store
-        .write_batch_leased(&[chunk(1, 2, "{\"b\":1}\n{\"b\":2}")], "b")
-        .await
-        .expect("b writes");
-    assert!(refused.is_empty(), "{refused:?}");
-    let note = tokio::time::timeout(Duration::from_secs(10), listener.recv())
-        .await
-        .expect("announced")
-        .expect("notification");
-    assert_eq!(note.payload(), "s:2");
-    // The same chunk again (a retry after a lost answer): skipped, the session not advanced twice.
-    store
-        .write_batch_leased(&[chunk(1, 2, "{\"b\":1}\n{\"b\":2}")], "b")
-        .await
-        .expect("b writes again");
-    let refused = store
-        .write_batch_leased(&[chunk(3, 3, "{\"a\":3}")], "a")
-        .await
-        .expect("a's write is answered");
-    assert_eq!(refused, [std::sync::Arc::from("s")], "a holds no lease");
-    let chunks = store.read_events("alice", "s", 0, 10).await.expect("read");
-    let stored: Vec<(i64, i64, &str)> = chunks
-        .iter()
-        .map(|c| (c.seq_from, c.seq_to, c.payload.as_str()))
-        .collect();
-    assert_eq!(stored, [(1, 2, "{\"b\":1}\n{\"b\":2}")]);
-    let row = store.get_session("alice", "s").await.expect("read").expect("row");
-    assert_eq!(row.last_seq, 2);
-    assert_eq!(store.stored_bytes("alice").await.expect("bytes"), 15, "counted once");
-    // The retry's announcement, and none for a's refused write.
-    let next = tokio::time::timeout(Duration::from_secs(10), listener.recv())
-        .await
-        .expect("the retry is announced")
-        .expect("notification");
-    assert_eq!(next.payload(), "s:2");
-    let none = tokio::time::timeout(Duration::from_millis(500), listener.recv()).await;
-    assert!(none.is_err(), "a's refused write was announced: {none:?}");
-}
-
-/// A fresh database with alice's session `s`, whose lease replica `b` holds: the store, `b` and
-/// the database's URL.
-async fn held_by_b() -> (
-    std::sync::Arc<dyn acp_gateway::store::Store>,
-    std::sync::Arc<acp_gateway::replica::Replica>,
-    String,
-) {
-    use acp_gateway::replica::{Replica, lease::Holder};
-    let url = common::pg::fresh_database().await;
-    let store = store_with_session(&url, "s").await;
-    let b = Replica::connect(&url, "b", Duration::from_secs(LEASE_SECS))
-        .await
-        .expect("replica b");
-    assert_eq!(b.acquire("s").await.expect("acquire"), Holder::Me);
-    (store, b, url)
-}
-
-/// The store on `url` (migrated) with alice's session `id` in it.
-async fn store_with_session(url: &str, id: &str) -> std::sync::Arc<dyn acp_gateway::store::Store> {
-    let store = acp_gateway::store::connect(url).await.expect("migrated");
-    store
-        .create_session(&acp_gateway::store::NewSession {
-            id,
-            owner: "alice",
-            agent: "demo",
-            agent_session_id: None,
-            cwd: "/",
-            additional_dirs: "[]",
-            meta: "{}",
-            now: 1_700_000_000_000,
-        })
-        .await
-        .expect("session");
-    store
+        .expect("followers");
+    assert_eq!(followers, ["a"], "A's own row stays");
 }

@@ -1,0 +1,121 @@
+//! Which replicas have clients of a session (`session_followers`), so that the replica serving
+//! it announces its commits (`NOTIFY acp_session_committed`) only when another one listens.
+//!
+//! A NOTIFY is not free: Postgres takes a database-wide lock to queue it at commit and wakes
+//! every listening replica, ~70 µs of each prompt's round trip on a gateway nobody else follows.
+//! So a lease says whether to announce (`session_leases.announce`), and a replica whose client
+//! attaches to a session it does not serve:
+//! 1. writes its row in `session_followers` (committed before step 2 reads anything);
+//! 2. sets `announce` on the lease. That `UPDATE` waits for the holder's writes in flight (each
+//!    holds the lease row `FOR SHARE` until it commits), and a write that waited for it reads
+//!    the row again and announces;
+//! 3. reads the store once ([`crate::session::Sessions::followed`]): every commit not
+//!    announced to it committed before step 2, so that read has it.
+//!
+//! A replica taking the lease sets `announce` from the other replicas' rows, and reads them
+//! again once the lease has committed when someone could have started following meanwhile (see
+//! [`Replica::acquire`]): a follower whose row it did not see finds the lease in step 2.
+//! Rows go with their session, or with their replica once it is gone from the database
+//! ([`Replica::sweep_dead`]); `announce` stays set until the lease is given up.
+
+use super::Replica;
+use crate::store::StoreError;
+
+/// What [`Replica::follow`] found.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Followed {
+    /// Another replica serves the session: its commits are announced from now on, and the ones
+    /// before are in the store (the caller reads it).
+    pub served_by: Option<Served>,
+    /// This replica's clients may answer the session's agent requests from now on (a client that
+    /// may control the session attached here for the first time).
+    pub new_watcher: bool,
+}
+
+/// The replica serving a session.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Served {
+    /// Its id.
+    pub replica: String,
+    /// Whether its lease is current (an expired one may be taken over at any moment).
+    pub current: bool,
+}
+
+impl Replica {
+    /// A client of this replica attached to `session` (`controls`: one that may answer its
+    /// agent's requests). The first time for this process (and the first time a controller
+    /// comes), its rows are written and the serving replica is asked to announce commits;
+    /// `None` when there was nothing new to note.
+    pub async fn follow(&self, session: &str, controls: bool) -> Result<Option<Followed>, StoreError> {
+        let new_follower = self.note_once(&self.following, session);
+        let new_watcher = controls && self.note_once(&self.watching, session);
+        if !new_follower && !new_watcher {
+            return Ok(None);
+        }
+        let forget = || {
+            if new_follower {
+                self.forget(&self.following, session);
+            }
+            if new_watcher {
+                self.forget(&self.watching, session);
+            }
+        };
+        let written = sqlx::query(
+            "WITH f AS (
+                 INSERT INTO session_followers (session_id, replica) VALUES ($1, $2)
+                 ON CONFLICT (session_id, replica) DO UPDATE SET since = now()
+             )
+             INSERT INTO session_watchers (session_id, replica) SELECT $1, $2 WHERE $3
+             ON CONFLICT (session_id, replica) DO UPDATE SET since = now()",
+        )
+        .bind(session)
+        .bind(&*self.id)
+        .bind(new_watcher)
+        .execute(&self.pool)
+        .await;
+        if let Err(e) = written {
+            forget();
+            return Err(e.into());
+        }
+        // The session this replica serves announces nothing to itself (if it loses the lease,
+        // [`Self::announce`] runs then).
+        let served_by = if self.holds(session) {
+            None
+        } else {
+            match self.announce(session).await {
+                Ok(served) => served,
+                Err(e) => {
+                    forget();
+                    return Err(e);
+                }
+            }
+        };
+        Ok(Some(Followed { served_by, new_watcher }))
+    }
+
+    /// Asks the replica serving `session` (if another) to announce its commits, once every
+    /// commit before is in the store: the serving replica, if another.
+    pub async fn announce(&self, session: &str) -> Result<Option<Served>, StoreError> {
+        let served: Option<(String, bool)> = sqlx::query_as(
+            "UPDATE session_leases SET announce = true WHERE session_id = $1 AND replica <> $2
+             RETURNING replica, expires_at > now()",
+        )
+        .bind(session)
+        .bind(&*self.id)
+        .fetch_optional(&self.pool)
+        .await?;
+        Ok(served.map(|(replica, current)| Served { replica, current }))
+    }
+
+    /// Adds `session` to `set`: whether it was not there.
+    fn note_once(&self, set: &std::sync::Mutex<std::collections::HashSet<std::sync::Arc<str>>>, session: &str) -> bool {
+        set.lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(std::sync::Arc::from(session))
+    }
+
+    /// Removes `session` from `set` (its row was not written: written again next time).
+    fn forget(&self, set: &std::sync::Mutex<std::collections::HashSet<std::sync::Arc<str>>>, session: &str) {
+        set.lock().unwrap_or_else(|e| e.into_inner()).remove(session);
+    }
+}

@@ -107,6 +107,13 @@ impl Replica {
         Ok(served.map(|(replica, current)| Served { replica, current }))
     }
 
+    /// Forgets which sessions this process has noted as followed, so the next
+    /// [`Self::follow`] of each writes its row again (after a lost listening connection, when
+    /// another replica may have swept them).
+    pub fn forget_following(&self) {
+        self.following.lock().unwrap_or_else(|e| e.into_inner()).clear();
+    }
+
     /// Adds `session` to `set`: whether it was not there.
     fn note_once(&self, set: &std::sync::Mutex<std::collections::HashSet<std::sync::Arc<str>>>, session: &str) -> bool {
         set.lock()

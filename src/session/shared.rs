@@ -66,12 +66,25 @@ impl Sessions {
     }
 
     /// Bus: notices may have been missed; every session in memory that another replica serves
-    /// reads what it has not handed out yet.
+    /// reads what it has not handed out yet. This replica may have been gone from the database
+    /// long enough for another to sweep its rows: those of the sessions with clients here are
+    /// written again (and their leases asked to announce) before that read.
     pub fn resync(&self) {
+        let Some(replica) = self.replica().cloned() else { return };
+        replica.forget_following();
         for s in self.registry.all() {
-            if !self.replica().is_some_and(|r| r.holds(&s.id)) {
-                self.spawn_catch_up(s);
+            if replica.holds(&s.id) {
+                continue;
             }
+            let (replica, store) = (replica.clone(), self.store().clone());
+            tokio::spawn(async move {
+                if s.clients_attached() > 0
+                    && let Err(e) = replica.follow(&s.id, false).await
+                {
+                    tracing::warn!(session = %s.id, error = %e, "cannot note again that this replica follows the session");
+                }
+                s.catch_up(&*store).await;
+            });
         }
     }
 

@@ -443,3 +443,58 @@ async fn rows_left_for_dead_replicas_are_swept() {
         .expect("followers");
     assert_eq!(followers, ["a"], "A's own row stays");
 }
+
+/// A replica whose listening connection was lost may find its rows swept by another meanwhile
+/// (it looked gone from the database), and a lease taken since may not announce to it. Once it
+/// listens again it writes its rows again and asks the serving replica to announce: its client
+/// gets the next prompt's updates live.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_back_on_the_bus_follows_its_sessions_again() {
+    use sqlx::Connection;
+    let cluster = Cluster::new().await;
+    let (a, b) = (cluster.replica("a").await, cluster.replica("b").await);
+    let mut ca = a.client("alice").await;
+    let s = ca.new_session().await;
+    let mut cb = b.client("alice").await;
+    assert!(load(&mut cb, &s).await.is_empty());
+    let mut db = sqlx::PgConnection::connect(&cluster.db_url).await.expect("db");
+    assert_eq!(
+        b_follows(&mut db, &s).await,
+        1,
+        "b follows the session its client loaded"
+    );
+    // As after a sweep while b was away, and a lease taken that did not see b.
+    sqlx::query("DELETE FROM session_followers WHERE replica = 'b'")
+        .execute(&mut db)
+        .await
+        .expect("sweep b's row");
+    sqlx::query("UPDATE session_leases SET announce = false")
+        .execute(&mut db)
+        .await
+        .expect("a lease that does not announce");
+    sqlx::query("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = 'acp-gateway b'")
+        .execute(&mut db)
+        .await
+        .expect("cut b off the bus");
+    let deadline = Instant::now() + WAIT;
+    while b_follows(&mut db, &s).await == 0 {
+        assert!(Instant::now() < deadline, "b did not write its row again");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let r = ca.prompt(&s, "after b came back [chunks=50]").await;
+    assert_eq!(r["result"]["stopReason"], "end_turn", "{r}");
+    let last = seqs(&ca.take_updates(&s)).last().copied().expect("updates on a");
+    let on_b = tokio::time::timeout(WAIT, cb.updates_until(&s, |u| seq(u) >= last))
+        .await
+        .expect("b's client gets the prompt's updates live");
+    assert_exact("client on B", &seqs(&on_b), 1, last);
+}
+
+/// How many rows say that replica `b` follows `session`.
+async fn b_follows(db: &mut sqlx::PgConnection, session: &str) -> i64 {
+    sqlx::query_scalar("SELECT count(*) FROM session_followers WHERE session_id = $1 AND replica = 'b'")
+        .bind(session)
+        .fetch_one(db)
+        .await
+        .expect("count")
+}

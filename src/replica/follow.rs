@@ -9,7 +9,7 @@
 //! 2. sets `announce` on the lease. That `UPDATE` waits for the holder's writes in flight (each
 //!    holds the lease row `FOR SHARE` until it commits), and a write that waited for it reads
 //!    the row again and announces;
-//! 3. reads the store once ([`crate::session::Sessions::followed`]): every commit not
+//! 3. reads the store once (`Sessions::followed` in the session layer): every commit not
 //!    announced to it committed before step 2, so that read has it.
 //!
 //! A replica taking the lease sets `announce` from the other replicas' rows, and reads them

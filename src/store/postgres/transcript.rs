@@ -69,7 +69,7 @@ const WRITE_CHUNKS: &str = write_chunks_sql!("", "", "\n    SELECT session_id, s
 ///
 /// A replica starting to follow sets `announce` with an `UPDATE`, which waits for this
 /// statement's lock; a statement that waited reads the row again (`FOR SHARE` returns its newest
-/// version), so it sees `announce` as the follower left it (see [`crate::replica::follow`]).
+/// version), so it sees `announce` as the follower left it (see the `replica::follow` module).
 const WRITE_CHUNKS_LEASED: &str = write_chunks_sql!(
     "held AS (
         SELECT l.session_id, l.announce FROM session_leases l

@@ -1,4 +1,5 @@
-//! What only one backend has: Postgres without pg_trgm, SQLite rows left behind their chunks.
+//! What only one backend has: Postgres without pg_trgm, its chunks compressed with LZ4, SQLite
+//! rows left behind their chunks.
 
 use super::*;
 
@@ -130,4 +131,36 @@ async fn sqlite_rows_left_behind_their_chunks_are_advanced_when_opened() {
     assert_eq!(stored(&again, "alice").await, (all + chunk(7, 8).payload.len()) as u64);
     let rec = again.get_session("alice", "k1").await.expect("get").expect("k1");
     assert_eq!((rec.last_seq, rec.updated_at), (8, BASE + 9));
+}
+
+/// A long chunk (a streamed burst) is compressed with LZ4 on a Postgres that has it (pglz cost
+/// as much CPU as the gateway's own work while streaming), and reads back whole.
+#[tokio::test]
+async fn postgres_compresses_long_chunks_with_lz4_where_it_can() {
+    let db = open(Backend::Postgres).await;
+    create(&*db.store, "s", "alice", "/w", "{}", BASE).await;
+    let c = chunk(1, 2_000);
+    let payload = c.payload.clone();
+    db.store.write_batch(&[events("s", c, BASE + 1)]).await.expect("stored");
+    let mut conn = PgConnection::connect(&db.url).await.expect("connect");
+    let has_lz4: bool =
+        sqlx::query_scalar("SELECT 'lz4' = ANY (enumvals) FROM pg_settings WHERE name = 'default_toast_compression'")
+            .fetch_optional(&mut conn)
+            .await
+            .expect("settings")
+            .unwrap_or(false);
+    let method: Option<String> = sqlx::query_scalar("SELECT pg_column_compression(payload) FROM session_events")
+        .fetch_one(&mut conn)
+        .await
+        .expect("compression");
+    let _ = conn.close().await;
+    assert_eq!(
+        method.as_deref(),
+        Some(if has_lz4 { "lz4" } else { "pglz" }),
+        "a {} byte chunk",
+        payload.len()
+    );
+    let back = db.store.read_events("alice", "s", 0, 10).await.expect("read");
+    assert_eq!(back.len(), 1);
+    assert_eq!(back[0].payload, payload, "whole");
 }

@@ -47,17 +47,17 @@ impl Replica {
     /// comes), its rows are written and the serving replica is asked to announce commits;
     /// `None` when there was nothing new to note.
     pub async fn follow(&self, session: &str, controls: bool) -> Result<Option<Followed>, StoreError> {
-        let new_follower = self.note_once(&self.following, session);
-        let new_watcher = controls && self.note_once(&self.watching, session);
+        let new_follower = self.following.note(session);
+        let new_watcher = controls && self.watching.note(session);
         if !new_follower && !new_watcher {
             return Ok(None);
         }
         let forget = || {
             if new_follower {
-                self.forget(&self.following, session);
+                self.following.forget(session);
             }
             if new_watcher {
-                self.forget(&self.watching, session);
+                self.watching.forget(session);
             }
         };
         let written = sqlx::query(
@@ -111,18 +111,6 @@ impl Replica {
     /// [`Self::follow`] of each writes its row again (after a lost listening connection, when
     /// another replica may have swept them).
     pub fn forget_following(&self) {
-        self.following.lock().unwrap_or_else(|e| e.into_inner()).clear();
-    }
-
-    /// Adds `session` to `set`: whether it was not there.
-    fn note_once(&self, set: &std::sync::Mutex<std::collections::HashSet<std::sync::Arc<str>>>, session: &str) -> bool {
-        set.lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(std::sync::Arc::from(session))
-    }
-
-    /// Removes `session` from `set` (its row was not written: written again next time).
-    fn forget(&self, set: &std::sync::Mutex<std::collections::HashSet<std::sync::Arc<str>>>, session: &str) {
-        set.lock().unwrap_or_else(|e| e.into_inner()).remove(session);
+        self.following.clear();
     }
 }

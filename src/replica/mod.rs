@@ -11,9 +11,9 @@
 //! - [`bus`]: every replica LISTENs. The writer NOTIFYs `acp_session_committed` (`session:seq`)
 //!   in the transaction that stores the updates, so the notice arrives exactly when they are
 //!   committed, for the sessions another replica follows ([`follow`]); a replica with clients on
-//!   a session it does not serve reads them from `session_events`. Messages between replicas (a client's prompt or cancel for a session
-//!   another replica serves, and the answers) are rows of `replica_messages`, announced by
-//!   NOTIFY `acp_replica` (`target:id`).
+//!   a session it does not serve reads them from `session_events`. Messages between replicas (a
+//!   client's prompt or cancel for a session another replica serves, and the answers) are rows
+//!   of `replica_messages`, announced by NOTIFY `acp_replica` (`target:id`).
 //!
 //! This module knows the database and nothing above it: what a notice or message means is the
 //! [`Handler`]'s business (the session and bridge layers implement it).
@@ -181,10 +181,35 @@ pub struct Replica {
     waiting: Mutex<HashMap<u64, oneshot::Sender<Answer>>>,
     /// Next `reply` number.
     next_reply: std::sync::atomic::AtomicU64,
-    /// Sessions this process has noted in `session_watchers` (written once each).
-    watching: Mutex<HashSet<Arc<str>>>,
-    /// Sessions this process has noted in `session_followers` (written once each).
-    following: Mutex<HashSet<Arc<str>>>,
+    /// Sessions this process has noted in `session_watchers`.
+    watching: Noted,
+    /// Sessions this process has noted in `session_followers`.
+    following: Noted,
+}
+
+/// Sessions this process has written a row for in one of its tables, so each is written once.
+#[derive(Debug, Default)]
+struct Noted(Mutex<HashSet<Arc<str>>>);
+
+impl Noted {
+    /// Notes `session`: whether it was not noted before.
+    fn note(&self, session: &str) -> bool {
+        self.set().insert(Arc::from(session))
+    }
+
+    /// Forgets `session` (its row is to be written again next time, or is gone).
+    fn forget(&self, session: &str) {
+        self.set().remove(session);
+    }
+
+    /// Forgets every session.
+    fn clear(&self) {
+        self.set().clear();
+    }
+
+    fn set(&self) -> std::sync::MutexGuard<'_, HashSet<Arc<str>>> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
 }
 
 impl Replica {
@@ -204,8 +229,8 @@ impl Replica {
             held: Mutex::new(HashMap::new()),
             waiting: Mutex::new(HashMap::new()),
             next_reply: std::sync::atomic::AtomicU64::new(1),
-            watching: Mutex::new(HashSet::new()),
-            following: Mutex::new(HashSet::new()),
+            watching: Noted::default(),
+            following: Noted::default(),
         }))
     }
 

@@ -9,7 +9,7 @@ impl Replica {
     /// This replica has no clients of `session` that may answer its agent's requests any more
     /// (its row in `session_followers` stays: a stale one costs announcements, not updates).
     pub async fn unwatch(&self, session: &str) -> Result<(), StoreError> {
-        self.watching.lock().unwrap_or_else(|e| e.into_inner()).remove(session);
+        self.watching.forget(session);
         sqlx::query("DELETE FROM session_watchers WHERE session_id = $1 AND replica = $2")
             .bind(session)
             .bind(&*self.id)

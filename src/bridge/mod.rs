@@ -9,6 +9,7 @@
 
 mod attachments;
 mod methods;
+mod quiet_sink;
 pub mod remote;
 mod request;
 mod signin;
@@ -25,6 +26,7 @@ use crate::outbox::{CLOSE_TOO_SLOW, Outbox, OutboxReceiver};
 use crate::pool::AgentPool;
 use crate::protocol::{self, Incoming, Kind, ParseFailure, RpcError, codes};
 use crate::session::Client;
+use quiet_sink::QuietSink;
 
 /// Close code when the token expires (RFC 6455 1008, policy violation).
 const CLOSE_TOKEN_EXPIRED: u16 = 1008;
@@ -59,7 +61,13 @@ pub async fn serve(socket: WebSocket, gw: Arc<Gateway>, identity: Identity, conn
     let (sink, mut stream) = socket.split();
     let ping_every = Duration::from_secs(limits.ping_interval_secs.max(1));
     let slow_after = Duration::from_secs(limits.slow_client_timeout_secs.max(1));
-    let writer = tokio::spawn(write_frames(sink, rx, outbox.clone(), ping_every, slow_after));
+    let writer = tokio::spawn(write_frames(
+        QuietSink::new(sink),
+        rx,
+        outbox.clone(),
+        ping_every,
+        slow_after,
+    ));
     metrics::gauge!(crate::metrics::CONNECTIONS).increment(1.0);
     metrics::counter!(crate::metrics::CONNECTIONS_OPENED).increment(1);
     tracing::info!(connection = %conn_id, user = %identity.user, agent = %pool.name, "client connected");
@@ -196,7 +204,7 @@ pub async fn serve(socket: WebSocket, gw: Arc<Gateway>, identity: Identity, conn
 /// if the peer takes it in time, and returns (dropping its half of the socket and whatever was
 /// still queued).
 async fn write_frames(
-    mut sink: futures_util::stream::SplitSink<WebSocket, Message>,
+    mut sink: QuietSink<futures_util::stream::SplitSink<WebSocket, Message>>,
     mut rx: OutboxReceiver,
     outbox: Outbox,
     ping_every: Duration,

@@ -15,8 +15,14 @@
 //! A replica taking the lease sets `announce` from the other replicas' rows, and reads them
 //! again once the lease has committed when someone could have started following meanwhile (see
 //! [`Replica::acquire`]): a follower whose row it did not see finds the lease in step 2.
-//! Rows go with their session, or with their replica once it is gone from the database
-//! ([`Replica::sweep_dead`]); `announce` stays set until the lease is given up.
+//! A replica that hears of a commit of a session it noted as followed but no longer has in
+//! memory (its clients left) stops following it ([`Replica::unfollow`]): it deletes its row and,
+//! holding the lease row `FOR UPDATE` (so the holder's writes in flight finish first, and a
+//! follower's step 2 waits or is seen), clears `announce` unless another replica's row remains;
+//! a statement begun after the lock sees every follower whose step 2 came first. Starting and
+//! stopping to follow are serialized in a process, so a client attaching meanwhile follows
+//! again afterwards. Rows also go with their session, or with their replica once it is gone
+//! from the database ([`Replica::sweep_dead`]).
 
 use super::Replica;
 use crate::store::StoreError;
@@ -47,6 +53,7 @@ impl Replica {
     /// comes), its rows are written and the serving replica is asked to announce commits;
     /// `None` when there was nothing new to note.
     pub async fn follow(&self, session: &str, controls: bool) -> Result<Option<Followed>, StoreError> {
+        let _follows = self.follows.lock().await;
         let new_follower = self.following.note(session);
         let new_watcher = controls && self.watching.note(session);
         if !new_follower && !new_watcher {
@@ -105,6 +112,39 @@ impl Replica {
         .fetch_optional(&self.pool)
         .await?;
         Ok(served.map(|(replica, current)| Served { replica, current }))
+    }
+
+    /// This process stops following `session`, if it noted it as followed and `unattended()`
+    /// still says none of its clients has the session (checked once no follow is under way):
+    /// its row goes and the lease stops announcing unless another replica follows. Whether it
+    /// stopped.
+    pub async fn unfollow(&self, session: &str, unattended: impl FnOnce() -> bool) -> Result<bool, StoreError> {
+        let _follows = self.follows.lock().await;
+        if !self.following.contains(session) || !unattended() {
+            return Ok(false);
+        }
+        let mut tx = self.pool.begin().await?;
+        sqlx::query("DELETE FROM session_followers WHERE session_id = $1 AND replica = $2")
+            .bind(session)
+            .bind(&*self.id)
+            .execute(&mut *tx)
+            .await?;
+        sqlx::query("SELECT 1 FROM session_leases WHERE session_id = $1 FOR UPDATE")
+            .bind(session)
+            .execute(&mut *tx)
+            .await?;
+        // A statement of its own: its snapshot is taken once the lock is held.
+        sqlx::query(
+            "UPDATE session_leases l SET announce = EXISTS (
+                 SELECT 1 FROM session_followers f WHERE f.session_id = l.session_id AND f.replica <> l.replica)
+             WHERE l.session_id = $1 AND l.announce",
+        )
+        .bind(session)
+        .execute(&mut *tx)
+        .await?;
+        tx.commit().await?;
+        self.following.forget(session);
+        Ok(true)
     }
 
     /// Forgets which sessions this process has noted as followed, so the next

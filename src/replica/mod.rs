@@ -185,6 +185,8 @@ pub struct Replica {
     watching: Noted,
     /// Sessions this process has noted in `session_followers`.
     following: Noted,
+    /// Held while this process starts or stops following a session (see the `follow` module).
+    follows: tokio::sync::Mutex<()>,
 }
 
 /// Sessions this process has written a row for in one of its tables, so each is written once.
@@ -200,6 +202,11 @@ impl Noted {
     /// Forgets `session` (its row is to be written again next time, or is gone).
     fn forget(&self, session: &str) {
         self.set().remove(session);
+    }
+
+    /// Whether `session` is noted.
+    fn contains(&self, session: &str) -> bool {
+        self.set().contains(session)
     }
 
     /// Forgets every session.
@@ -231,6 +238,7 @@ impl Replica {
             next_reply: std::sync::atomic::AtomicU64::new(1),
             watching: Noted::default(),
             following: Noted::default(),
+            follows: tokio::sync::Mutex::new(()),
         }))
     }
 

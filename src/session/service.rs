@@ -45,7 +45,7 @@ pub struct Sessions {
     /// The transcript writer (updates are visible once it has committed them).
     pub(super) persister: Persister,
     /// Sessions in memory.
-    pub(super) registry: Registry,
+    pub(super) registry: Arc<Registry>,
     /// Signs `session/list` cursors.
     pub(super) cursors: CursorCodec,
     /// How sessions are set up in memory.
@@ -66,7 +66,7 @@ impl Sessions {
         Self {
             store,
             persister: options.persister.clone(),
-            registry: Registry::default(),
+            registry: Arc::default(),
             cursors,
             options,
             usage: Default::default(),

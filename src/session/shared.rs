@@ -56,7 +56,10 @@ impl Sessions {
 
     /// Bus: another replica committed `session`'s updates up to `seq`.
     pub fn committed_elsewhere(&self, session: &str, seq: u64) {
-        let Some(s) = self.registry.get(session) else { return };
+        let Some(s) = self.registry.get(session) else {
+            self.spawn_unfollow(session);
+            return;
+        };
         if self.replica().is_some_and(|r| r.holds(session)) {
             return;
         }
@@ -86,6 +89,19 @@ impl Sessions {
                 s.catch_up(&*store).await;
             });
         }
+    }
+
+    /// `session` is announced to this replica but no longer in its memory (its clients left):
+    /// it stops following it, unless a client attached meanwhile.
+    fn spawn_unfollow(&self, session: &str) {
+        let Some(replica) = self.replica().cloned() else { return };
+        let (registry, session) = (self.registry.clone(), session.to_string());
+        tokio::spawn(async move {
+            let unattended = || registry.get(&session).is_none_or(|s| s.clients_attached() == 0);
+            if let Err(e) = replica.unfollow(&session, unattended).await {
+                tracing::warn!(session, error = %e, "cannot stop following a session");
+            }
+        });
     }
 
     /// Reads and hands out what another replica committed of `session`.

@@ -201,6 +201,26 @@ async fn commits_are_announced_only_for_sessions_another_replica_follows() {
         .map(|c| c.seq_from)
         .collect();
     assert_eq!(all, [1, 2, 3], "all stored");
+
+    // Stopping to follow: the lease announces while another replica still follows, and stops
+    // once none does; a replica with a client again follows again.
+    assert!(d.follow("t", false).await.expect("d follows t").is_some());
+    assert!(
+        !c.unfollow("t", || false).await.expect("c has a client"),
+        "a replica whose client is there keeps following"
+    );
+    assert!(c.unfollow("t", || true).await.expect("c stops"));
+    assert!(!c.unfollow("t", || true).await.expect("again"), "stopped once");
+    write("t", 4).await;
+    assert_eq!(next_notice(&mut listener).await, "t:4", "d still follows t");
+    assert!(d.unfollow("t", || true).await.expect("d stops"));
+    write("t", 5).await;
+    assert!(
+        c.follow("t", false).await.expect("c follows t again").is_some(),
+        "noted anew"
+    );
+    write("t", 6).await;
+    assert_eq!(next_notice(&mut listener).await, "t:6", "t:5 was not announced");
 }
 
 /// A chunk-only write of `session`'s updates `from..=to`.

@@ -490,6 +490,15 @@ async fn a_replica_back_on_the_bus_follows_its_sessions_again() {
     assert_exact("client on B", &seqs(&on_b), 1, last);
 }
 
+/// Whether `session`'s lease announces its commits.
+async fn announces(db: &mut sqlx::PgConnection, session: &str) -> bool {
+    sqlx::query_scalar("SELECT announce FROM session_leases WHERE session_id = $1")
+        .bind(session)
+        .fetch_one(db)
+        .await
+        .expect("lease")
+}
+
 /// How many rows say that replica `b` follows `session`.
 async fn b_follows(db: &mut sqlx::PgConnection, session: &str) -> i64 {
     sqlx::query_scalar("SELECT count(*) FROM session_followers WHERE session_id = $1 AND replica = 'b'")
@@ -497,4 +506,57 @@ async fn b_follows(db: &mut sqlx::PgConnection, session: &str) -> i64 {
         .fetch_one(db)
         .await
         .expect("count")
+}
+
+/// A replica whose clients of a session are gone stops following it once the session has left
+/// its memory (the registry's sweep, every 30 s): the next commit announced to it makes it delete
+/// its row and the lease stop announcing, since nobody else follows.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_whose_clients_left_stops_following() {
+    use sqlx::Connection;
+    let cluster = Cluster::new().await;
+    let (a, b) = (cluster.replica("a").await, cluster.replica("b").await);
+    let mut ca = a.client("alice").await;
+    let s = ca.new_session().await;
+    let mut cb = b.client("alice").await;
+    assert!(load(&mut cb, &s).await.is_empty());
+    let mut db = sqlx::PgConnection::connect(&cluster.db_url).await.expect("db");
+    assert_eq!(
+        b_follows(&mut db, &s).await,
+        1,
+        "b follows the session its client loaded"
+    );
+    let r = ca.prompt(&s, "while b's client is there").await;
+    assert_eq!(r["result"]["stopReason"], "end_turn", "{r}");
+    assert!(announces(&mut db, &s).await, "the lease announces to b");
+    cb.close().await;
+    // Each prompt's commit is announced to b while it follows; b stops once its sweep has
+    // dropped the session (within 30 s).
+    let deadline = Instant::now() + Duration::from_secs(45);
+    while b_follows(&mut db, &s).await == 1 {
+        assert!(
+            Instant::now() < deadline,
+            "b still follows a session none of its clients has"
+        );
+        let r = ca.prompt(&s, "nobody on b").await;
+        assert_eq!(r["result"]["stopReason"], "end_turn", "{r}");
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    while announces(&mut db, &s).await {
+        assert!(Instant::now() < deadline, "the lease still announces");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // A client on b again: b follows again and gets the next prompt live.
+    let mut cb = b.client("alice").await;
+    let before = load(&mut cb, &s).await;
+    assert!(!before.is_empty(), "the transcript so far");
+    assert_eq!(b_follows(&mut db, &s).await, 1, "b follows again");
+    let r = ca.prompt(&s, "b is back [chunks=20]").await;
+    assert_eq!(r["result"]["stopReason"], "end_turn", "{r}");
+    let last = seqs(&ca.take_updates(&s)).last().copied().expect("updates on a");
+    let on_b = tokio::time::timeout(WAIT, cb.updates_until(&s, |u| seq(u) >= last))
+        .await
+        .expect("b's client gets the prompt's updates live");
+    let first = seqs(&before).last().copied().expect("seq") + 1;
+    assert_exact("client on B", &seqs(&on_b), first, last);
 }

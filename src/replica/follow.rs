@@ -114,6 +114,11 @@ impl Replica {
         Ok(served.map(|(replica, current)| Served { replica, current }))
     }
 
+    /// Whether this process has noted `session` as followed.
+    pub fn follows(&self, session: &str) -> bool {
+        self.following.contains(session)
+    }
+
     /// This process stops following `session`, if it noted it as followed and `unattended()`
     /// still says none of its clients has the session (checked once no follow is under way):
     /// its row goes and the lease stops announcing unless another replica follows. Whether it

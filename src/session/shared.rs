@@ -94,7 +94,9 @@ impl Sessions {
     /// `session` is announced to this replica but no longer in its memory (its clients left):
     /// it stops following it, unless a client attached meanwhile.
     fn spawn_unfollow(&self, session: &str) {
-        let Some(replica) = self.replica().cloned() else { return };
+        let Some(replica) = self.replica().filter(|r| r.follows(session)).cloned() else {
+            return;
+        };
         let (registry, session) = (self.registry.clone(), session.to_string());
         tokio::spawn(async move {
             let unattended = || registry.get(&session).is_none_or(|s| s.clients_attached() == 0);

@@ -182,12 +182,8 @@ async fn clients_on_three_replicas_get_every_update_once_in_order_while_b_prompt
 /// `b`'s client prompts again until `b` has taken the session over, and the transcript is whole.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigkill_of_the_serving_replica_mid_stream_is_taken_over_with_the_transcript_whole() {
-    let cluster = Cluster::new().await;
-    let (a, b) = (cluster.replica("a").await, cluster.replica("b").await);
-    let mut ca = a.client("alice").await;
-    let s = ca.new_session().await;
-    let mut cb = b.client("alice").await;
-    assert!(load(&mut cb, &s).await.is_empty());
+    let (pair, mut ca, mut cb, s, _db) = b_follows_a_session().await;
+    let (a, b) = (pair.a, pair.b);
     ca.start(
         "session/prompt",
         json!({"sessionId": s, "prompt": [{"type": "text", "text": "long [chunks=20000] [delay_us=200]"}]}),
@@ -294,12 +290,7 @@ async fn a_permission_request_reaches_a_client_on_another_replica_and_its_answer
 /// first and settles it, and `a`'s client is told `$/cancel_request` for its copy.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_permission_request_is_asked_on_both_replicas_and_the_first_answer_cancels_the_other() {
-    let cluster = Cluster::new().await;
-    let (a, b) = (cluster.replica("a").await, cluster.replica("b").await);
-    let mut ca = a.client("alice").await;
-    let s = ca.new_session().await;
-    let mut cb = b.client("alice").await;
-    assert!(load(&mut cb, &s).await.is_empty());
+    let (_pair, mut ca, mut cb, s, _db) = b_follows_a_session().await;
 
     let id = ca
         .start(
@@ -450,19 +441,7 @@ async fn rows_left_for_dead_replicas_are_swept() {
 /// gets the next prompt's updates live.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_replica_back_on_the_bus_follows_its_sessions_again() {
-    use sqlx::Connection;
-    let cluster = Cluster::new().await;
-    let (a, b) = (cluster.replica("a").await, cluster.replica("b").await);
-    let mut ca = a.client("alice").await;
-    let s = ca.new_session().await;
-    let mut cb = b.client("alice").await;
-    assert!(load(&mut cb, &s).await.is_empty());
-    let mut db = sqlx::PgConnection::connect(&cluster.db_url).await.expect("db");
-    assert_eq!(
-        b_follows(&mut db, &s).await,
-        1,
-        "b follows the session its client loaded"
-    );
+    let (_pair, mut ca, mut cb, s, mut db) = b_follows_a_session().await;
     // As after a sweep while b was away, and a lease taken that did not see b.
     sqlx::query("DELETE FROM session_followers WHERE replica = 'b'")
         .execute(&mut db)
@@ -490,6 +469,37 @@ async fn a_replica_back_on_the_bus_follows_its_sessions_again() {
     assert_exact("client on B", &seqs(&on_b), 1, last);
 }
 
+/// Replicas a and b on one database (and their directories).
+struct Pair {
+    _cluster: Cluster,
+    a: ServeProcess,
+    b: ServeProcess,
+}
+
+/// Replicas a and b, a session of alice's made on a with her client there, her client on b that
+/// loaded it (so b follows it), and a connection to the database.
+async fn b_follows_a_session() -> (Pair, Client, Client, String, sqlx::PgConnection) {
+    use sqlx::Connection;
+    let cluster = Cluster::new().await;
+    let (a, b) = (cluster.replica("a").await, cluster.replica("b").await);
+    let mut ca = a.client("alice").await;
+    let s = ca.new_session().await;
+    let mut cb = b.client("alice").await;
+    assert!(load(&mut cb, &s).await.is_empty());
+    let mut db = sqlx::PgConnection::connect(&cluster.db_url).await.expect("db");
+    assert_eq!(
+        b_follows(&mut db, &s).await,
+        1,
+        "b follows the session its client loaded"
+    );
+    let pair = Pair {
+        _cluster: cluster,
+        a,
+        b,
+    };
+    (pair, ca, cb, s, db)
+}
+
 /// Whether `session`'s lease announces its commits.
 async fn announces(db: &mut sqlx::PgConnection, session: &str) -> bool {
     sqlx::query_scalar("SELECT announce FROM session_leases WHERE session_id = $1")
@@ -513,19 +523,7 @@ async fn b_follows(db: &mut sqlx::PgConnection, session: &str) -> i64 {
 /// its row and the lease stop announcing, since nobody else follows.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_replica_whose_clients_left_stops_following() {
-    use sqlx::Connection;
-    let cluster = Cluster::new().await;
-    let (a, b) = (cluster.replica("a").await, cluster.replica("b").await);
-    let mut ca = a.client("alice").await;
-    let s = ca.new_session().await;
-    let mut cb = b.client("alice").await;
-    assert!(load(&mut cb, &s).await.is_empty());
-    let mut db = sqlx::PgConnection::connect(&cluster.db_url).await.expect("db");
-    assert_eq!(
-        b_follows(&mut db, &s).await,
-        1,
-        "b follows the session its client loaded"
-    );
+    let (pair, mut ca, cb, s, mut db) = b_follows_a_session().await;
     let r = ca.prompt(&s, "while b's client is there").await;
     assert_eq!(r["result"]["stopReason"], "end_turn", "{r}");
     assert!(announces(&mut db, &s).await, "the lease announces to b");
@@ -547,7 +545,7 @@ async fn a_replica_whose_clients_left_stops_following() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     // A client on b again: b follows again and gets the next prompt live.
-    let mut cb = b.client("alice").await;
+    let mut cb = pair.b.client("alice").await;
     let before = load(&mut cb, &s).await;
     assert!(!before.is_empty(), "the transcript so far");
     assert_eq!(b_follows(&mut db, &s).await, 1, "b follows again");

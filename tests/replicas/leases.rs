@@ -278,17 +278,5 @@ async fn store_with_session(url: &str, id: &str) -> Arc<dyn Store> {
 
 /// Stores alice's session `id`.
 async fn store_session(store: &dyn Store, id: &str) {
-    store
-        .create_session(&acp_gateway::store::NewSession {
-            id,
-            owner: "alice",
-            agent: "demo",
-            agent_session_id: None,
-            cwd: "/",
-            additional_dirs: "[]",
-            meta: "{}",
-            now: 1_700_000_000_000,
-        })
-        .await
-        .expect("session");
+    common::fixtures::create_session_in(store, id, "alice", "/", "{}", 1_700_000_000_000).await;
 }

@@ -152,10 +152,11 @@ impl Replica {
         Ok(true)
     }
 
-    /// Forgets which sessions this process has noted as followed, so the next
-    /// [`Self::follow`] of each writes its row again (after a lost listening connection, when
-    /// another replica may have swept them).
-    pub fn forget_following(&self) {
-        self.following.clear();
+    /// Forgets that this process noted `session` as followed, so the next [`Self::follow`]
+    /// writes its row again (after a lost listening connection, when another replica may have
+    /// swept it). The other sessions stay noted: a row still there is then deleted by
+    /// [`Self::unfollow`], and one swept makes that a no-op.
+    pub fn forget_following(&self, session: &str) {
+        self.following.forget(session);
     }
 }

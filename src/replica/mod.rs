@@ -209,11 +209,6 @@ impl Noted {
         self.set().contains(session)
     }
 
-    /// Forgets every session.
-    fn clear(&self) {
-        self.set().clear();
-    }
-
     fn set(&self) -> std::sync::MutexGuard<'_, HashSet<Arc<str>>> {
         self.0.lock().unwrap_or_else(|e| e.into_inner())
     }

@@ -7,7 +7,7 @@ use crate::store::StoreError;
 
 impl Replica {
     /// This replica has no clients of `session` that may answer its agent's requests any more
-    /// (its row in `session_followers` stays: a stale one costs announcements, not updates).
+    /// (its row in `session_followers` goes on its own: [`Replica::unfollow`]).
     pub async fn unwatch(&self, session: &str) -> Result<(), StoreError> {
         self.watching.forget(session);
         sqlx::query("DELETE FROM session_watchers WHERE session_id = $1 AND replica = $2")

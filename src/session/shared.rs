@@ -74,17 +74,17 @@ impl Sessions {
     /// written again (and their leases asked to announce) before that read.
     pub fn resync(&self) {
         let Some(replica) = self.replica().cloned() else { return };
-        replica.forget_following();
         for s in self.registry.all() {
             if replica.holds(&s.id) {
                 continue;
             }
             let (replica, store) = (replica.clone(), self.store().clone());
             tokio::spawn(async move {
-                if s.clients_attached() > 0
-                    && let Err(e) = replica.follow(&s.id, false).await
-                {
-                    tracing::warn!(session = %s.id, error = %e, "cannot note again that this replica follows the session");
+                if s.clients_attached() > 0 {
+                    replica.forget_following(&s.id);
+                    if let Err(e) = replica.follow(&s.id, false).await {
+                        tracing::warn!(session = %s.id, error = %e, "cannot note again that this replica follows the session");
+                    }
                 }
                 s.catch_up(&*store).await;
             });

@@ -16,6 +16,24 @@ pub struct ServeProcess {
     secret: String,
     /// Keeps reading its stdout so that a late `println!` never hits a closed pipe.
     _stdout: tokio::task::JoinHandle<()>,
+    /// Keeps reading its stderr (without `TEST_LOG`), for the same reason.
+    _stderr: Option<tokio::task::JoinHandle<Vec<String>>>,
+}
+
+/// How many of its last stderr lines a gateway that exits at start is shown with.
+const STDERR_TAIL: usize = 40;
+
+/// Reads `stderr` to its end; its last [`STDERR_TAIL`] lines.
+async fn last_lines(stderr: tokio::process::ChildStderr) -> Vec<String> {
+    let mut tail = std::collections::VecDeque::with_capacity(STDERR_TAIL);
+    let mut lines = tokio::io::BufReader::new(stderr).lines();
+    while let Ok(Some(line)) = lines.next_line().await {
+        if tail.len() == STDERR_TAIL {
+            tail.pop_front();
+        }
+        tail.push_back(line);
+    }
+    tail.into()
 }
 
 /// Environment a developer's shell may carry that would change the gateway under test.
@@ -35,7 +53,8 @@ const GATEWAY_ENV: [&str; 11] = [
 
 impl ServeProcess {
     /// Runs `acp-gateway serve --listen 127.0.0.1:0 --config config` on `db_url` with the HS256
-    /// `secret`, and waits for it to print its address. Its stderr goes to ours with `TEST_LOG`.
+    /// `secret`, and waits for it to print its address. Its stderr goes to ours with `TEST_LOG`;
+    /// without, a gateway that exits first panics with the last lines it wrote there.
     pub async fn start(config: &Path, db_url: &str, secret: &str) -> Self {
         Self::start_with_env(config, db_url, secret, &[]).await
     }
@@ -70,27 +89,39 @@ impl ServeProcess {
         if std::env::var_os("TEST_LOG").is_some() {
             cmd.env("RUST_LOG", std::env::var("RUST_LOG").unwrap_or_else(|_| "info".into()));
         } else {
-            cmd.stderr(std::process::Stdio::null());
+            cmd.stderr(std::process::Stdio::piped());
         }
         let mut child = cmd.spawn().expect("gateway starts");
         let stdout = child.stdout.take().expect("stdout");
+        let mut stderr = child.stderr.take().map(|e| tokio::spawn(last_lines(e)));
         let mut lines = tokio::io::BufReader::new(stdout).lines();
         let addr = tokio::time::timeout(WAIT, async {
             while let Some(line) = lines.next_line().await.expect("read stdout") {
                 if let Some(rest) = line.split("http://").nth(1) {
-                    return rest.split('/').next().expect("addr").to_string();
+                    return Some(rest.split('/').next().expect("addr").to_string());
                 }
             }
-            panic!("the gateway exited without printing its address");
+            None
         })
         .await
         .expect("the gateway prints its address in time");
+        let Some(addr) = addr else {
+            let said = match stderr.take() {
+                Some(tail) => match tokio::time::timeout(WAIT, tail).await {
+                    Ok(Ok(lines)) => lines.join("\n"),
+                    _ => "(its stderr did not end)".to_string(),
+                },
+                None => "(its stderr went to the test's: TEST_LOG is set)".to_string(),
+            };
+            panic!("the gateway exited without printing its address; its stderr ended with:\n{said}");
+        };
         let drain = tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
         Self {
             child,
             addr,
             secret: secret.to_string(),
             _stdout: drain,
+            _stderr: stderr,
         }
     }
 

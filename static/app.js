@@ -74,9 +74,10 @@ const asks = new Asks(ui.permissions, {
   },
 });
 
-// Images and text files for the next prompt, where the agent takes them (js/attachments.js).
+// Images and text files for the next prompt, where the agent takes them, picked, pasted or
+// dropped (js/attachments.js).
 const attachments = new Attachments({
-  tray: $('attachments'), picker: $('attach-picker'), button: $('attach'),
+  tray: $('attachments'), picker: $('attach-picker'), button: $('attach'), input: ui.input, dropZone: ui.composer,
   onError: (message) => conv.note(message),
 });
 
@@ -482,23 +483,6 @@ ui.input.addEventListener('keydown', (event) => {
   } else if (event.key === 'Escape' && !ui.stop.hidden) {
     ui.stop.click();
   }
-});
-// Pasted and dropped files become attachments (a pasted screenshot, a photo dropped in);
-// pasted text stays text.
-ui.input.addEventListener('paste', (event) => {
-  const files = [...(event.clipboardData?.files ?? [])];
-  if (!files.length || !attachments.possible) return;
-  event.preventDefault();
-  attachments.add(files);
-});
-ui.composer.addEventListener('dragover', (event) => {
-  if (attachments.possible && event.dataTransfer?.types?.includes('Files')) event.preventDefault();
-});
-ui.composer.addEventListener('drop', (event) => {
-  const files = [...(event.dataTransfer?.files ?? [])];
-  if (!files.length || !attachments.possible) return;
-  event.preventDefault();
-  attachments.add(files);
 });
 ui.stop.addEventListener('click', () => {
   if (state.current) conn.notify('session/cancel', { sessionId: state.current.id });

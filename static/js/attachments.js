@@ -69,7 +69,8 @@ async function imageData(file, room) {
 }
 
 export class Attachments {
-  constructor({ tray, picker, button, onError }) {
+  /** `input` takes pasted files and `dropZone` dropped ones (pasted text stays text). */
+  constructor({ tray, picker, button, input, dropZone, onError }) {
     this.tray = tray;
     this.picker = picker;
     this.button = button;
@@ -84,7 +85,21 @@ export class Attachments {
       picker.value = ''; // the same file may be picked again after removing it
       await this.add(files);
     });
+    // A pasted screenshot, a photo dropped in.
+    input.addEventListener('paste', (event) => this.#take(event, event.clipboardData));
+    dropZone.addEventListener('dragover', (event) => {
+      if (this.possible && event.dataTransfer?.types?.includes('Files')) event.preventDefault();
+    });
+    dropZone.addEventListener('drop', (event) => this.#take(event, event.dataTransfer));
     this.configure(null, 0);
+  }
+
+  /** The files `transfer` carries, if any and if this agent takes attachments. */
+  #take(event, transfer) {
+    const files = [...(transfer?.files ?? [])];
+    if (!files.length || !this.possible) return;
+    event.preventDefault();
+    this.add(files);
   }
 
   /** What the agent takes (`promptCapabilities`) and the gateway's cap in bytes. */

@@ -185,7 +185,8 @@ pub struct Replica {
     watching: Noted,
     /// Sessions this process has noted in `session_followers`.
     following: Noted,
-    /// Held while this process starts or stops following a session (see the `follow` module).
+    /// Held while this process starts or stops following or watching a session (see the
+    /// `follow` module and [`Replica::unwatch`]).
     follows: tokio::sync::Mutex<()>,
 }
 

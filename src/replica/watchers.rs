@@ -7,8 +7,11 @@ use crate::store::StoreError;
 
 impl Replica {
     /// This replica has no clients of `session` that may answer its agent's requests any more
-    /// (its row in `session_followers` goes on its own: [`Replica::unfollow`]).
+    /// (its row in `session_followers` goes on its own: [`Replica::unfollow`]). Under the
+    /// follow lock: a controller attaching meanwhile notes the session again only after the row
+    /// is deleted, so its own row is written after, not deleted by this.
     pub async fn unwatch(&self, session: &str) -> Result<(), StoreError> {
+        let _follows = self.follows.lock().await;
         self.watching.forget(session);
         sqlx::query("DELETE FROM session_watchers WHERE session_id = $1 AND replica = $2")
             .bind(session)

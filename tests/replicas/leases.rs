@@ -257,6 +257,31 @@ async fn next_notice(listener: &mut PgListener) -> String {
     note.payload().to_string()
 }
 
+/// A controller attaching while its replica stops watching the session (the last one left)
+/// leaves the replica watching it with its row in `session_watchers`: the row is written after
+/// the stop's delete, never deleted by it (the serving replica would not ask it the agent's
+/// requests while it believed it was asked). Both at once, many times, on separate connections.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_controller_attaching_while_its_replica_stops_watching_keeps_the_row() {
+    let (_store, b, url) = held_by_b().await;
+    let c = Replica::connect(&url, "c", Duration::from_secs(LEASE_SECS))
+        .await
+        .expect("replica c");
+    for round in 0..40 {
+        c.follow("s", true).await.expect("c watches");
+        let (stopped, attached) = tokio::join!(c.unwatch("s"), c.follow("s", true));
+        stopped.expect("unwatch");
+        attached.expect("follow");
+        // Whichever went first, c writes its row now unless it believes the row is there.
+        c.follow("s", true).await.expect("c watches again");
+        assert_eq!(
+            b.watchers("s").await.expect("watchers"),
+            ["c"],
+            "round {round}: c believes it watches, without its row"
+        );
+    }
+}
+
 /// A fresh database with alice's session `s`, whose lease replica `b` holds: the store, `b` and
 /// the database's URL.
 async fn held_by_b() -> (Arc<dyn Store>, Arc<Replica>, String) {

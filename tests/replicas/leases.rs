@@ -282,6 +282,36 @@ async fn a_controller_attaching_while_its_replica_stops_watching_keeps_the_row()
     }
 }
 
+/// A replica taking a session's fresh lease while another starts following it ends announcing
+/// to the follower: whichever way the two race (the lease's insert may read the followers before
+/// the follower's row commits, and the follower's `UPDATE` find no lease yet), the lease is
+/// read again once it committed. Both at once, on a new session each round.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fresh_lease_taken_while_a_replica_starts_following_announces_to_it() {
+    use sqlx::Connection;
+    let url = common::pg::fresh_database().await;
+    let store = acp_gateway::store::connect(&url).await.expect("migrated");
+    let connect = |id: &'static str| Replica::connect(&url, id, Duration::from_secs(LEASE_SECS));
+    let (b, c) = (connect("b").await.expect("b"), connect("c").await.expect("c"));
+    let mut db = sqlx::PgConnection::connect(&url).await.expect("db");
+    for round in 0..200 {
+        let session = format!("fresh-{round}");
+        store_session(&*store, &session).await;
+        let (taken, followed) = tokio::join!(b.acquire(&session), c.follow(&session, false));
+        assert_eq!(taken.expect("acquire"), Holder::Me);
+        followed.expect("follow");
+        let announce: bool = sqlx::query_scalar("SELECT announce FROM session_leases WHERE session_id = $1")
+            .bind(&session)
+            .fetch_one(&mut db)
+            .await
+            .expect("the lease");
+        assert!(
+            announce,
+            "round {round}: c follows the session and b's lease does not announce"
+        );
+    }
+}
+
 /// A fresh database with alice's session `s`, whose lease replica `b` holds: the store, `b` and
 /// the database's URL.
 async fn held_by_b() -> (Arc<dyn Store>, Arc<Replica>, String) {

@@ -79,7 +79,7 @@ impl Sessions {
                 continue;
             }
             let (replica, store) = (replica.clone(), self.store().clone());
-            tokio::spawn(async move {
+            self.options.tracker.spawn(async move {
                 if s.clients_attached() > 0 {
                     replica.forget_following(&s.id);
                     if let Err(e) = replica.follow(&s.id, false).await {
@@ -98,7 +98,7 @@ impl Sessions {
             return;
         };
         let (registry, session) = (self.registry.clone(), session.to_string());
-        tokio::spawn(async move {
+        self.options.tracker.spawn(async move {
             let unattended = || registry.get(&session).is_none_or(|s| s.clients_attached() == 0);
             if let Err(e) = replica.unfollow(&session, unattended).await {
                 tracing::warn!(session, error = %e, "cannot stop following a session");
@@ -109,7 +109,9 @@ impl Sessions {
     /// Reads and hands out what another replica committed of `session`.
     pub fn spawn_catch_up(&self, session: Arc<LiveSession>) {
         let store = self.store().clone();
-        tokio::spawn(async move { session.catch_up(&*store).await });
+        self.options
+            .tracker
+            .spawn(async move { session.catch_up(&*store).await });
     }
 
     /// Whether this replica serves `session` on an agent process right now.
@@ -163,7 +165,7 @@ impl Sessions {
         let Some(s) = self.registry.get(session) else {
             let replica = replica.clone();
             let session = session.to_string();
-            tokio::spawn(async move {
+            self.options.tracker.spawn(async move {
                 if let Err(e) = replica.unwatch(&session).await {
                     tracing::warn!(session, error = %e, "cannot stop watching a session");
                 }
@@ -193,7 +195,7 @@ impl Sessions {
         s.leave();
         let Some(replica) = self.replica().cloned() else { return };
         let store = self.store().clone();
-        tokio::spawn(async move {
+        self.options.tracker.spawn(async move {
             if let Err(e) = replica.announce(&s.id).await {
                 tracing::warn!(session = %s.id, error = %e, "cannot ask the new serving replica to announce commits");
             }

@@ -151,7 +151,8 @@ pub struct SessionOptions {
     pub permission_wait: Duration,
     /// Where clients that fell behind are fed from (set by [`crate::session::Sessions`]).
     pub store: Option<Arc<dyn Store>>,
-    /// Tracks the tasks that feed them.
+    /// Tracks the tasks that feed them, and those [`crate::session::Sessions`] spawns for replicas
+    /// (shutdown waits for them within its grace period).
     pub tracker: tokio_util::task::TaskTracker,
     /// This replica's leases and bus, when several share a Postgres database.
     pub replica: Option<Arc<crate::replica::Replica>>,

@@ -300,13 +300,8 @@ async fn a_fresh_lease_taken_while_a_replica_starts_following_announces_to_it() 
         let (taken, followed) = tokio::join!(b.acquire(&session), c.follow(&session, false));
         assert_eq!(taken.expect("acquire"), Holder::Me);
         followed.expect("follow");
-        let announce: bool = sqlx::query_scalar("SELECT announce FROM session_leases WHERE session_id = $1")
-            .bind(&session)
-            .fetch_one(&mut db)
-            .await
-            .expect("the lease");
         assert!(
-            announce,
+            super::announces(&mut db, &session).await,
             "round {round}: c follows the session and b's lease does not announce"
         );
     }

@@ -19,6 +19,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use sqlx::pool::PoolConnection;
 use sqlx::postgres::{PgConnection, PgPool, PgPoolOptions};
 use sqlx::{Postgres, Transaction};
 
@@ -54,6 +55,9 @@ pub struct PgStore {
     /// every update waits for). A connection that died meanwhile fails the write with an error
     /// the writer retries, on a new one.
     writes: PgPool,
+    /// The connection the transcript writer keeps between its writes, and when it last wrote
+    /// (see [`transcript`]).
+    writer: Arc<tokio::sync::Mutex<Option<(PoolConnection<Postgres>, std::time::Instant)>>>,
     /// Whether `session/list` searches can start from the pg_trgm indexes on `session_search`:
     /// they exist (pg_trgm could be created), and this role owns the table, so it can read it
     /// without row-level security, which keeps `ILIKE` from any index.
@@ -105,6 +109,7 @@ impl PgStore {
         Ok(Self {
             pool,
             writes,
+            writer: Arc::default(),
             search_index,
             identity,
         })

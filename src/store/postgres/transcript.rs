@@ -22,6 +22,7 @@
 //! when it returns (the chunks and the settle in one transaction).
 
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use sqlx::Postgres;
 use sqlx::postgres::PgConnection;
@@ -145,8 +146,7 @@ impl PgStore {
         writes: &[SessionWrite],
         holder: Option<&str>,
     ) -> Result<Vec<Arc<str>>, StoreError> {
-        let mut conn = self.writes.acquire().await?;
-        chunks_on(&mut conn, writes, holder).await
+        self.on_writer(async |conn| chunks_on(conn, writes, holder).await).await
     }
 
     /// Stores `writes` and settles the sessions whose chunks it stored, in one transaction (what
@@ -184,10 +184,34 @@ impl PgStore {
     /// Advances `sessions`' rows past their stored chunks (see the module's notes): idempotent.
     pub(super) async fn settle(&self, sessions: &[Arc<str>]) -> Result<(), StoreError> {
         let ids: Vec<&str> = sessions.iter().map(|s| &**s).collect();
-        let mut conn = self.writes.acquire().await?;
-        settle_on(&mut conn, &ids).await
+        self.on_writer(async |conn| settle_on(conn, &ids).await).await
+    }
+
+    /// Runs `write` on the connection the transcript writer keeps between its writes. A pooled
+    /// connection given back is pinged before it can be taken again (sqlx does so on every
+    /// release, in a task of its own): a second round trip per commit, and a wake of the other
+    /// core, while clients wait for the commit's updates. The writer is one task, so it keeps one
+    /// connection; one whose write failed goes back to the pool, whose ping closes it if it is
+    /// broken, and the next write takes another. One idle for [`KEEP_IDLE`] goes back too, so
+    /// that the pool's rules (its idle timeout, its lifetime) apply to it as to the others, and
+    /// a connection a firewall dropped while idle is not written to.
+    async fn on_writer<T>(
+        &self,
+        write: impl AsyncFnOnce(&mut PgConnection) -> Result<T, StoreError>,
+    ) -> Result<T, StoreError> {
+        let mut kept = self.writer.lock().await;
+        let mut conn = match kept.take() {
+            Some((conn, used)) if used.elapsed() < KEEP_IDLE => conn,
+            _ => self.writes.acquire().await?,
+        };
+        let done = write(&mut conn).await?;
+        *kept = Some((conn, Instant::now()));
+        Ok(done)
     }
 }
+
+/// How long the transcript writer keeps its connection unused before giving it back to the pool.
+const KEEP_IDLE: Duration = Duration::from_secs(10);
 
 /// [`SETTLE`] on `conn`.
 async fn settle_on(conn: &mut PgConnection, ids: &[&str]) -> Result<(), StoreError> {

@@ -202,7 +202,11 @@ impl PgStore {
         let mut kept = self.writer.lock().await;
         let mut conn = match kept.take() {
             Some((conn, used)) if used.elapsed() < KEEP_IDLE => conn,
-            _ => self.writes.acquire().await?,
+            idle => {
+                // Given back before another is taken: the pool may hand it out again.
+                drop(idle);
+                self.writes.acquire().await?
+            }
         };
         let done = write(&mut conn).await?;
         *kept = Some((conn, Instant::now()));

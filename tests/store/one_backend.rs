@@ -1,5 +1,5 @@
-//! What only one backend has: Postgres without pg_trgm, its chunks compressed with LZ4, SQLite
-//! rows left behind their chunks.
+//! What only one backend has: Postgres without pg_trgm, its chunks compressed with LZ4, its
+//! transcript writer's connection; SQLite rows left behind their chunks.
 
 use super::*;
 
@@ -163,4 +163,69 @@ async fn postgres_compresses_long_chunks_with_lz4_where_it_can() {
     let back = db.store.read_events("alice", "s", 0, 10).await.expect("read");
     assert_eq!(back.len(), 1);
     assert_eq!(back[0].payload, payload, "whole");
+}
+
+/// Ends every other connection to the test's database and waits until their backends are gone
+/// (`pg_terminate_backend` only signals them).
+async fn terminate_others(url: &str) {
+    let mut conn = PgConnection::connect(url).await.expect("connect");
+    let others = "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()";
+    sqlx::query(
+        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+         WHERE datname = current_database() AND pid <> pg_backend_pid()",
+    )
+    .execute(&mut conn)
+    .await
+    .expect("terminate");
+    let gone = tokio::time::timeout(std::time::Duration::from_secs(10), async {
+        while sqlx::query_scalar::<_, i64>(others)
+            .fetch_one(&mut conn)
+            .await
+            .expect("count")
+            > 0
+        {
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    assert!(gone.is_ok(), "the other backends did not end within 10 s");
+    let _ = conn.close().await;
+}
+
+/// Postgres's transcript writer keeps its connection between writes (sqlx would ping one given
+/// back to the pool on every commit), and gives it back once it has been idle for 10 s: a
+/// connection ended while the gateway was quiet (a server restart, an idle timeout, a firewall)
+/// fails one write right after, which the writer retries on a new one, but not a write after
+/// the pause.
+#[tokio::test]
+async fn postgres_transcript_writer_keeps_its_connection_and_gives_it_back_when_idle() {
+    let db = open(Backend::Postgres).await;
+    create(&*db.store, "s", "alice", "/w", "{}", BASE).await;
+    let write = |n: i64| {
+        let store = db.store.clone();
+        async move {
+            store
+                .write_chunks_unsettled(&[events("s", chunk(n, n), BASE + n)], None)
+                .await
+        }
+    };
+    write(1).await.expect("first write");
+    // The kept connection is the one ended: the next write fails on it, and the one after
+    // takes a new connection.
+    terminate_others(&db.url).await;
+    assert!(write(2).await.is_err(), "a write on the ended connection fails");
+    write(2).await.expect("the retry, on a new connection");
+    // Ended again, then 10 s without a write: the writer does not write on it.
+    terminate_others(&db.url).await;
+    tokio::time::sleep(std::time::Duration::from_millis(10_500)).await;
+    write(3).await.expect("a write after the writer was idle for 10 s");
+    let seqs: Vec<i64> = db
+        .store
+        .read_events("alice", "s", 0, 10)
+        .await
+        .expect("read")
+        .iter()
+        .map(|c| c.seq_from)
+        .collect();
+    assert_eq!(seqs, [1, 2, 3], "every update stored once");
 }

@@ -168,17 +168,15 @@ async fn postgres_compresses_long_chunks_with_lz4_where_it_can() {
 /// Ends every other connection to the test's database and waits until their backends are gone
 /// (`pg_terminate_backend` only signals them).
 async fn terminate_others(url: &str) {
+    const OTHERS: &str = "FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()";
     let mut conn = PgConnection::connect(url).await.expect("connect");
-    let others = "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()";
-    sqlx::query(
-        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity
-         WHERE datname = current_database() AND pid <> pg_backend_pid()",
-    )
-    .execute(&mut conn)
-    .await
-    .expect("terminate");
+    sqlx::query(&format!("SELECT pg_terminate_backend(pid) {OTHERS}"))
+        .execute(&mut conn)
+        .await
+        .expect("terminate");
+    let count = format!("SELECT count(*) {OTHERS}");
     let gone = tokio::time::timeout(std::time::Duration::from_secs(10), async {
-        while sqlx::query_scalar::<_, i64>(others)
+        while sqlx::query_scalar::<_, i64>(&count)
             .fetch_one(&mut conn)
             .await
             .expect("count")

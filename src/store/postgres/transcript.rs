@@ -34,17 +34,23 @@ use crate::store::{SessionWrite, StoreError};
 /// The statement that stores chunks: `$held` names a `held` CTE that limits the chunks stored to
 /// its sessions (or nothing), `$only_held` the condition that does so, `$tail` what follows the
 /// CTEs.
+///
+/// The chunks' rows (`w`) carry each payload's place in `$4`, not the payload: the payload is
+/// taken from `$4` only where the row is inserted. A chunk is up to hundreds of KiB, and with the
+/// payload in `w` Postgres copied it into `w`'s tuplestore (read three times by the leased
+/// statement) and into the hash tables of each join over it; `EXPLAIN ANALYZE` of a 220 KiB
+/// chunk: 1.48 ms of the server's time, 0.40 ms with the payload taken last.
 macro_rules! write_chunks_sql {
     ($held:literal, $only_held:literal, $tail:literal) => {
         concat!(
             "WITH w AS (
-        SELECT * FROM unnest($1::text[], $2::bigint[], $3::bigint[], $4::text[], $5::bigint[])
-            AS w(session_id, seq_from, seq_to, payload, at)
+        SELECT * FROM unnest($1::text[], $2::bigint[], $3::bigint[], $5::bigint[]) WITH ORDINALITY
+            AS w(session_id, seq_from, seq_to, at, i)
     ), ",
             $held,
             "stored AS (
         INSERT INTO session_events (session_id, seq_from, seq_to, payload, created_at)
-        SELECT w.session_id, w.seq_from, w.seq_to, w.payload, w.at FROM w
+        SELECT w.session_id, w.seq_from, w.seq_to, ($4::text[])[w.i::int], w.at FROM w
         WHERE ",
             $only_held,
             "EXISTS (SELECT 1 FROM sessions s WHERE s.id = w.session_id)

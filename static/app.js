@@ -18,6 +18,7 @@ import { el as h, $ } from './js/dom.js';
 import { AUTH_REQUIRED, AgentLoginNeeded, Connection, ConnectionLost, RpcError } from './js/connection.js';
 import { Conversation } from './js/conversation.js';
 import { AgentLogin } from './js/agent-login.js';
+import { AgentPicker } from './js/agent-picker.js';
 import { Attachments } from './js/attachments.js';
 import { PromptQueue } from './js/queue.js';
 import { renderPush } from './js/push.js';
@@ -132,28 +133,17 @@ onUnauthorized(showSignIn);
 
 // --- agents --------------------------------------------------------------------------------
 
+// The header's agent select (js/agent-picker.js); `state.agents` is its list.
+const picker = new AgentPicker(ui.agentSelect, { error: (err) => conv.error(err) });
 async function loadAgents() {
-  try {
-    state.agents = (await api('/api/agents')).agents ?? [];
-  } catch (err) {
-    if (err.status !== 401) conv.error(err);
-    state.agents = [];
-  }
-  const saved = localStorage.getItem('acp-gateway.agent');
-  const chosen = state.agents.find((a) => a.name === saved) ?? state.agents.find((a) => a.default) ?? state.agents[0];
-  ui.agentSelect.replaceChildren(...state.agents.map((a) =>
-    h('option', { value: a.name, text: a.agentInfo?.title || a.agentInfo?.name ? `${a.name} (${a.agentInfo.title || a.agentInfo.name})` : a.name })));
-  ui.agentSelect.disabled = state.agents.length < 2;
-  ui.agentSelect.value = chosen?.name ?? '';
-  return chosen?.name ?? null;
+  const chosen = await picker.load();
+  state.agents = picker.agents;
+  return chosen;
 }
 
 function useAgent(name) {
   if (name === conn.agent && !conn.stopped) return;
-  if (name) {
-    ui.agentSelect.value = name;
-    localStorage.setItem('acp-gateway.agent', name);
-  }
+  if (name) picker.remember(name);
   conn.open(name);
 }
 

@@ -167,8 +167,10 @@ async fn postgres_compresses_long_chunks_with_lz4_where_it_can() {
 
 /// Ends every other connection to the test's database and waits until their backends are gone
 /// (`pg_terminate_backend` only signals them).
+/// The backends of the database other than the asking one, after `SELECT`.
+const OTHERS: &str = "FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()";
+
 async fn terminate_others(url: &str) {
-    const OTHERS: &str = "FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()";
     let mut conn = PgConnection::connect(url).await.expect("connect");
     sqlx::query(&format!("SELECT pg_terminate_backend(pid) {OTHERS}"))
         .execute(&mut conn)
@@ -226,4 +228,51 @@ async fn postgres_transcript_writer_keeps_its_connection_and_gives_it_back_when_
         .map(|c| c.seq_from)
         .collect();
     assert_eq!(seqs, [1, 2, 3], "every update stored once");
+}
+
+/// A Postgres store dropped where no Tokio runtime runs (after its runtime, as a program's main
+/// thread may drop it) closes the transcript writer's kept connection instead of panicking: sqlx
+/// gives a pooled connection back in a task of its own, which needs a runtime. The benchmark's
+/// Postgres runs all ended in that panic.
+#[test]
+fn postgres_store_dropped_outside_a_runtime_closes_the_writers_connection() {
+    let runtime = || {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime")
+    };
+    let db = runtime().block_on(async {
+        let db = open(Backend::Postgres).await;
+        create(&*db.store, "s", "alice", "/w", "{}", BASE).await;
+        db.store
+            .write_chunks_unsettled(&[events("s", chunk(1, 1), BASE + 1)], None)
+            .await
+            .expect("write");
+        db
+    });
+    // Its runtime is gone: the writer keeps the connection it wrote through.
+    let url = db.url.clone();
+    let dropped = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| drop(db)));
+    assert!(dropped.is_ok(), "dropping the store outside a runtime panicked");
+    runtime().block_on(async {
+        let mut conn = PgConnection::connect(&url).await.expect("connect");
+        let count = format!("SELECT count(*) {OTHERS}");
+        let closed = tokio::time::timeout(std::time::Duration::from_secs(10), async {
+            while sqlx::query_scalar::<_, i64>(&count)
+                .fetch_one(&mut conn)
+                .await
+                .expect("count")
+                > 0
+            {
+                tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+            }
+        })
+        .await;
+        assert!(
+            closed.is_ok(),
+            "the store's connections were still open 10 s after it was dropped"
+        );
+        let _ = conn.close().await;
+    });
 }

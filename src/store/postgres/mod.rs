@@ -19,7 +19,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use sqlx::pool::PoolConnection;
 use sqlx::postgres::{PgConnection, PgPool, PgPoolOptions};
 use sqlx::{Postgres, Transaction};
 
@@ -44,9 +43,6 @@ use super::{
 /// Longest wait for a pooled connection (see [`super::ACQUIRE_TIMEOUT`]).
 const ACQUIRE_TIMEOUT: Duration = super::ACQUIRE_TIMEOUT;
 
-/// The transcript writer's connection and when it last wrote through it.
-type KeptConnection = (PoolConnection<Postgres>, std::time::Instant);
-
 /// A Postgres-backed [`Store`].
 #[derive(Debug, Clone)]
 pub struct PgStore {
@@ -60,7 +56,7 @@ pub struct PgStore {
     writes: PgPool,
     /// The connection the transcript writer keeps between its writes, and when it last wrote
     /// (see [`transcript`]).
-    writer: Arc<tokio::sync::Mutex<Option<KeptConnection>>>,
+    writer: Arc<transcript::KeptWriter>,
     /// Whether `session/list` searches can start from the pg_trgm indexes on `session_search`:
     /// they exist (pg_trgm could be created), and this role owns the table, so it can read it
     /// without row-level security, which keeps `ILIKE` from any index.

@@ -25,6 +25,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use sqlx::Postgres;
+use sqlx::pool::PoolConnection;
 use sqlx::postgres::PgConnection;
 
 use super::PgStore;
@@ -205,7 +206,7 @@ impl PgStore {
         &self,
         write: impl AsyncFnOnce(&mut PgConnection) -> Result<T, StoreError>,
     ) -> Result<T, StoreError> {
-        let mut kept = self.writer.lock().await;
+        let mut kept = self.writer.0.lock().await;
         let mut conn = match kept.take() {
             Some((conn, used)) if used.elapsed() < KEEP_IDLE => conn,
             idle => {
@@ -217,6 +218,26 @@ impl PgStore {
         let done = write(&mut conn).await?;
         *kept = Some((conn, Instant::now()));
         Ok(done)
+    }
+}
+
+/// The connection the transcript writer keeps between its writes ([`PgStore::on_writer`]), and
+/// when it last wrote through it.
+#[derive(Debug, Default)]
+pub(super) struct KeptWriter(tokio::sync::Mutex<Option<(PoolConnection<Postgres>, Instant)>>);
+
+impl Drop for KeptWriter {
+    /// sqlx gives a pooled connection back in a task of its own, and panics where no Tokio
+    /// runtime runs: a store dropped after its runtime (the benchmark's main thread did so, and
+    /// ended every Postgres run with that panic). There the kept connection is detached
+    /// instead, which frees its place in the pool and closes its socket; the writes pool keeps
+    /// no minimum of connections, so nothing is spawned to replace it.
+    fn drop(&mut self) {
+        if tokio::runtime::Handle::try_current().is_err()
+            && let Some((conn, _)) = self.0.get_mut().take()
+        {
+            drop(conn.detach());
+        }
     }
 }
 

@@ -176,10 +176,19 @@ async fn terminate_others(url: &str) {
         .execute(&mut conn)
         .await
         .expect("terminate");
+    assert!(
+        others_end(&mut conn).await,
+        "the other backends did not end within 10 s"
+    );
+    let _ = conn.close().await;
+}
+
+/// Whether the backends of `conn`'s database other than its own are all gone within 10 s.
+async fn others_end(conn: &mut PgConnection) -> bool {
     let count = format!("SELECT count(*) {OTHERS}");
-    let gone = tokio::time::timeout(std::time::Duration::from_secs(10), async {
+    tokio::time::timeout(std::time::Duration::from_secs(10), async {
         while sqlx::query_scalar::<_, i64>(&count)
-            .fetch_one(&mut conn)
+            .fetch_one(&mut *conn)
             .await
             .expect("count")
             > 0
@@ -187,9 +196,8 @@ async fn terminate_others(url: &str) {
             tokio::time::sleep(std::time::Duration::from_millis(20)).await;
         }
     })
-    .await;
-    assert!(gone.is_ok(), "the other backends did not end within 10 s");
-    let _ = conn.close().await;
+    .await
+    .is_ok()
 }
 
 /// Postgres's transcript writer keeps its connection between writes (sqlx would ping one given
@@ -257,20 +265,8 @@ fn postgres_store_dropped_outside_a_runtime_closes_the_writers_connection() {
     assert!(dropped.is_ok(), "dropping the store outside a runtime panicked");
     runtime().block_on(async {
         let mut conn = PgConnection::connect(&url).await.expect("connect");
-        let count = format!("SELECT count(*) {OTHERS}");
-        let closed = tokio::time::timeout(std::time::Duration::from_secs(10), async {
-            while sqlx::query_scalar::<_, i64>(&count)
-                .fetch_one(&mut conn)
-                .await
-                .expect("count")
-                > 0
-            {
-                tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-            }
-        })
-        .await;
         assert!(
-            closed.is_ok(),
+            others_end(&mut conn).await,
             "the store's connections were still open 10 s after it was dropped"
         );
         let _ = conn.close().await;

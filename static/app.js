@@ -46,7 +46,6 @@ ui.share.addEventListener('click', () => state.current && openShareDialog(state.
 wireDownload(ui.download);
 
 const state = {
-  agents: [],
   sessions: null, // sessionId → {data, item}: the session list's entries (set below)
   current: null, // {id, cwd, title, agent}, and {role, owner} for a session shared with the user
   running: new Set(), // sessions with a session/prompt in flight
@@ -133,13 +132,9 @@ onUnauthorized(showSignIn);
 
 // --- agents --------------------------------------------------------------------------------
 
-// The header's agent select (js/agent-picker.js); `state.agents` is its list.
+// The header's agent select (js/agent-picker.js); `picker.agents` is the agents offered.
 const picker = new AgentPicker(ui.agentSelect, { error: (err) => conv.error(err) });
-async function loadAgents() {
-  const chosen = await picker.load();
-  state.agents = picker.agents;
-  return chosen;
-}
+const loadAgents = () => picker.load();
 
 function useAgent(name) {
   if (name === conn.agent && !conn.stopped) return;
@@ -157,7 +152,7 @@ ui.agentSelect.addEventListener('change', () => {
 
 const agentLogin = new AgentLogin({
   conn, container: ui.permissions, badge: ui.agentAuthState,
-  agents: () => state.agents,
+  agents: () => picker.agents,
   reloadAgents: () => loadAgents(),
   note: (text) => conv.note(text),
   error: (err) => reportError(err),
@@ -178,7 +173,7 @@ const sessionList = new SessionList({ list: ui.list, empty: ui.empty, loadMore: 
   open: (id) => openSession(id),
   remove: (id) => deleteSession(id),
   current: () => state.current?.id,
-  badges: () => state.agents.length > 1,
+  badges: () => picker.agents.length > 1,
   error: (err) => conv.error(err),
 });
 state.sessions = sessionList.entries;
@@ -302,7 +297,7 @@ function openSession(id) {
   if (!data) return;
   closeSidebar();
   const agent = data._meta?.agent ?? conn.agent;
-  if (state.agents.length && !state.agents.some((a) => a.name === agent)) {
+  if (picker.agents.length && !picker.agents.some((a) => a.name === agent)) {
     return conv.error(new Error(`agent “${agent}” is not configured on this gateway`));
   }
   setCurrent({ id, cwd: data.cwd || defaultCwd(), title: data.title ?? '', agent });

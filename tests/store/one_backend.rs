@@ -165,11 +165,11 @@ async fn postgres_compresses_long_chunks_with_lz4_where_it_can() {
     assert_eq!(back[0].payload, payload, "whole");
 }
 
-/// Ends every other connection to the test's database and waits until their backends are gone
-/// (`pg_terminate_backend` only signals them).
 /// The backends of the database other than the asking one, after `SELECT`.
 const OTHERS: &str = "FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()";
 
+/// Ends every other connection to the test's database and waits until their backends are gone
+/// (`pg_terminate_backend` only signals them).
 async fn terminate_others(url: &str) {
     let mut conn = PgConnection::connect(url).await.expect("connect");
     sqlx::query(&format!("SELECT pg_terminate_backend(pid) {OTHERS}"))

@@ -121,6 +121,42 @@ async fn only_the_lease_holder_stores_and_announces_updates() {
     assert!(none.is_err(), "a's refused write was announced: {none:?}");
 }
 
+/// A batch of several sessions' chunks (one statement over arrays; a lone chunk has a statement
+/// of its own) stores the chunks of the sessions whose lease the writer holds and no others,
+/// says which were refused, and announces each stored session another replica follows with its
+/// newest seq in the batch, and only those.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_of_several_sessions_stores_and_announces_only_the_held_ones() {
+    let (store, b, url) = held_by_b().await;
+    let c = Replica::connect(&url, "c", Duration::from_secs(LEASE_SECS))
+        .await
+        .expect("replica c");
+    for (session, holder) in [("t", &c), ("u", &b)] {
+        store_session(&*store, session).await;
+        assert_eq!(holder.acquire_new(session).await.expect("acquire"), Holder::Me);
+    }
+    c.follow("s", false).await.expect("c follows s");
+    let mut listener = listen(&url).await;
+    let batch = [
+        chunk("s", 1, 2, "{\"s\":1}\n{\"s\":2}"),
+        chunk("t", 1, 1, "{\"t\":1}"),
+        chunk("u", 1, 1, "{\"u\":1}"),
+    ];
+    let refused = store.write_batch_leased(&batch, "b").await.expect("b writes");
+    assert_eq!(refused, [Arc::from("t")], "c holds t");
+    for (session, want) in [("s", vec![(1, 2)]), ("t", vec![]), ("u", vec![(1, 1)])] {
+        let chunks = store.read_events("alice", session, 0, 10).await.expect("read");
+        let stored: Vec<(i64, i64)> = chunks.iter().map(|c| (c.seq_from, c.seq_to)).collect();
+        assert_eq!(stored, want, "session {session}");
+    }
+    assert_eq!(next_notice(&mut listener).await, "s:2");
+    let none = tokio::time::timeout(Duration::from_millis(500), listener.recv()).await;
+    assert!(
+        none.is_err(),
+        "u (followed by nobody else) or t (refused) was announced: {none:?}"
+    );
+}
+
 /// A commit is announced only for a session another replica follows: not before one does, from
 /// the commit after it started following (the first notice the listener gets), when the lease
 /// is taken again from the followers' rows, and never for a session nobody else follows.

@@ -96,6 +96,28 @@ const WRITE_CHUNKS_LEASED: &str = concat!(
     FROM held h LEFT JOIN stored s ON s.session_id = h.session_id"
 );
 
+/// [`WRITE_CHUNKS_LEASED`] for one chunk, the common case (a writer's commit holds one chunk a
+/// session, and a round trip or a stream is one session), with the chunk's fields as scalars
+/// (`$1`-`$5`, `$6` the holder): no arrays to build, unnest and join, and the lease row is found
+/// by its key. Returns the session with the chunk's seq_from (`NULL` when its seqs are stored
+/// already), or no row when the lease is not held.
+///
+/// `pgbench` on a 2-core Xeon, one 700-byte chunk, five alternated rounds of 4 s: 222 µs a
+/// commit against 285 µs for [`WRITE_CHUNKS_LEASED`] with the same chunk.
+const WRITE_CHUNK_LEASED: &str = "WITH held AS (
+        SELECT l.announce FROM session_leases l
+        WHERE l.session_id = $1 AND l.replica = $6
+        FOR SHARE OF l
+    ), stored AS (
+        INSERT INTO session_events (session_id, seq_from, seq_to, payload, created_at)
+        SELECT $1, $2, $3, $4, $5 FROM held
+        ON CONFLICT (session_id, seq_from) DO NOTHING
+        RETURNING seq_from
+    )
+    SELECT $1::text, s.seq_from,
+        CASE WHEN h.announce THEN pg_notify('acp_session_committed', $1::text || ':' || $3::bigint) END AS notified
+    FROM held h LEFT JOIN stored s ON true";
+
 /// Advances the rows of the sessions `$which` picks past their stored chunks: adds the bytes of
 /// the chunks above `last_seq` and moves `last_seq` (and `updated_at`) to the newest of them.
 /// Each expression reads the row as it was; a row another settle changed meanwhile is read again
@@ -253,7 +275,8 @@ async fn settle_on(conn: &mut PgConnection, ids: &[&str]) -> Result<(), StoreErr
     Ok(())
 }
 
-/// [`WRITE_CHUNKS`] (or, with `holder`, [`WRITE_CHUNKS_LEASED`]) on `conn`: the sessions refused.
+/// [`WRITE_CHUNKS`] (or, with `holder`, [`WRITE_CHUNK_LEASED`] for one chunk and
+/// [`WRITE_CHUNKS_LEASED`] for more) on `conn`: the sessions refused.
 async fn chunks_on(
     conn: &mut PgConnection,
     writes: &[SessionWrite],
@@ -263,15 +286,17 @@ async fn chunks_on(
         .iter()
         .filter_map(|w| Some((&*w.session_id, w.chunk.as_ref()?, w.updated_at)))
         .collect();
-    // Both statements return (session, seq_from): a held session with no chunk stored has none.
-    let query = sqlx::query_as::<_, (String, Option<i64>)>(holder.map_or(WRITE_CHUNKS, |_| WRITE_CHUNKS_LEASED))
-        .bind(chunks.iter().map(|c| c.0).collect::<Vec<_>>())
-        .bind(chunks.iter().map(|c| c.1.seq_from).collect::<Vec<_>>())
-        .bind(chunks.iter().map(|c| c.1.seq_to).collect::<Vec<_>>())
-        .bind(chunks.iter().map(|c| c.1.payload.as_str()).collect::<Vec<_>>())
-        .bind(chunks.iter().map(|c| c.2).collect::<Vec<_>>());
+    // Every statement returns (session, seq_from): a held session with no chunk stored has none.
+    let arrays = |sql| {
+        sqlx::query_as::<_, (String, Option<i64>)>(sql)
+            .bind(chunks.iter().map(|c| c.0).collect::<Vec<_>>())
+            .bind(chunks.iter().map(|c| c.1.seq_from).collect::<Vec<_>>())
+            .bind(chunks.iter().map(|c| c.1.seq_to).collect::<Vec<_>>())
+            .bind(chunks.iter().map(|c| c.1.payload.as_str()).collect::<Vec<_>>())
+            .bind(chunks.iter().map(|c| c.2).collect::<Vec<_>>())
+    };
     let Some(holder) = holder else {
-        let stored = query.fetch_all(conn).await?;
+        let stored = arrays(WRITE_CHUNKS).fetch_all(conn).await?;
         if stored.len() < chunks.len() {
             let stored: std::collections::HashSet<(&str, Option<i64>)> =
                 stored.iter().map(|(s, f)| (s.as_str(), *f)).collect();
@@ -285,7 +310,20 @@ async fn chunks_on(
         }
         return Ok(Vec::new());
     };
-    let rows = query.bind(holder).fetch_all(conn).await?;
+    let rows = match chunks.as_slice() {
+        [(session, chunk, at)] => {
+            sqlx::query_as::<_, (String, Option<i64>)>(WRITE_CHUNK_LEASED)
+                .bind(*session)
+                .bind(chunk.seq_from)
+                .bind(chunk.seq_to)
+                .bind(chunk.payload.as_str())
+                .bind(*at)
+                .bind(holder)
+                .fetch_all(conn)
+                .await?
+        }
+        _ => arrays(WRITE_CHUNKS_LEASED).bind(holder).fetch_all(conn).await?,
+    };
     let mut refused: Vec<Arc<str>> = Vec::new();
     for w in writes {
         let held = rows.iter().any(|(s, _)| **s == *w.session_id);

@@ -77,9 +77,7 @@ async fn a_replica_without_the_lease_cannot_overwrite_the_controls() {
 async fn only_the_lease_holder_stores_and_announces_updates() {
     let (store, _b, url) = held_by_b().await;
     let mut listener = listen(&url).await;
-    let c = Replica::connect(&url, "c", Duration::from_secs(LEASE_SECS))
-        .await
-        .expect("replica c");
+    let c = replica(&url, "c").await;
     c.follow("s", false).await.expect("c follows s");
     let chunk = |from, to, text: &str| chunk("s", from, to, text);
     let refused = store
@@ -128,9 +126,7 @@ async fn only_the_lease_holder_stores_and_announces_updates() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_batch_of_several_sessions_stores_and_announces_only_the_held_ones() {
     let (store, b, url) = held_by_b().await;
-    let c = Replica::connect(&url, "c", Duration::from_secs(LEASE_SECS))
-        .await
-        .expect("replica c");
+    let c = replica(&url, "c").await;
     for (session, holder) in [("t", &c), ("u", &b)] {
         store_session(&*store, session).await;
         assert_eq!(holder.acquire_new(session).await.expect("acquire"), Holder::Me);
@@ -164,8 +160,7 @@ async fn a_batch_of_several_sessions_stores_and_announces_only_the_held_ones() {
 async fn commits_are_announced_only_for_sessions_another_replica_follows() {
     let (store, b, url) = held_by_b().await;
     let mut listener = listen(&url).await;
-    let connect = |id: &'static str| Replica::connect(&url, id, Duration::from_secs(LEASE_SECS));
-    let (c, d) = (connect("c").await.expect("c"), connect("d").await.expect("d"));
+    let (c, d) = (replica(&url, "c").await, replica(&url, "d").await);
     // A chunk alone, or (`counted`) with a prompt counted: the two statements that announce.
     let write_as = |session: &'static str, seq: i64, counted: bool| {
         let store = store.clone();
@@ -300,9 +295,7 @@ async fn next_notice(listener: &mut PgListener) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_controller_attaching_while_its_replica_stops_watching_keeps_the_row() {
     let (_store, b, url) = held_by_b().await;
-    let c = Replica::connect(&url, "c", Duration::from_secs(LEASE_SECS))
-        .await
-        .expect("replica c");
+    let c = replica(&url, "c").await;
     for round in 0..40 {
         c.follow("s", true).await.expect("c watches");
         let (stopped, attached) = tokio::join!(c.unwatch("s"), c.follow("s", true));
@@ -327,8 +320,7 @@ async fn a_fresh_lease_taken_while_a_replica_starts_following_announces_to_it() 
     use sqlx::Connection;
     let url = common::pg::fresh_database().await;
     let store = acp_gateway::store::connect(&url).await.expect("migrated");
-    let connect = |id: &'static str| Replica::connect(&url, id, Duration::from_secs(LEASE_SECS));
-    let (b, c) = (connect("b").await.expect("b"), connect("c").await.expect("c"));
+    let (b, c) = (replica(&url, "b").await, replica(&url, "c").await);
     let mut db = sqlx::PgConnection::connect(&url).await.expect("db");
     for round in 0..200 {
         let session = format!("fresh-{round}");
@@ -348,11 +340,16 @@ async fn a_fresh_lease_taken_while_a_replica_starts_following_announces_to_it() 
 async fn held_by_b() -> (Arc<dyn Store>, Arc<Replica>, String) {
     let url = common::pg::fresh_database().await;
     let store = store_with_session(&url, "s").await;
-    let b = Replica::connect(&url, "b", Duration::from_secs(LEASE_SECS))
-        .await
-        .expect("replica b");
+    let b = replica(&url, "b").await;
     assert_eq!(b.acquire("s").await.expect("acquire"), Holder::Me);
     (store, b, url)
+}
+
+/// Replica `id` on `url`, with the tests' lease time.
+async fn replica(url: &str, id: &str) -> Arc<Replica> {
+    Replica::connect(url, id, Duration::from_secs(LEASE_SECS))
+        .await
+        .unwrap_or_else(|e| panic!("replica {id}: {e}"))
 }
 
 /// The store on `url` (migrated) with alice's session `id` in it.

@@ -75,10 +75,11 @@ const WRITE_CHUNKS: &str = insert_chunks_sql!("EXISTS (SELECT 1 FROM sessions s 
 /// statement's lock; a statement that waited reads the row again (`FOR SHARE` returns its newest
 /// version), so it sees `announce` as the follower left it (see the `replica::follow` module).
 ///
-/// Shaped for the round trip every update waits on: `pgbench` on a 2-core Xeon, one 700-byte
-/// chunk, five alternated rounds, 203 µs a commit against 247 µs for the earlier shape (the
-/// chunks' rows in a CTE read three times, and the NOTIFYs in one more with a subquery counting
-/// them); a bare `INSERT` of the chunk took 129-145 µs.
+/// A commit of one chunk, the round trip every update waits on, takes [`WRITE_CHUNK_LEASED`]
+/// instead; this one stores the chunks of several sessions at once. `pgbench` on a 2-core Xeon,
+/// one 700-byte chunk, five alternated rounds: 203 µs a commit against 247 µs for the earlier
+/// shape (the chunks' rows in a CTE read three times, and the NOTIFYs in one more with a
+/// subquery counting them); a bare `INSERT` of the chunk took 129-145 µs.
 const WRITE_CHUNKS_LEASED: &str = concat!(
     "WITH held AS (
         SELECT l.session_id, l.announce FROM session_leases l

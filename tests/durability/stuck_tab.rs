@@ -166,7 +166,12 @@ async fn stuck_tab(shared_process: bool) {
         slow_clients_dropped() > drops_before || open_connections(&gw) < connections_with_stuck
     })
     .await;
+    // Which showed it: the slow-client counter (the writer timed out on it and closed it with
+    // 1013) or only its connection slot (the connection ended some other way first).
+    let counted = slow_clients_dropped() > drops_before;
+    let reading = Instant::now();
     let ending = stuck.read_to_end().await;
+    let read_for = reading.elapsed();
     let released_after = wait_until(WAIT, || procfs::fds_on_socket(gateway_end.inode) == 0).await;
     drop(stuck);
     let fds_back_after = wait_until(WAIT, || fds() <= fds_before).await;
@@ -181,8 +186,8 @@ async fn stuck_tab(shared_process: bool) {
          quiet:               p50 {} max {}\n  \
          stuck tab backed up: p50 {} max {}  (socket queues: gateway tx {} B, tab rx {} B, {}, after {})\n  \
          added delay:         p50 {}  worst {}\n  \
-         stuck tab dropped by the gateway: {}\n  \
-         then read: {} text frames ({} B), close frame: {} code {:?} {:?}, error {:?}\n  \
+         stuck tab dropped by the gateway: {} ({})\n  \
+         then read for {}: {} text frames ({} B), close frame: {} code {:?} {:?}, error {:?}\n  \
          gateway's socket for it released: {}\n  \
          open fds (besides the database's): before the stuck tab {fds_before}, with it {}, after {fds_after} ({}); \
          all fds now {}\n  \
@@ -206,6 +211,12 @@ async fn stuck_tab(shared_process: bool) {
             "{} after the stalled round trips",
             ms(d)
         )),
+        if counted {
+            "counted as a slow client"
+        } else {
+            "its connection slot freed, not counted as a slow client"
+        },
+        ms(read_for),
         ending.texts,
         ending.bytes,
         ending.closed_by_frame,

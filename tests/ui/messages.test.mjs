@@ -284,15 +284,27 @@ describe('messages: Markdown, code blocks, thoughts, content blocks, long turns'
       const whole = document.createElement('div');
       whole.append(renderMarkdown(`# Title\n\n${crafted}\n`));
       const wholeMs = performance.now() - started;
-      started = performance.now();
+      // Streamed as the page does it: one render() a frame. What holds the page is the longest
+      // render() call; what the stream costs is their sum (the time between frames, where a slow
+      // tail makes the next render wait, is the page's to use).
       const box = document.createElement('div');
       const stream = new MarkdownStream(box);
+      let longestMs = 0;
+      let busyMs = 0;
+      const timed = (options) => {
+        const at = performance.now();
+        const more = stream.render(options);
+        const ms = performance.now() - at;
+        longestMs = Math.max(longestMs, ms);
+        busyMs += ms;
+        return more;
+      };
+      const frame = () => new Promise((resolve) => requestAnimationFrame(resolve));
       for (let at = 0; at < crafted.length; at += 997) {
         stream.push(crafted.slice(at, at + 997));
-        while (stream.render()) { /* the next frame */ }
+        while (timed()) await frame();
       }
-      while (stream.render({ final: true })) { /* the next frame */ }
-      const streamMs = performance.now() - started;
+      while (timed({ final: true })) await frame();
       // The same length inside a code fence is still a highlighted code block.
       const fenced = document.createElement('div');
       fenced.append(renderMarkdown(`\`\`\`js\nlet s = "${'x'.repeat(20_000)}";\n\`\`\`\n`));
@@ -302,17 +314,18 @@ describe('messages: Markdown, code blocks, thoughts, content blocks, long turns'
       tags.append(renderMarkdown(`<div>\n${'<a b c\n'.repeat(16_000)}`));
       const tagsMs = performance.now() - started;
       return {
-        wholeMs, streamMs, tagsMs, tagsText: tags.textContent.includes('<a b c'),
+        wholeMs, longestMs, busyMs, tagsMs, tagsText: tags.textContent.includes('<a b c'),
         wholeText: whole.querySelector('.md-plain')?.textContent ?? null,
         streamText: box.textContent.replace(/\s/g, ''),
         fencedCode: !!fenced.querySelector('pre code .hljs-string'),
       };
     });
-    console.log(`crafted 40 KB line: whole ${got.wholeMs.toFixed(0)} ms, streamed ${got.streamMs.toFixed(0)} ms; 16,000 unclosed tags: ${got.tagsMs.toFixed(0)} ms`);
+    console.log(`crafted 40 KB line: whole ${got.wholeMs.toFixed(0)} ms, streamed ${got.busyMs.toFixed(0)} ms of work, `
+      + `its longest render ${got.longestMs.toFixed(0)} ms; 16,000 unclosed tags: ${got.tagsMs.toFixed(0)} ms`);
     assert.ok(got.tagsText && got.tagsMs < 2_000, `unclosed tags held the page: ${got.tagsMs} ms`);
     assert.ok(got.wholeText?.includes('a_a_a_'), 'the crafted line is shown as its text');
     assert.equal(got.streamText, 'a_'.repeat(20_000));
-    assert.ok(got.wholeMs < 400 && got.streamMs < 2_000, `held the page: ${JSON.stringify(got)}`);
+    assert.ok(got.wholeMs < 400 && got.longestMs < 400 && got.busyMs < 2_000, `held the page: ${JSON.stringify(got)}`);
     assert.ok(got.fencedCode, 'a long line in a code fence is still highlighted code');
     assert.deepEqual(v.errors(), NO_ERRORS);
     await v.close();

@@ -30,6 +30,12 @@ where
 {
     /// What else keeps a session from retention: Postgres, a live replica's lease on it.
     const NOT_HELD: &'static str;
+    /// Deletes the chunks of session `$1` once its row is deleted, where the database does not
+    /// do it itself. Postgres: its foreign key's `ON DELETE CASCADE` covers this, and deleting
+    /// explicitly keeps it true for any role. SQLite: a trigger deletes them with the row (the
+    /// chunks' key range, `migrations/sqlite/…_chunks_keyed_by_session_number`; a statement by
+    /// `session_id` would scan every transcript).
+    const DELETE_CHUNKS: Option<&'static str>;
 
     /// Archives (`Some(at)`) or restores (`None`) `owner`'s session `id`; whether there was one.
     async fn set_archived<'c>(
@@ -81,12 +87,9 @@ where
         let mut deleted = Vec::new();
         for s in sessions {
             if Self::delete_one_stale(&mut *conn, s, before).await? {
-                // ON DELETE CASCADE covers this; deleting explicitly keeps it true even for a
-                // SQLite connection opened without foreign keys (as `delete_session` does).
-                sqlx::query("DELETE FROM session_events WHERE session_id = $1")
-                    .bind(s.id.as_str())
-                    .execute(&mut *conn)
-                    .await?;
+                if let Some(chunks) = Self::DELETE_CHUNKS {
+                    sqlx::query(chunks).bind(s.id.as_str()).execute(&mut *conn).await?;
+                }
                 deleted.push(s.clone());
             }
         }
@@ -111,9 +114,11 @@ where
 
 impl LifecycleSql for Sqlite {
     const NOT_HELD: &'static str = "";
+    const DELETE_CHUNKS: Option<&'static str> = None;
 }
 
 impl LifecycleSql for Postgres {
     const NOT_HELD: &'static str = "AND NOT EXISTS (SELECT 1 FROM session_leases l
         WHERE l.session_id = sessions.id AND l.expires_at > now())";
+    const DELETE_CHUNKS: Option<&'static str> = Some("DELETE FROM session_events WHERE session_id = $1");
 }

@@ -48,6 +48,14 @@ where
     /// read as the larger of the row's and the newest stored chunk's: a session loaded again at
     /// once numbers its updates above every stored one.
     const LAST_SEQ: &'static str;
+    /// Stores one chunk of a session (`$1` its id, `$2`-`$5` seq_from, seq_to, payload, stored
+    /// at), unless the session is gone or a chunk from that seq_from is stored already.
+    const INSERT_CHUNK: &'static str;
+    /// Up to `$4` chunks of `$2`'s session `$1` holding updates after seq `$3`, from the chunk
+    /// that holds `$3` on (chunks never overlap): a range of the key, not a walk over every chunk
+    /// before it (a session caught up page by page deep into a long transcript read it all again
+    /// for each page).
+    const READ_EVENTS: &'static str;
 
     /// How many rows a statement changed (sqlx's result types share no trait for it).
     fn rows_affected(done: &Self::QueryResult) -> u64;
@@ -118,18 +126,14 @@ where
         chunk: &EventChunk,
         at: i64,
     ) -> Result<bool, sqlx::Error> {
-        let done = sqlx::query(
-            "INSERT INTO session_events (session_id, seq_from, seq_to, payload, created_at)
-             SELECT $1, $2, $3, $4, $5 WHERE EXISTS (SELECT 1 FROM sessions WHERE id = $1)
-             ON CONFLICT (session_id, seq_from) DO NOTHING",
-        )
-        .bind(session_id)
-        .bind(chunk.seq_from)
-        .bind(chunk.seq_to)
-        .bind(chunk.payload.as_str())
-        .bind(at)
-        .execute(&mut *conn)
-        .await?;
+        let done = sqlx::query(Self::INSERT_CHUNK)
+            .bind(session_id)
+            .bind(chunk.seq_from)
+            .bind(chunk.seq_to)
+            .bind(chunk.payload.as_str())
+            .bind(at)
+            .execute(&mut *conn)
+            .await?;
         let rows = Self::rows_affected(&done);
         note_unstored(session_id, chunk, rows);
         Ok(rows > 0)
@@ -190,23 +194,13 @@ where
         after_seq: i64,
         max_chunks: u32,
     ) -> Result<Vec<EventChunk>, sqlx::Error> {
-        sqlx::query_as(
-            // From the chunk that holds `after_seq` on (chunks never overlap): a range of the
-            // primary key, not a walk over every chunk before it (a session caught up page by
-            // page deep into a long transcript read it all again for each page).
-            "SELECT e.seq_from, e.seq_to, e.payload, e.created_at AS stored_at FROM session_events e
-             JOIN sessions s ON s.id = e.session_id
-             WHERE e.session_id = $1 AND s.owner = $2 AND e.seq_to > $3
-               AND e.seq_from >= COALESCE((SELECT b.seq_from FROM session_events b
-                   WHERE b.session_id = $1 AND b.seq_from <= $3 ORDER BY b.seq_from DESC LIMIT 1), 0)
-             ORDER BY e.seq_from LIMIT $4",
-        )
-        .bind(id)
-        .bind(owner)
-        .bind(after_seq)
-        .bind(i64::from(max_chunks))
-        .fetch_all(e)
-        .await
+        sqlx::query_as(Self::READ_EVENTS)
+            .bind(id)
+            .bind(owner)
+            .bind(after_seq)
+            .bind(i64::from(max_chunks))
+            .fetch_all(e)
+            .await
     }
 
     /// One page of `owner`'s sessions (see [`super::Store::list_sessions`]); a search starts from
@@ -302,7 +296,24 @@ impl Sql for Sqlite {
     const LIKE: &'static str = "LIKE";
     const SEARCH_INDEX: SearchIndex = SearchIndex::Fts5;
     const LAST_SEQ: &'static str = "MAX(last_seq, COALESCE((SELECT seq_to FROM session_events e
-        WHERE e.session_id = sessions.id ORDER BY seq_from DESC LIMIT 1), 0)) AS last_seq";
+        WHERE e.key BETWEEN sessions.num << 32 AND (sessions.num << 32) | 4294967295
+        ORDER BY e.key DESC LIMIT 1), 0)) AS last_seq";
+    // A chunk's key is `(session number << 32) | seq_from`: a session's chunks are one range of
+    // the table's rowid (migration `…_chunks_keyed_by_session_number`). `?N` placeholders, so
+    // that the transcript writer's own connection (rusqlite) runs the same text.
+    const INSERT_CHUNK: &'static str =
+        "INSERT INTO session_events (key, session_id, seq_from, seq_to, payload, created_at)
+         SELECT (s.num << 32) | ?2, ?1, ?2, ?3, ?4, ?5 FROM sessions s WHERE s.id = ?1
+         ON CONFLICT DO NOTHING";
+    // `?3` clamped into the key's 32 bits: a seq beyond them is never stored.
+    const READ_EVENTS: &'static str = "SELECT e.seq_from, e.seq_to, e.payload, e.created_at AS stored_at
+         FROM sessions s JOIN session_events e
+           ON e.key >= (s.num << 32) | COALESCE((SELECT b.seq_from FROM session_events b
+                  WHERE b.key BETWEEN s.num << 32 AND (s.num << 32) | MIN(MAX(?3, 0), 4294967295)
+                  ORDER BY b.key DESC LIMIT 1), 0)
+          AND e.key <= (s.num << 32) | 4294967295
+         WHERE s.id = ?1 AND s.owner = ?2 AND e.seq_to > ?3
+         ORDER BY e.key LIMIT ?4";
 
     fn rows_affected(done: &Self::QueryResult) -> u64 {
         done.rows_affected()
@@ -315,6 +326,16 @@ impl Sql for Postgres {
     const SEARCH_INDEX: SearchIndex = SearchIndex::Trigram;
     const LAST_SEQ: &'static str = "GREATEST(last_seq, COALESCE((SELECT seq_to FROM session_events e
         WHERE e.session_id = sessions.id ORDER BY seq_from DESC LIMIT 1), 0)) AS last_seq";
+    const INSERT_CHUNK: &'static str = "INSERT INTO session_events (session_id, seq_from, seq_to, payload, created_at)
+         SELECT $1, $2, $3, $4, $5 WHERE EXISTS (SELECT 1 FROM sessions WHERE id = $1)
+         ON CONFLICT (session_id, seq_from) DO NOTHING";
+    const READ_EVENTS: &'static str =
+        "SELECT e.seq_from, e.seq_to, e.payload, e.created_at AS stored_at FROM session_events e
+         JOIN sessions s ON s.id = e.session_id
+         WHERE e.session_id = $1 AND s.owner = $2 AND e.seq_to > $3
+           AND e.seq_from >= COALESCE((SELECT b.seq_from FROM session_events b
+               WHERE b.session_id = $1 AND b.seq_from <= $3 ORDER BY b.seq_from DESC LIMIT 1), 0)
+         ORDER BY e.seq_from LIMIT $4";
 
     fn rows_affected(done: &Self::QueryResult) -> u64 {
         done.rows_affected()

@@ -77,14 +77,18 @@ impl SqliteStore {
 /// after their chunks, see [`super::sqlite_writer`]; a gateway killed in between leaves them so):
 /// the chunks above its `last_seq` are the ones its `stored_bytes` does not count yet. In SQLite
 /// every expression of an `UPDATE` reads the row as it was.
+/// A session's chunks are the keys from `num << 32` to `(num << 32) | 4294967295`.
 const ADVANCE_SESSIONS_BEHIND: &str = "UPDATE sessions SET
         stored_bytes = stored_bytes + (SELECT COALESCE(SUM(octet_length(payload)), 0) FROM session_events e
-            WHERE e.session_id = sessions.id AND e.seq_from > sessions.last_seq),
+            WHERE e.key > (sessions.num << 32) | MIN(MAX(sessions.last_seq, 0), 4294967295)
+              AND e.key <= (sessions.num << 32) | 4294967295),
         updated_at = MAX(updated_at, (SELECT COALESCE(MAX(created_at), 0) FROM session_events e
-            WHERE e.session_id = sessions.id AND e.seq_from > sessions.last_seq)),
-        last_seq = (SELECT seq_to FROM session_events e WHERE e.session_id = sessions.id ORDER BY seq_from DESC LIMIT 1)
-     WHERE last_seq < COALESCE((SELECT seq_to FROM session_events e WHERE e.session_id = sessions.id
-            ORDER BY seq_from DESC LIMIT 1), 0)";
+            WHERE e.key > (sessions.num << 32) | MIN(MAX(sessions.last_seq, 0), 4294967295)
+              AND e.key <= (sessions.num << 32) | 4294967295)),
+        last_seq = (SELECT seq_to FROM session_events e
+            WHERE e.key BETWEEN sessions.num << 32 AND (sessions.num << 32) | 4294967295 ORDER BY e.key DESC LIMIT 1)
+     WHERE last_seq < COALESCE((SELECT seq_to FROM session_events e
+            WHERE e.key BETWEEN sessions.num << 32 AND (sessions.num << 32) | 4294967295 ORDER BY e.key DESC LIMIT 1), 0)";
 
 /// The database holds every transcript and the cursor key: its directory is created 0700, the
 /// file itself 0600 before SQLite opens it (SQLite gives its `-wal` and `-shm` the same mode), and
@@ -185,18 +189,8 @@ impl Store for SqliteStore {
     }
 
     async fn delete_session(&self, owner: &str, id: &str) -> Result<bool, StoreError> {
-        let mut tx = self.pool.begin().await?;
-        let deleted = Sqlite::delete_session(&mut *tx, owner, id).await?;
-        if deleted {
-            // ON DELETE CASCADE covers this; deleting explicitly keeps it true even for a
-            // connection opened without foreign keys.
-            sqlx::query("DELETE FROM session_events WHERE session_id = $1")
-                .bind(id)
-                .execute(&mut *tx)
-                .await?;
-        }
-        tx.commit().await?;
-        Ok(deleted)
+        // Its chunks go with the row (a trigger: `…_chunks_keyed_by_session_number`).
+        Ok(Sqlite::delete_session(&self.pool, owner, id).await?)
     }
 
     async fn write_batch(&self, writes: &[SessionWrite]) -> Result<(), StoreError> {

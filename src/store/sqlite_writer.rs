@@ -26,12 +26,12 @@ use std::time::{Duration, Instant};
 
 use rusqlite::{Connection, OpenFlags, TransactionBehavior, params};
 
+use super::sql::Sql;
 use super::{EventChunk, SessionWrite, StoreError};
 
-/// Inserts a chunk, unless its session is gone (deleted meanwhile) or it is already stored.
-const INSERT_CHUNK: &str = "INSERT INTO session_events (session_id, seq_from, seq_to, payload, created_at)
-     SELECT ?1, ?2, ?3, ?4, ?5 WHERE EXISTS (SELECT 1 FROM sessions WHERE id = ?1)
-     ON CONFLICT (session_id, seq_from) DO NOTHING";
+/// Inserts a chunk, unless its session is gone (deleted meanwhile) or it is already stored: the
+/// statement the store's own pool runs.
+const INSERT_CHUNK: &str = <sqlx::Sqlite as Sql>::INSERT_CHUNK;
 
 /// A session's message count, titles and controls (its chunks advance it in [`ADVANCE_SESSION`]).
 const UPDATE_SESSION: &str = "UPDATE sessions SET

@@ -133,6 +133,64 @@ async fn sqlite_rows_left_behind_their_chunks_are_advanced_when_opened() {
     assert_eq!((rec.last_seq, rec.updated_at), (8, BASE + 9));
 }
 
+/// SQLite keys a chunk by its session's number and its seq_from: a session's chunks are one range
+/// of the table's rowid. Numbers must stay each session's own through deletes (a new session may
+/// take a deleted one's number, never a live one's) and VACUUM (which renumbers the rowids of
+/// `sessions`, not its `num` column), and a seq past the key's 32 bits is refused, not stored in
+/// the next session's range.
+#[tokio::test]
+async fn sqlite_chunks_stay_with_their_session_through_deletes_and_vacuum() {
+    let db = open(Backend::Sqlite).await;
+    let s = &*db.store;
+    for id in ["v1", "v2", "v3"] {
+        create(s, id, "alice", "/w", "{}", BASE).await;
+    }
+    let write = |id: &'static str, from: i64| events(id, chunk(from, from + 1), BASE + from);
+    s.write_batch(&[write("v1", 1), write("v2", 1), write("v3", 1)])
+        .await
+        .expect("write");
+    // The newest session goes (its number is the next one's), then an older one.
+    assert!(s.delete_session("alice", "v3").await.expect("delete"));
+    create(s, "v4", "alice", "/w", "{}", BASE).await;
+    assert!(s.delete_session("alice", "v1").await.expect("delete"));
+    let raw = sqlx::SqlitePool::connect(&db.url).await.expect("sqlite");
+    raw.execute("VACUUM").await.expect("vacuum");
+    create(s, "v5", "alice", "/w", "{}", BASE).await;
+    s.write_batch(&[write("v2", 3), write("v4", 1), write("v5", 1), write("v5", 3)])
+        .await
+        .expect("write");
+    let seqs = |id: &'static str| async move {
+        s.read_events("alice", id, 0, 100)
+            .await
+            .expect("read")
+            .iter()
+            .map(|c| (c.seq_from, c.seq_to))
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(seqs("v1").await, [], "a deleted session reads nothing");
+    assert_eq!(seqs("v2").await, [(1, 2), (3, 4)]);
+    assert_eq!(seqs("v3").await, []);
+    assert_eq!(seqs("v4").await, [(1, 2)], "a number used again brings no chunk back");
+    assert_eq!(seqs("v5").await, [(1, 2), (3, 4)]);
+    let numbers: Vec<(String, i64)> = sqlx::query_as("SELECT id, num FROM sessions ORDER BY num")
+        .fetch_all(&raw)
+        .await
+        .expect("numbers");
+    let distinct: std::collections::HashSet<_> = numbers.iter().map(|(_, n)| *n).collect();
+    assert_eq!(
+        distinct.len(),
+        3,
+        "each live session has a number of its own: {numbers:?}"
+    );
+
+    let past = 1_i64 << 32;
+    let refused = s.write_batch(&[write("v2", past)]).await;
+    assert!(refused.is_err(), "a seq past 32 bits is refused, not stored elsewhere");
+    assert_eq!(seqs("v2").await, [(1, 2), (3, 4)]);
+    assert_eq!(seqs("v4").await, [(1, 2)]);
+    raw.close().await;
+}
+
 /// A long chunk (a streamed burst) is compressed with LZ4 on a Postgres that has it (pglz cost
 /// as much CPU as the gateway's own work while streaming), and reads back whole.
 #[tokio::test]

@@ -330,6 +330,24 @@ async fn migrations_fill_in_sessions_stored_before_them(backend: Backend) {
         .await
         .expect("write");
     assert_eq!(stored(&store, "alice").await, 14 + chunk(4, 4).payload.len() as u64);
+    let seqs = |id: &'static str| {
+        let store = store.clone();
+        async move {
+            let chunks = store.read_events(if id == "old1" { "alice" } else { "bob" }, id, 0, 100);
+            chunks
+                .await
+                .expect("read")
+                .iter()
+                .map(|c| (c.seq_from, c.seq_to))
+                .collect::<Vec<_>>()
+        }
+    };
+    assert_eq!(
+        seqs("old1").await,
+        [(1, 2), (3, 3), (4, 4)],
+        "chunks stored before read back in order"
+    );
+    assert_eq!(seqs("old2").await, [(1, 1)]);
     set_title(&*store, "old1", "Renamed after").await;
     assert_eq!(search(&*store, "alice", "before").await, Vec::<String>::new());
     assert_eq!(search(&*store, "alice", "renamed after").await, ["old1"]);

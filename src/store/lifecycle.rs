@@ -31,8 +31,8 @@ where
     /// What else keeps a session from retention: Postgres, a live replica's lease on it.
     const NOT_HELD: &'static str;
     /// Deletes the chunks of session `$1` once its row is deleted, where the database does not
-    /// do it itself. Postgres: its foreign key's `ON DELETE CASCADE` covers this, and deleting
-    /// explicitly keeps it true for any role. SQLite: a trigger deletes them with the row (the
+    /// do it itself. Postgres: its foreign key's `ON DELETE CASCADE` already does, and the
+    /// statement is kept as retention always ran it. SQLite: a trigger deletes them with the row (the
     /// chunks' key range, `migrations/sqlite/…_chunks_keyed_by_session_number`; a statement by
     /// `session_id` would scan every transcript).
     const DELETE_CHUNKS: Option<&'static str>;

@@ -135,8 +135,8 @@ async fn sqlite_rows_left_behind_their_chunks_are_advanced_when_opened() {
 
 /// SQLite keys a chunk by its session's number and its seq_from: a session's chunks are one range
 /// of the table's rowid. Numbers must stay each session's own through deletes (a new session may
-/// take a deleted one's number, never a live one's) and VACUUM (which renumbers the rowids of
-/// `sessions`, not its `num` column), and a seq past the key's 32 bits is refused, not stored in
+/// take a deleted one's number, never a live one's) and VACUUM (which may renumber the rowids
+/// of `sessions`, never its `num` column), and a seq past the key's 32 bits is refused, not stored in
 /// the next session's range.
 #[tokio::test]
 async fn sqlite_chunks_stay_with_their_session_through_deletes_and_vacuum() {

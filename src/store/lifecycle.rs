@@ -30,12 +30,6 @@ where
 {
     /// What else keeps a session from retention: Postgres, a live replica's lease on it.
     const NOT_HELD: &'static str;
-    /// Deletes the chunks of session `$1` once its row is deleted, where the database does not
-    /// do it itself. Postgres: its foreign key's `ON DELETE CASCADE` already does, and the
-    /// statement is kept as retention always ran it. SQLite: a trigger deletes them with the row (the
-    /// chunks' key range, `migrations/sqlite/…_chunks_keyed_by_session_number`; a statement by
-    /// `session_id` would scan every transcript).
-    const DELETE_CHUNKS: Option<&'static str>;
 
     /// Archives (`Some(at)`) or restores (`None`) `owner`'s session `id`; whether there was one.
     async fn set_archived<'c>(
@@ -78,7 +72,8 @@ where
     }
 
     /// Deletes those of `sessions` still not updated since `before` that nobody holds, with
-    /// their transcripts, on `conn` (the caller's transaction); the ones deleted.
+    /// their transcripts (Postgres's `ON DELETE CASCADE`, SQLite's trigger), on `conn` (the
+    /// caller's transaction); the ones deleted.
     async fn delete_stale(
         conn: &mut Self::Connection,
         sessions: &[StaleSession],
@@ -87,9 +82,6 @@ where
         let mut deleted = Vec::new();
         for s in sessions {
             if Self::delete_one_stale(&mut *conn, s, before).await? {
-                if let Some(chunks) = Self::DELETE_CHUNKS {
-                    sqlx::query(chunks).bind(s.id.as_str()).execute(&mut *conn).await?;
-                }
                 deleted.push(s.clone());
             }
         }
@@ -114,11 +106,9 @@ where
 
 impl LifecycleSql for Sqlite {
     const NOT_HELD: &'static str = "";
-    const DELETE_CHUNKS: Option<&'static str> = None;
 }
 
 impl LifecycleSql for Postgres {
     const NOT_HELD: &'static str = "AND NOT EXISTS (SELECT 1 FROM session_leases l
         WHERE l.session_id = sessions.id AND l.expires_at > now())";
-    const DELETE_CHUNKS: Option<&'static str> = Some("DELETE FROM session_events WHERE session_id = $1");
 }

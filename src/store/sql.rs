@@ -12,6 +12,27 @@ use sqlx::{Database, Decode, Encode, Executor, FromRow, IntoArguments, Postgres,
 
 use super::{EventChunk, ListFilter, NewSession, Position, SessionRecord, SessionWrite};
 
+/// SQLite's key of the chunk of session `$s` (a `sessions` row's name in the statement) from seq
+/// `$seq` (an SQL expression, clamped into the key's 32 bits): `(num << 32) | seq` (migration
+/// `…_chunks_keyed_by_session_number`). `chunk_key!(s, last)`: the last key a session can have.
+macro_rules! chunk_key {
+    ($s:literal, last) => {
+        concat!("((", $s, ".num << 32) | 4294967295)")
+    };
+    ($s:literal, $seq:expr) => {
+        concat!("((", $s, ".num << 32) | MIN(MAX(", $seq, ", 0), 4294967295))")
+    };
+}
+pub(crate) use chunk_key;
+
+/// SQLite: chunk `$e` is one of session `$s`'s (their keys are one range, [`chunk_key`]'s).
+macro_rules! chunk_of {
+    ($e:literal, $s:literal) => {
+        concat!($e, ".key BETWEEN ", $s, ".num << 32 AND ", chunk_key!($s, last))
+    };
+}
+pub(crate) use chunk_of;
+
 /// Every column of `sessions`, in [`SessionRecord`] order.
 const SESSION_COLUMNS: &str = "id, owner, agent, agent_session_id, cwd, additional_dirs, title, meta, message_count, last_seq, created_at, updated_at, archived_at";
 
@@ -295,25 +316,38 @@ impl Sql for Sqlite {
     const GREATEST: &'static str = "MAX";
     const LIKE: &'static str = "LIKE";
     const SEARCH_INDEX: SearchIndex = SearchIndex::Fts5;
-    const LAST_SEQ: &'static str = "MAX(last_seq, COALESCE((SELECT seq_to FROM session_events e
-        WHERE e.key BETWEEN sessions.num << 32 AND (sessions.num << 32) | 4294967295
-        ORDER BY e.key DESC LIMIT 1), 0)) AS last_seq";
-    // A chunk's key is `(session number << 32) | seq_from`: a session's chunks are one range of
-    // the table's rowid (migration `…_chunks_keyed_by_session_number`). `?N` placeholders, so
-    // that the transcript writer's own connection (rusqlite) runs the same text.
-    const INSERT_CHUNK: &'static str =
+    const LAST_SEQ: &'static str = concat!(
+        "MAX(last_seq, COALESCE((SELECT seq_to FROM session_events e WHERE ",
+        chunk_of!("e", "sessions"),
+        " ORDER BY e.key DESC LIMIT 1), 0)) AS last_seq"
+    );
+    // A chunk's key is `(session number << 32) | seq_from` ([`chunk_key`]): a session's chunks
+    // are one range of the table's rowid. `?N` placeholders, so that the transcript writer's own
+    // connection (rusqlite) runs the same text. A seq_from past 32 bits fails the table's CHECK.
+    const INSERT_CHUNK: &'static str = concat!(
         "INSERT INTO session_events (key, session_id, seq_from, seq_to, payload, created_at)
-         SELECT (s.num << 32) | ?2, ?1, ?2, ?3, ?4, ?5 FROM sessions s WHERE s.id = ?1
-         ON CONFLICT DO NOTHING";
-    // `?3` clamped into the key's 32 bits: a seq beyond them is never stored.
-    const READ_EVENTS: &'static str = "SELECT e.seq_from, e.seq_to, e.payload, e.created_at AS stored_at
+         SELECT ",
+        chunk_key!("s", "?2"),
+        ", ?1, ?2, ?3, ?4, ?5 FROM sessions s WHERE s.id = ?1
+         ON CONFLICT DO NOTHING"
+    );
+    const READ_EVENTS: &'static str = concat!(
+        "SELECT e.seq_from, e.seq_to, e.payload, e.created_at AS stored_at
          FROM sessions s JOIN session_events e
-           ON e.key >= (s.num << 32) | COALESCE((SELECT b.seq_from FROM session_events b
-                  WHERE b.key BETWEEN s.num << 32 AND (s.num << 32) | MIN(MAX(?3, 0), 4294967295)
-                  ORDER BY b.key DESC LIMIT 1), 0)
-          AND e.key <= (s.num << 32) | 4294967295
-         WHERE s.id = ?1 AND s.owner = ?2 AND e.seq_to > ?3
-         ORDER BY e.key LIMIT ?4";
+           ON e.key >= ",
+        chunk_key!(
+            "s",
+            concat!(
+                "COALESCE((SELECT b.seq_from FROM session_events b WHERE b.key BETWEEN s.num << 32 AND ",
+                chunk_key!("s", "?3"),
+                " ORDER BY b.key DESC LIMIT 1), 0)"
+            )
+        ),
+        " AND e.key <= ",
+        chunk_key!("s", last),
+        " WHERE s.id = ?1 AND s.owner = ?2 AND e.seq_to > ?3
+         ORDER BY e.key LIMIT ?4"
+    );
 
     fn rows_affected(done: &Self::QueryResult) -> u64 {
         done.rows_affected()

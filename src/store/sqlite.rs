@@ -14,7 +14,7 @@ use super::admin::AdminSql;
 use super::audit::AuditSql;
 use super::lifecycle::LifecycleSql;
 use super::shares::ShareSql;
-use super::sql::{RunList, SearchBy, Sql};
+use super::sql::{RunList, SearchBy, Sql, chunk_key, chunk_of};
 use super::usage::UsageSql;
 use super::user_secrets::SecretSql;
 use super::web_sessions::WebSessionSql;
@@ -77,18 +77,27 @@ impl SqliteStore {
 /// after their chunks, see [`super::sqlite_writer`]; a gateway killed in between leaves them so):
 /// the chunks above its `last_seq` are the ones its `stored_bytes` does not count yet. In SQLite
 /// every expression of an `UPDATE` reads the row as it was.
-/// A session's chunks are the keys from `num << 32` to `(num << 32) | 4294967295`.
-const ADVANCE_SESSIONS_BEHIND: &str = "UPDATE sessions SET
+const ADVANCE_SESSIONS_BEHIND: &str = concat!(
+    "UPDATE sessions SET
         stored_bytes = stored_bytes + (SELECT COALESCE(SUM(octet_length(payload)), 0) FROM session_events e
-            WHERE e.key > (sessions.num << 32) | MIN(MAX(sessions.last_seq, 0), 4294967295)
-              AND e.key <= (sessions.num << 32) | 4294967295),
+            WHERE e.key > ",
+    chunk_key!("sessions", "sessions.last_seq"),
+    " AND e.key <= ",
+    chunk_key!("sessions", last),
+    "),
         updated_at = MAX(updated_at, (SELECT COALESCE(MAX(created_at), 0) FROM session_events e
-            WHERE e.key > (sessions.num << 32) | MIN(MAX(sessions.last_seq, 0), 4294967295)
-              AND e.key <= (sessions.num << 32) | 4294967295)),
-        last_seq = (SELECT seq_to FROM session_events e
-            WHERE e.key BETWEEN sessions.num << 32 AND (sessions.num << 32) | 4294967295 ORDER BY e.key DESC LIMIT 1)
-     WHERE last_seq < COALESCE((SELECT seq_to FROM session_events e
-            WHERE e.key BETWEEN sessions.num << 32 AND (sessions.num << 32) | 4294967295 ORDER BY e.key DESC LIMIT 1), 0)";
+            WHERE e.key > ",
+    chunk_key!("sessions", "sessions.last_seq"),
+    " AND e.key <= ",
+    chunk_key!("sessions", last),
+    ")),
+        last_seq = (SELECT seq_to FROM session_events e WHERE ",
+    chunk_of!("e", "sessions"),
+    " ORDER BY e.key DESC LIMIT 1)
+     WHERE last_seq < COALESCE((SELECT seq_to FROM session_events e WHERE ",
+    chunk_of!("e", "sessions"),
+    " ORDER BY e.key DESC LIMIT 1), 0)"
+);
 
 /// The database holds every transcript and the cursor key: its directory is created 0700, the
 /// file itself 0600 before SQLite opens it (SQLite gives its `-wal` and `-shm` the same mode), and

@@ -451,7 +451,7 @@ async fn a_replica_back_on_the_bus_follows_its_sessions_again() {
         .execute(&mut db)
         .await
         .expect("a lease that does not announce");
-    sqlx::query("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = 'acp-gateway b'")
+    sqlx::query("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = 'acp-gateway b' AND datname = current_database()")
         .execute(&mut db)
         .await
         .expect("cut b off the bus");

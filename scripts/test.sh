@@ -37,36 +37,39 @@ if [ -f tests/ui/package.json ]; then
   done
 fi
 
+# Each step says when it began (seconds since the start), so a slow CI run shows which step grew.
+section() { echo "== $* (at ${SECONDS} s)"; }
+
 # The tests must leave shared directories as they found them (mode and owner): checked at the end.
 shared_dirs() { stat -c '%n %a %u:%g' / /tmp /var/tmp "${TMPDIR:-/tmp}" 2>/dev/null; }
 shared_before=$(shared_dirs)
 
-echo "== cargo fmt --check"
+section "cargo fmt --check"
 cargo fmt --check
-echo "== cargo clippy"
+section "cargo clippy"
 cargo clippy --all-targets --quiet -- -D warnings
-echo "== cargo test"
+section "cargo test"
 cargo test --no-fail-fast 2>&1 | tee target/test-output.txt | grep -Ev '^test .* \.\.\. ok$'
 if grep -q "test result: FAILED" target/test-output.txt || ! grep -q "test result: ok" target/test-output.txt; then
   echo "cargo test failed" >&2; exit 1
 fi
 if [ -f tests/ui/package.json ]; then
-  echo "== vendored web UI libraries match their pinned npm packages"
+  section "vendored web UI libraries match their pinned npm packages"
   bash scripts/vendor-ui.sh --check
-  echo "== the test OpenID provider's own check"
+  section "the test OpenID provider's own check"
   (cd tests/oidc && node --test)
-  echo "== browser tests (chromium)"
+  section "browser tests (chromium)"
   cargo build --quiet
   (cd tests/ui && node --test)
 fi
-echo "== container and Kubernetes test"
+section "container and Kubernetes test"
 # The debug binary the tests above built: a release build here would add 15-20 min on 2 cores
 # (ACP_CONTAINER_PROFILE=release tests the release binary).
 cargo build --quiet
 ACP_CONTAINER_PROFILE="${ACP_CONTAINER_PROFILE:-debug}" bash scripts/container-test.sh
-echo "== shared directories keep their mode and owner"
+section "shared directories keep their mode and owner"
 if [ "$(shared_dirs)" != "$shared_before" ]; then
   echo "a test changed a shared directory:" >&2; diff <(echo "$shared_before") <(shared_dirs) >&2; exit 1
 fi
 echo "$shared_before" | sed 's/^/   /'
-echo "== all tests passed"
+section "all tests passed"

@@ -6,8 +6,14 @@ use super::*;
 
 /// Prompts per latency measurement.
 const ROUND_TRIPS: usize = 20;
-/// The stuck tab's kernel receive buffer (the kernel doubles it).
-const STUCK_RECV_BUFFER: u32 = 4096;
+/// The stuck tab's kernel receive buffer (the kernel doubles it): small, so that the tab backs up
+/// at once, but not below loopback's 64 KiB segments. At 4 KiB, twice in 40 runs (both times
+/// with 2,965 bytes queued at the tab when its window shut), the tab read 2.77 MB once it read
+/// again (9,967 frames, ~100 fewer than in the runs that passed) and then got nothing more, and
+/// its read ended after 297 s with a reset instead of the 1013 frame. The gateway had counted the
+/// tab as a slow client both times; the stall is TCP's with that tiny window. Browsers' buffers
+/// are far larger.
+const STUCK_RECV_BUFFER: u32 = 64 << 10;
 /// Frames per client outbox in these tests (small, so the stuck tab's queue fills at once).
 const CLIENT_QUEUE: usize = 256;
 /// Bytes per client outbox in these tests.

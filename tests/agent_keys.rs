@@ -84,7 +84,7 @@ async fn prompt_text(client: &mut Client, session: &str) -> Result<String, Value
 
 async fn a_users_key_reaches_only_their_agent(db: Db) {
     let gw = TestGateway::start(db, keys_agent).await;
-    let dir = gw.dir.path().canonicalize().expect("data dir");
+    let dir = gw.dir().path().canonicalize().expect("data dir");
     let mut alice = gw.client("alice").await;
     let session = alice.new_session().await;
     let refused = prompt_text(&mut alice, &session).await.expect_err("not signed in");

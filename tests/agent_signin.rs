@@ -53,7 +53,7 @@ fn approve(dir: &Path, user: &str) {
 
 async fn a_device_login_shows_its_code_to_its_user_only(db: Db) {
     let gw = TestGateway::start(db, agent(KEYS_AGENT)).await;
-    let dir = gw.dir.path().canonicalize().expect("data dir");
+    let dir = gw.dir().path().canonicalize().expect("data dir");
     let mut alice = gw.client("alice").await;
     let mut bob = gw.client("bob").await;
 
@@ -134,7 +134,7 @@ common::both_backends!(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn auth_status_is_asked_of_the_callers_own_agent() {
     let gw = TestGateway::start(Db::Sqlite, agent(TERMINAL_AGENT)).await;
-    let dir = gw.dir.path().canonicalize().expect("data dir");
+    let dir = gw.dir().path().canonicalize().expect("data dir");
     let mut alice = gw.client("alice").await;
     let mut bob = gw.client("bob").await;
     let r = alice.request("auth/status", json!({})).await;

@@ -145,7 +145,7 @@ async fn load_and_resume_answer_with_the_controls(db: Db) {
     // the store.
     alice.close().await;
     tab.close().await;
-    let (dir, url) = (gw.dir.clone(), gw.db_url.clone());
+    let (dir, url) = (gw.dir().clone(), gw.db_url.clone());
     gw.stop().await;
     let gw = TestGateway::start_in(dir, Db::Url(url), showcase).await;
     let mut later = gw.client("alice").await;
@@ -225,7 +225,7 @@ async fn an_agent_changing_its_own_mode_is_followed_and_kept() {
     // the stored ones, and a new gateway reads them.
     alice.close().await;
     tab.close().await;
-    let (dir, url) = (gw.dir.clone(), gw.db_url.clone());
+    let (dir, url) = (gw.dir().clone(), gw.db_url.clone());
     gw.stop().await;
     let gw = TestGateway::start_in(dir, Db::Url(url), modes_agent).await;
     let mut later = gw.client("alice").await;

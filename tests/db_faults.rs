@@ -302,7 +302,7 @@ async fn sqlite_refusing_writes_holds_updates_back_until_they_are_stored() {
 
     // Another connection to the same file makes every transcript insert fail (as a full disk
     // would; `SELECT 1` still works).
-    assert!(Path::new(gw.dir.path()).join("gw.db").exists());
+    assert!(Path::new(gw.dir().path()).join("gw.db").exists());
     let mut other = SqliteConnection::connect(&gw.db_url).await.expect("second connection");
     other
         .execute("CREATE TRIGGER refuse BEFORE INSERT ON session_events BEGIN SELECT RAISE(ABORT, 'disk full'); END")

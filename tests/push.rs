@@ -279,7 +279,7 @@ async fn pushes_to_devices(db: Db) {
     assert!(common::metric_sum("acp_gateway_pushes_total{outcome=\"gone\"}") >= 1.0);
     for file in ["gw.db", "gw.db-wal"] {
         // (Postgres: no such files; its rows are the same ciphertext.)
-        let bytes = std::fs::read(gw.dir.path().join(file)).unwrap_or_default();
+        let bytes = std::fs::read(gw.dir().path().join(file)).unwrap_or_default();
         assert!(
             !bytes.windows(11).any(|w| w == b"alice-phone"),
             "{file}: an endpoint stored in the clear"

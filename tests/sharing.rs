@@ -300,7 +300,7 @@ async fn observer_and_controller(db: Db) {
 
     // A link's token is not in the database, only its hash.
     if gw.db_url.starts_with("sqlite:") {
-        for entry in std::fs::read_dir(gw.dir.path()).expect("dir").flatten() {
+        for entry in std::fs::read_dir(gw.dir().path()).expect("dir").flatten() {
             let name = entry.file_name().to_string_lossy().to_string();
             if name.starts_with("gw.db") {
                 let bytes = std::fs::read(entry.path()).expect("read");

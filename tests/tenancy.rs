@@ -403,8 +403,8 @@ async fn authenticate_logs_in_the_users_own_agent_only() {
         .request("session/new", json!({"cwd": bob.root, "mcpServers": []}))
         .await;
     assert_eq!(r["error"]["code"], -32000, "alice's login is not bob's: {r}");
-    assert!(gw.dir.path().join("homes/alice/.acp-demo-agent/login").exists());
-    assert!(!gw.dir.path().join("homes/bob/.acp-demo-agent/login").exists());
+    assert!(gw.dir().path().join("homes/alice/.acp-demo-agent/login").exists());
+    assert!(!gw.dir().path().join("homes/bob/.acp-demo-agent/login").exists());
     // Both sign-ins are counted, by outcome.
     let metrics = acp_gateway::telemetry::render_metrics();
     for outcome in ["ok", "failed"] {

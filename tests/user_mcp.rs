@@ -143,7 +143,7 @@ async fn scenario(db: Db) {
     // After a restart the session is restored on a new process with her servers as they are now.
     alice.close().await;
     bob.close().await;
-    let (dir_keep, url) = (gw.dir.clone(), gw.db_url.clone());
+    let (dir_keep, url) = (gw.dir().clone(), gw.db_url.clone());
     gw.stop().await;
     let gw = TestGateway::start_in(dir_keep, Db::Url(url), |c| {
         use_probe(c);

@@ -7,7 +7,6 @@
 mod common;
 
 use std::path::Path;
-use std::sync::Arc;
 
 use acp_gateway::config::{AgentConfig, Config, SandboxMode};
 use common::{Client, Db, TestGateway};
@@ -202,7 +201,7 @@ async fn stored_plaintext(gw: &TestGateway) -> usize {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn keys_stored_under_another_secrets_key_fail_clearly() {
-    let dir = Arc::new(tempfile::tempdir().expect("tempdir"));
+    let dir = common::DataDir::new();
     let gw = TestGateway::start_in(dir.clone(), Db::Sqlite, keys_agent).await;
     let (status, _) = put_keys(
         &gw,

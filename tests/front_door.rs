@@ -444,7 +444,7 @@ fn mode(path: &std::path::Path) -> u32 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_data_directory_and_database_are_private() {
-    let root = std::sync::Arc::new(tempfile::tempdir().expect("tmp"));
+    let root = common::DataDir::new();
     let data = root.path().join("data");
     let db = data.join("gw.db");
     let url = format!("sqlite://{}", db.display());

@@ -2,8 +2,6 @@
 
 mod common;
 
-use std::sync::Arc;
-
 use common::{Client, Db, TestGateway, both_backends, seq};
 use serde_json::{Value, json};
 
@@ -141,7 +139,7 @@ both_backends!(
     restart
 );
 async fn restart(db: Db) {
-    let dir = Arc::new(tempfile::tempdir().expect("tmp"));
+    let dir = common::DataDir::new();
     let gw = TestGateway::start_in(dir.clone(), db, |_| {}).await;
     let url = gw.db_url.clone();
     let mut c = gw.client("alice").await;

@@ -3,6 +3,7 @@
 
 #![allow(dead_code, reason = "each test binary uses a different part of the harness")]
 
+pub mod data_dir;
 pub mod fixtures;
 pub mod oidc_provider;
 pub mod pg;
@@ -33,6 +34,7 @@ use std::time::Duration;
 
 use acp_gateway::app::{Application, Gateway};
 use acp_gateway::config::{AgentConfig, CliOverrides, Config, DEFAULT_AGENT};
+pub use data_dir::DataDir;
 use futures_util::{SinkExt, StreamExt};
 use serde_json::{Value, json};
 use tokio::net::TcpStream;
@@ -103,18 +105,18 @@ pub struct TestGateway {
     stop: Option<tokio::sync::oneshot::Sender<()>>,
     /// Its serve task.
     task: Option<tokio::task::JoinHandle<anyhow::Result<()>>>,
-    /// Its data dir (kept alive with it; [`TestGateway::dir`]). `None` only once dropped.
-    dir: Option<Arc<tempfile::TempDir>>,
+    /// Its data dir (kept alive with it; [`TestGateway::dir`]).
+    dir: Arc<DataDir>,
 }
 
 impl TestGateway {
     /// Starts a gateway; `tweak` edits the config first.
     pub async fn start(db: Db, tweak: impl FnOnce(&mut Config)) -> Self {
-        Self::start_in(Arc::new(tempfile::tempdir().expect("tempdir")), db, tweak).await
+        Self::start_in(DataDir::new(), db, tweak).await
     }
 
     /// Starts a gateway in an existing directory.
-    pub async fn start_in(dir: Arc<tempfile::TempDir>, db: Db, tweak: impl FnOnce(&mut Config)) -> Self {
+    pub async fn start_in(dir: Arc<DataDir>, db: Db, tweak: impl FnOnce(&mut Config)) -> Self {
         if std::env::var_os("TEST_LOG").is_some() {
             acp_gateway::telemetry::init_logs("info");
         }
@@ -138,15 +140,13 @@ impl TestGateway {
             db_url,
             stop: Some(stop),
             task: Some(task),
-            dir: Some(dir),
+            dir,
         }
     }
 
     /// Its data directory.
-    pub fn dir(&self) -> &Arc<tempfile::TempDir> {
-        self.dir
-            .as_ref()
-            .expect("a gateway's data dir lives as long as it does")
+    pub fn dir(&self) -> &Arc<DataDir> {
+        &self.dir
     }
 
     /// A token for `user`.
@@ -208,21 +208,6 @@ impl Drop for TestGateway {
     fn drop(&mut self) {
         if let Some(stop) = self.stop.take() {
             let _ = stop.send(());
-        }
-        // A gateway dropped without `stop()` is still ending its agents while its directory
-        // goes, and the agent reaper rewrites `agent-groups` as each ends: one rewrite landing
-        // between `remove_dir_all`'s unlinks and its `rmdir` left the directory in the system
-        // temp dir (six in one run of the suite). When this is the last handle on it, it is
-        // removed again until it is gone; a rewrite after that finds no directory to write in.
-        if let Some(dir) = self.dir.take().and_then(|d| Arc::try_unwrap(d).ok()) {
-            let path = dir.path().to_path_buf();
-            drop(dir);
-            for _ in 0..10 {
-                if !path.exists() {
-                    break;
-                }
-                let _ = std::fs::remove_dir_all(&path);
-            }
         }
     }
 }

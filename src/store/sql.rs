@@ -33,6 +33,20 @@ macro_rules! chunk_of {
 }
 pub(crate) use chunk_of;
 
+/// Postgres: stores the chunks `$rows` selects (session, seq_from, seq_to, payload, created_at);
+/// a chunk whose seqs are stored already is skipped. The single-chunk statement below and the
+/// transcript writer's (`postgres::transcript`) are this one around their own rows.
+macro_rules! pg_insert_chunks {
+    ($rows:expr) => {
+        concat!(
+            "INSERT INTO session_events (session_id, seq_from, seq_to, payload, created_at)\n        ",
+            $rows,
+            "\n        ON CONFLICT (session_id, seq_from) DO NOTHING"
+        )
+    };
+}
+pub(crate) use pg_insert_chunks;
+
 /// Every column of `sessions`, in [`SessionRecord`] order.
 const SESSION_COLUMNS: &str = "id, owner, agent, agent_session_id, cwd, additional_dirs, title, meta, message_count, last_seq, created_at, updated_at, archived_at";
 
@@ -360,9 +374,8 @@ impl Sql for Postgres {
     const SEARCH_INDEX: SearchIndex = SearchIndex::Trigram;
     const LAST_SEQ: &'static str = "GREATEST(last_seq, COALESCE((SELECT seq_to FROM session_events e
         WHERE e.session_id = sessions.id ORDER BY seq_from DESC LIMIT 1), 0)) AS last_seq";
-    const INSERT_CHUNK: &'static str = "INSERT INTO session_events (session_id, seq_from, seq_to, payload, created_at)
-         SELECT $1, $2, $3, $4, $5 WHERE EXISTS (SELECT 1 FROM sessions WHERE id = $1)
-         ON CONFLICT (session_id, seq_from) DO NOTHING";
+    const INSERT_CHUNK: &'static str =
+        pg_insert_chunks!("SELECT $1, $2, $3, $4, $5 WHERE EXISTS (SELECT 1 FROM sessions WHERE id = $1)");
     const READ_EVENTS: &'static str =
         "SELECT e.seq_from, e.seq_to, e.payload, e.created_at AS stored_at FROM session_events e
          JOIN sessions s ON s.id = e.session_id

@@ -29,7 +29,7 @@ use sqlx::pool::PoolConnection;
 use sqlx::postgres::PgConnection;
 
 use super::PgStore;
-use crate::store::sql::{Sql, note_unstored};
+use crate::store::sql::{Sql, note_unstored, pg_insert_chunks};
 use crate::store::{SessionWrite, StoreError};
 
 /// The `INSERT` that stores chunks, the chunks (`$1`-`$5`: session, seq_from, seq_to, payload,
@@ -44,14 +44,14 @@ use crate::store::{SessionWrite, StoreError};
 macro_rules! insert_chunks_sql {
     ($only:literal) => {
         concat!(
-            "INSERT INTO session_events (session_id, seq_from, seq_to, payload, created_at)
-        SELECT w.session_id, w.seq_from, w.seq_to, ($4::text[])[w.i::int], w.at
+            pg_insert_chunks!(concat!(
+                "SELECT w.session_id, w.seq_from, w.seq_to, ($4::text[])[w.i::int], w.at
         FROM unnest($1::text[], $2::bigint[], $3::bigint[], $5::bigint[]) WITH ORDINALITY
             AS w(session_id, seq_from, seq_to, at, i)
         WHERE ",
-            $only,
+                $only
+            )),
             "
-        ON CONFLICT (session_id, seq_from) DO NOTHING
         RETURNING session_id, seq_from"
         )
     };
@@ -105,19 +105,21 @@ const WRITE_CHUNKS_LEASED: &str = concat!(
 ///
 /// `pgbench` on a 2-core Xeon, one 700-byte chunk, five alternated rounds of 4 s: 222 µs a
 /// commit against 285 µs for [`WRITE_CHUNKS_LEASED`] with the same chunk.
-const WRITE_CHUNK_LEASED: &str = "WITH held AS (
+const WRITE_CHUNK_LEASED: &str = concat!(
+    "WITH held AS (
         SELECT l.announce FROM session_leases l
         WHERE l.session_id = $1 AND l.replica = $6
         FOR SHARE OF l
     ), stored AS (
-        INSERT INTO session_events (session_id, seq_from, seq_to, payload, created_at)
-        SELECT $1, $2, $3, $4, $5 FROM held
-        ON CONFLICT (session_id, seq_from) DO NOTHING
+        ",
+    pg_insert_chunks!("SELECT $1, $2, $3, $4, $5 FROM held"),
+    "
         RETURNING seq_from
     )
     SELECT $1::text, s.seq_from,
         CASE WHEN h.announce THEN pg_notify('acp_session_committed', $1::text || ':' || $3::bigint) END AS notified
-    FROM held h LEFT JOIN stored s ON true";
+    FROM held h LEFT JOIN stored s ON true"
+);
 
 /// Advances the rows of the sessions `$which` picks past their stored chunks: adds the bytes of
 /// the chunks above `last_seq` and moves `last_seq` (and `updated_at`) to the newest of them.

@@ -142,3 +142,41 @@ async fn an_agent_that_never_answers_initialize_times_out_and_the_connection_sta
     let r = c.request("initialize", init).await;
     assert_timed_out(&r);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_control_request_the_agent_never_answers_times_out_and_the_process_carries_on() {
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/agents/misbehaving_agent.py");
+    let gw = TestGateway::start(Db::Sqlite, |c| {
+        let mut mute = agent("python3", &[script, "--mute-controls"]);
+        mute.pool.request_timeout_secs = 2;
+        c.agents.insert("default".into(), mute);
+    })
+    .await;
+    let pool = gw.gw.pools.get("default").expect("pool").clone();
+    let mut c = gw.client("alice").await;
+    let s = c.new_session().await;
+    let pids = pool.pids();
+
+    for (method, params) in [
+        ("session/set_mode", json!({"sessionId": s, "modeId": "plan"})),
+        (
+            "session/set_config_option",
+            json!({"sessionId": s, "configId": "model", "value": "fast"}),
+        ),
+    ] {
+        let started = Instant::now();
+        let r = c.request(method, params).await;
+        let took = started.elapsed();
+        assert_timed_out(&r);
+        // The upkeep looks once a second.
+        assert!(
+            took >= Duration::from_secs(2) && took < Duration::from_secs(6),
+            "{method} answered after {took:?}"
+        );
+    }
+
+    // One unanswered request says nothing of the session: it goes on, on the same process.
+    let r = c.prompt(&s, "still there?").await;
+    assert_eq!(r["result"]["stopReason"], "end_turn", "{r}");
+    assert_eq!(pool.pids(), pids, "the same process carries on");
+}

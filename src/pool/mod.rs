@@ -372,10 +372,12 @@ impl AgentPool {
             .retain(|p| !p.is_dead());
     }
 
-    /// Periodic upkeep: time out processes that went silent with a prompt waiting, forget dead
-    /// processes, stop idle ones, keep `min_idle` warm ones.
+    /// Periodic upkeep: time out processes that went silent with a prompt waiting and clients'
+    /// other requests the agent left unanswered, forget dead processes, stop idle ones, keep
+    /// `min_idle` warm ones.
     pub async fn maintain(&self) {
         self.time_out_silent();
+        self.time_out_requests().await;
         self.sweep();
         let idle_timeout = Duration::from_secs(self.cfg.pool.idle_timeout_secs);
         // Warm, unassigned processes exist only for shared agents (see `prewarm` for the rest).
@@ -423,6 +425,23 @@ impl AgentPool {
             .collect();
         for (p, silent_for) in silent {
             p.time_out(silent_for);
+        }
+    }
+
+    /// Every client request but a prompt that an agent has left unanswered for
+    /// `request_timeout_secs` is answered `-32603` "agent timed out"
+    /// ([`AgentProcess::time_out_requests`]).
+    async fn time_out_requests(&self) {
+        let procs: Vec<Arc<AgentProcess>> = self
+            .procs
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .filter(|p| !p.is_dead())
+            .cloned()
+            .collect();
+        for p in procs {
+            p.time_out_requests(self.timeout()).await;
         }
     }
 

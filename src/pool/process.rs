@@ -302,6 +302,18 @@ impl AgentProcess {
         self.rpc.fail_all();
     }
 
+    /// Answers the clients' requests but prompts that have waited `timeout` for this agent with
+    /// `-32603` "agent timed out" ([`Rpc::expire_forwarded`]) and tells the agent they are
+    /// cancelled (`$/cancel_request`, not waiting for room in a full input queue). The process
+    /// carries on: one unanswered request says nothing of the sessions beside it.
+    pub async fn time_out_requests(&self, timeout: Duration) {
+        for id in self.rpc.expire_forwarded(timeout) {
+            crate::metrics::message_out(crate::metrics::Peer::Agent, "$/cancel_request", 1);
+            let cancel = protocol::notification("$/cancel_request", &format!(r#"{{"requestId":{id}}}"#));
+            let _ = tokio::time::timeout(Duration::from_millis(100), self.rpc.send_line(cancel)).await;
+        }
+    }
+
     /// Routes the agent's updates and requests for `agent_session_id` to `session`. Refused
     /// (`false`) when that id already routes to another session: an agent that answers with an
     /// id it already gave out (or one a client chose) must not divert a live session.

@@ -60,6 +60,8 @@ pub fn timed_out(agent: &str) -> RpcError {
 struct Waiting {
     /// Where its answer goes.
     answer: Pending,
+    /// When it was sent.
+    sent: Instant,
     /// When it was sent, if it is a forwarded `session/prompt` (what `prompt_idle_timeout_secs`
     /// watches).
     prompt_sent: Option<Instant>,
@@ -123,6 +125,7 @@ impl Rpc {
             id,
             Waiting {
                 answer: Pending::Internal(tx),
+                sent: Instant::now(),
                 prompt_sent: None,
                 _span: tracing::Span::none(),
             },
@@ -154,7 +157,8 @@ impl Rpc {
     pub fn forward(&self, method: &str, params: &str, answer: Pending) -> Result<u64, RpcError> {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         crate::metrics::message_out(Peer::Agent, method, 1);
-        let prompt_sent = (method == "session/prompt").then(Instant::now);
+        let sent = Instant::now();
+        let prompt_sent = (method == "session/prompt").then_some(sent);
         // The caller entered the request's span (`AgentProcess::forward`).
         let _span = if crate::traces::enabled() {
             tracing::Span::current()
@@ -165,6 +169,7 @@ impl Rpc {
             id,
             Waiting {
                 answer,
+                sent,
                 prompt_sent,
                 _span,
             },
@@ -211,6 +216,45 @@ impl Rpc {
             .filter_map(|w| match &w.answer {
                 Pending::Forward { route, .. } => Some(route.session_id().to_string()),
                 Pending::Internal(_) => None,
+            })
+            .collect()
+    }
+
+    /// Answers every forwarded request but a prompt (`session/set_mode`, `session/set_model`,
+    /// `session/set_config_option`, extension methods) that has waited `timeout` for the agent
+    /// with `-32603` "agent timed out", through its session like any answer, and forgets it (a
+    /// late answer is then dropped). A prompt may run as long as the agent streams
+    /// (`prompt_idle_timeout_secs` watches those); the gateway's own requests time out where
+    /// they wait ([`Rpc::request`]). Returns the agent's ids of the requests given up on.
+    pub fn expire_forwarded(&self, timeout: Duration) -> Vec<u64> {
+        let expired: Vec<(u64, Waiting)> = {
+            let mut pending = lock(&self.pending);
+            let ids: Vec<u64> = pending
+                .iter()
+                .filter(|(_, w)| {
+                    w.prompt_sent.is_none()
+                        && matches!(w.answer, Pending::Forward { .. })
+                        && w.sent.elapsed() >= timeout
+                })
+                .map(|(id, _)| *id)
+                .collect();
+            ids.into_iter()
+                .filter_map(|id| pending.remove(&id).map(|w| (id, w)))
+                .collect()
+        };
+        let err = timed_out(&self.agent);
+        expired
+            .into_iter()
+            .map(|(id, waiting)| {
+                tracing::warn!(agent = %self.agent, id, waited_secs = waiting.sent.elapsed().as_secs_f64(), "agent did not answer a client's request in request_timeout_secs; answered with a timeout");
+                if let Pending::Forward {
+                    route, to, client_id, ..
+                } = waiting.answer
+                {
+                    let frame = protocol::error(Some(client_id.get()), &err);
+                    route.respond(&to, &client_id, Utf8Bytes::from(frame));
+                }
+                id
             })
             .collect()
     }
@@ -357,224 +401,4 @@ fn end_line(line: &mut String) {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::pool::AgentProcess;
-    use crate::protocol::Kind;
-    use tokio::io::{AsyncBufReadExt, BufReader, DuplexStream, Lines};
-
-    /// A peer whose writer feeds an in-memory pipe; the test plays the agent at its other end.
-    fn peer() -> (Arc<Rpc>, Lines<BufReader<DuplexStream>>) {
-        let (rpc, rx) = Rpc::new(Arc::from("test-agent"), 1 << 20);
-        let (ours, theirs) = tokio::io::duplex(4096);
-        tokio::spawn(write_lines(ours, rx, CancellationToken::new()));
-        (Arc::new(rpc), BufReader::new(theirs).lines())
-    }
-
-    /// Reads the next request the agent gets: its id, method and params.
-    async fn next_request(agent: &mut Lines<BufReader<DuplexStream>>) -> (u64, String, serde_json::Value) {
-        let line = agent.next_line().await.expect("read").expect("a line");
-        let v: serde_json::Value = serde_json::from_str(&line).expect("JSON");
-        let id = v["id"].as_u64().expect("numeric id");
-        (
-            id,
-            v["method"].as_str().expect("method").to_owned(),
-            v["params"].clone(),
-        )
-    }
-
-    /// The agent's `line`, handed to the peer as the answer it is.
-    fn answer(rpc: &Rpc, line: &str) {
-        let (msg, kind) = Incoming::parse(line).expect("JSON-RPC");
-        assert_eq!(kind, Kind::Response);
-        rpc.on_response(&msg);
-    }
-
-    /// A session that records the answers routed to it.
-    #[derive(Default)]
-    struct Recorder(Mutex<Vec<String>>);
-
-    #[async_trait::async_trait]
-    impl SessionRoute for Recorder {
-        fn session_id(&self) -> &str {
-            "s1"
-        }
-        async fn publish(&self, _: &RawValue, _: Option<&RawValue>) {}
-        fn agent_request(self: Arc<Self>, _: &Arc<AgentProcess>, _: Box<RawValue>, _: &str, _: String) {}
-        fn respond(&self, _: &Outbox, _: &RawValue, frame: Utf8Bytes) {
-            lock(&self.0).push(frame.to_string());
-        }
-        fn unbound(&self, _: u64) {}
-    }
-
-    fn forward_to(route: &Arc<Recorder>, client_id: &str) -> Pending {
-        let (to, _) = crate::outbox::outbox(8, 1 << 20);
-        Pending::Forward {
-            route: route.clone(),
-            to,
-            client_id: RawValue::from_string(client_id.to_owned()).expect("raw id"),
-            _slot: None,
-        }
-    }
-
-    #[tokio::test]
-    async fn a_request_gets_its_answer_or_the_agents_error() {
-        let (rpc, mut agent) = peer();
-        let asking = tokio::spawn({
-            let rpc = rpc.clone();
-            async move { rpc.request("initialize", r#"{"v":1}"#, Duration::from_secs(30)).await }
-        });
-        let (id, method, params) = next_request(&mut agent).await;
-        assert_eq!(
-            (id, method.as_str(), params),
-            (0, "initialize", serde_json::json!({"v": 1}))
-        );
-        assert!(rpc.is_pending(0) && rpc.is_waiting());
-        answer(&rpc, r#"{"jsonrpc":"2.0","id":0,"result":{"ok":true}}"#);
-        assert_eq!(asking.await.expect("task").expect("answer").get(), r#"{"ok":true}"#);
-        assert!(!rpc.is_waiting());
-
-        let asking = tokio::spawn({
-            let rpc = rpc.clone();
-            async move { rpc.request("session/new", "{}", Duration::from_secs(30)).await }
-        });
-        let (id, ..) = next_request(&mut agent).await;
-        assert_eq!(id, 1, "ids are never reused");
-        answer(
-            &rpc,
-            r#"{"jsonrpc":"2.0","id":1,"error":{"code":-32000,"message":"auth required","data":{"m":1}}}"#,
-        );
-        let err = asking.await.expect("task").expect_err("the agent's error");
-        assert_eq!(
-            (err.code, &*err.message, err.data.as_deref()),
-            (-32000, "auth required", Some(r#"{"m":1}"#))
-        );
-    }
-
-    #[tokio::test]
-    async fn a_request_not_answered_in_time_is_forgotten() {
-        let (rpc, mut agent) = peer();
-        let err = rpc
-            .request("slow", "{}", Duration::from_millis(10))
-            .await
-            .expect_err("no answer");
-        assert_eq!((err.code, &*err.message), (-32603, "agent timed out"));
-        assert!(!rpc.is_waiting());
-        // A late answer finds nobody waiting and is dropped.
-        let (id, ..) = next_request(&mut agent).await;
-        answer(&rpc, &format!(r#"{{"jsonrpc":"2.0","id":{id},"result":null}}"#));
-    }
-
-    #[tokio::test]
-    async fn forwarded_answers_go_to_the_route_under_the_clients_id() {
-        let (rpc, mut agent) = peer();
-        let route = Arc::new(Recorder::default());
-        let first = rpc
-            .forward("session/prompt", "{}", forward_to(&route, r#""c-1""#))
-            .expect("queued");
-        let second = rpc
-            .forward("session/set_mode", "{}", forward_to(&route, "7"))
-            .expect("queued");
-        assert_eq!(next_request(&mut agent).await.0, first);
-        assert_eq!(next_request(&mut agent).await.0, second);
-        answer(
-            &rpc,
-            &format!(r#"{{"jsonrpc":"2.0","id":{first},"result":{{"stopReason":"end_turn"}}}}"#),
-        );
-        answer(
-            &rpc,
-            &format!(r#"{{"jsonrpc":"2.0","id":{second},"error":{{"code":-32602,"message":"no"}}}}"#),
-        );
-        let frames: Vec<serde_json::Value> = lock(&route.0)
-            .iter()
-            .map(|f| serde_json::from_str(f).expect("JSON"))
-            .collect();
-        assert_eq!(frames[0]["id"], "c-1");
-        assert_eq!(frames[0]["result"]["stopReason"], "end_turn");
-        assert_eq!(frames[1]["id"], 7);
-        assert_eq!(frames[1]["error"]["code"], -32602);
-        assert!(!rpc.is_pending(first) && !rpc.is_pending(second));
-    }
-
-    #[tokio::test]
-    async fn only_forwarded_prompts_are_watched_for_silence() {
-        let (rpc, mut agent) = peer();
-        let route = Arc::new(Recorder::default());
-        rpc.forward("session/set_mode", "{}", forward_to(&route, "1"))
-            .expect("queued");
-        assert_eq!(rpc.oldest_prompt(), None, "not a prompt");
-        let before = Instant::now();
-        let prompt = rpc
-            .forward("session/prompt", "{}", forward_to(&route, "2"))
-            .expect("queued");
-        assert!(rpc.oldest_prompt().is_some_and(|t| t >= before));
-        let _ = (next_request(&mut agent).await, next_request(&mut agent).await);
-        answer(
-            &rpc,
-            &format!(r#"{{"jsonrpc":"2.0","id":{prompt},"result":{{"stopReason":"end_turn"}}}}"#),
-        );
-        assert_eq!(rpc.oldest_prompt(), None, "answered");
-
-        // A timed-out peer answers what waits with the contract's words.
-        rpc.forward("session/prompt", "{}", forward_to(&route, "3"))
-            .expect("queued");
-        rpc.set_gone_error(timed_out("test-agent"));
-        rpc.fail_all();
-        // `fail_all` answers everything still waiting (the set_mode too), in no set order.
-        let last: serde_json::Value = lock(&route.0)
-            .iter()
-            .map(|f| serde_json::from_str::<serde_json::Value>(f).expect("JSON"))
-            .find(|f| f["id"] == 3)
-            .expect("the prompt was answered");
-        assert_eq!(
-            (&last["error"]["code"], &last["error"]["message"]),
-            (&serde_json::json!(-32603), &serde_json::json!("agent timed out"))
-        );
-    }
-
-    #[tokio::test]
-    async fn a_full_input_queue_refuses_at_once_and_an_ended_peer_fails_everything() {
-        // Nobody drains the queue: the agent is not reading.
-        let (rpc, rx) = Rpc::new(Arc::from("test-agent"), 1 << 20);
-        let route = Arc::new(Recorder::default());
-        for _ in 0..STDIN_QUEUE {
-            rpc.forward("m", "{}", forward_to(&route, "1")).expect("room");
-        }
-        let err = rpc.forward("m", "{}", forward_to(&route, "2")).expect_err("queue full");
-        assert!(err.message.contains("not reading its input"), "{}", err.message);
-        assert!(!rpc.is_pending(STDIN_QUEUE as u64));
-
-        rpc.set_gone_error(RpcError::internal("agent process exited (exit code 3)"));
-        rpc.fail_all();
-        assert!(!rpc.is_waiting());
-        let failed = std::mem::take(&mut *lock(&route.0));
-        assert_eq!(failed.len(), STDIN_QUEUE);
-        assert!(failed.iter().all(|f| f.contains("exit code 3")));
-
-        drop(rx);
-        let err = rpc.request("m", "{}", Duration::from_secs(30)).await.expect_err("gone");
-        assert!(err.message.contains("exit code 3"), "{}", err.message);
-    }
-
-    #[tokio::test]
-    async fn the_input_queue_is_bounded_in_bytes_and_written_lines_give_room_back() {
-        let (rpc, input) = Rpc::new(Arc::from("test-agent"), 1000);
-        let route = Arc::new(Recorder::default());
-        let big = format!(r#"{{"text":"{}"}}"#, "x".repeat(600));
-        rpc.forward("m", &big, forward_to(&route, "1")).expect("room");
-        let err = rpc
-            .forward("m", &big, forward_to(&route, "2"))
-            .expect_err("two 660-byte lines are over 1,000 bytes");
-        assert!(err.message.contains("not reading its input"), "{}", err.message);
-        assert!(!rpc.is_pending(1), "a refused request is not waited for");
-        rpc.forward("m", "{}", forward_to(&route, "3"))
-            .expect("a small one still fits");
-        // Once the agent reads, the bytes come back.
-        let (ours, theirs) = tokio::io::duplex(4096);
-        tokio::spawn(write_lines(ours, input, CancellationToken::new()));
-        let mut agent = BufReader::new(theirs).lines();
-        next_request(&mut agent).await;
-        next_request(&mut agent).await;
-        rpc.forward("m", &big, forward_to(&route, "4")).expect("room again");
-    }
-}
+mod tests;

@@ -11,6 +11,8 @@ Faults chosen on the command line, for the whole life of the process:
   ``--mute-init``       reads its input forever and never answers anything (not even
                         ``initialize``).
   ``--garbage-always``  writes non-JSON-RPC garbage lines before every message it sends.
+  ``--mute-controls``   never answers ``session/set_mode``, ``session/set_model`` or
+                        ``session/set_config_option``.
 
 Faults chosen per prompt, by markers in the prompt's text:
   ``[garbage]``         garbage lines before each message of this prompt.
@@ -48,6 +50,7 @@ import uuid
 
 OUT = sys.stdout.buffer
 ARGS = set(sys.argv[1:])
+CONTROLS = ("session/set_mode", "session/set_model", "session/set_config_option")
 backlog: collections.deque = collections.deque()
 next_id = 1_000_000  # ids of this agent's own requests
 garbage_now = "--garbage-always" in ARGS
@@ -291,6 +294,8 @@ def main() -> None:
             result = {}
         elif method == "session/prompt":
             prompt(mid, params)
+            continue
+        elif method in CONTROLS and "--mute-controls" in ARGS:
             continue
         else:
             send({"jsonrpc": "2.0", "id": mid, "error": {"code": -32601, "message": f"unknown {method}"}})

@@ -382,3 +382,29 @@ async fn a_token_that_expires_ends_its_connection() {
     .await;
     assert!(closed.is_ok(), "connection closed when the token expired");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acp_asks_for_a_token_before_it_reads_the_query_string() {
+    let gw = TestGateway::start(Db::Sqlite, |_| {}).await;
+    // `agent` twice: a query string the route cannot read.
+    let url = gw.http_url("/acp?agent=default&agent=other");
+    let upgrade = |req: reqwest::RequestBuilder| {
+        req.header("connection", "upgrade")
+            .header("upgrade", "websocket")
+            .header("sec-websocket-version", "13")
+            .header("sec-websocket-key", "dGhlIHNhbXBsZSBub25jZQ==")
+    };
+    let http = reqwest::Client::new();
+    let res = upgrade(http.get(&url)).send().await.expect("request");
+    assert_eq!(res.status(), 401, "no token");
+    let res = upgrade(http.get(&url).bearer_auth(gw.token("alice")))
+        .send()
+        .await
+        .expect("request");
+    assert_eq!(res.status(), 400, "a token, and a query string it cannot read");
+    let body: Value = res.json().await.expect("JSON");
+    assert!(
+        body["error"].as_str().is_some_and(|e| e.contains("query string")),
+        "{body}"
+    );
+}

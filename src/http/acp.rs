@@ -3,6 +3,7 @@
 use std::sync::Arc;
 
 use axum::Router;
+use axum::extract::rejection::QueryRejection;
 use axum::extract::ws::WebSocketUpgrade;
 use axum::extract::ws::rejection::WebSocketUpgradeRejection;
 use axum::extract::{Query, State};
@@ -42,7 +43,7 @@ async fn upgrade(
     peer: Option<axum::Extension<super::server::Peer>>,
     headers: HeaderMap,
     uri: axum::http::Uri,
-    Query(q): Query<AcpQuery>,
+    q: Result<Query<AcpQuery>, QueryRejection>,
     ws: Result<WebSocketUpgrade, WebSocketUpgradeRejection>,
 ) -> Response {
     // Authentication comes first: no token, no upgrade, whatever else is wrong.
@@ -56,6 +57,12 @@ async fn upgrade(
     let ws = match ws {
         Ok(ws) => ws,
         Err(rejection) => return rejection.into_response(),
+    };
+    let Ok(Query(q)) = q else {
+        return refuse(
+            StatusCode::BAD_REQUEST,
+            "the query string is malformed (`?agent=NAME`, at most once)",
+        );
     };
     let agent = q.agent.as_deref().unwrap_or(DEFAULT_AGENT);
     let Some(pool) = gw.pools.get(agent).cloned() else {

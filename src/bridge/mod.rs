@@ -50,6 +50,8 @@ const CLOSE_REPLY_WAIT: Duration = Duration::from_secs(1);
 /// The same for a client closed for reading nothing, once its close frame is written: it may
 /// still be reading a send buffer's worth (megabytes) before it gets there.
 const SLOW_CLOSE_REPLY_WAIT: Duration = Duration::from_secs(10);
+/// The reason of the 1013 a client that reads nothing gets.
+const SLOW_CLOSE_REASON: &str = "client read nothing; reconnect and resume with afterSeq";
 /// Most bytes written between two checks that the peer is reading.
 const WRITE_CHUNK_BYTES: usize = 256 << 10;
 
@@ -96,9 +98,13 @@ pub async fn serve(socket: WebSocket, gw: Arc<Gateway>, identity: Identity, conn
     let drained = conn.drained();
     tokio::pin!(drained);
     let mut draining = false;
+    // A client that sends nothing, not even a pong, for two ping intervals is gone or reads
+    // nothing; in the second case the contract closes it only after `slow_client_timeout_secs`
+    // and with 1013, whatever the writer had to send it.
+    let silent_after = (ping_every * 2).max(slow_after);
     loop {
         let frame = tokio::select! {
-            frame = tokio::time::timeout(ping_every * 2, stream.next()) => frame,
+            frame = tokio::time::timeout(silent_after, stream.next()) => frame,
             () = outbox.closed() => break,
             () = &mut expiry => {
                 tracing::info!(connection = %conn_id, user = %identity.user, "token expired; closing connection");
@@ -124,8 +130,10 @@ pub async fn serve(socket: WebSocket, gw: Arc<Gateway>, identity: Identity, conn
             // timer decides about it.
             Err(_) if outbox.write_stalled_for().is_some() => {}
             Err(_) => {
-                tracing::info!(connection = %conn_id, "no traffic or pong for two ping intervals; closing");
-                outbox.close(CLOSE_GOING_AWAY, "keepalive timeout");
+                tracing::info!(connection = %conn_id, silent_secs = silent_after.as_secs(), "no traffic or pong from the client; closed with 1013");
+                if outbox.close(CLOSE_TOO_SLOW, SLOW_CLOSE_REASON) {
+                    metrics::counter!(crate::metrics::SLOW_CLIENTS_DROPPED).increment(1);
+                }
                 break;
             }
             Ok(Some(Err(e))) => {
@@ -270,12 +278,7 @@ async fn write_frames(
         written = sent => written == Written::PeerStuck,
         () = outbox.closed() => false,
     };
-    if stuck
-        && outbox.close(
-            CLOSE_TOO_SLOW,
-            "client read nothing; reconnect and resume with afterSeq",
-        )
-    {
+    if stuck && outbox.close(CLOSE_TOO_SLOW, SLOW_CLOSE_REASON) {
         metrics::counter!(crate::metrics::SLOW_CLIENTS_DROPPED).increment(1);
         tracing::warn!(
             after_secs = slow_after.as_secs(),

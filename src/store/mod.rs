@@ -454,16 +454,47 @@ pub fn iso8601(micros: i64) -> String {
         .to_rfc3339_opts(chrono::SecondsFormat::Micros, true)
 }
 
-/// Parses ISO 8601 / RFC 3339 into epoch microseconds.
+/// Parses ISO 8601 into epoch microseconds: RFC 3339 (`2026-11-21T19:40:08Z`, any offset), and
+/// the shorter forms people write, taken as UTC: no offset (`2026-11-21T19:40:08`, `…T19:40`),
+/// or only a date (`2026-11-21`, its midnight).
 pub fn parse_iso8601(s: &str) -> Option<i64> {
-    chrono::DateTime::parse_from_rfc3339(s)
-        .ok()
-        .map(|d| d.timestamp_micros())
+    use chrono::{NaiveDate, NaiveDateTime};
+    let s = s.trim();
+    if let Ok(d) = chrono::DateTime::parse_from_rfc3339(s) {
+        return Some(d.timestamp_micros());
+    }
+    let naive = ["%Y-%m-%dT%H:%M:%S%.f", "%Y-%m-%dT%H:%M"]
+        .iter()
+        .find_map(|f| NaiveDateTime::parse_from_str(s, f).ok())
+        .or_else(|| {
+            NaiveDate::parse_from_str(s, "%Y-%m-%d")
+                .ok()
+                .and_then(|d| d.and_hms_opt(0, 0, 0))
+        })?;
+    Some(naive.and_utc().timestamp_micros())
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn iso8601_dates_in_their_usual_forms() {
+        let at = |s| parse_iso8601(s);
+        let noon = at("2026-11-21T12:00:00Z").expect("RFC 3339");
+        assert_eq!(at("2026-11-21T13:00:00+01:00"), Some(noon));
+        assert_eq!(at("2026-11-21T12:00:00.000Z"), Some(noon));
+        assert_eq!(at("2026-11-21T12:00:00"), Some(noon), "no offset: UTC");
+        assert_eq!(at("2026-11-21T12:00"), Some(noon));
+        assert_eq!(
+            at("2026-11-21"),
+            Some(noon - 12 * 3_600_000_000),
+            "a date: its midnight"
+        );
+        for bad in ["", "yesterday", "2026-13-01", "2026-11-21T25:00:00Z", "1700000000"] {
+            assert_eq!(at(bad), None, "{bad:?}");
+        }
+    }
 
     #[test]
     fn store_errors_reach_clients_without_their_detail() {

@@ -176,6 +176,19 @@ async fn protocol_errors_are_answered_and_the_connection_lives() {
 
     let r = c.request("session/new", json!({"cwd": "/tmp", "mcpServers": []})).await;
     assert_eq!(r["error"]["code"], -32600, "first request must be initialize: {r}");
+    // `initialize` without the params the schema asks for is refused, and may be sent again.
+    for params in [json!(42), Value::Null, json!({}), json!({"protocolVersion": "1"})] {
+        let r = c.request("initialize", params.clone()).await;
+        assert_eq!(r["error"]["code"], -32602, "initialize with {params}: {r}");
+        assert!(
+            r["error"]["message"]
+                .as_str()
+                .is_some_and(|m| m.contains("protocolVersion")),
+            "{r}"
+        );
+    }
+    let r = c.request("session/list", json!({})).await;
+    assert_eq!(r["error"]["code"], -32600, "still not initialized: {r}");
     let r = c.initialize().await;
     assert!(r["result"]["agentCapabilities"]["sessionCapabilities"]["list"].is_object());
 

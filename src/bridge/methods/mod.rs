@@ -119,6 +119,23 @@ pub(super) enum Reply {
 
 pub(super) type Handled = Result<Reply, RpcError>;
 
+/// `initialize`'s params as the ACP schema has them: an object whose `protocolVersion` is an
+/// integer (the version the client speaks; the answer says the one this gateway speaks, 1).
+fn check_initialize(params: Option<&RawValue>) -> Result<(), RpcError> {
+    let version = params
+        .and_then(|p| serde_json::from_str::<Value>(p.get()).ok())
+        .and_then(|p| {
+            p.get("protocolVersion")
+                .map(|v| v.is_u64() && v.as_u64() <= Some(u64::from(u16::MAX)))
+        });
+    match version {
+        Some(true) => Ok(()),
+        _ => Err(RpcError::invalid_params(
+            "initialize needs params with protocolVersion, an integer (this gateway speaks 1)",
+        )),
+    }
+}
+
 impl Connection {
     /// Dispatch state for a new connection.
     pub fn new(gw: Arc<Gateway>, client: Arc<Client>, pool: Arc<AgentPool>) -> Self {
@@ -312,7 +329,10 @@ impl Connection {
         }
         if !self.initialized {
             let reply = if msg.method() == "initialize" {
-                let r = self.initialize().await;
+                let r = match check_initialize(msg.params) {
+                    Ok(()) => self.initialize().await,
+                    Err(e) => Err(e),
+                };
                 self.initialized = r.is_ok();
                 r
             } else {

@@ -182,6 +182,9 @@ async fn working_directories_outside_the_users_roots_are_refused() {
         bob_root.clone(),
         "relative/path".to_string(),
         dir.display().to_string(),
+        // Not resolvable, and too long: refused the same way, naming the roots too.
+        "/etc/passwd/x".to_string(),
+        format!("{}/{}", alice.root, "x".repeat(5000)),
     ];
     for cwd in &refused {
         let r = alice

@@ -250,14 +250,15 @@ impl Tenancy {
                 .join(", ")
         };
         let requested = Path::new(path);
-        check_length(path)?;
+        check_length(path).map_err(|e| format!("{e}; allowed roots: {}", allowed()))?;
         if !requested.is_absolute() {
             return Err(format!(
                 "{path:?} is not an absolute path; allowed roots: {}",
                 allowed()
             ));
         }
-        let resolved = resolve_existing(requested).map_err(|e| format!("cannot resolve {path:?}: {e}"))?;
+        let resolved = resolve_existing(requested)
+            .map_err(|e| format!("cannot resolve {path:?}: {e}; allowed roots: {}", allowed()))?;
         if roots.iter().any(|r| resolved.starts_with(r)) {
             Ok(resolved)
         } else {

@@ -452,6 +452,81 @@ async fn with_the_provider_down_signed_in_people_keep_working() {
     gw.stop().await;
 }
 
+/// With nobody signed in and no token on the way, an outage still shows: `/readyz` asks the
+/// provider itself (a minute of rechecks apart, here and in production alike).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readyz_notices_the_provider_going_away_by_itself() {
+    let s = setup(|c| c.oidc.recheck_secs = 3600).await;
+    let Setup { provider, gw } = s;
+    let oidc_check = || async {
+        let ready = reqwest::get(gw.http_url("/readyz")).await.expect("readyz");
+        assert_eq!(ready.status(), StatusCode::OK);
+        let body: Value = ready.json().await.expect("json");
+        body["checks"]["oidc"].as_str().unwrap_or_default().to_string()
+    };
+    assert_eq!(oidc_check().await, "ok");
+    provider.stop().await;
+    until("/readyz to name the provider degraded", || async {
+        oidc_check().await.starts_with("degraded:")
+    })
+    .await;
+    gw.stop().await;
+}
+
+/// `jwt.jwks_url` alone (no `[oidc]`): the provider's tokens are verified against that key set,
+/// and `/readyz` names it when it cannot be fetched.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_set_url_alone_is_checked_by_readyz() {
+    let reg = ClientReg {
+        id: CLIENT_ID,
+        secret: CLIENT_SECRET,
+        redirect: "http://127.0.0.1:9/cb".into(),
+    };
+    let provider = Provider::start(&reg, "http://127.0.0.1:9/").await;
+    let discovery: Value = reqwest::get(format!("{}/.well-known/openid-configuration", provider.issuer))
+        .await
+        .expect("discovery")
+        .json()
+        .await
+        .expect("json");
+    let jwks_url = discovery["jwks_uri"].as_str().expect("jwks_uri").to_string();
+    let issuer = provider.issuer.clone();
+    let gw = TestGateway::start(Db::Sqlite, |c| {
+        c.jwt.jwks_url = Some(jwks_url);
+        c.jwt.issuer = Some(issuer);
+        c.jwt.audience = Some(CLIENT_ID.into());
+    })
+    .await;
+    let now = acp_gateway::auth::now_secs();
+    let claims = json!({"iss": provider.issuer, "aud": CLIENT_ID, "sub": "alice", "iat": now, "exp": now + 300});
+    let mut header = Header::new(Algorithm::RS256);
+    header.kid = Some(provider.kid.clone());
+    let key = EncodingKey::from_rsa_pem(&provider.private_pem(&provider.kid)).expect("key");
+    let token = jsonwebtoken::encode(&header, &claims, &key).expect("sign");
+    let me = reqwest::Client::new()
+        .get(gw.http_url("/api/me"))
+        .bearer_auth(&token)
+        .send()
+        .await
+        .expect("me");
+    assert_eq!(me.status(), StatusCode::OK, "a provider token on the API");
+
+    let oidc_check = || async {
+        let ready = reqwest::get(gw.http_url("/readyz")).await.expect("readyz");
+        assert_eq!(ready.status(), StatusCode::OK);
+        let body: Value = ready.json().await.expect("json");
+        body["checks"]["oidc"].as_str().unwrap_or_default().to_string()
+    };
+    assert_eq!(oidc_check().await, "ok");
+    provider.stop().await;
+    until("/readyz to name the key set", || async {
+        let check = oidc_check().await;
+        check.starts_with("degraded:") && check.contains("/jwks")
+    })
+    .await;
+    gw.stop().await;
+}
+
 /// Asks `cond` until it holds (every 100 ms, at most [`WAIT`]).
 async fn until<F: std::future::Future<Output = bool>>(what: &str, cond: impl Fn() -> F) {
     let deadline = tokio::time::Instant::now() + WAIT;

@@ -182,6 +182,22 @@ impl Jwks {
                 _ => {}
             }
         }
+        self.fetch_now().await;
+    }
+
+    /// For `/readyz`: asks for the set unless it was asked within `every` or a fetch is under
+    /// way, so that a provider gone (or back) shows without a token having to need its keys.
+    /// Returns whether the last fetch failed.
+    pub async fn probe(&self, every: Duration) -> bool {
+        let due = self.held.read().await.last_fetch.is_none_or(|t| t.elapsed() >= every);
+        if due && let Ok(_one) = self.fetching.try_lock() {
+            self.fetch_now().await;
+        }
+        self.is_failing().await
+    }
+
+    /// Fetches the set now and holds what it brought (the caller holds `fetching`).
+    async fn fetch_now(&self) {
         let started = Instant::now();
         let outcome = self.download().await;
         let mut held = self.held.write().await;

@@ -8,7 +8,7 @@ use axum::http::{StatusCode, header};
 use axum::response::IntoResponse;
 use axum::routing::get;
 use axum::{Json, Router};
-use serde_json::json;
+use serde_json::{Value, json};
 
 use crate::config::DEFAULT_AGENT;
 use crate::gateway::Gateway;
@@ -22,6 +22,47 @@ pub(super) fn router() -> Router<Arc<Gateway>> {
 
 async fn healthz() -> Json<serde_json::Value> {
     Json(json!({ "status": "ok" }))
+}
+
+/// How often `/readyz` may ask the identity provider itself (its key set), and how long it waits.
+const PROVIDER_PROBE_EVERY: Duration = Duration::from_secs(5);
+const PROVIDER_PROBE_WAIT: Duration = Duration::from_secs(3);
+
+/// The identity provider's check (`[oidc]`, or `jwt.jwks_url` alone), `None` when there is none.
+/// Down is degraded, not unready: signed-in people keep working. The provider is asked (its key
+/// set, at most every [`PROVIDER_PROBE_EVERY`], one request at a time) so that an outage shows
+/// without waiting for someone to sign in or a token to need a key, and so does its end.
+async fn identity_provider(gw: &Gateway) -> Option<Value> {
+    if gw.oidc.is_none() && gw.jwks.is_none() {
+        return None;
+    }
+    let probe = async {
+        if let Some(oidc) = &gw.oidc {
+            // Discovery names the keys; once failed, it is tried again (at most every few
+            // seconds) so that its failure ends when the provider is back.
+            if oidc.api_keys().is_none() || oidc.failure().is_some() {
+                let _ = oidc.provider(oidc.failure().is_some()).await;
+            }
+        }
+        let keys = gw.provider_keys()?;
+        keys.probe(PROVIDER_PROBE_EVERY)
+            .await
+            .then(|| format!("cannot fetch the provider's keys from {}", keys.url()))
+    };
+    let degraded = match tokio::time::timeout(PROVIDER_PROBE_WAIT, probe).await {
+        Err(_) => Some(format!(
+            "the identity provider did not answer in {} s",
+            PROVIDER_PROBE_WAIT.as_secs()
+        )),
+        Ok(keys) => match &gw.oidc {
+            Some(oidc) => oidc.degraded().await.or(keys),
+            None => keys,
+        },
+    };
+    Some(match degraded {
+        Some(why) => json!(format!("degraded: {why}")),
+        None => json!("ok"),
+    })
 }
 
 /// Ready when the database answers, the transcript writer's writes succeed (on SQLite a full disk
@@ -42,14 +83,7 @@ async fn readyz(State(gw): State<Arc<Gateway>>) -> impl IntoResponse {
         None => Err(String::from("no default agent configured")),
     };
     let draining = gw.is_draining();
-    // The identity provider down is degraded, not unready: signed-in people keep working.
-    let oidc = match &gw.oidc {
-        Some(oidc) => Some(match oidc.degraded().await {
-            Some(why) => json!(format!("degraded: {why}")),
-            None => json!("ok"),
-        }),
-        None => None,
-    };
+    let oidc = identity_provider(&gw).await;
     let ready = database.is_ok() && writer.is_ok() && agent.is_ok() && !draining;
     let check = |r: &Result<(), String>| match r {
         Ok(()) => json!("ok"),

@@ -37,13 +37,18 @@ async fn setup(tweak: impl FnOnce(&mut Config)) -> Setup {
 
 /// [`setup`], with the running provider at hand for the gateway's settings.
 async fn setup_with(tweak: impl FnOnce(&Provider, &mut Config)) -> Setup {
+    setup_full(&[], tweak).await
+}
+
+/// [`setup_with`], the provider started with `env` (`provider.mjs`'s settings).
+async fn setup_full(env: &[(&str, &str)], tweak: impl FnOnce(&Provider, &mut Config)) -> Setup {
     let addr = free_addr();
     let reg = ClientReg {
         id: CLIENT_ID,
         secret: CLIENT_SECRET,
         redirect: format!("http://{addr}/auth/oidc/callback"),
     };
-    let provider = Provider::start(&reg, &format!("http://{addr}/")).await;
+    let provider = Provider::start_with(&reg, &format!("http://{addr}/"), env).await;
     let issuer = provider.issuer.clone();
     let gw = TestGateway::start(Db::Sqlite, |c| {
         c.listen = addr;
@@ -147,6 +152,50 @@ async fn a_team_member_signs_in_and_loses_access_when_removed_from_the_group() {
         .expect("closed in time");
     assert_eq!(code, Some(1008));
     assert_eq!(me(&s, &token).await.status(), StatusCode::UNAUTHORIZED);
+    s.gw.stop().await;
+}
+
+/// A provider that keeps the scope's claims out of the ID token (`oidc-provider`'s default when
+/// it issues an access token): the e-mail address that names users and the groups the rules read
+/// come from its userinfo endpoint, at sign-in and at each check of the sign-in after it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn claims_kept_out_of_the_id_token_are_read_at_userinfo() {
+    let s = setup_full(&[("OIDC_CONFORM_ID_TOKEN_CLAIMS", "1")], |_, c| {
+        c.oidc.user_claim = "email".into();
+    })
+    .await;
+    // Only this test's provider sends anyone to userinfo.
+    let userinfo_answers = || {
+        acp_gateway::telemetry::render_metrics()
+            .lines()
+            .filter(|l| {
+                l.starts_with("acp_gateway_oidc_provider_requests_total")
+                    && l.contains(r#"what="userinfo""#)
+                    && l.contains(r#"outcome="ok""#)
+            })
+            .filter_map(|l| l.split_whitespace().last()?.parse::<f64>().ok())
+            .sum::<f64>()
+    };
+    let before = userinfo_answers();
+    let http = browser();
+    let (_, res) = sign_in(&s, &http, "alice").await;
+    assert_eq!(res.status(), StatusCode::SEE_OTHER, "{:?}", res.text().await);
+    let token = cookie_token(&res);
+    let who: Value = me(&s, &token).await.json().await.expect("json");
+    assert_eq!(who["user"], "alice@example.com", "{who}");
+    assert!(userinfo_answers() > before, "asked at sign-in");
+    // Checked again (every second here, by a refresh whose ID token has no groups either):
+    // still in, read at userinfo again.
+    let after_sign_in = userinfo_answers();
+    common::wait_until(WAIT, || userinfo_answers() > after_sign_in)
+        .await
+        .expect("the sign-in was checked again");
+    assert_eq!(me(&s, &token).await.status(), StatusCode::OK, "still signed in");
+    // Outside the allowed group, by what userinfo says: refused, by name.
+    let (_, res) = sign_in(&s, &browser(), "carol").await;
+    assert_eq!(res.status(), StatusCode::FORBIDDEN);
+    let page = res.text().await.expect("page");
+    assert!(page.contains("yours: sales"), "{page}");
     s.gw.stop().await;
 }
 

@@ -172,6 +172,10 @@ impl Oidc {
             .id_token()
             .ok_or_else(|| LoginError::Invalid("the token response has no ID token".into()))?;
         let claims = self.verified_claims(&client, &d, id_token, Some(&login.nonce)).await?;
+        let claims = self
+            .with_userinfo(&d, tokens.access_token().secret(), claims)
+            .await
+            .map_err(LoginError::Unavailable)?;
         let user = self.policy.admit(&claims).map_err(LoginError::Refused)?;
         let admin = self.policy.in_any_group(&claims, &self.admin_groups);
         let provider_tokens = ProviderTokens {

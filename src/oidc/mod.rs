@@ -16,6 +16,7 @@
 pub mod login;
 pub mod policy;
 pub mod recheck;
+mod userinfo;
 
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};

@@ -98,6 +98,19 @@ impl Policy {
 }
 
 impl Policy {
+    /// Whether the rules read a claim `claims` lacks: the user claim; the groups claim when
+    /// groups are allowed (or `admin_groups` are set); `email` and `email_verified` when
+    /// domains are allowed.
+    pub fn lacks_claims(&self, claims: &Map<String, Value>, admin_groups: &[String]) -> bool {
+        let has = |name: &str| claims.get(name).is_some_and(|v| !v.is_null());
+        let reads_groups = !self.allowed_groups.is_empty() || !admin_groups.is_empty();
+        let reads_email = !self.allowed_domains.is_empty();
+        let has_email = has("email") && has("email_verified");
+        !has(&self.user_claim) || (reads_groups && !has(&self.groups_claim)) || (reads_email && !has_email)
+    }
+}
+
+impl Policy {
     /// Whether the claims put the person in one of `groups` (e.g. `[admin].groups`).
     pub fn in_any_group(&self, claims: &Map<String, Value>, groups: &[String]) -> bool {
         !groups.is_empty()
@@ -155,5 +168,28 @@ mod tests {
         }
         let nameless = claims(json!({"sub":"x","groups":["devs"]}));
         assert_eq!(p.admit(&nameless).expect_err("no email").account, "x");
+    }
+
+    #[test]
+    fn the_claims_the_rules_read_are_looked_for() {
+        let by_sub = Policy::from_config(&OidcConfig::default());
+        assert!(!by_sub.lacks_claims(&claims(json!({"sub":"a"})), &[]));
+        assert!(
+            by_sub.lacks_claims(&claims(json!({"sub":"a"})), &["admins".into()]),
+            "admin groups read the groups claim"
+        );
+        let cfg = OidcConfig {
+            user_claim: "email".into(),
+            allowed_groups: vec!["devs".into()],
+            allowed_domains: vec!["example.com".into()],
+            ..OidcConfig::default()
+        };
+        let p = Policy::from_config(&cfg);
+        assert!(p.lacks_claims(&claims(json!({"sub":"a"})), &[]));
+        assert!(p.lacks_claims(&claims(json!({"sub":"a","email":"a@example.com","groups":[]})), &[]));
+        assert!(!p.lacks_claims(
+            &claims(json!({"sub":"a","email":"a@example.com","email_verified":true,"groups":[]})),
+            &[]
+        ));
     }
 }

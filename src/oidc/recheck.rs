@@ -237,6 +237,7 @@ impl Oidc {
             Err(LoginError::Unavailable(why)) => return Err(why),
             Err(e) => return Ok(Err(e.to_string())),
         };
+        let claims = self.with_userinfo(&d, response.access_token().secret(), claims).await?;
         Ok(self
             .policy
             .admit(&claims)

@@ -33,6 +33,11 @@ pub struct ClientReg {
 impl Provider {
     /// Starts the provider with `client` registered (and `post_logout_redirect_uris` of `back`).
     pub async fn start(client: &ClientReg, back: &str) -> Self {
+        Self::start_with(client, back, &[]).await
+    }
+
+    /// [`Provider::start`] with more of `provider.mjs`'s settings in its environment.
+    pub async fn start_with(client: &ClientReg, back: &str, env: &[(&str, &str)]) -> Self {
         let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/oidc");
         assert!(
             dir.join("node_modules/oidc-provider").exists(),
@@ -50,6 +55,7 @@ impl Provider {
             .current_dir(&dir)
             .env("OIDC_CLIENTS", clients.to_string())
             .env("OIDC_KEYS_DIR", keys_dir.path())
+            .envs(env.iter().copied())
             .stdout(Stdio::piped())
             // Its log only when asked for (TEST_LOG), like the gateway's.
             .stderr(if std::env::var_os("TEST_LOG").is_some() {

@@ -40,6 +40,7 @@ const PORT = envInt('OIDC_PORT', 0);
 const RESOURCE = process.env.OIDC_RESOURCE || undefined;
 const RESOURCE_SCOPES = process.env.OIDC_RESOURCE_SCOPES || 'api';
 const KEYS_DIR = process.env.OIDC_KEYS_DIR || undefined;
+const CONFORM_ID_TOKEN_CLAIMS = ['1', 'true', 'yes'].includes((process.env.OIDC_CONFORM_ID_TOKEN_CLAIMS || '').toLowerCase());
 const ACCESS_TOKEN_TTL = envInt('OIDC_ACCESS_TOKEN_TTL', 600) || 600;
 const ID_TOKEN_TTL = envInt('OIDC_ID_TOKEN_TTL', 3600) || 3600;
 const ROTATE_REFRESH = !['0', 'false', 'no'].includes((process.env.OIDC_REFRESH_ROTATION || '').toLowerCase());
@@ -249,8 +250,9 @@ function configuration() {
     },
     scopes: ['openid', 'offline_access'],
     responseTypes: ['code'],
-    // Put the scope's claims (groups among them) in the ID token itself.
-    conformIdTokenClaims: false,
+    // Put the scope's claims (groups among them) in the ID token itself, unless
+    // OIDC_CONFORM_ID_TOKEN_CLAIMS asks for the library's default (only at userinfo).
+    conformIdTokenClaims: CONFORM_ID_TOKEN_CLAIMS,
     cookies: {
       // Cookies ignore ports: distinct names so a gateway on another port of
       // 127.0.0.1 cannot clash with them.

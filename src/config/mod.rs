@@ -10,6 +10,7 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
 mod limits;
+mod listen;
 mod mcp;
 mod oidc;
 mod push;
@@ -35,7 +36,8 @@ pub const DEFAULT_AGENT: &str = "default";
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct Config {
-    /// Address the HTTP server binds.
+    /// Address the HTTP server binds (a host name is resolved at start: [`listen::parse`]).
+    #[serde(deserialize_with = "listen::deserialize")]
     pub listen: SocketAddr,
     /// `sqlite://PATH` or `postgres://...`.
     pub database_url: String,
@@ -546,6 +548,8 @@ mod tests {
         assert_eq!(c.agents[DEFAULT_AGENT].pool.max_processes, 3);
         assert_eq!(c.agents["py"].args, vec!["a.py"]);
         assert!(c.jwt.secret.is_some(), "a numeric secret stays a string");
+        let c = load(None, &[("ACP_GATEWAY_LISTEN", "localhost:9200")]).expect("a host name");
+        assert_eq!(c.listen.to_string(), "127.0.0.1:9200");
     }
 
     #[test]

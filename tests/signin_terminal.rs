@@ -183,6 +183,7 @@ async fn a_method_without_meta_runs_the_agents_own_command() {
         shown.contains(&format!("HOME={}", home(&data, "carol").display())),
         "{shown}"
     );
+    assert!(shown.contains("LOGIN-FLAVOUR=plain-env"), "the method's env: {shown}");
     ws.send(Message::binary(b"plain-code\n".to_vec())).await.expect("code");
     assert_eq!(last_word(&mut ws).await.0, json!({"type": "exit", "code": 0}));
     let written = std::fs::read_to_string(home(&data, "carol").join(".login-ok")).expect("credentials");

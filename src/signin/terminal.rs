@@ -45,6 +45,8 @@ pub struct TerminalMethod {
     meta_args: Vec<String>,
     /// The method's own `args` (with the agent's command).
     args: Vec<String>,
+    /// The method's `env`: set on the program, over the agent's own (the schema's words).
+    env: Vec<(String, String)>,
 }
 
 impl TerminalMethod {
@@ -69,18 +71,29 @@ impl TerminalMethod {
             None | Some(Value::Null) => None,
             Some(c) => Some(c.as_str().filter(|c| !c.is_empty())?.to_string()),
         };
+        let env = match method.get("env") {
+            None | Some(Value::Null) => Vec::new(),
+            Some(env) => env
+                .as_object()?
+                .iter()
+                .map(|(k, v)| Some((k.clone(), v.as_str()?.to_string())))
+                .collect::<Option<Vec<_>>>()?,
+        };
         Some(Self {
             id: id.to_string(),
             meta_command,
             meta_args: strings(meta.and_then(|m| m.get("args")))?,
             args: strings(method.get("args"))?,
+            env,
         })
     }
 
-    /// `agent` with its command line replaced by this method's: everything else (sandbox,
-    /// environment, working directory) stays the agent's.
+    /// `agent` with its command line replaced by this method's and the method's `env` over its
+    /// own: everything else (sandbox, the rest of the environment, working directory) stays the
+    /// agent's.
     pub fn agent_config(&self, agent: &AgentConfig) -> AgentConfig {
         let mut cfg = agent.clone();
+        cfg.env.extend(self.env.iter().cloned());
         match &self.meta_command {
             Some(command) => {
                 cfg.command = command.clone();
@@ -284,10 +297,11 @@ mod tests {
     fn methods() -> Value {
         json!([
             {"id": "agent-login", "type": "agent"},
-            {"id": "plain", "type": "terminal", "args": ["--login"]},
+            {"id": "plain", "type": "terminal", "args": ["--login"], "env": {"MODE": "login", "KEEP": "method"}},
             {"id": "claude-login", "type": "terminal", "args": ["--cli"],
              "_meta": {"terminal-auth": {"command": "/usr/bin/node", "args": ["/x/claude-agent-acp", "--cli"], "label": "Claude Login"}}},
             {"id": "bad", "type": "terminal", "args": [1]},
+            {"id": "bad-env", "type": "terminal", "env": {"A": 1}},
         ])
     }
 
@@ -297,6 +311,7 @@ mod tests {
         assert!(TerminalMethod::find(Some(&m), "agent-login").is_none(), "another type");
         assert!(TerminalMethod::find(Some(&m), "nope").is_none(), "unknown");
         assert!(TerminalMethod::find(Some(&m), "bad").is_none(), "malformed");
+        assert!(TerminalMethod::find(Some(&m), "bad-env").is_none(), "malformed env");
         assert!(TerminalMethod::find(None, "plain").is_none(), "no methods");
         assert!(TerminalMethod::find(Some(&json!({"plain": 1})), "plain").is_none());
     }
@@ -307,6 +322,9 @@ mod tests {
         let agent = AgentConfig {
             command: "/opt/agent".into(),
             args: vec!["--acp".into()],
+            env: [("KEEP", "agent"), ("OTHER", "agent")]
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .into(),
             ..Default::default()
         };
         let claude = TerminalMethod::find(Some(&m), "claude-login").expect("found");
@@ -317,6 +335,12 @@ mod tests {
         let cfg = plain.agent_config(&agent);
         assert_eq!(cfg.command, "/opt/agent");
         assert_eq!(cfg.args, ["--acp", "--login"]);
+        let env: Vec<(&str, &str)> = cfg.env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+        assert_eq!(
+            env,
+            [("KEEP", "method"), ("MODE", "login"), ("OTHER", "agent")],
+            "the method's env over the agent's"
+        );
     }
 
     #[test]

@@ -6,7 +6,8 @@ Run without arguments it is the agent. Its methods (``MARKER`` from its environm
 every login program's command line, so a test can find the processes):
   * ``login``: ``terminal``, ``_meta.terminal-auth`` naming this file in ``login`` mode (or the
     mode ``$HOME/login-mode`` names: what one user makes their own agent say);
-  * ``plain``: ``terminal`` without ``_meta``: the agent's own command line plus ``login MARKER``;
+  * ``plain``: ``terminal`` without ``_meta``: the agent's own command line plus ``login MARKER``,
+    with ``env`` ``LOGIN_FLAVOUR=plain-env``;
   * ``sleep``, ``flood``: ``terminal``, this file in that mode;
   * ``agent-login``: of type ``agent`` (not a terminal).
 
@@ -16,8 +17,8 @@ then streams ``signed in as CODE`` and ends its turn. It advertises the draft ``
 ``{}`` so sessions survive the recycle that follows a sign-in.
 
 Run as ``terminal_login_agent.py MODE MARKER`` it is a login program:
-  * ``login``: prints ``HOME=``, ``TERM=``, ``SHELL-SET=`` and ``PROBE-READABLE=`` (whether the
-    file ``PROBE_PATH`` names can be read), then ``Paste code:``, reads a line from its terminal,
+  * ``login``: prints ``HOME=``, ``TERM=``, ``SHELL-SET=``, ``PROBE-READABLE=`` (whether the
+    file ``PROBE_PATH`` names can be read) and ``LOGIN-FLAVOUR=`` (the method's ``env``), then ``Paste code:``, reads a line from its terminal,
     writes it to ``$HOME/.login-ok`` and exits 0;
   * ``sleep``: starts a child that sleeps (with ``MARKER`` in its arguments), prints
     ``sleeping`` and sleeps;
@@ -51,6 +52,7 @@ def login_program(mode: str, marker: str) -> None:
         out.write(f"HOME={home}\r\nTERM={os.environ.get('TERM', '')}\r\n")
         out.write(f"SHELL-SET={'SHELL' in os.environ}\r\n")
         out.write(f"PROBE-READABLE={readable(os.environ.get('PROBE_PATH', '/nonexistent'))}\r\n")
+        out.write(f"LOGIN-FLAVOUR={os.environ.get('LOGIN_FLAVOUR', '')}\r\n")
         out.write("Paste code: ")
         out.flush()
         code = sys.stdin.readline().strip()
@@ -94,7 +96,8 @@ def agent() -> None:
 
     methods = [
         {"id": "login", "name": "Log in", "type": "terminal", "args": ["--cli"], "_meta": meta(login_mode)},
-        {"id": "plain", "name": "Log in", "type": "terminal", "args": ["login", marker]},
+        {"id": "plain", "name": "Log in", "type": "terminal", "args": ["login", marker],
+         "env": {"LOGIN_FLAVOUR": "plain-env"}},
         {"id": "sleep", "name": "Sleep", "type": "terminal", "_meta": meta("sleep")},
         {"id": "flood", "name": "Flood", "type": "terminal", "_meta": meta("flood")},
         {"id": "agent-login", "name": "Agent", "type": "agent"},

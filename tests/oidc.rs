@@ -461,14 +461,8 @@ async fn with_the_provider_down_signed_in_people_keep_working() {
     };
     // The next check of alice's sign-in (every second here) cannot reach the provider:
     // /readyz stays 200 and says so, and she is not signed out for it.
-    let readyz = || async {
-        let ready = reqwest::get(gw.http_url("/readyz")).await.expect("readyz");
-        assert_eq!(ready.status(), StatusCode::OK);
-        let body: Value = ready.json().await.expect("json");
-        body["checks"]["oidc"].as_str().unwrap_or_default().to_string()
-    };
     until("/readyz to name the provider degraded", || async {
-        readyz().await.starts_with("degraded:")
+        oidc_check(&gw).await.starts_with("degraded:")
     })
     .await;
     // People signed in, and tokens whose keys are cached, keep working.
@@ -507,16 +501,10 @@ async fn with_the_provider_down_signed_in_people_keep_working() {
 async fn readyz_notices_the_provider_going_away_by_itself() {
     let s = setup(|c| c.oidc.recheck_secs = 3600).await;
     let Setup { provider, gw } = s;
-    let oidc_check = || async {
-        let ready = reqwest::get(gw.http_url("/readyz")).await.expect("readyz");
-        assert_eq!(ready.status(), StatusCode::OK);
-        let body: Value = ready.json().await.expect("json");
-        body["checks"]["oidc"].as_str().unwrap_or_default().to_string()
-    };
-    assert_eq!(oidc_check().await, "ok");
+    assert_eq!(oidc_check(&gw).await, "ok");
     provider.stop().await;
     until("/readyz to name the provider degraded", || async {
-        oidc_check().await.starts_with("degraded:")
+        oidc_check(&gw).await.starts_with("degraded:")
     })
     .await;
     gw.stop().await;
@@ -560,20 +548,22 @@ async fn a_key_set_url_alone_is_checked_by_readyz() {
         .expect("me");
     assert_eq!(me.status(), StatusCode::OK, "a provider token on the API");
 
-    let oidc_check = || async {
-        let ready = reqwest::get(gw.http_url("/readyz")).await.expect("readyz");
-        assert_eq!(ready.status(), StatusCode::OK);
-        let body: Value = ready.json().await.expect("json");
-        body["checks"]["oidc"].as_str().unwrap_or_default().to_string()
-    };
-    assert_eq!(oidc_check().await, "ok");
+    assert_eq!(oidc_check(&gw).await, "ok");
     provider.stop().await;
     until("/readyz to name the key set", || async {
-        let check = oidc_check().await;
+        let check = oidc_check(&gw).await;
         check.starts_with("degraded:") && check.contains("/jwks")
     })
     .await;
     gw.stop().await;
+}
+
+/// `/readyz`'s `oidc` check (it must answer `200` whatever the provider does).
+async fn oidc_check(gw: &TestGateway) -> String {
+    let ready = reqwest::get(gw.http_url("/readyz")).await.expect("readyz");
+    assert_eq!(ready.status(), StatusCode::OK);
+    let body: Value = ready.json().await.expect("json");
+    body["checks"]["oidc"].as_str().unwrap_or_default().to_string()
 }
 
 /// Asks `cond` until it holds (every 100 ms, at most [`WAIT`]).

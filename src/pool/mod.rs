@@ -428,18 +428,22 @@ impl AgentPool {
         }
     }
 
-    /// Every client request but a prompt that an agent has left unanswered for
-    /// `request_timeout_secs` is answered `-32603` "agent timed out"
-    /// ([`AgentProcess::time_out_requests`]).
-    async fn time_out_requests(&self) {
-        let procs: Vec<Arc<AgentProcess>> = self
-            .procs
+    /// The processes not known to be dead.
+    fn live_processes(&self) -> Vec<Arc<AgentProcess>> {
+        self.procs
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .iter()
             .filter(|p| !p.is_dead())
             .cloned()
-            .collect();
+            .collect()
+    }
+
+    /// Every client request but a prompt that an agent has left unanswered for
+    /// `request_timeout_secs` is answered `-32603` "agent timed out"
+    /// ([`AgentProcess::time_out_requests`]).
+    async fn time_out_requests(&self) {
+        let procs = self.live_processes();
         for p in procs {
             p.time_out_requests(self.timeout()).await;
         }
@@ -455,14 +459,7 @@ impl AgentPool {
     /// Cancels every forwarded prompt still running on its processes
     /// ([`AgentProcess::cancel_prompts`]); returns how many.
     pub async fn cancel_prompts(&self) -> usize {
-        let procs: Vec<Arc<AgentProcess>> = self
-            .procs
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .iter()
-            .filter(|p| !p.is_dead())
-            .cloned()
-            .collect();
+        let procs = self.live_processes();
         let mut cancelled = 0;
         for p in procs {
             cancelled += p.cancel_prompts().await;

@@ -42,7 +42,7 @@ fn rss_mib() -> f64 {
 /// A reader stops for 10 s in the middle of a 200,000-update stream, with a prompt that asks
 /// for permission queued behind it; when it reads again it gets every update once and in
 /// order, the first prompt's answer after its last update, the permission request right after
-/// the update it follows, and no close.
+/// the update it follows, the answer to a `session/new` it sent as it stopped, and no close.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reader_that_pauses_gets_every_update_once_in_order_and_is_not_cut_off() {
     let _serial = SERIAL.lock().await;
@@ -74,6 +74,8 @@ async fn a_reader_that_pauses_gets_every_update_once_in_order_and_is_not_cut_off
     let mut long_answered_after = None;
     let mut permission_after = None;
     let mut paused = false;
+    let mut opened = None;
+    let mut new_session = None;
     loop {
         let Some(text) = c.recv_text().await else {
             panic!("the connection ended after {updates} updates (seq {last_seq})");
@@ -87,9 +89,15 @@ async fn a_reader_that_pauses_gets_every_update_once_in_order_and_is_not_cut_off
                 updates += 1;
                 last_update = msg;
                 if updates == 1000 && !paused {
-                    // The reader stops reading (the scenario, not a wait for an event).
+                    // The reader stops reading for 10 s (the scenario, not a wait for an
+                    // event). 2 s in, its queue full of what the store feeds it, it asks for a
+                    // new session: the answer waits for it however long (it waited 5 s, then
+                    // the client was closed with 1013).
                     paused = true;
-                    tokio::time::sleep(Duration::from_secs(10)).await;
+                    tokio::time::sleep(Duration::from_secs(2)).await;
+                    let cwd = c.root.clone();
+                    new_session = Some(c.start("session/new", json!({"cwd": cwd, "mcpServers": []})).await);
+                    tokio::time::sleep(Duration::from_secs(8)).await;
                 }
             }
             Some("session/request_permission") => {
@@ -104,6 +112,10 @@ async fn a_reader_that_pauses_gets_every_update_once_in_order_and_is_not_cut_off
                     .await;
             }
             Some(other) => panic!("unexpected request {other}: {msg}"),
+            None if new_session.is_some_and(|id| msg["id"] == json!(id)) => {
+                opened = msg["result"]["sessionId"].as_str().map(str::to_string);
+                assert!(opened.is_some(), "session/new answered: {msg}");
+            }
             None if msg["id"] == json!(long) => {
                 assert_eq!(msg["result"]["stopReason"], "end_turn", "{msg}");
                 long_answered_after = Some((last_seq, last_update["params"]["update"].clone()));
@@ -143,6 +155,7 @@ async fn a_reader_that_pauses_gets_every_update_once_in_order_and_is_not_cut_off
         catch_ups >= 1.0,
         "the reader never fell behind: the test did not test the catch-up"
     );
+    let opened = opened.expect("the session/new sent as the reader stopped was answered");
     assert_eq!(
         metric_sum("acp_gateway_slow_clients_dropped_total"),
         drops_before,
@@ -150,6 +163,8 @@ async fn a_reader_that_pauses_gets_every_update_once_in_order_and_is_not_cut_off
     );
     // The reader is live again: a short prompt streams to it as usual.
     let r = c.prompt(&session, "still here").await;
+    assert_eq!(r["result"]["stopReason"], "end_turn", "{r}");
+    let r = c.prompt(&opened, "and here").await;
     assert_eq!(r["result"]["stopReason"], "end_turn", "{r}");
     gw.stop().await;
 }

@@ -198,18 +198,13 @@ impl Ctx {
         }
         let result = protocol::with_session_id(&result, &id)
             .ok_or_else(|| RpcError::internal(format!("agent's {method} result is not an object")))?;
-        // The agent's stdout reader may be waiting for `early` to be handed on (the agent sent
-        // more than is held): a client that has not made room for its answer in a while is too
-        // slow, as fan-out would find it, and must not hold up the process's other sessions.
+        // Queued at once, room or not, like every answer (a client that is behind is fed its
+        // updates from the store, and its answers wait for it): the agent's stdout reader may be
+        // waiting for `early` to be handed on (the agent sent more than is held), and must not
+        // wait on this client's reading. A client past the hard cap of unread answers is closed
+        // with 1013 by the push.
         let frame = Utf8Bytes::from(protocol::response(request_id.get(), &result));
-        if tokio::time::timeout(NEW_SESSION_ANSWER_WAIT, self.client.outbox.send(frame))
-            .await
-            .is_err()
-        {
-            self.client
-                .outbox
-                .close(CLOSE_TOO_SLOW, "client too slow; reconnect and resume with afterSeq");
-        }
+        self.client.outbox.push(frame);
         early.hand_on().await;
         Ok(Reply::Answered)
     }

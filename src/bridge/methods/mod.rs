@@ -19,7 +19,6 @@ use super::request::{self, ClientRequest};
 use crate::gateway::Gateway;
 use agent_client_protocol_schema::v1::NewSessionRequest;
 
-use crate::outbox::CLOSE_TOO_SLOW;
 use crate::pool::{AgentPool, AgentProcess, Pending, SessionRoute};
 use crate::protocol::{self, Incoming, Kind, RpcError, codes};
 use crate::quota::CAP_REACHED;
@@ -65,10 +64,6 @@ struct Tracked {
 
 /// Most `additionalDirectories` a session may have (they are stored and listed).
 const MAX_ADDITIONAL_DIRECTORIES: usize = 32;
-
-/// How long `session/new` waits for room in its client's queue for the answer: the agent's
-/// updates for the new session wait for that answer (see [`Ctx::new_session`]).
-const NEW_SESSION_ANSWER_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// Forwarded-request entries kept before answered ones are pruned.
 const FORWARDED_PRUNE_AT: usize = 64;

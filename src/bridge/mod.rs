@@ -50,10 +50,21 @@ const CLOSE_REPLY_WAIT: Duration = Duration::from_secs(1);
 /// The same for a client closed for reading nothing, once its close frame is written: it may
 /// still be reading a send buffer's worth (megabytes) before it gets there.
 const SLOW_CLOSE_REPLY_WAIT: Duration = Duration::from_secs(10);
-/// The reason of the 1013 a client that reads nothing gets.
-const SLOW_CLOSE_REASON: &str = "client read nothing; reconnect and resume with afterSeq";
 /// Most bytes written between two checks that the peer is reading.
 const WRITE_CHUNK_BYTES: usize = 256 << 10;
+
+/// Closes a client that reads nothing with 1013 and counts it, when this close is the one that
+/// wins; whether it was.
+fn close_not_reading(outbox: &Outbox) -> bool {
+    let closed = outbox.close(
+        CLOSE_TOO_SLOW,
+        "client read nothing; reconnect and resume with afterSeq",
+    );
+    if closed {
+        metrics::counter!(crate::metrics::SLOW_CLIENTS_DROPPED).increment(1);
+    }
+    closed
+}
 
 /// Serves one upgraded connection until it ends.
 pub async fn serve(socket: WebSocket, gw: Arc<Gateway>, identity: Identity, conn_id: Arc<str>, pool: Arc<AgentPool>) {
@@ -131,9 +142,7 @@ pub async fn serve(socket: WebSocket, gw: Arc<Gateway>, identity: Identity, conn
             Err(_) if outbox.write_stalled_for().is_some() => {}
             Err(_) => {
                 tracing::info!(connection = %conn_id, silent_secs = silent_after.as_secs(), "no traffic or pong from the client; closed with 1013");
-                if outbox.close(CLOSE_TOO_SLOW, SLOW_CLOSE_REASON) {
-                    metrics::counter!(crate::metrics::SLOW_CLIENTS_DROPPED).increment(1);
-                }
+                close_not_reading(&outbox);
                 break;
             }
             Ok(Some(Err(e))) => {
@@ -278,8 +287,7 @@ async fn write_frames(
         written = sent => written == Written::PeerStuck,
         () = outbox.closed() => false,
     };
-    if stuck && outbox.close(CLOSE_TOO_SLOW, SLOW_CLOSE_REASON) {
-        metrics::counter!(crate::metrics::SLOW_CLIENTS_DROPPED).increment(1);
+    if stuck && close_not_reading(&outbox) {
         tracing::warn!(
             after_secs = slow_after.as_secs(),
             "a client took nothing written to it for slow_client_timeout_secs; closed with 1013"

@@ -40,8 +40,9 @@ async fn identity_provider(gw: &Gateway) -> Option<Value> {
         if let Some(oidc) = &gw.oidc {
             // Discovery names the keys; once failed, it is tried again (at most every few
             // seconds) so that its failure ends when the provider is back.
-            if oidc.api_keys().is_none() || oidc.failure().is_some() {
-                let _ = oidc.provider(oidc.failure().is_some()).await;
+            let failed = oidc.failure().is_some();
+            if failed || oidc.api_keys().is_none() {
+                let _ = oidc.provider(failed).await;
             }
         }
         let keys = gw.provider_keys()?;

@@ -108,9 +108,7 @@ impl Policy {
         let has_email = has("email") && has("email_verified");
         !has(&self.user_claim) || (reads_groups && !has(&self.groups_claim)) || (reads_email && !has_email)
     }
-}
 
-impl Policy {
     /// Whether the claims put the person in one of `groups` (e.g. `[admin].groups`).
     pub fn in_any_group(&self, claims: &Map<String, Value>, groups: &[String]) -> bool {
         !groups.is_empty()

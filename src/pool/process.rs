@@ -308,10 +308,16 @@ impl AgentProcess {
     /// carries on: one unanswered request says nothing of the sessions beside it.
     pub async fn time_out_requests(&self, timeout: Duration) {
         for id in self.rpc.expire_forwarded(timeout) {
-            crate::metrics::message_out(crate::metrics::Peer::Agent, "$/cancel_request", 1);
-            let cancel = protocol::notification("$/cancel_request", &format!(r#"{{"requestId":{id}}}"#));
-            let _ = tokio::time::timeout(Duration::from_millis(100), self.rpc.send_line(cancel)).await;
+            let _ = tokio::time::timeout(Duration::from_millis(100), self.cancel_request(id)).await;
         }
+    }
+
+    /// Tells the agent that the request it got under `agent_id` is cancelled
+    /// (`$/cancel_request`), waiting for room in its input queue.
+    pub async fn cancel_request(&self, agent_id: u64) {
+        crate::metrics::message_out(crate::metrics::Peer::Agent, "$/cancel_request", 1);
+        let cancel = protocol::notification("$/cancel_request", &format!(r#"{{"requestId":{agent_id}}}"#));
+        let _ = self.send_line(cancel).await;
     }
 
     /// Routes the agent's updates and requests for `agent_session_id` to `session`. Refused

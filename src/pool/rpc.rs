@@ -62,9 +62,9 @@ struct Waiting {
     answer: Pending,
     /// When it was sent.
     sent: Instant,
-    /// When it was sent, if it is a forwarded `session/prompt` (what `prompt_idle_timeout_secs`
-    /// watches).
-    prompt_sent: Option<Instant>,
+    /// Whether it is a forwarded `session/prompt` (what `prompt_idle_timeout_secs` watches; any
+    /// other forwarded request times out after `request_timeout_secs`).
+    prompt: bool,
     /// A forwarded request's span (traces on): it ends when the answer comes, or never does.
     _span: tracing::Span,
 }
@@ -126,7 +126,7 @@ impl Rpc {
             Waiting {
                 answer: Pending::Internal(tx),
                 sent: Instant::now(),
-                prompt_sent: None,
+                prompt: false,
                 _span: tracing::Span::none(),
             },
         );
@@ -157,8 +157,7 @@ impl Rpc {
     pub fn forward(&self, method: &str, params: &str, answer: Pending) -> Result<u64, RpcError> {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         crate::metrics::message_out(Peer::Agent, method, 1);
-        let sent = Instant::now();
-        let prompt_sent = (method == "session/prompt").then_some(sent);
+        let prompt = method == "session/prompt";
         // The caller entered the request's span (`AgentProcess::forward`).
         let _span = if crate::traces::enabled() {
             tracing::Span::current()
@@ -169,8 +168,8 @@ impl Rpc {
             id,
             Waiting {
                 answer,
-                sent,
-                prompt_sent,
+                sent: Instant::now(),
+                prompt,
                 _span,
             },
         );
@@ -205,14 +204,14 @@ impl Rpc {
 
     /// When the longest-waiting forwarded `session/prompt` was sent (`None`: no prompt waits).
     pub fn oldest_prompt(&self) -> Option<Instant> {
-        lock(&self.pending).values().filter_map(|w| w.prompt_sent).min()
+        lock(&self.pending).values().filter(|w| w.prompt).map(|w| w.sent).min()
     }
 
     /// The sessions (the gateway's ids) with a forwarded `session/prompt` waiting for its answer.
     pub fn prompting_sessions(&self) -> Vec<String> {
         lock(&self.pending)
             .values()
-            .filter(|w| w.prompt_sent.is_some())
+            .filter(|w| w.prompt)
             .filter_map(|w| match &w.answer {
                 Pending::Forward { route, .. } => Some(route.session_id().to_string()),
                 Pending::Internal(_) => None,
@@ -232,9 +231,7 @@ impl Rpc {
             let ids: Vec<u64> = pending
                 .iter()
                 .filter(|(_, w)| {
-                    w.prompt_sent.is_none()
-                        && matches!(w.answer, Pending::Forward { .. })
-                        && w.sent.elapsed() >= timeout
+                    !w.prompt && matches!(w.answer, Pending::Forward { .. }) && w.sent.elapsed() >= timeout
                 })
                 .map(|(id, _)| *id)
                 .collect();
@@ -247,13 +244,7 @@ impl Rpc {
             .into_iter()
             .map(|(id, waiting)| {
                 tracing::warn!(agent = %self.agent, id, waited_secs = waiting.sent.elapsed().as_secs_f64(), "agent did not answer a client's request in request_timeout_secs; answered with a timeout");
-                if let Pending::Forward {
-                    route, to, client_id, ..
-                } = waiting.answer
-                {
-                    let frame = protocol::error(Some(client_id.get()), &err);
-                    route.respond(&to, &client_id, Utf8Bytes::from(frame));
-                }
+                waiting.answer.fail(&err);
                 id
             })
             .collect()
@@ -267,14 +258,15 @@ impl Rpc {
         };
         let Some(Waiting {
             answer: pending,
-            prompt_sent,
+            sent,
+            prompt,
             ..
         }) = lock(&self.pending).remove(&id)
         else {
             tracing::debug!(agent = %self.agent, id, "answer to a request nobody waits for (timed out or cancelled)");
             return;
         };
-        if let Some(sent) = prompt_sent {
+        if prompt {
             self.timings.prompt_answered(sent);
         }
         match pending {
@@ -325,16 +317,24 @@ impl Rpc {
         let err = self.gone_error();
         let pending: Vec<Pending> = lock(&self.pending).drain().map(|(_, w)| w.answer).collect();
         for p in pending {
-            match p {
-                Pending::Forward {
-                    route, to, client_id, ..
-                } => {
-                    let frame = protocol::error(Some(client_id.get()), &err);
-                    route.respond(&to, &client_id, Utf8Bytes::from(frame));
-                }
-                Pending::Internal(tx) => {
-                    let _ = tx.send(Err(err.clone()));
-                }
+            p.fail(&err);
+        }
+    }
+}
+
+impl Pending {
+    /// Answers with `err`: a client through its session (after the session's updates), the
+    /// gateway where it waits.
+    fn fail(self, err: &RpcError) {
+        match self {
+            Pending::Forward {
+                route, to, client_id, ..
+            } => {
+                let frame = protocol::error(Some(client_id.get()), err);
+                route.respond(&to, &client_id, Utf8Bytes::from(frame));
+            }
+            Pending::Internal(tx) => {
+                let _ = tx.send(Err(err.clone()));
             }
         }
     }

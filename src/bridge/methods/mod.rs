@@ -117,14 +117,13 @@ pub(super) type Handled = Result<Reply, RpcError>;
 /// `initialize`'s params as the ACP schema has them: an object whose `protocolVersion` is an
 /// integer (the version the client speaks; the answer says the one this gateway speaks, 1).
 fn check_initialize(params: Option<&RawValue>) -> Result<(), RpcError> {
-    let version = params
-        .and_then(|p| serde_json::from_str::<Value>(p.get()).ok())
-        .and_then(|p| {
-            p.get("protocolVersion")
-                .map(|v| v.is_u64() && v.as_u64() <= Some(u64::from(u16::MAX)))
-        });
-    match version {
-        Some(true) => Ok(()),
+    #[derive(Deserialize)]
+    struct Params {
+        #[serde(rename = "protocolVersion")]
+        _protocol_version: u16,
+    }
+    match params.map(|p| serde_json::from_str::<Params>(p.get())) {
+        Some(Ok(_)) => Ok(()),
         _ => Err(RpcError::invalid_params(
             "initialize needs params with protocolVersion, an integer (this gateway speaks 1)",
         )),
@@ -251,13 +250,7 @@ impl Connection {
                     return;
                 };
                 if let Some((process, agent_id)) = self.tracked.forwarded(p.request_id.get()) {
-                    crate::metrics::message_out(crate::metrics::Peer::Agent, "$/cancel_request", 1);
-                    let _ = process
-                        .send_line(protocol::notification(
-                            "$/cancel_request",
-                            &format!(r#"{{"requestId":{agent_id}}}"#),
-                        ))
-                        .await;
+                    process.cancel_request(agent_id).await;
                 }
             }
             // The web UI: which session this page shows in a visible tab (no push for it).

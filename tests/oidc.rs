@@ -303,10 +303,10 @@ async fn sign_out_ends_the_sign_in_and_sends_the_browser_to_the_provider() {
 }
 
 /// A token as the provider would sign it (with its real key), for the API.
-fn provider_token(s: &Setup, kid: &str, claims: Value) -> String {
+fn provider_token(provider: &Provider, kid: &str, claims: Value) -> String {
     let mut header = Header::new(Algorithm::RS256);
     header.kid = Some(kid.to_string());
-    let key = EncodingKey::from_rsa_pem(&s.provider.private_pem(kid)).expect("key");
+    let key = EncodingKey::from_rsa_pem(&provider.private_pem(kid)).expect("key");
     jsonwebtoken::encode(&header, &claims, &key).expect("sign")
 }
 
@@ -327,7 +327,7 @@ async fn provider_tokens_on_the_api_are_verified_against_its_keys() {
         .as_str()
         .expect("kid")
         .to_string();
-    let ok = provider_token(&s, &kid, claims(&s, "alice", |_| {}));
+    let ok = provider_token(&s.provider, &kid, claims(&s, "alice", |_| {}));
     let res = me(&s, &ok).await;
     assert_eq!(res.status(), StatusCode::OK);
     assert_eq!(res.json::<Value>().await.expect("json")["user"], "alice");
@@ -351,7 +351,7 @@ async fn provider_tokens_on_the_api_are_verified_against_its_keys() {
             }),
         ),
     ] {
-        let t = provider_token(&s, &kid, c);
+        let t = provider_token(&s.provider, &kid, c);
         assert_eq!(me(&s, &t).await.status(), StatusCode::UNAUTHORIZED, "{what}");
     }
     // Algorithm confusion: HS256 with the provider's public key as the secret, and `none`.
@@ -398,14 +398,14 @@ async fn a_rotated_key_is_taken_and_a_removed_one_refused_once_the_cache_expires
         .as_str()
         .expect("kid")
         .to_string();
-    let old_token = provider_token(&s, &old, claims(&s, "alice", |_| {}));
+    let old_token = provider_token(&s.provider, &old, claims(&s, "alice", |_| {}));
     assert_eq!(me(&s, &old_token).await.status(), StatusCode::OK);
     // A new key: a token naming it is taken at once (an unknown kid fetches the set again).
     let new = s.provider.control("rotate", json!({"drop_old": true})).await["kid"]
         .as_str()
         .expect("kid")
         .to_string();
-    let new_token = provider_token(&s, &new, claims(&s, "alice", |_| {}));
+    let new_token = provider_token(&s.provider, &new, claims(&s, "alice", |_| {}));
     until("the new key to be taken", || async {
         me(&s, &new_token).await.status() == StatusCode::OK
     })
@@ -428,7 +428,7 @@ async fn with_the_provider_down_signed_in_people_keep_working() {
         .as_str()
         .expect("kid")
         .to_string();
-    let api_token = provider_token(&s, &kid, claims(&s, "alice", |_| {}));
+    let api_token = provider_token(&s.provider, &kid, claims(&s, "alice", |_| {}));
     assert_eq!(
         me(&s, &api_token).await.status(),
         StatusCode::OK,
@@ -536,10 +536,7 @@ async fn a_key_set_url_alone_is_checked_by_readyz() {
     .await;
     let now = acp_gateway::auth::now_secs();
     let claims = json!({"iss": provider.issuer, "aud": CLIENT_ID, "sub": "alice", "iat": now, "exp": now + 300});
-    let mut header = Header::new(Algorithm::RS256);
-    header.kid = Some(provider.kid.clone());
-    let key = EncodingKey::from_rsa_pem(&provider.private_pem(&provider.kid)).expect("key");
-    let token = jsonwebtoken::encode(&header, &claims, &key).expect("sign");
+    let token = provider_token(&provider, &provider.kid, claims);
     let me = reqwest::Client::new()
         .get(gw.http_url("/api/me"))
         .bearer_auth(&token)

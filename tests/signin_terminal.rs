@@ -302,34 +302,62 @@ async fn one_sign_in_at_a_time_per_user_and_agent() {
     gw.stop().await;
 }
 
-/// What a sign-in runs comes from the caller's own agent process: a user who shapes what their
-/// agent answers in `initialize` (here through a file in their HOME) cannot choose the program
-/// another user's sign-in runs, even when theirs was the last process to initialize.
+/// What a sign-in runs comes from a process no user shaped, never from the caller's own: a user
+/// who shapes what their agent answers in `initialize` (here through a file in their HOME, as a
+/// patched `npx` cache would) chooses nothing a sign-in runs, not even their own.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_program_comes_from_the_callers_own_agent() {
+async fn no_user_chooses_what_a_sign_in_runs() {
     let mark = marker();
     let (gw, data) = gateway(&mark, |_| {}).await;
     let pool = gw.gw.pools.get("term").expect("term").clone();
-    let bob: std::sync::Arc<str> = "bob".into();
     let mallory: std::sync::Arc<str> = "mallory".into();
-    pool.process_for(&bob).await.expect("bob's process");
     std::fs::create_dir_all(home(&data, "mallory")).expect("home");
     std::fs::write(home(&data, "mallory").join("login-mode"), "sleep").expect("shape her agent");
     pool.process_for(&mallory)
         .await
         .expect("mallory's process, initialized last");
-    let mut ws = open(&gw, Some("bob"), "term", "login").await.expect("upgrades");
-    let shown = read_until(&mut ws, "Paste code:").await;
-    assert!(!shown.contains("sleeping"), "{shown}");
-    ws.send(Message::binary(b"bob-code\r".to_vec())).await.expect("code");
-    assert_eq!(last_word(&mut ws).await.0, json!({"type": "exit", "code": 0}));
-    // And mallory's own sign-in runs what her agent says.
-    let mut ws = open(&gw, Some("mallory"), "term", "login").await.expect("upgrades");
-    read_until(&mut ws, "sleeping").await;
-    ws.send(Message::text(json!({"type": "cancel"}).to_string()))
-        .await
-        .expect("cancel");
-    last_word(&mut ws).await;
+    for user in ["bob", "mallory"] {
+        let mut ws = open(&gw, Some(user), "term", "login").await.expect("upgrades");
+        let shown = read_until(&mut ws, "Paste code:").await;
+        assert!(!shown.contains("sleeping"), "{user}: {shown}");
+        ws.send(Message::binary(b"a-code\r".to_vec())).await.expect("code");
+        assert_eq!(last_word(&mut ws).await.0, json!({"type": "exit", "code": 0}));
+    }
     eventually("nothing of the logins left", || processes_matching(&mark).is_empty()).await;
+    gw.stop().await;
+}
+
+/// An agent that offers what the security review's patched agent offered (a login program naming
+/// the gateway's secret file, and `env` with `LD_PRELOAD` and `GCONV_PATH` aimed at the programs
+/// that build the sandbox) gets neither: the command line is refused, naming the path; the
+/// loader's variables reach no program, outside the sandbox or in it; the method's other
+/// variables reach the login program.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hostile_method_reads_nothing_and_runs_nothing_outside_the_sandbox() {
+    let mark = marker();
+    let mut secret = PathBuf::new();
+    let (gw, _data) = gateway(&mark, |c| {
+        secret = c.data_dir.canonicalize().expect("data").join("planted-secret");
+        let term = c.agents.get_mut("term").expect("term");
+        term.env.insert("HOSTILE_SECRET".into(), secret.display().to_string());
+    })
+    .await;
+    let mut ws = open(&gw, Some("alice"), "term", "read").await.expect("upgrades");
+    let (word, bytes) = last_word(&mut ws).await;
+    assert_eq!(word["type"], "error", "{word}");
+    let message = word["message"].as_str().expect("a message");
+    assert!(
+        message.contains(&secret.display().to_string()) && message.contains("never see"),
+        "{message}"
+    );
+    assert_eq!(bytes, 0, "nothing ran");
+
+    let mut ws = open(&gw, Some("alice"), "term", "preload").await.expect("upgrades");
+    let shown = read_until(&mut ws, "TOKEN=method-env").await;
+    let (word, _) = last_word(&mut ws).await;
+    assert_eq!(word, json!({"type": "exit", "code": 0}), "{shown}");
+    assert!(shown.contains("PRELOAD-SET=False"), "{shown}");
+    // Where the loader had it (bubblewrap, or the program), it would have said so.
+    assert!(!shown.contains("cannot be preloaded"), "{shown}");
     gw.stop().await;
 }

@@ -422,28 +422,42 @@ async fn authenticate_logs_in_the_users_own_agent_only() {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_sandboxed_agent_never_sees_the_gateways_secrets_and_dies_with_it() {
+/// The real binary, started as an operator would from a shell: in a terminal of its own (its
+/// controlling terminal, as under ssh, tmux or `cargo run`), with its JWT secret written in its
+/// `--config` file. Its agent (the probe, with `sandbox`) tries to read that file and the
+/// database, and to type a command into the terminal (`TIOCSTI`, the review's F1); the gateway is
+/// then SIGKILLed and its agent must die with it.
+async fn agent_under_an_operators_terminal(sandbox: &str) {
     let dir = tempfile::tempdir().expect("tempdir");
     let data = dir.path().canonicalize().expect("canon").join("data");
     let secret = format!("tenancy-secret-{}-0123456789abcdef", std::process::id());
-    let marker = format!("probe-marker-{}", std::process::id());
-    let config = dir.path().join("gw.toml");
+    let marker = format!("probe-marker-{}-{sandbox}", std::process::id());
+    // Outside /tmp (which a sandbox replaces with its own): where an operator keeps it.
+    let config_dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).expect("tempdir");
+    let config = config_dir.path().canonicalize().expect("canon").join("gw.toml");
     std::fs::write(
         &config,
         format!(
-            "data_dir = {data:?}\n[agents.default]\ncommand = \"/usr/bin/python3\"\nargs = [{PROBE:?}, {marker:?}]\nsandbox = \"bwrap\"\n[agents.default.env]\nPROBE_PATHS = \"{}\"\n",
-            data.join("acp-gateway.db").display()
+            "data_dir = {data:?}\n[jwt]\nsecret = {secret:?}\n[agents.default]\ncommand = \"/usr/bin/python3\"\nargs = [{PROBE:?}, {marker:?}]\nsandbox = {sandbox:?}\n[agents.default.env]\nPROBE_PATHS = \"{}:{}\"\nPROBE_TIOCSTI = \"1\"\n",
+            data.join("acp-gateway.db").display(),
+            config.display(),
         ),
     )
     .expect("config");
+    std::fs::set_permissions(&config, std::fs::Permissions::from_mode(0o600)).expect("chmod");
+    // A terminal: the gateway is its session's leader with it as controlling terminal
+    // (util-linux `setsid --ctty`), as an operator's shell would have made it.
+    let pty = nix::pty::openpty(None, None).expect("a pseudo-terminal");
     let db = format!("sqlite://{}", data.join("acp-gateway.db").display());
-    let mut gateway = tokio::process::Command::new(common::gateway_bin())
+    let mut gateway = tokio::process::Command::new("setsid")
+        .arg("--ctty")
+        .arg(common::gateway_bin())
         .args(["serve", "--listen", "127.0.0.1:0", "--config"])
         .arg(&config)
-        .env("ACP_GATEWAY_JWT_SECRET", &secret)
         .env("DATABASE_URL", &db)
+        .env_remove("ACP_GATEWAY_JWT_SECRET")
         .env_remove("ACP_GATEWAY_AGENT")
+        .stdin(std::process::Stdio::from(pty.slave.try_clone().expect("dup")))
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::null())
         .kill_on_drop(true)
@@ -479,10 +493,25 @@ async fn a_sandboxed_agent_never_sees_the_gateways_secrets_and_dies_with_it() {
     let env = serde_json::to_string(&seen["env"]).expect("json");
     assert!(!env.contains(&secret), "the JWT secret reached the agent: {env}");
     assert!(!env.contains("DATABASE_URL") && !env.contains(&db), "{env}");
+    // No terminal to type into: the agent is in a session of its own.
+    let tiocsti = seen["tiocsti"].as_str().expect("tried");
+    assert!(tiocsti.starts_with("no terminal"), "{tiocsti}");
+    nix::fcntl::fcntl(&pty.slave, nix::fcntl::FcntlArg::F_SETFL(nix::fcntl::OFlag::O_NONBLOCK)).expect("non-blocking");
+    let mut typed = [0u8; 256];
     assert_eq!(
-        seen["readable"][data.join("acp-gateway.db").display().to_string()],
-        false
+        nix::unistd::read(&pty.slave, &mut typed),
+        Err(nix::errno::Errno::EAGAIN),
+        "nothing waits in the operator's terminal"
     );
+    if sandbox == "bwrap" {
+        let config_key = config.display().to_string();
+        // Covered by /dev/null, which a sandbox cannot open (bubblewrap binds it `nodev`).
+        assert_eq!(seen["sizes"][&config_key], -1, "the config file cannot be read: {seen}");
+        assert_eq!(
+            seen["readable"][data.join("acp-gateway.db").display().to_string()],
+            false
+        );
+    }
 
     let agents = common::processes_matching(&marker);
     assert!(!agents.is_empty(), "the probe runs");
@@ -492,6 +521,16 @@ async fn a_sandboxed_agent_never_sees_the_gateways_secrets_and_dies_with_it() {
         common::processes_matching(&marker).is_empty()
     })
     .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sandboxed_agent_never_sees_the_gateways_secrets_or_its_terminal_and_dies_with_it() {
+    agent_under_an_operators_terminal("bwrap").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unsandboxed_agent_has_no_terminal_either_and_dies_with_the_gateway() {
+    agent_under_an_operators_terminal("none").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -43,6 +43,10 @@ pub struct Config {
     pub database_url: String,
     /// Where the generated JWT secret and the default SQLite file live.
     pub data_dir: PathBuf,
+    /// The file this configuration was read from (`--config`): hidden from agents like the data
+    /// directory. Not a setting.
+    #[serde(skip)]
+    pub config_file: Option<PathBuf>,
     /// Token verification.
     pub jwt: JwtConfig,
     /// Command line of the default agent (`ACP_GATEWAY_AGENT`), split like a shell would.
@@ -244,6 +248,7 @@ impl Default for Config {
             listen: SocketAddr::from(([127, 0, 0, 1], 8080)),
             database_url: "sqlite://data/acp-gateway.db".into(),
             data_dir: PathBuf::from("data"),
+            config_file: None,
             jwt: JwtConfig {
                 default_ttl_secs: 30 * 24 * 3600,
                 ..Default::default()
@@ -379,7 +384,8 @@ impl Config {
         if let Some(url) = &cli.database_url {
             figment = figment.merge(("database_url", url));
         }
-        let config: Config = figment.extract().map_err(|e| ConfigError::Invalid(describe(e)))?;
+        let mut config: Config = figment.extract().map_err(|e| ConfigError::Invalid(describe(e)))?;
+        config.config_file = cli.config_file.clone();
         config.finish()
     }
 

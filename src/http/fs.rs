@@ -31,6 +31,7 @@ use tower_http::set_header::SetResponseHeaderLayer;
 
 use super::auth::Caller;
 use crate::gateway::Gateway;
+use crate::tenancy::Sight;
 
 /// Most directories one listing returns (the smallest names; `truncated` says there were more).
 const MAX_ENTRIES: usize = 1000;
@@ -115,9 +116,13 @@ impl IntoResponse for FsError {
     }
 }
 
-/// The caller's roots and a path resolved inside them.
+/// The caller's roots and a path resolved inside them, in sight of the caller's agents.
 struct Resolved {
     roots: Vec<PathBuf>,
+    /// What the caller's agents can see: the sandbox's rule, so that a root above the data
+    /// directory (`/`) does not serve what the sandbox hides (the gateway's secrets, other
+    /// users' homes, the configuration file).
+    sight: Sight,
     path: PathBuf,
 }
 
@@ -128,24 +133,25 @@ impl Resolved {
             tracing::warn!(user = %user, error = %e, "cannot set up the user's workspace roots");
             FsError::Internal
         })?;
+        let sight = gw.tenancy.sight(Some(user));
         let Some(path) = path.filter(|p| !p.is_empty()) else {
             let path = roots[0].clone();
-            return Ok(Self { roots, path });
+            return Ok(Self { roots, sight, path });
         };
         if !Path::new(path).is_absolute() {
             return Err(FsError::BadRequest(String::from("path must be absolute")));
         }
         crate::tenancy::check_length(path).map_err(FsError::BadRequest)?;
-        // Every refusal of the resolver (outside, or not resolvable: a dangling link, a file in
-        // the middle) is the same answer, so nothing outside the roots can be probed.
+        // Every refusal of the resolver (outside, hidden, or not resolvable: a dangling link, a
+        // file in the middle) is the same answer, so nothing outside the roots can be probed.
         match gw.tenancy.resolve(user, path) {
-            Ok(path) => Ok(Self { roots, path }),
+            Ok(path) => Ok(Self { roots, sight, path }),
             Err(_) => Err(outside(&roots)),
         }
     }
 
     fn inside(&self, path: &Path) -> bool {
-        self.roots.iter().any(|r| path.starts_with(r))
+        self.roots.iter().any(|r| path.starts_with(r)) && self.sight.sees(path)
     }
 }
 
@@ -345,6 +351,7 @@ fn mkdir(r: &Resolved) -> Result<String, FsError> {
     }
     let base = Resolved {
         roots: r.roots.clone(),
+        sight: r.sight.clone(),
         path: existing.to_path_buf(),
     };
     let mut dir: OwnedFd = open_inside(&base, OFlag::O_DIRECTORY)?.into();

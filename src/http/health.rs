@@ -12,6 +12,7 @@ use serde_json::{Value, json};
 
 use crate::config::DEFAULT_AGENT;
 use crate::gateway::Gateway;
+use crate::tenancy::Confinement;
 
 pub(super) fn router() -> Router<Arc<Gateway>> {
     Router::new()
@@ -90,14 +91,24 @@ async fn readyz(State(gw): State<Arc<Gateway>>) -> impl IntoResponse {
         Ok(()) => json!("ok"),
         Err(e) => json!(format!("error: {e}")),
     };
-    // Not a failure (the operator chose `auto`), but never silent.
-    // Roots that cannot be used are skipped, named here and in the log, and never stop the others.
-    let warnings: Vec<String> = gw
-        .tenancy
-        .unsandboxed(&gw.config)
-        .into_iter()
-        .map(|agent| format!("agent {agent} runs unsandboxed: bubblewrap does not work on this host"))
-        .chain(gw.tenancy.unusable_roots())
+    // Not failures, but never silent: agents without a sandbox, a configuration file whose
+    // secrets something can read, roots that cannot be used (skipped, never stopping the others).
+    let warnings: Vec<String> = gw.tenancy.warnings(&gw.config);
+    let sandbox: serde_json::Map<String, Value> = gw
+        .config
+        .agents
+        .iter()
+        .map(|(name, agent)| {
+            let mode = match gw.tenancy.confinement(agent.sandbox) {
+                Confinement::Sandboxed => json!("bwrap"),
+                Confinement::NoneByChoice => json!("none (single-tenant)"),
+                Confinement::SingleUser => json!(match gw.tenancy.single_user() {
+                    Some(user) => format!("single-user ({user}): bubblewrap does not work here"),
+                    None => String::from("single-user: bubblewrap does not work here"),
+                }),
+            };
+            (name.clone(), mode)
+        })
         .collect();
     let mut body = json!({
         "status": if ready { "ready" } else { "unavailable" },
@@ -107,6 +118,7 @@ async fn readyz(State(gw): State<Arc<Gateway>>) -> impl IntoResponse {
             "defaultAgent": check(&agent),
             "draining": draining,
         },
+        "sandbox": sandbox,
         "warnings": warnings,
     });
     if let Some(oidc) = oidc {

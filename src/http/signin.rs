@@ -86,8 +86,13 @@ async fn upgrade(
             ),
         );
     }
+    if let Err(e) = gw.tenancy.admit(&agent, pool.config().sandbox, &who.user) {
+        return refuse(StatusCode::FORBIDDEN, e.to_string());
+    }
     let user: Arc<str> = Arc::from(who.user.as_str());
-    let info = match tokio::time::timeout(INFO_TIMEOUT, pool.own_info(&user)).await {
+    // The methods a process no user shaped offers (never the user's own process: what it says
+    // is the user's to change, through its `HOME`), run inside the user's sandbox only.
+    let info = match tokio::time::timeout(INFO_TIMEOUT, pool.info()).await {
         Ok(Ok(info)) => info,
         Ok(Err(e)) => return refuse(StatusCode::BAD_GATEWAY, e.message.to_string()),
         Err(_) => return refuse(StatusCode::GATEWAY_TIMEOUT, "timed out starting the agent"),

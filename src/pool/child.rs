@@ -12,11 +12,12 @@ use bytes::BytesMut;
 use futures_util::StreamExt;
 use nix::sys::signal::{Signal, killpg};
 use nix::unistd::Pid;
-use tokio::process::{Child, ChildStderr, ChildStdin, ChildStdout, Command};
+use tokio::process::{Child, ChildStderr, ChildStdin, ChildStdout};
 use tokio_util::codec::{Decoder, FramedRead, LinesCodec, LinesCodecError};
 use tokio_util::sync::CancellationToken;
 
 use super::reaper::GroupRecord;
+use crate::tenancy::{Launch, Ready};
 
 /// stderr lines kept for error reports.
 const STDERR_TAIL: usize = 20;
@@ -45,19 +46,21 @@ pub(super) struct Spawned {
     pub stderr: ChildStderr,
 }
 
-/// Starts `command` with piped stdio in a new process group, recorded in `groups` (so that a
-/// gateway killed outright still cleans it up at its next start).
-pub(super) fn spawn(mut command: Command, groups: &GroupRecord) -> std::io::Result<Spawned> {
+/// Starts `launch` with piped stdio as the leader of a new session and process group (the
+/// launch does `setsid`), recorded in `groups` (so that a gateway killed outright still cleans
+/// it up at its next start).
+pub(super) fn spawn(launch: Launch, groups: &GroupRecord) -> std::io::Result<Spawned> {
+    let Ready { mut command, args_fd } = launch.into_tokio()?;
     command
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
-        .process_group(0)
         .kill_on_drop(true);
     let program = std::path::PathBuf::from(command.as_std().get_program());
-    let mut child = command
-        .spawn()
-        .map_err(|e| crate::files::named(e, "cannot run", &program))?;
+    let spawned = command.spawn();
+    // The child has its copy (or failed): the gateway's goes.
+    drop(args_fd);
+    let mut child = spawned.map_err(|e| crate::files::named(e, "cannot run", &program))?;
     let pid = child
         .id()
         .ok_or_else(|| std::io::Error::other("agent exited at once"))?;

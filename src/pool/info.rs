@@ -100,17 +100,21 @@ impl AgentInfo {
 }
 
 impl super::AgentPool {
+    /// What a live process of `user`'s own said in `initialize`, if they have one.
+    pub(super) fn own_cached_info(&self, user: &str) -> Option<Arc<AgentInfo>> {
+        let procs = self.procs.lock().unwrap_or_else(|e| e.into_inner());
+        procs
+            .iter()
+            .filter(|p| !p.is_dead() && p.owner().as_deref() == Some(user))
+            .find_map(|p| p.info.get().cloned())
+    }
+
     /// What `user`'s own process of this agent said in `initialize` (started for them when they
     /// have none): what a sign-in runs must come from the user's own agent, never from a process
     /// of another user, whose answer that user may have shaped.
     pub async fn own_info(&self, user: &Arc<str>) -> Result<Arc<AgentInfo>, RpcError> {
-        let mine = || {
-            let procs = self.procs.lock().unwrap_or_else(|e| e.into_inner());
-            procs
-                .iter()
-                .filter(|p| !p.is_dead() && p.owner().as_deref() == Some(&**user))
-                .find_map(|p| p.info.get().cloned())
-        };
+        self.admit(user)?;
+        let mine = || self.own_cached_info(user);
         if let Some(info) = mine() {
             return Ok(info);
         }

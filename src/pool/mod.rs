@@ -142,25 +142,39 @@ impl AgentPool {
             .ok_or_else(|| RpcError::internal("agent did not initialize"))
     }
 
-    /// The agent's capabilities for `user`'s connection: when nobody has learned them yet, the
-    /// process started to learn them is `user`'s own, and serves their first session.
+    /// The agent's capabilities for `user`'s connection: what their own process said, if they
+    /// have one (a per-user agent); else what a process no user shaped said; else `user`'s own
+    /// process is started to learn them, and serves their first session.
     pub async fn info_for(&self, user: &Arc<str>) -> Result<Arc<AgentInfo>, RpcError> {
-        if let Some(info) = self.cached_info() {
+        self.admit(user)?;
+        let known = || self.own_cached_info(user).or_else(|| self.cached_info());
+        if let Some(info) = known() {
             return Ok(info);
         }
         let _gate = self.spawn_gate.lock().await;
-        if let Some(info) = self.cached_info() {
+        if let Some(info) = known() {
             return Ok(info);
         }
-        self.spawn_locked(Some(user)).await?;
-        self.cached_info()
+        let p = self.spawn_locked(Some(user)).await?;
+        p.info
+            .get()
+            .cloned()
             .ok_or_else(|| RpcError::internal("agent did not initialize"))
+    }
+
+    /// Refuses `user` where this agent may serve only one user and that is someone else
+    /// (`sandbox = "auto"` without a working bubblewrap: `Tenancy::admit`).
+    fn admit(&self, user: &str) -> Result<(), RpcError> {
+        self.common
+            .tenancy
+            .admit(&self.name, self.cfg.sandbox, user)
+            .map_err(|e| RpcError::internal(format!("cannot start agent {}: {e}", self.name)))
     }
 
     /// With `min_idle` on a per-user agent: when `user` connects and has no process of this
     /// agent, start one in the background, so that their `session/new` finds it warm.
     pub fn prewarm(self: &Arc<Self>, user: &Arc<str>) {
-        if self.is_shared() || self.cfg.pool.min_idle == 0 || self.has_process_of(user) {
+        if self.is_shared() || self.cfg.pool.min_idle == 0 || self.has_process_of(user) || self.admit(user).is_err() {
             return;
         }
         let pool = self.clone();
@@ -179,6 +193,7 @@ impl AgentPool {
     /// A live process of `user` (without taking a session slot), started if they have none:
     /// where requests about the user rather than a session (`authenticate`) go.
     pub async fn process_for(&self, user: &Arc<str>) -> Result<Arc<AgentProcess>, RpcError> {
+        self.admit(user)?;
         if let Some(p) = self.live_process_of(user) {
             return Ok(p);
         }
@@ -217,6 +232,7 @@ impl AgentPool {
     /// A process for a new (or restored) session of `user`, with a session slot reserved.
     /// Call [`AgentProcess::release`] if the session is not bound after all.
     pub async fn acquire(&self, user: &Arc<str>) -> Result<Arc<AgentProcess>, RpcError> {
+        self.admit(user)?;
         if let Some(p) = self.pick(user) {
             return Ok(p);
         }
@@ -295,14 +311,15 @@ impl AgentPool {
             .tenancy
             .launch(&self.cfg, user.map(|u| &**u))
             .map_err(cannot_start)?;
-        // The user's own keys, on top of the operator's `env` (bubblewrap passes them on).
+        // The user's own keys, on top of the operator's `env`, set inside the sandbox only
+        // (never on bubblewrap: see `tenancy::Launch`), names a user may not set dropped.
         if let (Some(user), Some(user_env), true) = (user, &self.common.user_env, self.cfg.user_keys) {
             let vars = user_env.env(user, &self.name).await.map_err(|e| {
                 failed().increment(1);
                 RpcError::internal(format!("cannot start agent {}: {e}", self.name))
             })?;
-            for (name, value) in vars.iter().filter(|(name, _)| user_env::user_may_set(name)) {
-                launch.command.env(name, secrecy::ExposeSecret::expose_secret(value));
+            for (name, value) in &vars {
+                launch.set_user_env(name, secrecy::ExposeSecret::expose_secret(value));
             }
         }
         let p = AgentProcess::spawn(
@@ -359,7 +376,13 @@ impl AgentPool {
         };
         let info = Arc::new(info);
         let _ = p.info.set(info.clone());
-        *self.info.lock().unwrap_or_else(|e| e.into_inner()) = Some(info);
+        // What every user is shown comes from a process no user shaped: one started for no
+        // user (the probe, a shared agent's). A user's own process answers for that user only
+        // ([`Self::info_for`], [`Self::own_info`]): its `HOME` (an `npx` cache, site-packages)
+        // is theirs to change.
+        if user.is_none() {
+            *self.info.lock().unwrap_or_else(|e| e.into_inner()) = Some(info);
+        }
         self.procs.lock().unwrap_or_else(|e| e.into_inner()).push(p.clone());
         Ok(p)
     }

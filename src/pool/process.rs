@@ -147,7 +147,8 @@ impl AgentProcess {
         groups: &Arc<GroupRecord>,
         tracker: &TaskTracker,
     ) -> std::io::Result<Arc<Self>> {
-        let spawned = child::spawn(launch.command, groups)?;
+        let sandboxed = launch.sandboxed;
+        let spawned = child::spawn(launch, groups)?;
         let (rpc, input) = Rpc::new(agent.clone(), pipes.input_queue_bytes);
         let process = Arc::new(Self {
             id,
@@ -190,8 +191,13 @@ impl AgentProcess {
             groups.clone(),
             owner,
         ));
-        tracing::info!(agent = %process.agent, process = id, pid = process.pid, sandboxed = launch.sandboxed, "agent process started");
+        tracing::info!(agent = %process.agent, process = id, pid = process.pid, sandboxed, "agent process started");
         Ok(process)
+    }
+
+    /// What this process said in `initialize`, once it has.
+    pub fn info(&self) -> Option<Arc<super::AgentInfo>> {
+        self.info.get().cloned()
     }
 
     /// Whether the process has ended or is being stopped (a stopped process takes no new work:

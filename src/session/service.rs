@@ -206,7 +206,12 @@ impl Sessions {
     pub async fn close_on_agent(&self, session: &LiveSession, pools: &Pools) {
         let Some(b) = session.take_binding() else { return };
         let Some(pool) = pools.get(&session.agent) else { return };
-        if pool.cached_info().is_some_and(|i| i.can_close()) {
+        // Its own process's answer: that is the agent the session lives on.
+        if b.process
+            .info()
+            .or_else(|| pool.cached_info())
+            .is_some_and(|i| i.can_close())
+        {
             let params = serde_json::json!({ "sessionId": &*b.agent_session_id }).to_string();
             if let Err(e) = b
                 .process

@@ -2,21 +2,27 @@
 //!
 //! The program is what the method names (the Terminal Authentication RFD): `_meta.terminal-auth`'s
 //! `command` and `args` when given, else the agent's own command line followed by the method's
-//! `args`. It is launched exactly as that user's agent processes are ([`Tenancy::launch`]: the
-//! same sandbox, `HOME` and environment rules), with `TERM=xterm-256color`, as the leader of a
-//! session and process group of its own; the whole group is killed (SIGKILL) when the
+//! `args`. The method comes from the agent's answer, so nothing of it is trusted: it is launched
+//! as that user's agent processes are ([`Tenancy::launch_login`]: inside the same sandbox, with
+//! the same `HOME`), its `env` filtered like a user's keys and set inside the sandbox, no file it
+//! names brought in, and a command line naming the gateway's secret places refused. It runs with
+//! `TERM=xterm-256color`, as the leader of a session and process group of its own with the
+//! pseudo-terminal as its controlling terminal; the whole group is killed (SIGKILL) when the
 //! [`Terminal`] is dropped, whatever path drops it.
 //!
-//! The PTY comes from `portable-pty`; its reader and writer block, so the master is read and
-//! written here through a non-blocking duplicate of its descriptor under tokio's `AsyncFd`, and
-//! the only blocking call, waiting for the leader's exit, runs on the gateway's task tracker.
+//! The pseudo-terminal is opened here (`posix_openpt`, close-on-exec, so no other child inherits
+//! it); its master is read and written through a non-blocking duplicate of its descriptor under
+//! tokio's `AsyncFd`, and the only blocking call, waiting for the leader's exit, runs on the
+//! gateway's task tracker.
 
 use std::io;
-use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::os::unix::process::ExitStatusExt;
+use std::process::Stdio;
 
 use nix::errno::Errno;
 use nix::fcntl::{FcntlArg, OFlag, fcntl};
-use portable_pty::{CommandBuilder, MasterPty, PtySize};
+use nix::pty::PtyMaster;
 use serde_json::Value;
 use tokio::io::unix::AsyncFd;
 use tokio::sync::oneshot;
@@ -24,13 +30,8 @@ use tokio_util::task::TaskTracker;
 
 use crate::config::AgentConfig;
 use crate::pool::GroupGuard;
-use crate::tenancy::Tenancy;
+use crate::tenancy::{Program, Ready, Tenancy};
 
-/// The terminal type the browser's terminal emulates.
-const TERM: &str = "xterm-256color";
-/// Runs the program with `SHELL` removed: `portable-pty` always sets it (to the gateway user's
-/// login shell), and an agent's environment has no `SHELL`.
-const ENV: &str = "/usr/bin/env";
 /// Largest terminal a client may ask for, either way.
 const MAX_CELLS: u16 = 1000;
 
@@ -88,33 +89,41 @@ impl TerminalMethod {
         })
     }
 
-    /// `agent` with its command line replaced by this method's and the method's `env` over its
-    /// own: everything else (sandbox, the rest of the environment, working directory) stays the
-    /// agent's.
-    pub fn agent_config(&self, agent: &AgentConfig) -> AgentConfig {
-        let mut cfg = agent.clone();
-        cfg.env.extend(self.env.iter().cloned());
-        match &self.meta_command {
-            Some(command) => {
-                cfg.command = command.clone();
-                cfg.args = self.meta_args.clone();
-            }
+    /// The program this method runs in place of `agent`, with the method's `env` (the agent's
+    /// own sandbox, environment and working directory stay: see [`Tenancy::launch_login`]).
+    pub fn program(&self, agent: &AgentConfig) -> Program {
+        let (command, args) = match &self.meta_command {
+            Some(command) => (command.clone(), self.meta_args.clone()),
             // As the agent is started, with the method's arguments after its own (what
             // claude-agent-acp's `_meta` spells out: `node …/claude-agent-acp --cli`).
-            None => cfg.args.extend(self.args.iter().cloned()),
+            None => (
+                agent.command.clone(),
+                agent.args.iter().chain(&self.args).cloned().collect(),
+            ),
+        };
+        Program {
+            command,
+            args,
+            env: self.env.clone(),
         }
-        cfg
     }
 }
 
+/// A terminal's size in cells.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Size {
+    /// Columns.
+    pub cols: u16,
+    /// Rows.
+    pub rows: u16,
+}
+
 /// A terminal size, clamped to what a real terminal could be.
-pub fn size(cols: u64, rows: u64) -> PtySize {
+pub fn size(cols: u64, rows: u64) -> Size {
     let clamp = |n: u64| u16::try_from(n).unwrap_or(MAX_CELLS).clamp(1, MAX_CELLS);
-    PtySize {
+    Size {
         cols: clamp(cols),
         rows: clamp(rows),
-        pixel_width: 0,
-        pixel_height: 0,
     }
 }
 
@@ -131,9 +140,8 @@ pub struct Exit {
 pub struct Terminal {
     /// Its process group, killed on drop (declared first: dropped before the master closes).
     group: GroupGuard,
-    /// The master side, for resizing (and kept open while the program runs); behind a lock
-    /// only because `portable-pty`'s master is not `Sync`.
-    master: std::sync::Mutex<Box<dyn MasterPty + Send>>,
+    /// The master side, for resizing (and kept open while the program runs).
+    master: PtyMaster,
     /// A non-blocking duplicate of the master's descriptor, for reading and writing.
     io: AsyncFd<OwnedFd>,
     /// The leader's exit, from the task that waits for it.
@@ -156,33 +164,35 @@ impl Terminal {
         agent: &AgentConfig,
         method: &TerminalMethod,
         user: &str,
-        size: PtySize,
+        size: Size,
         tracker: &TaskTracker,
     ) -> io::Result<Self> {
-        let launch = tenancy.launch(&method.agent_config(agent), Some(user))?;
-        let builder = builder(launch.command.as_std());
-        let pair = portable_pty::native_pty_system()
-            .openpty(size)
-            .map_err(|e| io::Error::other(format!("cannot open a pseudo-terminal: {e}")))?;
-        let mut child = pair
-            .slave
-            .spawn_command(builder)
-            .map_err(|e| io::Error::other(format!("cannot run the login program: {e}")))?;
-        // Only the program holds the slave now: its end is the master's end of input.
-        drop(pair.slave);
-        let pid = child
-            .process_id()
-            .and_then(|p| i32::try_from(p).ok())
-            .ok_or_else(|| io::Error::other("the login program has no process id"))?;
+        let launch = tenancy.launch_login(agent, user, &method.program(agent))?;
+        let (master, slave) = open_pty()?;
+        set_size(&master, size)?;
+        let Ready { mut command, args_fd } = launch.into_std()?;
+        command
+            .stdin(Stdio::from(slave.try_clone()?))
+            .stdout(Stdio::from(slave.try_clone()?))
+            .stderr(Stdio::from(slave));
+        let spawned = command.spawn();
+        // The child has its copies (or failed): the gateway's go, so that the program's end is
+        // the master's end of input.
+        drop(command);
+        drop(args_fd);
+        let mut child = spawned.map_err(|e| io::Error::other(format!("cannot run the login program: {e}")))?;
         // The child called setsid(): its pid is its session's and process group's id.
+        let pid = i32::try_from(child.id()).map_err(|_| io::Error::other("the login program has no process id"))?;
         let group = GroupGuard::new(pid);
-        let io = nonblocking_io(&*pair.master)?;
+        let io = nonblocking_io(&master)?;
         let (tx, rx) = oneshot::channel();
         tracker.spawn_blocking(move || {
             let exit = match child.wait() {
                 Ok(status) => Exit {
-                    code: status.exit_code(),
-                    signal: status.signal().map(str::to_string),
+                    code: status.code().and_then(|c| u32::try_from(c).ok()).unwrap_or(1),
+                    signal: status.signal().map(|n| {
+                        nix::sys::signal::Signal::try_from(n).map_or_else(|_| n.to_string(), |s| s.as_str().to_string())
+                    }),
                 },
                 Err(_) => Exit { code: 1, signal: None },
             };
@@ -190,7 +200,7 @@ impl Terminal {
         });
         Ok(Self {
             group,
-            master: std::sync::Mutex::new(pair.master),
+            master,
             io,
             exit: Some(rx),
         })
@@ -228,12 +238,8 @@ impl Terminal {
     }
 
     /// Tells the program its terminal's new size.
-    pub fn resize(&self, size: PtySize) -> io::Result<()> {
-        self.master
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .resize(size)
-            .map_err(io::Error::other)
+    pub fn resize(&self, size: Size) -> io::Result<()> {
+        set_size(&self.master, size)
     }
 
     /// The leader's exit, once: it resolves when the program has ended (to an error only if
@@ -248,40 +254,55 @@ impl Terminal {
     }
 }
 
-/// The launch command as a `portable-pty` one: the same program, arguments, environment (only
-/// what the launch set: it clears the rest) and working directory; `TERM` for the browser's
-/// terminal; run through `env -u SHELL` (see [`ENV`]).
-fn builder(command: &std::process::Command) -> CommandBuilder {
-    let mut b = CommandBuilder::new(ENV);
-    b.env_clear();
-    b.args(["-u", "SHELL", "--"]);
-    b.arg(command.get_program());
-    b.args(command.get_args());
-    for (key, value) in command.get_envs() {
-        if let Some(value) = value {
-            b.env(key, value);
-        }
+/// A new pseudo-terminal: its master and its slave, both close-on-exec (a child gets the slave
+/// only as its stdio, and no other child of the gateway gets either).
+fn open_pty() -> io::Result<(PtyMaster, OwnedFd)> {
+    let cannot = |e: nix::Error| io::Error::other(format!("cannot open a pseudo-terminal: {e}"));
+    let master = nix::pty::posix_openpt(OFlag::O_RDWR | OFlag::O_NOCTTY | OFlag::O_CLOEXEC).map_err(cannot)?;
+    nix::pty::grantpt(&master).map_err(cannot)?;
+    nix::pty::unlockpt(&master).map_err(cannot)?;
+    let name = nix::pty::ptsname_r(&master).map_err(cannot)?;
+    let slave = nix::fcntl::open(
+        name.as_str(),
+        OFlag::O_RDWR | OFlag::O_NOCTTY | OFlag::O_CLOEXEC,
+        nix::sys::stat::Mode::empty(),
+    )
+    .map_err(cannot)?;
+    Ok((master, slave))
+}
+
+/// Sets the terminal's size (`TIOCSWINSZ` on the master: the program gets `SIGWINCH`).
+#[allow(
+    unsafe_code,
+    reason = "TIOCSWINSZ has no safe wrapper; it reads one winsize the call borrows, on a descriptor the master holds open"
+)]
+fn set_size(master: &PtyMaster, size: Size) -> io::Result<()> {
+    let ws = nix::libc::winsize {
+        ws_row: size.rows,
+        ws_col: size.cols,
+        ws_xpixel: 0,
+        ws_ypixel: 0,
+    };
+    // SAFETY: the descriptor is open while `master` is borrowed, and `ws` outlives the call.
+    if unsafe { nix::libc::ioctl(master.as_raw_fd(), nix::libc::TIOCSWINSZ, &ws) } == -1 {
+        return Err(io::Error::other(format!(
+            "cannot resize the terminal: {}",
+            io::Error::last_os_error()
+        )));
     }
-    b.env("TERM", TERM);
-    if let Some(dir) = command.get_current_dir() {
-        b.cwd(dir);
-    }
-    b
+    Ok(())
 }
 
 /// A non-blocking duplicate of `master`'s descriptor, registered with tokio (the flag is the
 /// open file's, which only this module reads and writes).
 #[allow(
     unsafe_code,
-    reason = "portable-pty only hands out the master's raw descriptor (borrowed for the dup while `master` holds it open), and tokio's registration asks its caller to vouch for the descriptor (an OwnedFd: open, and the same, until dropped)"
+    reason = "tokio's registration asks its caller to vouch for the descriptor (an OwnedFd: open, and the same, until dropped)"
 )]
-fn nonblocking_io(master: &dyn MasterPty) -> io::Result<AsyncFd<OwnedFd>> {
-    let raw = master
-        .as_raw_fd()
-        .ok_or_else(|| io::Error::other("the pseudo-terminal has no descriptor"))?;
-    // SAFETY: `raw` is the master's open descriptor and `master` outlives this borrow.
-    let borrowed = unsafe { BorrowedFd::borrow_raw(raw) };
-    let fd = nix::unistd::dup(borrowed)?;
+fn nonblocking_io(master: &PtyMaster) -> io::Result<AsyncFd<OwnedFd>> {
+    // Close-on-exec (`F_DUPFD_CLOEXEC`): a plain `dup` would hand the user's terminal to every
+    // agent process started after it.
+    let fd = master.as_fd().try_clone_to_owned()?;
     let flags = OFlag::from_bits_truncate(fcntl(fd.as_fd(), FcntlArg::F_GETFL)?);
     fcntl(fd.as_fd(), FcntlArg::F_SETFL(flags | OFlag::O_NONBLOCK))?;
     // SAFETY: an OwnedFd is open and names the same file description until it is dropped,
@@ -317,7 +338,7 @@ mod tests {
     }
 
     #[test]
-    fn the_meta_command_wins_else_the_agents_own() {
+    fn the_meta_command_wins_else_the_agents_own_and_the_env_is_the_methods() {
         let m = methods();
         let agent = AgentConfig {
             command: "/opt/agent".into(),
@@ -328,19 +349,16 @@ mod tests {
             ..Default::default()
         };
         let claude = TerminalMethod::find(Some(&m), "claude-login").expect("found");
-        let cfg = claude.agent_config(&agent);
-        assert_eq!(cfg.command, "/usr/bin/node");
-        assert_eq!(cfg.args, ["/x/claude-agent-acp", "--cli"]);
+        let program = claude.program(&agent);
+        assert_eq!(program.command, "/usr/bin/node");
+        assert_eq!(program.args, ["/x/claude-agent-acp", "--cli"]);
         let plain = TerminalMethod::find(Some(&m), "plain").expect("found");
-        let cfg = plain.agent_config(&agent);
-        assert_eq!(cfg.command, "/opt/agent");
-        assert_eq!(cfg.args, ["--acp", "--login"]);
-        let env: Vec<(&str, &str)> = cfg.env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
-        assert_eq!(
-            env,
-            [("KEEP", "method"), ("MODE", "login"), ("OTHER", "agent")],
-            "the method's env over the agent's"
-        );
+        let program = plain.program(&agent);
+        assert_eq!(program.command, "/opt/agent");
+        assert_eq!(program.args, ["--acp", "--login"]);
+        let mut env: Vec<(&str, &str)> = program.env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+        env.sort_unstable();
+        assert_eq!(env, [("KEEP", "method"), ("MODE", "login")], "the method's own");
     }
 
     #[test]

@@ -9,12 +9,20 @@
 //!   are (never chmod'ed, chown'ed or written), and skipped, named, when they cannot be used;
 //! - working directories resolved (`..`, symlinks) and kept inside the user's roots;
 //! - with bubblewrap ([`sandbox`]), a sandbox that sees the system read-only, its user's home and
-//!   roots read-write, a private `/tmp`, its own PID namespace, no capabilities, and nothing of
-//!   the gateway's data directory, database or other users' homes.
+//!   roots read-write, a private `/tmp`, its own PID namespace and session, no capabilities, and
+//!   nothing of the gateway's data directory, database, configuration file or other users'
+//!   homes ([`Sight`], the rule the workspace file routes apply too);
+//! - without a working sandbox, `sandbox = "auto"` fails closed: its agents serve one user
+//!   ([`single_user`]); several users share an unsandboxed host only when the operator says so
+//!   (`sandbox = "none"`).
 
+mod config_file;
+mod launch;
 mod mcp;
 mod paths;
 mod sandbox;
+mod sight;
+mod single_user;
 
 use std::collections::BTreeMap;
 use std::ffi::OsString;
@@ -22,9 +30,12 @@ use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
+pub use launch::{Launch, Purpose, Ready};
 pub use mcp::{McpTransports, check_mcp_servers};
 pub use paths::escape_user;
 use paths::{checked_user, fill, resolve_existing, user_base};
+pub use sight::Sight;
+use single_user::SingleUser;
 
 use crate::config::{AgentConfig, Config, SandboxMode};
 use crate::files::{named, private_dir};
@@ -62,20 +73,43 @@ pub struct Tenancy {
     /// bubblewrap, when it works on this host.
     bwrap: Option<PathBuf>,
     /// What a sandbox never sees: the data directory, the SQLite file's directory, and the
-    /// directories that hold every user's homes and workspaces (a user's own are bound back in).
+    /// directories that hold every user's homes and workspaces (a user's own are bound back in),
+    /// resolved.
     hidden: Vec<PathBuf>,
+    /// Files a sandbox never sees: the configuration file, resolved.
+    hidden_files: Vec<PathBuf>,
+    /// What no command line may name: the data directory, the SQLite file, the config file.
+    secret: Vec<PathBuf>,
+    /// The one user that agents with `sandbox = "auto"` serve while no sandbox works here.
+    single_user: SingleUser,
+    /// Why the configuration file is a risk, for `/readyz` (it holds secrets and an agent can
+    /// read it).
+    config_warning: Option<String>,
     /// Roots that cannot be used now, by template, with why: logged once when found, listed in
     /// `/readyz`'s warnings, forgotten when the root works again. Bounded by the configured roots.
     unusable: Mutex<BTreeMap<String, String>>,
 }
 
-/// An agent process about to start: the command (bubblewrap around the agent when sandboxed).
-#[derive(Debug)]
-pub struct Launch {
-    /// Ready to spawn: program, arguments, environment and working directory set.
-    pub command: tokio::process::Command,
-    /// Whether it runs in the bubblewrap sandbox.
-    pub sandboxed: bool,
+/// A program that a sign-in method runs in place of the agent, in the agent's sandbox.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Program {
+    /// The program.
+    pub command: String,
+    /// Its arguments.
+    pub args: Vec<String>,
+    /// Variables it adds (filtered like a user's keys: they came from an agent's answer).
+    pub env: Vec<(String, String)>,
+}
+
+/// How agents of one configuration are confined here, for `/readyz`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Confinement {
+    /// In bubblewrap.
+    Sandboxed,
+    /// Unsandboxed because the operator said so (`sandbox = "none"`): single-tenant by choice.
+    NoneByChoice,
+    /// `sandbox = "auto"` without a working bubblewrap: serves one user.
+    SingleUser,
 }
 
 impl Tenancy {
@@ -115,8 +149,14 @@ impl Tenancy {
             }
             secret.push(db);
         }
+        let hidden_files: Vec<PathBuf> = config
+            .config_file
+            .iter()
+            .map(|f| resolve_existing(f).unwrap_or_else(|_| f.clone()))
+            .collect();
+        secret.extend(hidden_files.iter().cloned());
         for (name, agent) in &config.agents {
-            sandbox::refuse_secret_paths(name, agent, &secret)?;
+            sandbox::refuse_secret_paths(&format!("agents.{name}"), &agent.command, &agent.args, &secret)?;
         }
         let wants_bwrap = config.agents.values().any(|a| a.sandbox != SandboxMode::None);
         let bwrap = if wants_bwrap { sandbox::probe_bwrap() } else { None };
@@ -129,21 +169,42 @@ impl Tenancy {
                 }
                 (SandboxMode::Auto, None) => tracing::warn!(
                     agent = %name,
-                    "bubblewrap does not work on this host: agent processes run unsandboxed (clean environment, own HOME and workspace checks only)"
+                    "bubblewrap does not work on this host: agent processes of agents.{name} (sandbox = \"auto\") serve one user only; install bubblewrap, or set agents.{name}.sandbox = \"none\" to let several users share an unsandboxed host"
+                ),
+                (SandboxMode::None, _) => tracing::warn!(
+                    agent = %name,
+                    "agents.{name}.sandbox = \"none\": its processes run as the gateway's own OS user and can read the gateway's secrets, its database and every user's home; only for a single tenant"
                 ),
                 _ => {}
             }
         }
         hidden.extend(std::iter::once(&homes).chain(&roots).filter_map(|t| user_base(t)));
+        // Resolved, so that a path the file routes resolved compares with them.
+        for dir in &mut hidden {
+            if let Ok(real) = resolve_existing(dir) {
+                *dir = real;
+            }
+        }
         hidden.retain(|p| p != Path::new("/"));
         hidden.sort();
         hidden.dedup();
+        let unsandboxed: Vec<&str> = config
+            .agents
+            .iter()
+            .filter(|(_, a)| a.sandbox == SandboxMode::None || bwrap.is_none())
+            .map(|(n, _)| n.as_str())
+            .collect();
+        let config_warning = config_file::check(config.config_file.as_deref(), &unsandboxed);
         let tenancy = Self {
+            single_user: SingleUser::new(&data_dir),
             data_dir,
             homes,
             roots,
             bwrap,
             hidden,
+            hidden_files,
+            secret,
+            config_warning,
             unusable: Mutex::default(),
         };
         let _ = tenancy.shared_roots();
@@ -155,14 +216,56 @@ impl Tenancy {
         mode != SandboxMode::None && self.bwrap.is_some()
     }
 
-    /// The agents that asked for a sandbox (`auto`) and run without one, for `/readyz`.
-    pub fn unsandboxed<'a>(&self, config: &'a Config) -> Vec<&'a str> {
-        config
-            .agents
-            .iter()
-            .filter(|(_, a)| a.sandbox == SandboxMode::Auto && !self.sandboxed(a.sandbox))
-            .map(|(n, _)| n.as_str())
-            .collect()
+    /// How an agent with `mode` is confined here.
+    pub fn confinement(&self, mode: SandboxMode) -> Confinement {
+        match mode {
+            _ if self.sandboxed(mode) => Confinement::Sandboxed,
+            SandboxMode::None => Confinement::NoneByChoice,
+            _ => Confinement::SingleUser,
+        }
+    }
+
+    /// The user that unsandboxed `auto` agents serve, once one has used them.
+    pub fn single_user(&self) -> Option<String> {
+        self.single_user.current()
+    }
+
+    /// Whether `user` may use an agent with `mode`: always, unless it runs without the sandbox
+    /// it asked for (`auto` where bubblewrap does not work), where only one user ever may (the
+    /// first, remembered in the data directory). The error says why and what to change.
+    pub fn admit(&self, agent: &str, mode: SandboxMode, user: &str) -> io::Result<()> {
+        if self.confinement(mode) != Confinement::SingleUser {
+            return Ok(());
+        }
+        self.single_user.admit(user).map_err(|owner| {
+            io::Error::new(
+                io::ErrorKind::PermissionDenied,
+                format!(
+                    "agent {agent} runs without a sandbox here (bubblewrap does not work on this host), so it serves one user only, and that is {owner:?}; the operator can install bubblewrap, or set agents.{agent}.sandbox = \"none\" to let several users share an unsandboxed host"
+                ),
+            )
+        })
+    }
+
+    /// Warnings for `/readyz`: agents without a sandbox, a configuration file that holds secrets
+    /// an agent can read, roots that cannot be used.
+    pub fn warnings(&self, config: &Config) -> Vec<String> {
+        let mut out = Vec::new();
+        for (name, agent) in &config.agents {
+            match self.confinement(agent.sandbox) {
+                Confinement::Sandboxed => {}
+                Confinement::NoneByChoice => out.push(format!(
+                    "agent {name} runs unsandboxed (sandbox = \"none\"): single-tenant only, its processes can read the gateway's secrets and every user's files"
+                )),
+                Confinement::SingleUser => out.push(format!(
+                    "agent {name} runs unsandboxed: bubblewrap does not work on this host, so it serves one user only{}",
+                    self.single_user().map(|u| format!(" ({u:?})")).unwrap_or_default()
+                )),
+            }
+        }
+        out.extend(self.config_warning.clone());
+        out.extend(self.unusable_roots());
+        out
     }
 
     /// The workspace roots that cannot be used now, each with why, for `/readyz`'s warnings
@@ -179,12 +282,16 @@ impl Tenancy {
 
     /// The user's agent `HOME` (or the shared one), created `0700` on first use.
     pub fn home(&self, user: Option<&str>) -> io::Result<PathBuf> {
-        let dir = match user {
-            Some(user) => fill(&self.homes, &checked_user(user)?),
-            None => fill(&self.homes, SHARED_HOME),
-        };
+        let dir = self.home_path(user)?;
         private_dir(&dir).map_err(for_setting("agent home: ", HOMES_SETTING))?;
         Ok(dir)
+    }
+
+    fn home_path(&self, user: Option<&str>) -> io::Result<PathBuf> {
+        Ok(match user {
+            Some(user) => fill(&self.homes, &checked_user(user)?),
+            None => fill(&self.homes, SHARED_HOME),
+        })
     }
 
     /// The user's workspace roots that can be used, resolved (symlinks), in configured order:
@@ -215,6 +322,28 @@ impl Tenancy {
         Ok(out)
     }
 
+    /// What `user`'s agents see of this host (`None`: a process shared between users): the rule
+    /// their sandbox is built from, and the one the workspace file routes apply.
+    pub fn sight(&self, user: Option<&str>) -> Sight {
+        let mut own = Vec::new();
+        if let Ok(home) = self.home_path(user) {
+            own.push(resolve_existing(&home).unwrap_or(home));
+        }
+        let name = user.map(escape_user);
+        for template in self.roots.iter().filter(|t| t.contains("{user}")) {
+            let dir = match &name {
+                Some(name) => fill(template, name),
+                // A shared process serves every user: it sees every user's workspaces.
+                None => match user_base(template) {
+                    Some(base) => base,
+                    None => continue,
+                },
+            };
+            own.push(resolve_existing(&dir).unwrap_or(dir));
+        }
+        Sight::new(&self.hidden, &self.hidden_files, own)
+    }
+
     /// Records whether the root of `template` can be used, logging a change once.
     fn noted(&self, template: &str, usable: io::Result<PathBuf>) -> io::Result<PathBuf> {
         let mut unusable = self.unusable.lock().unwrap_or_else(|e| e.into_inner());
@@ -235,9 +364,10 @@ impl Tenancy {
         usable
     }
 
-    /// `path` resolved (`.`, `..`, symlinks) if it is absolute and inside one of `user`'s roots;
-    /// else a message naming the roots. A path that does not exist yet is resolved as far as it
-    /// exists, the rest taken as written (after `..` is folded).
+    /// `path` resolved (`.`, `..`, symlinks) if it is absolute, inside one of `user`'s roots and
+    /// in sight of their agents ([`Sight`]); else a message naming the roots (the same for a
+    /// path outside the roots and a hidden one). A path that does not exist yet is resolved as
+    /// far as it exists, the rest taken as written (after `..` is folded).
     pub fn resolve(&self, user: &str, path: &str) -> Result<PathBuf, String> {
         let roots = self
             .roots(user)
@@ -259,7 +389,7 @@ impl Tenancy {
         }
         let resolved = resolve_existing(requested)
             .map_err(|e| format!("cannot resolve {path:?}: {e}; allowed roots: {}", allowed()))?;
-        if roots.iter().any(|r| resolved.starts_with(r)) {
+        if roots.iter().any(|r| resolved.starts_with(r)) && self.sight(Some(user)).sees(&resolved) {
             Ok(resolved)
         } else {
             Err(format!(
@@ -272,6 +402,35 @@ impl Tenancy {
     /// The command that starts one process of `agent` for `user` (`None`: a shared process).
     /// Every error names the path, the operation and the setting to change.
     pub fn launch(&self, agent: &AgentConfig, user: Option<&str>) -> io::Result<Launch> {
+        self.start(agent, user, None, Purpose::Agent)
+    }
+
+    /// The command that starts a sign-in's login `program` for `user`, in a pseudo-terminal, in
+    /// `agent`'s sandbox with `agent`'s environment, home and working directory. Nothing of
+    /// `program` is trusted: it runs inside the sandbox only, its `env` is filtered like a
+    /// user's keys, and no file it names is brought into the sandbox.
+    pub fn launch_login(&self, agent: &AgentConfig, user: &str, program: &Program) -> io::Result<Launch> {
+        self.start(agent, Some(user), Some(program), Purpose::Login)
+    }
+
+    fn start(
+        &self,
+        agent: &AgentConfig,
+        user: Option<&str>,
+        program: Option<&Program>,
+        purpose: Purpose,
+    ) -> io::Result<Launch> {
+        let (command, args) = match program {
+            Some(p) => (&p.command, &p.args),
+            None => (&agent.command, &agent.args),
+        };
+        let label = if program.is_some() {
+            "the sign-in method"
+        } else {
+            "the agent"
+        };
+        // Checked at every launch: a sign-in method's command line is an agent's answer.
+        sandbox::refuse_secret_paths(label, command, args, &self.secret)?;
         let home = self.home(user)?;
         let roots = match user {
             Some(user) => self.roots(user)?,
@@ -312,28 +471,33 @@ impl Tenancy {
             user.map_or_else(|| SHARED_HOME.to_string(), escape_user).into(),
         );
         env.insert("TMPDIR".into(), tmpdir.into_os_string());
-        let mut command = match (&self.bwrap, sandboxed) {
+        if purpose == Purpose::Login {
+            env.insert("TERM".into(), "xterm-256color".into());
+        }
+        let command_line: Vec<OsString> = std::iter::once(command).chain(args).map(OsString::from).collect();
+        let mut launch = match (&self.bwrap, sandboxed) {
             (Some(bwrap), true) => {
                 let places = sandbox::Places {
                     hidden: &self.hidden,
+                    hidden_files: &self.hidden_files,
                     home: &home,
                     roots: &roots,
                     cwd: &cwd,
                 };
-                let mut c = tokio::process::Command::new(bwrap);
-                c.args(sandbox::bwrap_args(&places, agent));
-                c.arg("--").arg(&agent.command).args(&agent.args);
-                c
+                // Only the operator's command line brings files into the sandbox.
+                let args = sandbox::bwrap_args(&places, agent, purpose);
+                Launch::sandboxed(bwrap.clone(), args, command_line, env, purpose)
             }
-            _ => {
-                let mut c = tokio::process::Command::new(&agent.command);
-                c.args(&agent.args).current_dir(&cwd);
-                sandbox::die_with_gateway(&mut c);
-                c
-            }
+            _ => Launch::unsandboxed(command_line, env, cwd, purpose),
         };
-        command.env_clear().envs(env);
-        Ok(Launch { command, sandboxed })
+        if let Some(program) = program {
+            for (name, value) in &program.env {
+                if !launch.set_user_env(name, value) {
+                    tracing::warn!(variable = %name, "a sign-in method's variable was dropped: users may not set it");
+                }
+            }
+        }
+        Ok(launch)
     }
 
     /// For a shared process: the directories holding every user's workspaces (it serves them

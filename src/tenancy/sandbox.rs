@@ -6,12 +6,16 @@
 //! `/` included); its own `/dev`, `/proc` and, unless a root holds `/tmp`, a private `/tmp`; the
 //! hidden directories (the data directory, the SQLite file's directory, the directories of every
 //! user's homes and workspaces) as empty tmpfs; then its user's own home and roots inside them;
-//! then the regular files its command line names in hidden places, read-only.
+//! then the regular files the operator's command line for the agent names in hidden places,
+//! read-only; last, the hidden files (the configuration file) covered by `/dev/null`, which cannot
+//! be opened there (bubblewrap binds it `nodev`). An agent process
+//! also gets a session of its own (`--new-session`): no terminal to push keystrokes into.
 
 use std::ffi::OsString;
 use std::io;
 use std::path::{Path, PathBuf};
 
+use super::launch::Purpose;
 use super::paths::resolve_existing;
 use crate::config::AgentConfig;
 
@@ -37,6 +41,8 @@ const PRIVATE: [&str; 4] = ["--dev", "/dev", "--proc", "/proc"];
 pub(super) struct Places<'a> {
     /// Shown as empty directories: the data directory and the like.
     pub hidden: &'a [PathBuf],
+    /// Covered by `/dev/null`: the configuration file.
+    pub hidden_files: &'a [PathBuf],
     /// The agent's `HOME`.
     pub home: &'a Path,
     /// Its workspace roots, read-write.
@@ -58,12 +64,17 @@ impl Places<'_> {
     }
 }
 
-/// bubblewrap's arguments for `agent` (see the module's doc for what each layer is).
-pub(super) fn bwrap_args(places: &Places<'_>, agent: &AgentConfig) -> Vec<OsString> {
+/// bubblewrap's arguments for a program of `agent` (see the module's doc for what each layer
+/// is); `agent` is the operator's configuration, whatever program runs.
+pub(super) fn bwrap_args(places: &Places<'_>, agent: &AgentConfig, purpose: Purpose) -> Vec<OsString> {
     let bind = |args: &mut Vec<OsString>, flag: &str, dir: &Path| {
         args.extend([flag.into(), dir.as_os_str().to_owned(), dir.as_os_str().to_owned()]);
     };
     let mut args: Vec<OsString> = BASE.iter().map(OsString::from).collect();
+    // A login program keeps the pseudo-terminal the gateway made its controlling one.
+    if purpose == Purpose::Agent {
+        args.push("--new-session".into());
+    }
     let mut roots: Vec<&Path> = places.roots.iter().map(PathBuf::as_path).collect();
     // Outer before inner, so that a root inside another is not covered by it.
     roots.sort_by_key(|r| r.components().count());
@@ -84,16 +95,19 @@ pub(super) fn bwrap_args(places: &Places<'_>, agent: &AgentConfig) -> Vec<OsStri
     for file in named_files(places, agent) {
         bind(&mut args, "--ro-bind", &file);
     }
+    for file in places.hidden_files.iter().filter(|f| !places.hides(f)) {
+        args.extend(["--ro-bind".into(), "/dev/null".into(), file.clone().into_os_string()]);
+    }
     args.extend(["--chdir".into(), places.cwd.as_os_str().to_owned()]);
     args
 }
 
-/// The absolute paths an agent's command line names: its program, its arguments, and the paths
-/// inside a `sh -c` script.
-fn named_paths(agent: &AgentConfig) -> impl Iterator<Item = PathBuf> + '_ {
+/// The absolute paths a command line names: its program, its arguments, and the paths inside a
+/// `sh -c` script.
+fn named_paths<'a>(command: &'a String, args: &'a [String]) -> impl Iterator<Item = PathBuf> + 'a {
     let separators = |c: char| c.is_whitespace() || "'\";&|<>()=`:".contains(c);
-    std::iter::once(&agent.command)
-        .chain(&agent.args)
+    std::iter::once(command)
+        .chain(args)
         .flat_map(move |arg| arg.split(separators))
         .filter(|token| token.starts_with('/'))
         .map(PathBuf::from)
@@ -103,7 +117,7 @@ fn named_paths(agent: &AgentConfig) -> impl Iterator<Item = PathBuf> + '_ {
 /// sandbox hides, such as `/tmp`: the operator named them, so the agent gets them, read-only.
 /// Never a directory: a wrapper that `cd`s somewhere under a hidden directory must not open it.
 fn named_files(places: &Places<'_>, agent: &AgentConfig) -> Vec<PathBuf> {
-    let mut files: Vec<PathBuf> = named_paths(agent)
+    let mut files: Vec<PathBuf> = named_paths(&agent.command, &agent.args)
         .filter(|p| places.hides(p) && std::fs::metadata(p).is_ok_and(|m| m.is_file()))
         .collect();
     files.sort();
@@ -111,50 +125,31 @@ fn named_files(places: &Places<'_>, agent: &AgentConfig) -> Vec<PathBuf> {
     files
 }
 
-/// Refuses an agent whose command line names anything inside `secret` (the data directory, the
-/// SQLite database): agents never see them, whatever their command line says. The message names
-/// the agent, the path and what to change.
-pub(super) fn refuse_secret_paths(name: &str, agent: &AgentConfig, secret: &[PathBuf]) -> io::Result<()> {
-    for path in named_paths(agent) {
+/// Refuses a command line (of `what`: `agents.NAME`, a sign-in method) that names anything inside
+/// `secret` (the data directory, the SQLite database, the configuration file): agents never see
+/// them, whatever their command line says. The message names who, the path and what to change.
+pub(super) fn refuse_secret_paths(what: &str, command: &String, args: &[String], secret: &[PathBuf]) -> io::Result<()> {
+    for path in named_paths(command, args) {
         let resolved = resolve_existing(&path).unwrap_or_else(|_| path.clone());
         if let Some(inside) = secret.iter().find(|s| path.starts_with(s) || resolved.starts_with(s)) {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidInput,
                 format!(
-                    "agents.{name}: its command line names {}, inside {}, which agent processes never see \
-                     (it holds the gateway's secret and database); move that file out of it and change \
-                     agents.{name}.command/args (or ACP_GATEWAY_AGENT)",
+                    "{what}: its command line names {}, inside {}, which agent processes never see \
+                     (it holds the gateway's secrets, configuration or database); move that file out of \
+                     it and change {what}'s command line{}",
                     path.display(),
-                    inside.display()
+                    inside.display(),
+                    if what.starts_with("agents.") {
+                        " (command/args, or ACP_GATEWAY_AGENT)"
+                    } else {
+                        ""
+                    }
                 ),
             ));
         }
     }
     Ok(())
-}
-
-/// Asks the kernel to SIGKILL the agent when the gateway dies, however it dies (bubblewrap's
-/// `--die-with-parent` does the same for sandboxed agents). The agent's own children are killed
-/// with its process group on every orderly exit, and by the next start's reaper otherwise
-/// (`pool::reaper`).
-#[allow(
-    unsafe_code,
-    reason = "pre_exec runs between fork and exec; the closure only makes async-signal-safe system calls (prctl, getppid) and allocates nothing"
-)]
-pub(super) fn die_with_gateway(command: &mut tokio::process::Command) {
-    let gateway = nix::unistd::getpid();
-    // SAFETY: the closure runs in the forked child before exec; prctl(PR_SET_PDEATHSIG) and
-    // getppid are async-signal-safe, and nothing here allocates or takes a lock.
-    unsafe {
-        command.pre_exec(move || {
-            nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL)?;
-            // The gateway may have died between fork and prctl: then nothing would fire.
-            if nix::unistd::getppid() != gateway {
-                return Err(io::Error::other("the gateway is gone"));
-            }
-            Ok(())
-        });
-    }
 }
 
 /// bubblewrap's path, if it can build the sandbox the gateway uses on this host.
@@ -199,6 +194,7 @@ mod tests {
         let hidden = [hidden_dir.clone()];
         let places = Places {
             hidden: &hidden,
+            hidden_files: &[],
             home: Path::new("/nonexistent-home"),
             roots: &[],
             cwd: Path::new("/"),
@@ -221,27 +217,31 @@ mod tests {
             "exec /srv/acp-data/x",
             "X=/srv/acp-data exec a",
         ] {
-            let err = refuse_secret_paths("default", &agent(script), &secret).expect_err(script);
+            let a = agent(script);
+            let err = refuse_secret_paths("agents.default", &a.command, &a.args, &secret).expect_err(script);
             let text = err.to_string();
             assert!(
                 text.contains("agents.default") && text.contains("/srv/acp-data"),
                 "{text}"
             );
         }
-        refuse_secret_paths("default", &agent("exec /tmp/agent.sh /srv/acp-database"), &secret).expect("a neighbour");
+        let a = agent("exec /tmp/agent.sh /srv/acp-database");
+        refuse_secret_paths("agents.default", &a.command, &a.args, &secret).expect("a neighbour");
     }
 
     #[test]
     fn roots_are_bound_where_nothing_covers_them_and_the_data_stays_hidden() {
         let hidden = [PathBuf::from("/d/data"), PathBuf::from("/d/data/workspaces")];
         let roots = [PathBuf::from("/"), PathBuf::from("/d/data/workspaces/alice")];
+        let config = [PathBuf::from("/etc/acp/config.toml")];
         let places = Places {
             hidden: &hidden,
+            hidden_files: &config,
             home: Path::new("/d/data/homes/alice"),
             roots: &roots,
             cwd: Path::new("/d/data/workspaces/alice"),
         };
-        let args: Vec<String> = bwrap_args(&places, &AgentConfig::default())
+        let args: Vec<String> = bwrap_args(&places, &AgentConfig::default(), Purpose::Agent)
             .into_iter()
             .map(|a| a.to_string_lossy().into_owned())
             .collect();
@@ -256,6 +256,10 @@ mod tests {
         let home = at(&["--bind", "/d/data/homes/alice", "/d/data/homes/alice"]);
         let own = at(&["--bind", "/d/data/workspaces/alice", "/d/data/workspaces/alice"]);
         assert!(root < proc && proc < data && data < home && data < own, "{args:?}");
+        // The config file is covered, over everything bound before it.
+        let config = at(&["--ro-bind", "/dev/null", "/etc/acp/config.toml"]);
+        assert!(config > own && config > home, "{args:?}");
+        assert!(args.iter().any(|a| a == "--new-session"), "{args:?}");
         // `/` holds /tmp: the agent works in the real one.
         assert!(!args.windows(2).any(|w| w == ["--tmpfs", "/tmp"]), "{args:?}");
     }

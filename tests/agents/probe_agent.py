@@ -5,7 +5,9 @@ the ways that matter for tenancy.
 
 It writes, under its own ``$HOME``:
   * ``probe-start.json``: its environment, ``HOME``, cwd, pid, and for every path in
-    ``PROBE_PATHS`` (colon-separated) whether it could read it;
+    ``PROBE_PATHS`` (colon-separated) whether it could read it and how many bytes (``sizes``,
+    -1 when it could not); with ``PROBE_TIOCSTI`` set, what became of pushing
+    ``echo INJECTED-BY-AGENT`` into its controlling terminal with ``TIOCSTI`` (``tiocsti``);
   * ``probe-stdin.jsonl``: every line the gateway sent it, verbatim.
 
 Like real agents it starts every ``stdio`` MCP server it is given in ``session/new`` (a command
@@ -33,6 +35,33 @@ def readable(path: str) -> bool:
         return True
     except OSError:
         return False
+
+
+def size(path: str) -> int:
+    try:
+        with open(path, "rb") as f:
+            return len(f.read(1 << 16))
+    except OSError:
+        return -1
+
+
+def push_keystrokes() -> str:
+    """What the security review's agent did: type a command into the terminal it runs under."""
+    import fcntl
+    import termios
+
+    try:
+        fd = os.open("/dev/tty", os.O_RDWR | os.O_NOCTTY)
+    except OSError as e:
+        return f"no terminal: {e}"
+    try:
+        for byte in b"echo INJECTED-BY-AGENT\n":
+            fcntl.ioctl(fd, termios.TIOCSTI, bytes([byte]))
+        return "injected"
+    except OSError as e:
+        return f"refused: {e}"
+    finally:
+        os.close(fd)
 
 
 def send(msg: dict) -> None:
@@ -64,6 +93,8 @@ def main() -> None:
                 "cwd": os.getcwd(),
                 "pid": os.getpid(),
                 "readable": {p: readable(p) for p in paths},
+                "sizes": {p: size(p) for p in paths},
+                "tiocsti": push_keystrokes() if os.environ.get("PROBE_TIOCSTI") else None,
             },
             f,
         )

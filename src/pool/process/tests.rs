@@ -55,16 +55,12 @@ impl SessionRoute for Recorder {
 
 /// `cat` as the agent: what the test sends comes back on its stdout.
 fn echo_agent(dir: &tempfile::TempDir, tracker: &TaskTracker) -> Arc<AgentProcess> {
-    agent(dir, tracker, tokio::process::Command::new("cat"))
+    agent(dir, tracker, Launch::direct("cat", &[]))
 }
 
 /// `command` as the agent, unsandboxed.
-fn agent(dir: &tempfile::TempDir, tracker: &TaskTracker, command: tokio::process::Command) -> Arc<AgentProcess> {
+fn agent(dir: &tempfile::TempDir, tracker: &TaskTracker, launch: Launch) -> Arc<AgentProcess> {
     let groups = Arc::new(GroupRecord::open(&dir.path().join("agent-groups")));
-    let launch = Launch {
-        command,
-        sandboxed: false,
-    };
     let pipes = PipeLimits {
         max_line_bytes: 1 << 20,
         input_queue_bytes: 1 << 20,
@@ -261,9 +257,12 @@ async fn a_burst_reaches_each_session_in_order_marked_where_an_update_follows() 
     let file = dir.path().join("burst");
     std::fs::write(&file, burst).expect("write the burst");
     // The agent writes it once told to (after the sessions are bound).
-    let mut command = tokio::process::Command::new("sh");
-    command.args(["-c", "read _; exec cat \"$0\""]).arg(&file);
-    let process = agent(&dir, &tracker, command);
+    let file = file.to_str().expect("a UTF-8 path");
+    let process = agent(
+        &dir,
+        &tracker,
+        Launch::direct("sh", &["-c", "read _; exec cat \"$0\"", file]),
+    );
     let (a, b) = (
         Arc::new(BurstRecorder {
             id: "a",

@@ -1,0 +1,248 @@
+//! A program about to start for a user (an agent process or a terminal sign-in's login program),
+//! and how it is started.
+//!
+//! What the programs outside the sandbox see is only what the gateway decided: bubblewrap runs
+//! with `PATH` alone, and the agent's environment (the operator's `env`, the user's own keys, a
+//! sign-in method's `env`) is handed to bubblewrap through a descriptor (`--args FD` with
+//! `--clearenv` and `--setenv`), which it sets for the sandboxed program only. Nothing that came
+//! from a user ever lands on a program that runs outside the sandbox, on a command line (where
+//! every user of the host could read it), or in bubblewrap's own environment (where the dynamic
+//! loader would act on an `LD_PRELOAD`).
+//!
+//! Every program starts as the leader of a session of its own (`setsid`), so none shares the
+//! gateway's controlling terminal (no `TIOCSTI` into the operator's shell); its pid is its
+//! process group's, which the pool kills as one.
+
+use std::collections::BTreeMap;
+use std::ffi::OsString;
+use std::io::{self, Seek, Write};
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::path::PathBuf;
+
+/// What a started program is for: it decides who owns the terminal.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Purpose {
+    /// An agent process on pipes: a session of its own with no terminal at all.
+    Agent,
+    /// A login program in a pseudo-terminal on its stdin, which becomes its controlling
+    /// terminal (the user's own terminal, in the browser).
+    Login,
+}
+
+/// A program about to start: where, with what, and how it is confined.
+#[derive(Debug)]
+pub struct Launch {
+    /// What the gateway runs: bubblewrap, or the program itself when unsandboxed.
+    program: PathBuf,
+    /// bubblewrap's arguments before the program (none when unsandboxed).
+    sandbox: Vec<OsString>,
+    /// The program's own command line (after `--` under bubblewrap).
+    command_line: Vec<OsString>,
+    /// The program's environment: set inside the sandbox, or on the program when unsandboxed.
+    env: BTreeMap<OsString, OsString>,
+    /// The working directory, when unsandboxed (bubblewrap's `--chdir` otherwise).
+    cwd: Option<PathBuf>,
+    /// Who owns the terminal.
+    purpose: Purpose,
+    /// Whether it runs in the bubblewrap sandbox.
+    pub sandboxed: bool,
+}
+
+/// A launch ready to spawn: the command, and the descriptor bubblewrap reads its environment
+/// from (kept open until the spawn is done, then dropped).
+#[derive(Debug)]
+pub struct Ready<C> {
+    /// Program, arguments, working directory, environment and the steps before `exec` set.
+    pub command: C,
+    /// bubblewrap's `--args` descriptor, if any.
+    pub args_fd: Option<OwnedFd>,
+}
+
+impl Launch {
+    /// `program` run as it is, with `args`, in a clean environment but for `PATH`, as an agent:
+    /// for tests of the pool's process handling.
+    pub fn direct(program: impl Into<PathBuf>, args: &[&str]) -> Self {
+        let program = program.into();
+        let env = std::env::var_os("PATH")
+            .map(|p| (OsString::from("PATH"), p))
+            .into_iter()
+            .collect();
+        Self {
+            command_line: std::iter::once(program.clone().into_os_string())
+                .chain(args.iter().map(OsString::from))
+                .collect(),
+            program,
+            sandbox: Vec::new(),
+            env,
+            cwd: None,
+            purpose: Purpose::Agent,
+            sandboxed: false,
+        }
+    }
+
+    /// bubblewrap at `bwrap` with `sandbox` arguments, around `command_line`.
+    pub(super) fn sandboxed(
+        bwrap: PathBuf,
+        sandbox: Vec<OsString>,
+        command_line: Vec<OsString>,
+        env: BTreeMap<OsString, OsString>,
+        purpose: Purpose,
+    ) -> Self {
+        Self {
+            program: bwrap,
+            sandbox,
+            command_line,
+            env,
+            cwd: None,
+            purpose,
+            sandboxed: true,
+        }
+    }
+
+    /// `command_line` run as it is in `cwd`.
+    pub(super) fn unsandboxed(
+        command_line: Vec<OsString>,
+        env: BTreeMap<OsString, OsString>,
+        cwd: PathBuf,
+        purpose: Purpose,
+    ) -> Self {
+        Self {
+            program: command_line.first().cloned().unwrap_or_default().into(),
+            sandbox: Vec::new(),
+            command_line,
+            env,
+            cwd: Some(cwd),
+            purpose,
+            sandboxed: false,
+        }
+    }
+
+    /// Adds a variable that did not come from the operator's configuration (a user's key, a
+    /// sign-in method's `env`), if a user may set it ([`user_may_set`](crate::pool::user_env::user_may_set):
+    /// not the loader's, not one the gateway sets). Whether it was taken.
+    pub fn set_user_env(&mut self, name: &str, value: &str) -> bool {
+        let ok = crate::pool::user_env::user_may_set(name);
+        if ok {
+            self.env.insert(name.into(), value.into());
+        }
+        ok
+    }
+
+    /// The program's environment (for tests and logs of names).
+    pub fn env(&self) -> &BTreeMap<OsString, OsString> {
+        &self.env
+    }
+
+    /// The program's own command line.
+    pub fn command_line(&self) -> &[OsString] {
+        &self.command_line
+    }
+
+    /// As a `std` command (the terminal sign-in waits for it on a blocking thread).
+    pub fn into_std(self) -> io::Result<Ready<std::process::Command>> {
+        let mut command;
+        let mut args_fd = None;
+        if self.sandboxed {
+            let fd = env_descriptor(&self.env)?;
+            command = std::process::Command::new(&self.program);
+            command
+                .args(&self.sandbox)
+                .arg("--args")
+                .arg(fd.as_raw_fd().to_string())
+                .arg("--")
+                .args(&self.command_line);
+            command.env_clear();
+            if let Some(path) = std::env::var_os("PATH") {
+                command.env("PATH", path);
+            }
+            args_fd = Some(fd);
+        } else {
+            command = std::process::Command::new(&self.program);
+            command
+                .args(self.command_line.iter().skip(1))
+                .env_clear()
+                .envs(&self.env);
+        }
+        if let Some(cwd) = &self.cwd {
+            command.current_dir(cwd);
+        }
+        before_exec(
+            &mut command,
+            self.purpose,
+            self.sandboxed,
+            args_fd.as_ref().map(AsRawFd::as_raw_fd),
+        );
+        Ok(Ready { command, args_fd })
+    }
+
+    /// As a `tokio` command (agent processes on pipes).
+    pub fn into_tokio(self) -> io::Result<Ready<tokio::process::Command>> {
+        let Ready { command, args_fd } = self.into_std()?;
+        Ok(Ready {
+            command: tokio::process::Command::from(command),
+            args_fd,
+        })
+    }
+}
+
+/// A memory file holding bubblewrap's `--clearenv` and a `--setenv NAME VALUE` for each of
+/// `env`, NUL-separated, read from its start (close-on-exec: only the child it is meant for
+/// keeps it, see [`before_exec`]).
+fn env_descriptor(env: &BTreeMap<OsString, OsString>) -> io::Result<OwnedFd> {
+    use std::os::unix::ffi::OsStrExt;
+    let fd = nix::sys::memfd::memfd_create(c"acp-gateway-agent-env", nix::sys::memfd::MFdFlags::MFD_CLOEXEC)
+        .map_err(|e| io::Error::other(format!("cannot create the agent's environment descriptor: {e}")))?;
+    let mut file = std::fs::File::from(fd);
+    let mut buf = Vec::with_capacity(64 + env.iter().map(|(k, v)| k.len() + v.len() + 12).sum::<usize>());
+    buf.extend_from_slice(b"--clearenv\0");
+    for (name, value) in env {
+        buf.extend_from_slice(b"--setenv\0");
+        buf.extend_from_slice(name.as_bytes());
+        buf.push(0);
+        buf.extend_from_slice(value.as_bytes());
+        buf.push(0);
+    }
+    file.write_all(&buf)?;
+    file.rewind()?;
+    Ok(OwnedFd::from(file))
+}
+
+/// The steps between `fork` and `exec`: a session of its own (and, for a login program, its
+/// terminal as the controlling one); for bubblewrap, the environment descriptor kept open in the
+/// child only; for an unsandboxed program, SIGKILL when the gateway dies (bubblewrap's
+/// `--die-with-parent` does that inside the sandbox).
+#[allow(
+    unsafe_code,
+    reason = "pre_exec runs between fork and exec; the closure only makes async-signal-safe system calls (setsid, ioctl, fcntl, prctl, getppid) and allocates nothing"
+)]
+fn before_exec(command: &mut std::process::Command, purpose: Purpose, sandboxed: bool, args_fd: Option<i32>) {
+    use std::os::unix::process::CommandExt;
+    let gateway = nix::unistd::getpid();
+    // SAFETY: the closure runs in the forked child before exec; every call in it is
+    // async-signal-safe, and nothing here allocates or takes a lock.
+    unsafe {
+        command.pre_exec(move || {
+            nix::unistd::setsid()?;
+            if purpose == Purpose::Login {
+                // stdin is the pseudo-terminal: it becomes this session's controlling terminal.
+                if nix::libc::ioctl(0, nix::libc::TIOCSCTTY, 0) == -1 {
+                    return Err(io::Error::last_os_error());
+                }
+            }
+            if let Some(fd) = args_fd {
+                // In the child only: its copy of the descriptor survives exec, for bubblewrap.
+                if nix::libc::fcntl(fd, nix::libc::F_SETFD, 0) == -1 {
+                    return Err(io::Error::last_os_error());
+                }
+            }
+            if !sandboxed {
+                nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL)?;
+                // The gateway may have died between fork and prctl: then nothing would fire.
+                if nix::unistd::getppid() != gateway {
+                    return Err(io::Error::other("the gateway is gone"));
+                }
+            }
+            Ok(())
+        });
+    }
+}

@@ -1,0 +1,78 @@
+//! The one user that agents without the sandbox they asked for serve (`sandbox = "auto"` where
+//! bubblewrap does not work): such an agent can read everything the gateway's OS user can (its
+//! secrets, its database, every home), so only one person may ever use it. The first user to
+//! need one is remembered in the data directory (`single-user`), so that a restart does not hand
+//! the host to someone else; an operator who means several users removes the file after setting
+//! `sandbox = "none"` or installing bubblewrap.
+
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+
+/// The file in the data directory that names the one user.
+const FILE: &str = "single-user";
+
+/// The one user, once known.
+#[derive(Debug)]
+pub(super) struct SingleUser {
+    /// Where the user is remembered.
+    file: PathBuf,
+    /// The user, once known (read from the file at start).
+    user: Mutex<Option<String>>,
+}
+
+impl SingleUser {
+    /// The one user remembered in `data_dir`, if any.
+    pub(super) fn new(data_dir: &Path) -> Self {
+        let file = data_dir.join(FILE);
+        let user = std::fs::read_to_string(&file)
+            .ok()
+            .map(|s| s.trim_end_matches('\n').to_string())
+            .filter(|s| !s.is_empty());
+        Self {
+            file,
+            user: Mutex::new(user),
+        }
+    }
+
+    /// The one user, if known.
+    pub(super) fn current(&self) -> Option<String> {
+        self.user.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// `Ok` when `user` is the one user (becoming it if there is none yet); else the one user.
+    pub(super) fn admit(&self, user: &str) -> Result<(), String> {
+        let mut current = self.user.lock().unwrap_or_else(|e| e.into_inner());
+        match current.as_deref() {
+            Some(one) if one == user => Ok(()),
+            Some(one) => Err(one.to_string()),
+            None => {
+                // Written before anyone is served: if it cannot be, nobody is.
+                if let Err(e) = crate::files::write_new_private(&self.file, format!("{user}\n").as_bytes()) {
+                    let e = crate::files::named(e, "cannot write", &self.file);
+                    tracing::error!(error = %e, "cannot remember the one user of unsandboxed agents");
+                    return Err(format!("(nobody: {e})"));
+                }
+                tracing::warn!(user = %user, file = %self.file.display(), "unsandboxed agents now serve this user only");
+                *current = Some(user.to_string());
+                Ok(())
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_first_user_is_the_only_one_and_is_remembered() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let one = SingleUser::new(dir.path());
+        assert_eq!(one.current(), None);
+        one.admit("alice").expect("the first");
+        one.admit("alice").expect("again");
+        assert_eq!(one.admit("bob"), Err(String::from("alice")));
+        let again = SingleUser::new(dir.path());
+        assert_eq!(again.admit("bob"), Err(String::from("alice")), "after a restart too");
+    }
+}

@@ -369,3 +369,49 @@ async fn an_agent_that_cannot_start_is_named_with_the_path_and_the_setting() {
     );
     gw.stop().await;
 }
+
+/// Where bubblewrap does not work (here a `bwrap` that fails, first on `PATH`, as in a container
+/// without user namespaces), `sandbox = "auto"` fails closed: its agents serve the first user
+/// only, remembered across a restart, and refuse everyone else by name; `/readyz` says so. Such
+/// an agent could read every user's home and the gateway's secrets (the review's F9).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn auto_without_a_working_sandbox_serves_one_user_only() {
+    let base = tempfile::tempdir().expect("tempdir");
+    let fake = base.path().join("bin");
+    std::fs::create_dir(&fake).expect("mkdir");
+    std::fs::write(
+        fake.join("bwrap"),
+        "#!/bin/sh\necho 'bwrap: No permission to create new namespace' >&2\nexit 1\n",
+    )
+    .expect("fake bwrap");
+    std::fs::set_permissions(fake.join("bwrap"), std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    let path = format!("{}:{}", fake.display(), std::env::var("PATH").expect("PATH"));
+    let data = base.path().join("data");
+    let config = base.path().join("gateway.toml");
+    std::fs::write(&config, format!("data_dir = {:?}\n", data.display().to_string())).expect("config");
+    let db = format!("sqlite://{}/gw.db", data.display());
+    let env = [("PATH", path.as_str())];
+    for round in ["first start", "after a restart"] {
+        let gw = ServeProcess::start_with_env(&config, &db, common::SECRET, &env).await;
+        let mut alice = gw.client("alice").await;
+        alice.new_session().await;
+        // Bob is refused from his first request (`initialize` starts his agent).
+        let mut bob = Client::connect(&gw.ws_url(), &gw.token("bob")).await.expect("connects");
+        let r = bob.request("initialize", json!({"protocolVersion": 1})).await;
+        let message = r["error"]["message"].as_str().unwrap_or_else(|| panic!("{round}: {r}"));
+        assert!(
+            message.contains("serves one user only")
+                && message.contains("\"alice\"")
+                && message.contains("sandbox = \"none\""),
+            "{round}: {message}"
+        );
+        let (_, body) = readyz(&gw.addr).await;
+        let mode = body["sandbox"]["default"].as_str().unwrap_or_default();
+        assert!(mode.starts_with("single-user (alice)"), "{round}: {body}");
+        assert!(
+            body["warnings"].to_string().contains("serves one user only"),
+            "{round}: {body}"
+        );
+        gw.stop().await;
+    }
+}

@@ -188,6 +188,67 @@ async fn nothing_outside_the_roots_is_reachable_or_probed() {
     gw.stop().await;
 }
 
+/// A shared root above the data directory (`/`, which the README offers) serves nothing the
+/// sandbox hides: not the gateway's secrets, not another user's home, not the configuration
+/// file, not through a link either; the caller's own home stays reachable. The answer is the one
+/// for a path outside the roots (the review's F12).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_root_above_the_data_directory_serves_nothing_the_sandbox_hides() {
+    let config_dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).expect("tempdir");
+    let config = config_dir.path().canonicalize().expect("canon").join("gw.toml");
+    std::fs::write(&config, "[jwt]\nsecret = \"config-file-jwt-secret-0123456789abcdef\"\n").expect("config");
+    let mut data = PathBuf::new();
+    let gw = TestGateway::start(Db::Sqlite, |c| {
+        data = c.data_dir.canonicalize().expect("data");
+        c.workspace_roots = vec![String::from("/")];
+        c.config_file = Some(config.clone());
+    })
+    .await;
+    std::fs::write(data.join("secrets-key-planted"), "sealing key").expect("plant");
+    let bob_home = gw.gw.tenancy.home(Some("bob")).expect("bob's home");
+    std::fs::write(bob_home.join("cred.json"), "bob's credentials").expect("plant");
+    let alice_home = gw.gw.tenancy.home(Some("alice")).expect("alice's home");
+    std::fs::write(alice_home.join("mine.txt"), "alice's own").expect("write");
+    symlink(data.join("secrets-key-planted"), alice_home.join("to-key")).expect("symlink");
+
+    // With `/` as the root nothing is outside it: the answer a path outside the roots gets.
+    let outside = json!({ "error": "this path is outside your workspace roots", "roots": ["/"] });
+    for path in [
+        p(&data.join("secrets-key-planted")),
+        p(&data.join("gw.db")),
+        p(&bob_home.join("cred.json")),
+        p(&alice_home.join("to-key")),
+        format!("{}/../bob/cred.json", p(&alice_home)),
+        p(&config),
+    ] {
+        let (status, body) = get(&gw, "alice", "/api/fs/file", &[("path", &path)]).await;
+        assert_eq!(status, StatusCode::FORBIDDEN, "{path}: {body}");
+        assert_eq!(body, outside, "{path}: the answer for a path outside the roots");
+    }
+    for dir in [p(&data), p(&data.join("homes")), p(&bob_home)] {
+        let (status, body) = get(&gw, "alice", "/api/fs/dirs", &[("path", &dir), ("hidden", "1")]).await;
+        assert_eq!(status, StatusCode::FORBIDDEN, "{dir}: {body}");
+        let (status, body) = mkdir(&gw, "alice", &format!("{dir}/planted")).await;
+        assert_eq!(status, StatusCode::FORBIDDEN, "{dir}: {body}");
+    }
+    assert!(!bob_home.join("planted").exists());
+    let (status, body) = get(
+        &gw,
+        "alice",
+        "/api/fs/file",
+        &[("path", &p(&alice_home.join("mine.txt")))],
+    )
+    .await;
+    assert_eq!(
+        (status, &body["text"]),
+        (StatusCode::OK, &json!("alice's own")),
+        "{body}"
+    );
+    let (status, _) = get(&gw, "alice", "/api/fs/file", &[("path", "/etc/hostname")]).await;
+    assert_eq!(status, StatusCode::OK, "the rest of `/` is served");
+    gw.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn only_signed_in_callers_from_our_own_pages() {
     let gw = TestGateway::start(Db::Sqlite, |_| {}).await;

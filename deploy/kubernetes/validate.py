@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Validates deploy/kubernetes against the Kubernetes API schemas, offline.
 
-Every object of every kustomization here (the base and the sandboxed/ overlay, with its patches
+Every object of every kustomization here (the base and the single-tenant/ overlay, with its patches
 merged in the way kustomize merges these ones) is checked with `kubernetes-validate` (PyPI; the
 schemas ship inside the package) in strict mode (unknown fields are errors), for the oldest and
 the newest Kubernetes versions we claim. Then what the schemas cannot know: the kustomizations'
@@ -195,7 +195,7 @@ def check_rejects_broken(objects: list[dict]) -> None:
 
 def main() -> int:
     print(f"kubernetes-validate {kubernetes_validate.__version__ if hasattr(kubernetes_validate, '__version__') else ''}".strip())
-    for name in ("", "sandboxed"):
+    for name in ("", "single-tenant"):
         directory = os.path.join(HERE, name)
         label = f"deploy/kubernetes/{name}".rstrip("/")
         objects = build(directory)

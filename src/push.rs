@@ -1,8 +1,10 @@
 //! Web Push (RFC 8030) to the devices a user opted in: when one of their sessions asks for a
 //! permission or a form (elicitation), or a turn ends or fails, and no tab of theirs shows that
 //! session, each of their devices gets a push, encrypted for it (RFC 8291, `aes128gcm`) and signed
-//! with the gateway's VAPID key (RFC 8292). The payload holds the session's id and title and what
-//! is asked, never transcript text. One `Topic` per session, so a push service keeps only the
+//! with the gateway's VAPID key (RFC 8292, its `aud` the push service's origin, port included).
+//! The payload holds the session's id, the kind of event and what the agent asks (a tool call's
+//! title, a form's message), never transcript text; the session's title (the first words of its
+//! first prompt) only for a device whose user chose that when opting it in (`titles`). One `Topic` per session, so a push service keeps only the
 //! newest; at most one push per session in `[push] min_interval_secs` (a permission request or
 //! elicitation always goes). Subscriptions the push service says are gone (404, 410) are dropped.
 //!
@@ -53,6 +55,10 @@ pub struct Subscription {
     /// When it was added (epoch ms).
     #[serde(rename = "createdAt")]
     pub created_at: i64,
+    /// Whether its pushes carry the session's title (the first words of a prompt): the user's
+    /// choice when opting the device in, off unless chosen.
+    #[serde(default)]
+    pub titles: bool,
 }
 
 impl std::fmt::Debug for Subscription {
@@ -76,6 +82,10 @@ pub struct Device {
     /// When it was added (epoch ms).
     #[serde(rename = "createdAt")]
     pub created_at: i64,
+    /// Whether its pushes carry the session's title (the first words of a prompt): the user's
+    /// choice when opting the device in, off unless chosen.
+    #[serde(default)]
+    pub titles: bool,
 }
 
 /// What happened in a session, as a push says it.
@@ -210,6 +220,7 @@ impl Push {
         p256dh: &str,
         auth: &str,
         label: &str,
+        titles: bool,
     ) -> Result<String, PushError> {
         if !self.enabled() {
             return Err(PushError::Off(OFF));
@@ -248,6 +259,7 @@ impl Push {
             auth: auth.to_string(),
             label,
             created_at: crate::store::now_micros() / 1000,
+            titles,
         });
         self.devices.write(owner, &list).await.map_err(PushError::Unavailable)?;
         Ok(id)
@@ -267,6 +279,7 @@ impl Push {
                 id: s.id,
                 label: s.label,
                 created_at: s.created_at,
+                titles: s.titles,
             })
             .collect())
     }
@@ -317,27 +330,39 @@ impl Push {
                     return;
                 }
             };
-            let title = match me.store.get_session(&owner, &session).await {
-                Ok(Some(record)) => record.title,
-                _ => None,
+            // The title is read only when a device of the user's chose to show it.
+            let title = if list.iter().any(|s| s.titles) {
+                match me.store.get_session(&owner, &session).await {
+                    Ok(Some(record)) => record.title,
+                    _ => None,
+                }
+            } else {
+                None
             };
             let cut = |s: String| -> String { s.chars().take(200).collect() };
-            let payload = serde_json::json!({
-                "sessionId": &*session,
-                "kind": event.kind(),
-                "title": title.map(cut),
-                "asked": asked.map(cut),
-            })
-            .to_string();
+            let payload = |title: Option<&String>| {
+                serde_json::json!({
+                    "sessionId": &*session,
+                    "kind": event.kind(),
+                    "title": title.cloned().map(cut),
+                    "asked": asked.clone().map(cut),
+                })
+                .to_string()
+                .into_bytes()
+            };
+            let payloads = Payloads {
+                plain: payload(None),
+                titled: payload(title.as_ref()),
+            };
             let topic: String = session.chars().filter(char::is_ascii_alphanumeric).take(32).collect();
-            me.send_all(&owner, &list, payload.into_bytes(), &topic, event.urgent())
-                .await;
+            me.send_all(&owner, &list, &payloads, &topic, event.urgent()).await;
         });
     }
 
-    async fn send_all(&self, owner: &str, list: &[Subscription], payload: Vec<u8>, topic: &str, urgent: bool) {
+    async fn send_all(&self, owner: &str, list: &[Subscription], payloads: &Payloads, topic: &str, urgent: bool) {
         let mut gone = Vec::new();
         for sub in list {
+            let payload = if sub.titles { &payloads.titled } else { &payloads.plain };
             match self.send(sub, payload.clone(), topic, urgent).await {
                 Ok(status) if status == 404 || status == 410 => {
                     tracing::info!(user = owner, device = %sub.id, status, "push subscription gone; dropped");
@@ -374,11 +399,11 @@ impl Push {
         let endpoint: http::Uri = sub.endpoint.parse().map_err(|e| format!("endpoint: {e}"))?;
         let request = web_push_native::WebPushBuilder::new(endpoint, public, auth)
             .with_valid_duration(TTL)
-            .with_vapid(&self.keypair, &self.config.contact)
             .build(payload)
             .map_err(|e| format!("cannot build the push: {e}"))?;
         let (parts, body) = request.into_parts();
         let mut headers = parts.headers;
+        headers.insert(http::header::AUTHORIZATION, self.vapid(&sub.endpoint)?);
         if let Ok(topic) = http::HeaderValue::from_str(topic) {
             headers.insert("Topic", topic);
         }
@@ -395,6 +420,34 @@ impl Push {
             .await
             .map_err(|e| e.without_url().to_string())?;
         Ok(res.status().as_u16())
+    }
+}
+
+/// What one event pushes: without the session's title, and with it (for devices that chose it).
+struct Payloads {
+    /// For devices that did not choose titles.
+    plain: Vec<u8>,
+    /// For devices that did.
+    titled: Vec<u8>,
+}
+
+impl Push {
+    /// The VAPID `Authorization` for `endpoint` (RFC 8292): a JWT whose `aud` is the push
+    /// service's origin, with its port when not the scheme's default (web-push-native's own drops
+    /// the port, so a push service on a port of its own refused every push), `sub` the operator's
+    /// contact, signed with the gateway's key, and that key.
+    fn vapid(&self, endpoint: &str) -> Result<http::HeaderValue, String> {
+        use web_push_native::jwt_simple::algorithms::ECDSAP256KeyPairLike as _;
+        let url = url::Url::parse(endpoint).map_err(|e| format!("endpoint: {e}"))?;
+        let claims = web_push_native::jwt_simple::claims::Claims::create(TTL.into())
+            .with_audience(url.origin().ascii_serialization())
+            .with_subject(&self.config.contact);
+        let token = self
+            .keypair
+            .sign(claims)
+            .map_err(|e| format!("cannot sign the VAPID token: {e}"))?;
+        http::HeaderValue::try_from(format!("vapid t={token}, k={}", self.public_key))
+            .map_err(|e| format!("VAPID header: {e}"))
     }
 }
 

@@ -123,9 +123,8 @@ fn check_vapid(push: &Received, public_key: &str, origin: &str) {
     let key = jsonwebtoken::DecodingKey::from_ec_components(&B64.encode(&point[1..33]), &B64.encode(&point[33..65]))
         .expect("EC key");
     let mut validation = jsonwebtoken::Validation::new(jsonwebtoken::Algorithm::ES256);
-    // The push service's origin; web-push-native leaves a non-default port out (browsers' push
-    // services are all on 443), so this test's service on a port of its own sees its host only.
-    let origin = origin.rsplit_once(':').map_or(origin, |(o, _)| o);
+    // The push service's origin, its port included (RFC 8292: a self-hosted push service on a
+    // port of its own checks it).
     validation.set_audience(&[origin]);
     validation.set_required_spec_claims(&["exp", "aud", "sub"]);
     jsonwebtoken::decode::<Value>(jwt, &key, &validation).expect("the VAPID JWT is signed with that key");
@@ -169,8 +168,11 @@ async fn pushes_to_devices(db: Db) {
     })
     .await;
     let phone = Device::new(&base, "alice-phone", 3);
-    let (status, r) = subscribe(&gw, "alice", &phone.subscription("Pixel")).await;
+    let mut phones = phone.subscription("Pixel");
+    phones["titles"] = json!(true);
+    let (status, r) = subscribe(&gw, "alice", &phones).await;
     assert_eq!(status, StatusCode::CREATED, "{r}");
+    // Alice chose to see session titles on her phone (see the subscription above); Bob did not.
     let bobs = Device::new(&base, "bob-phone", 4);
     assert_eq!(
         subscribe(&gw, "bob", &bobs.subscription("Bob's")).await.0,
@@ -223,7 +225,7 @@ async fn pushes_to_devices(db: Db) {
     assert_eq!(payload["kind"], "turn_ended");
     assert_eq!(
         payload["title"], "Refactor the parser [permission] zebra-marker",
-        "the session's title"
+        "the session's title, which Alice chose: {payload}"
     );
     let said: String = a
         .take_updates(&s)
@@ -246,9 +248,14 @@ async fn pushes_to_devices(db: Db) {
     assert_eq!(bobs.open(&push)["sessionId"], sb.as_str());
     allow(&mut b, bturn, &bask).await;
     let push = next_push(&mut pushes).await;
+    let payload = bobs.open(&push);
     assert_eq!(
-        (push.device.as_str(), bobs.open(&push)["kind"].as_str()),
+        (push.device.as_str(), payload["kind"].as_str()),
         ("bob-phone", Some("turn_ended"))
+    );
+    assert!(
+        payload["title"].is_null(),
+        "no title (the first prompt's words) unless the user chose it: {payload}"
     );
     assert!(pushes.try_recv().is_err(), "nothing else was pushed");
 

@@ -2,7 +2,7 @@
 //!
 //! - `GET /api/push` → `{"enabled", "publicKey", "devices": [{"id", "label", "service", "createdAt"}]}`
 //!   (the VAPID key browsers subscribe with; never an endpoint or a device's keys).
-//! - `POST /api/push/subscriptions` `{"endpoint", "keys": {"p256dh", "auth"}, "label"?}` (a
+//! - `POST /api/push/subscriptions` `{"endpoint", "keys": {"p256dh", "auth"}, "label"?, "titles"?}` (a
 //!   browser's `PushSubscription.toJSON()`) → `201 {"id"}`; `400` naming what is wrong; `403` when
 //!   push is off.
 //! - `DELETE /api/push/subscriptions/{id}` → `204`, `404` when there is none.
@@ -40,6 +40,9 @@ struct Subscribe {
     keys: Keys,
     #[serde(default)]
     label: String,
+    /// Whether this device's pushes show the session's title (the first words of a prompt).
+    #[serde(default)]
+    titles: bool,
     #[serde(default, rename = "expirationTime")]
     _expiration_time: Option<serde_json::Value>,
 }
@@ -65,6 +68,7 @@ async fn subscribe(State(gw): State<Arc<Gateway>>, Caller(who): Caller, Json(bod
             &body.keys.p256dh,
             &body.keys.auth,
             &body.label,
+            body.titles,
         )
         .await
     {

@@ -27,7 +27,9 @@ async function enable(publicKey) {
   await navigator.serviceWorker.ready;
   if (await Notification.requestPermission() !== 'granted') throw new Error('notifications are blocked for this site');
   const subscription = await registration.pushManager.subscribe({ userVisibleOnly: true, applicationServerKey: bytes(publicKey) });
-  await send('POST', '/api/push/subscriptions', { ...subscription.toJSON(), label: deviceLabel() });
+  // Pushes carry no transcript text; the session's title only if the user ticks the box.
+  const titles = $('push-titles')?.checked === true;
+  await send('POST', '/api/push/subscriptions', { ...subscription.toJSON(), label: deviceLabel(), titles });
 }
 
 /** Fills the push section of the help dialog (call when it opens). */

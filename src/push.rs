@@ -236,6 +236,14 @@ impl Push {
         if endpoint.len() > 2048 || host.is_empty() {
             return Err(PushError::Invalid("endpoint is not a push service URL".into()));
         }
+        // With any host allowed (`endpoint_hosts = []`), still never this host, its network or
+        // a cloud's metadata service named by address: the gateway, not a sandbox, would post
+        // there. (A name that resolves to one is the operator's to keep out with the list.)
+        if self.config.endpoint_hosts.is_empty() && is_internal(&url) {
+            return Err(PushError::Invalid(format!(
+                "endpoint host {host:?} is a loopback, private or link-local address; name it in [push] endpoint_hosts to allow it"
+            )));
+        }
         if !self.config.endpoint_allowed(host) {
             return Err(PushError::Invalid(format!(
                 "endpoint host {host:?} is not a push service this gateway sends to ([push] endpoint_hosts: {:?})",
@@ -451,6 +459,39 @@ impl Push {
     }
 }
 
+/// Whether `url` names this host or a private network by address (or `localhost`).
+fn is_internal(url: &url::Url) -> bool {
+    use std::net::IpAddr;
+    let internal = |ip: IpAddr| match ip {
+        IpAddr::V4(v4) => {
+            v4.is_loopback()
+                || v4.is_private()
+                || v4.is_link_local()
+                || v4.is_unspecified()
+                || v4.is_broadcast()
+                || (v4.octets()[0] == 100 && (64..128).contains(&v4.octets()[1]))
+        }
+        IpAddr::V6(v6) => {
+            v6.is_loopback()
+                || v6.is_unspecified()
+                || v6.is_unique_local()
+                || v6.is_unicast_link_local()
+                || v6
+                    .to_ipv4_mapped()
+                    .is_some_and(|v4| v4.is_loopback() || v4.is_private() || v4.is_link_local())
+        }
+    };
+    match url.host() {
+        Some(url::Host::Ipv4(ip)) => internal(IpAddr::V4(ip)),
+        Some(url::Host::Ipv6(ip)) => internal(IpAddr::V6(ip)),
+        Some(url::Host::Domain(name)) => {
+            let name = name.trim_end_matches('.').to_ascii_lowercase();
+            name == "localhost" || name.ends_with(".localhost")
+        }
+        None => true,
+    }
+}
+
 /// A device's public key and auth secret, from their base64url forms.
 fn device_keys(p256dh: &str, auth: &str) -> Result<(p256::PublicKey, web_push_native::Auth), String> {
     let key = B64
@@ -470,6 +511,30 @@ fn device_keys(p256dh: &str, auth: &str) -> Result<(p256::PublicKey, web_push_na
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn internal_hosts_are_known_by_address() {
+        for internal in [
+            "https://127.0.0.1/x",
+            "https://10.1.2.3/x",
+            "https://169.254.169.254/latest",
+            "https://[::1]/x",
+            "https://[fd00::1]/x",
+            "https://[::ffff:192.168.1.1]/x",
+            "https://100.64.0.1/x",
+            "https://localhost:8080/x",
+            "https://a.localhost/x",
+        ] {
+            assert!(is_internal(&url::Url::parse(internal).expect("url")), "{internal}");
+        }
+        for public in [
+            "https://fcm.googleapis.com/x",
+            "https://8.8.8.8/x",
+            "https://[2001:4860::8888]/x",
+        ] {
+            assert!(!is_internal(&url::Url::parse(public).expect("url")), "{public}");
+        }
+    }
 
     #[test]
     fn device_keys_are_checked_before_use() {

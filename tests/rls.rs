@@ -313,6 +313,32 @@ async fn a_request_statement_cannot_reach_another_users_rows() {
     let _ = admin.close().await;
 }
 
+/// Every function that runs as the tables' owner (SECURITY DEFINER) searches pg_catalog, then
+/// pg_temp named last: none takes the path current when it was made, which searched pg_temp first,
+/// so a request-role session could put a temporary table in front of ours (the review's F11 L1).
+#[tokio::test]
+async fn functions_run_as_the_owner_search_no_callers_temporary_tables_first() {
+    let url = common::pg::fresh_database().await;
+    store::connect(&url).await.expect("connect");
+    let mut c = PgConnection::connect(&url).await.expect("connect as the login role");
+    let definers: Vec<(String, Option<Vec<String>>)> =
+        sqlx::query_as("SELECT proname::text, proconfig FROM pg_proc WHERE prosecdef AND pronamespace = current_schema()::regnamespace ORDER BY 1")
+            .fetch_all(&mut c)
+            .await
+            .expect("SECURITY DEFINER functions");
+    assert!(
+        definers.iter().any(|(name, _)| name == "session_search_copy"),
+        "{definers:?}"
+    );
+    for (name, config) in &definers {
+        assert_eq!(
+            config.as_deref(),
+            Some(&[String::from("search_path=pg_catalog, pg_temp")][..]),
+            "{name}"
+        );
+    }
+}
+
 /// The migration makes the request role itself when the login role may (CREATEROLE), tolerating
 /// several databases of one cluster migrating at once; when it may not, the gateway does not
 /// start, and the error says what an operator must run. On a server of its own, where no test

@@ -118,10 +118,10 @@ impl Launch {
     }
 
     /// Adds a variable that did not come from the operator's configuration (a user's key, a
-    /// sign-in method's `env`), if a user may set it ([`user_may_set`](crate::pool::user_env::user_may_set):
+    /// sign-in method's `env`), if a user may set it ([`user_may_set`](super::user_may_set):
     /// not the loader's, not one the gateway sets). Whether it was taken.
     pub fn set_user_env(&mut self, name: &str, value: &str) -> bool {
-        let ok = crate::pool::user_env::user_may_set(name);
+        let ok = super::user_may_set(name);
         if ok {
             self.env.insert(name.into(), value.into());
         }

@@ -17,6 +17,7 @@
 //!   (`sandbox = "none"`).
 
 mod config_file;
+mod env;
 mod launch;
 mod mcp;
 mod paths;
@@ -30,6 +31,7 @@ use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
+pub use env::user_may_set;
 pub use launch::{Launch, Purpose, Ready};
 pub use mcp::{McpTransports, check_mcp_servers};
 pub use paths::escape_user;

@@ -121,7 +121,14 @@ async fn shared_roots_keep_their_mode_owner_and_contents() {
     );
     let (status, body) = readyz(&gw.addr.to_string()).await;
     assert_eq!(status, 200, "{body}");
-    assert_eq!(body["warnings"], json!([]), "every root can be used: {body}");
+    // (As root, the one warning is that: agents are uid 0 in their sandbox.)
+    let warnings: Vec<&Value> = body["warnings"]
+        .as_array()
+        .expect("warnings")
+        .iter()
+        .filter(|w| !w.as_str().is_some_and(|w| w.starts_with("the gateway runs as root")))
+        .collect();
+    assert!(warnings.is_empty(), "every root can be used: {body}");
     assert_eq!(untouched(&shared), before, "after start and /readyz");
 
     let mut alice = gw.client("alice").await;
@@ -407,7 +414,11 @@ async fn auto_without_a_working_sandbox_serves_one_user_only() {
         );
         let (_, body) = readyz(&gw.addr).await;
         let mode = body["sandbox"]["default"].as_str().unwrap_or_default();
-        assert!(mode.starts_with("single-user (alice)"), "{round}: {body}");
+        assert!(mode.starts_with("single-user"), "{round}: {body}");
+        assert!(
+            !body.to_string().contains("alice"),
+            "who it is stays off /readyz: {body}"
+        );
         assert!(
             body["warnings"].to_string().contains("serves one user only"),
             "{round}: {body}"

@@ -220,6 +220,9 @@ async fn a_root_above_the_data_directory_serves_nothing_the_sandbox_hides() {
         p(&alice_home.join("to-key")),
         format!("{}/../bob/cred.json", p(&alice_home)),
         p(&config),
+        // The host's own, which no sandbox shows (and a device is never opened).
+        String::from("/proc/self/environ"),
+        String::from("/dev/null"),
     ] {
         let (status, body) = get(&gw, "alice", "/api/fs/file", &[("path", &path)]).await;
         assert_eq!(status, StatusCode::FORBIDDEN, "{path}: {body}");

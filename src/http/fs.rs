@@ -188,6 +188,12 @@ fn open_inside(r: &Resolved, flags: OFlag) -> Result<File, FsError> {
         tracing::warn!(path = %r.path.display(), real = %real.display(), "path left the workspace roots after it was checked");
         return Err(outside(&r.roots));
     }
+    // A device, FIFO or socket is never opened (opening some has effects: a watchdog arms);
+    // `fstat` of the handle says what it is without opening it.
+    let kind = handle.metadata().map_err(|e| FsError::io(&e, "stat"))?.file_type();
+    if !kind.is_file() && !kind.is_dir() {
+        return Err(FsError::NotAFile);
+    }
     std::fs::OpenOptions::new()
         .read(true)
         .custom_flags((flags | OFlag::O_NOCTTY | OFlag::O_NONBLOCK).bits())

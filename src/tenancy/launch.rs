@@ -30,7 +30,6 @@ pub enum Purpose {
 }
 
 /// A program about to start: where, with what, and how it is confined.
-#[derive(Debug)]
 pub struct Launch {
     /// What the gateway runs: bubblewrap, or the program itself when unsandboxed.
     program: PathBuf,
@@ -46,6 +45,20 @@ pub struct Launch {
     purpose: Purpose,
     /// Whether it runs in the bubblewrap sandbox.
     pub sandboxed: bool,
+}
+
+impl std::fmt::Debug for Launch {
+    /// Names the environment's variables, never their values (users' keys are among them).
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Launch")
+            .field("program", &self.program)
+            .field("command_line", &self.command_line)
+            .field("env", &self.env.keys().collect::<Vec<_>>())
+            .field("cwd", &self.cwd)
+            .field("purpose", &self.purpose)
+            .field("sandboxed", &self.sandboxed)
+            .finish_non_exhaustive()
+    }
 }
 
 /// A launch ready to spawn: the command, and the descriptor bubblewrap reads its environment
@@ -121,7 +134,9 @@ impl Launch {
     /// sign-in method's `env`), if a user may set it ([`user_may_set`](super::user_may_set):
     /// not the loader's, not one the gateway sets). Whether it was taken.
     pub fn set_user_env(&mut self, name: &str, value: &str) -> bool {
-        let ok = super::user_may_set(name);
+        // A NUL would end the value early in bubblewrap's `--args` list and start an option of
+        // the caller's choosing (a `--bind` of the data directory); no variable can hold one.
+        let ok = super::user_may_set(name) && !value.contains('\0');
         if ok {
             self.env.insert(name.into(), value.into());
         }
@@ -196,6 +211,16 @@ fn env_descriptor(env: &BTreeMap<OsString, OsString>) -> io::Result<OwnedFd> {
     let mut buf = Vec::with_capacity(64 + env.iter().map(|(k, v)| k.len() + v.len() + 12).sum::<usize>());
     buf.extend_from_slice(b"--clearenv\0");
     for (name, value) in env {
+        // The list is NUL-separated: a NUL inside would make the rest of it options.
+        if name.as_bytes().contains(&0) || value.as_bytes().contains(&0) || name.as_bytes().contains(&b'=') {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!(
+                    "the agent's environment variable {:?} has a NUL or `=` in it",
+                    name.to_string_lossy()
+                ),
+            ));
+        }
         buf.extend_from_slice(b"--setenv\0");
         buf.extend_from_slice(name.as_bytes());
         buf.push(0);
@@ -244,5 +269,21 @@ fn before_exec(command: &mut std::process::Command, purpose: Purpose, sandboxed:
             }
             Ok(())
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_nul_never_reaches_bubblewraps_option_list() {
+        let mut launch = Launch::direct("true", &[]);
+        assert!(!launch.set_user_env("TOKEN", "x\0--bind\0/data\0/data"));
+        assert!(launch.set_user_env("TOKEN", "fine"));
+        let mut env = BTreeMap::new();
+        env.insert(OsString::from("A"), OsString::from("x\0--bind\0/\0/"));
+        assert!(env_descriptor(&env).is_err());
+        assert!(format!("{launch:?}").contains("TOKEN") && !format!("{launch:?}").contains("fine"));
     }
 }

@@ -44,6 +44,10 @@ use crate::files::{named, private_dir};
 
 /// The home of processes that serve several users (`share_between_users`).
 pub const SHARED_HOME: &str = "_shared";
+/// The home of a per-user agent's probe (a process started for nobody, to learn what the agent
+/// says in `initialize`): apart from `_shared`, which users of a shared agent can write, and a
+/// name no user's escaped name can be (`%` is always followed by two hex digits there).
+pub const PROBE_HOME: &str = "%probe";
 
 /// Variables an agent inherits from the gateway's environment, when set.
 const INHERITED_ENV: [&str; 5] = ["PATH", "LANG", "LC_ALL", "TERM", "TZ"];
@@ -141,7 +145,7 @@ impl Tenancy {
             .collect();
         let mut secret = vec![data_dir.clone()];
         let mut hidden = vec![data_dir.clone()];
-        if let Some(db) = config.database_url.strip_prefix("sqlite://") {
+        if let Some(db) = config.sqlite_path().and_then(Path::to_str) {
             let db = Path::new(db.split('?').next().unwrap_or(db));
             let db = resolve_existing(db)
                 .or_else(|_| std::path::absolute(db))
@@ -196,7 +200,12 @@ impl Tenancy {
             .filter(|(_, a)| a.sandbox == SandboxMode::None || bwrap.is_none())
             .map(|(n, _)| n.as_str())
             .collect();
-        let config_warning = config_file::check(config.config_file.as_deref(), &unsandboxed);
+        let mut config_warning = config_file::check(config.config_file.as_deref(), &unsandboxed);
+        if bwrap.is_some() && nix::unistd::geteuid().is_root() {
+            let warning = "the gateway runs as root: sandboxed agents run as uid 0 (without capabilities) and can read root-owned files such as /etc/shadow; run the gateway as a user of its own";
+            tracing::warn!("{warning}");
+            config_warning = Some(config_warning.map_or_else(|| warning.to_string(), |w| format!("{w}; {warning}")));
+        }
         let tenancy = Self {
             single_user: SingleUser::new(&data_dir),
             data_dir,
@@ -260,8 +269,7 @@ impl Tenancy {
                     "agent {name} runs unsandboxed (sandbox = \"none\"): single-tenant only, its processes can read the gateway's secrets and every user's files"
                 )),
                 Confinement::SingleUser => out.push(format!(
-                    "agent {name} runs unsandboxed: bubblewrap does not work on this host, so it serves one user only{}",
-                    self.single_user().map(|u| format!(" ({u:?})")).unwrap_or_default()
+                    "agent {name} runs unsandboxed: bubblewrap does not work on this host, so it serves one user only"
                 )),
             }
         }
@@ -285,6 +293,13 @@ impl Tenancy {
     /// The user's agent `HOME` (or the shared one), created `0700` on first use.
     pub fn home(&self, user: Option<&str>) -> io::Result<PathBuf> {
         let dir = self.home_path(user)?;
+        private_dir(&dir).map_err(for_setting("agent home: ", HOMES_SETTING))?;
+        Ok(dir)
+    }
+
+    /// The home of a per-user agent's probe, created `0700` on first use.
+    fn probe_home(&self) -> io::Result<PathBuf> {
+        let dir = fill(&self.homes, PROBE_HOME);
         private_dir(&dir).map_err(for_setting("agent home: ", HOMES_SETTING))?;
         Ok(dir)
     }
@@ -433,9 +448,13 @@ impl Tenancy {
         };
         // Checked at every launch: a sign-in method's command line is an agent's answer.
         sandbox::refuse_secret_paths(label, command, args, &self.secret)?;
-        let home = self.home(user)?;
+        // A per-user agent's process for nobody is a probe: it only ever answers `initialize`,
+        // in a home of its own, with no workspace.
+        let probe = user.is_none() && !agent.pool.share_between_users;
+        let home = if probe { self.probe_home()? } else { self.home(user)? };
         let roots = match user {
             Some(user) => self.roots(user)?,
+            None if probe => Vec::new(),
             None => self.shared_roots(),
         };
         let sandboxed = self.sandboxed(agent.sandbox);
@@ -446,10 +465,12 @@ impl Tenancy {
             private_dir(&tmp).map_err(for_setting("agent TMPDIR: ", HOMES_SETTING))?;
             tmp
         };
+        // The user's own first root, never a shared one: a program started in a directory that
+        // other users can write reads their `.npmrc`, `uv.toml` or `node_modules` as its own.
         let cwd = agent
             .cwd
             .clone()
-            .or_else(|| user.and(roots.first().cloned()))
+            .or_else(|| user.and_then(|u| self.own_root(u)))
             .unwrap_or_else(|| home.clone());
         if agent.cwd.is_some() {
             usable_dir(&cwd).map_err(for_setting("agent working directory: ", CWD_SETTING))?;
@@ -500,6 +521,15 @@ impl Tenancy {
             }
         }
         Ok(launch)
+    }
+
+    /// `user`'s first `{user}` root, when it can be used.
+    fn own_root(&self, user: &str) -> Option<PathBuf> {
+        let name = checked_user(user).ok()?;
+        self.roots
+            .iter()
+            .filter(|t| t.contains("{user}"))
+            .find_map(|t| usable_dir(&fill(t, &name)).ok())
     }
 
     /// For a shared process: the directories holding every user's workspaces (it serves them

@@ -3,7 +3,8 @@
 //!
 //! What a sandboxed agent sees, in the order bubblewrap mounts it (a later mount covers an earlier
 //! one): the system read-only; the workspace roots that lie in plain sight read-write (a root of
-//! `/` included); its own `/dev`, `/proc` and, unless a root holds `/tmp`, a private `/tmp`; the
+//! `/` included); its own `/dev`, `/proc` and, unless a root holds them, a private `/tmp` and an
+//! empty `/run` (no host sockets); the
 //! hidden directories (the data directory, the SQLite file's directory, the directories of every
 //! user's homes and workspaces) as empty tmpfs; then its user's own home and roots inside them;
 //! then the regular files the operator's command line for the agent names in hidden places,
@@ -33,6 +34,10 @@ const BASE: [&str; 8] = [
     "/",
 ];
 
+/// systemd-resolved's directory, where `/etc/resolv.conf` usually links: name lookups keep working
+/// under an empty `/run`.
+const RESOLVED: &str = "/run/systemd/resolve";
+
 /// Its own `/dev` and `/proc` (after any root bound over `/`).
 const PRIVATE: [&str; 4] = ["--dev", "/dev", "--proc", "/proc"];
 
@@ -58,9 +63,20 @@ impl Places<'_> {
         !self.roots.iter().any(|r| Path::new("/tmp").starts_with(r))
     }
 
+    /// Whether the sandbox gets an empty `/run`: unless a root is `/run` or holds it. `/run`
+    /// holds the host's Unix sockets (the D-Bus buses, systemd's, Docker's and podman's, a local
+    /// Postgres with `peer` authentication, ssh and gpg agents): a read-only bind does not stop a
+    /// `connect()`, and the agent is the gateway's own OS user. Only systemd-resolved's directory
+    /// comes back (read-only), for `/etc/resolv.conf`'s usual link.
+    fn private_run(&self) -> bool {
+        !self.roots.iter().any(|r| Path::new("/run").starts_with(r))
+    }
+
     /// Whether `path` is out of sight before the user's own places are bound back in.
     fn hides(&self, path: &Path) -> bool {
-        (self.private_tmp() && path.starts_with("/tmp")) || self.hidden.iter().any(|h| path.starts_with(h))
+        (self.private_tmp() && path.starts_with("/tmp"))
+            || (self.private_run() && path.starts_with("/run"))
+            || self.hidden.iter().any(|h| path.starts_with(h))
     }
 }
 
@@ -85,6 +101,12 @@ pub(super) fn bwrap_args(places: &Places<'_>, agent: &AgentConfig, purpose: Purp
     args.extend(PRIVATE.iter().map(OsString::from));
     if places.private_tmp() {
         args.extend(["--tmpfs".into(), "/tmp".into()]);
+    }
+    if places.private_run() {
+        args.extend(["--tmpfs".into(), "/run".into()]);
+        if Path::new(RESOLVED).is_dir() {
+            bind(&mut args, "--ro-bind", Path::new(RESOLVED));
+        }
     }
     for dir in places.hidden {
         args.extend(["--tmpfs".into(), dir.clone().into_os_string()]);

@@ -9,6 +9,9 @@
 
 use std::path::{Path, PathBuf};
 
+/// The host's own, which a sandbox replaces with its own (`--proc`, `--dev`).
+const HOST_ONLY: [&str; 2] = ["/proc", "/dev"];
+
 /// The hidden places of a gateway, and one user's own places inside them.
 #[derive(Debug, Clone, Default)]
 pub struct Sight {
@@ -30,9 +33,10 @@ impl Sight {
         }
     }
 
-    /// Whether `path` (absolute, resolved) is in sight.
+    /// Whether `path` (absolute, resolved) is in sight. The host's `/proc` and `/dev` never are:
+    /// a sandbox has its own.
     pub fn sees(&self, path: &Path) -> bool {
-        if self.hidden_files.iter().any(|f| path == f) {
+        if self.hidden_files.iter().any(|f| path == f) || HOST_ONLY.iter().any(|h| path.starts_with(h)) {
             return false;
         }
         self.own.iter().any(|o| path.starts_with(o)) || !self.hidden_dirs.iter().any(|h| path.starts_with(h))
@@ -67,6 +71,8 @@ mod tests {
             "/d/data/homes/alice2",
             "/d/work/bob",
             "/etc/acp/config.toml",
+            "/proc/1/environ",
+            "/dev/watchdog",
         ] {
             assert!(!sight.sees(Path::new(unseen)), "{unseen}");
         }

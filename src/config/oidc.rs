@@ -40,6 +40,9 @@ pub struct OidcConfig {
     pub api_audiences: Vec<String>,
     /// How soon a token naming an unknown key may fetch the provider's keys again.
     pub jwks_refetch_secs: u64,
+    /// Users of the gateway's own tokens (`acp-gateway token --sub`, the login link): names a
+    /// provider account never gets, whatever its claims say.
+    pub local_users: Vec<String>,
 }
 
 impl Default for OidcConfig {
@@ -59,6 +62,7 @@ impl Default for OidcConfig {
             recheck_secs: 900,
             api_audiences: Vec::new(),
             jwks_refetch_secs: 60,
+            local_users: vec![String::from("local")],
         }
     }
 }
@@ -80,6 +84,7 @@ pub(super) const ENV_LISTS: &[(&str, &str)] = &[
     ("ACP_GATEWAY_OIDC_ALLOWED_GROUPS", "oidc.allowed_groups"),
     ("ACP_GATEWAY_OIDC_ALLOWED_DOMAINS", "oidc.allowed_domains"),
     ("ACP_GATEWAY_OIDC_API_AUDIENCES", "oidc.api_audiences"),
+    ("ACP_GATEWAY_OIDC_LOCAL_USERS", "oidc.local_users"),
 ];
 
 /// Environment variables of `[oidc]` that set a number.

@@ -239,11 +239,27 @@ async fn provider_token(gw: &Gateway, keys: &crate::auth::jwks::Jwks, token: &st
         return Err(Unauthorized);
     }
     let user = match &gw.oidc {
-        Some(oidc) => oidc.policy.admit(&claims).map_err(|r| {
-            crate::metrics::auth_failure("not_allowed");
-            tracing::info!(account = %r.account, reason = %r.why, "provider token of a person not allowed here refused");
-            Unauthorized
-        })?,
+        Some(oidc) => {
+            let user = oidc.policy.admit(&claims).map_err(|r| {
+                crate::metrics::auth_failure("not_allowed");
+                tracing::info!(account = %r.account, reason = %r.why, "provider token of a person not allowed here refused");
+                Unauthorized
+            })?;
+            oidc.bind(&user, &claims).await.map_err(|e| {
+                match e {
+                    crate::oidc::BindError::Refused(r) => {
+                        crate::metrics::auth_failure("another_account");
+                        tracing::info!(account = %r.account, reason = %r.why, "provider token of another account than the user's refused");
+                    }
+                    crate::oidc::BindError::Store(e) => {
+                        crate::metrics::auth_failure("store_unavailable");
+                        tracing::warn!(error = %e, "cannot check which account a user name belongs to; refused");
+                    }
+                }
+                Unauthorized
+            })?;
+            user
+        }
         None => claims
             .get("sub")
             .and_then(serde_json::Value::as_str)

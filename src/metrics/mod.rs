@@ -133,6 +133,8 @@ pub const AUTH_FAILURE_REASONS: &[&str] = &[
     "not_allowed",
     "provider_unavailable",
     "signed_out",
+    "another_account",
+    "store_unavailable",
 ];
 
 /// `cap` of [`CAP_HITS`].

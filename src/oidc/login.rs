@@ -177,6 +177,10 @@ impl Oidc {
             .await
             .map_err(LoginError::Unavailable)?;
         let user = self.policy.admit(&claims).map_err(LoginError::Refused)?;
+        self.bind(&user, &claims).await.map_err(|e| match e {
+            super::BindError::Refused(r) => LoginError::Refused(r),
+            super::BindError::Store(e) => LoginError::Store(e),
+        })?;
         let admin = self.policy.in_any_group(&claims, &self.admin_groups);
         let provider_tokens = ProviderTokens {
             refresh_token: tokens.refresh_token().map(|r| r.secret().clone()),

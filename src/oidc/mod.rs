@@ -13,6 +13,7 @@
 //!   WebSockets are closed with 1008, on every replica.
 //! - Provider tokens on the API are [`crate::auth::jwks`]'s.
 
+mod identity;
 pub mod login;
 pub mod policy;
 pub mod recheck;
@@ -29,6 +30,7 @@ use crate::config::OidcConfig;
 use crate::secrets::Sealer;
 use crate::store::Store;
 
+pub use identity::BindError;
 pub use policy::Policy;
 pub use recheck::Watched;
 
@@ -75,6 +77,8 @@ pub struct Oidc {
     api_keys: OnceLock<Arc<Jwks>>,
     /// `state` values already used (a replayed callback is refused), until they expire.
     pub(crate) used_states: Mutex<std::collections::HashMap<String, Instant>>,
+    /// Provider accounts bound to user names, as lately read from the store.
+    bindings: identity::Bindings,
 }
 
 impl std::fmt::Debug for Oidc {
@@ -107,6 +111,7 @@ impl Oidc {
             failure: Mutex::new(None),
             api_keys: OnceLock::new(),
             used_states: Mutex::default(),
+            bindings: identity::Bindings::default(),
         })
     }
 

@@ -30,6 +30,7 @@ use super::shares::ShareSql;
 use super::sql::{RunList, SearchBy, Sql};
 use super::usage::UsageSql;
 use super::user_secrets::SecretSql;
+use super::identities::IdentitySql;
 use super::web_sessions::WebSessionSql;
 use transcript::{SETTLE_ALL_BEHIND, is_chunk_only};
 
@@ -238,6 +239,11 @@ impl Store for PgStore {
 
     async fn claim_web_session(&self, id: &str, seen: i64, now: i64) -> Result<bool, StoreError> {
         Ok(Postgres::claim_web_session(&self.pool, id, seen, now).await?)
+    }
+
+    async fn bind_identity(&self, user: &str, issuer: &str, subject: &str) -> Result<(String, String), StoreError> {
+        let now = crate::auth::now_secs() as i64;
+        Ok(Postgres::bind_identity(&self.pool, user, issuer, subject, now).await?)
     }
 
     async fn append_audit(&self, entries: &[AuditEntry]) -> Result<(), StoreError> {

@@ -497,3 +497,72 @@ async fn the_data_directory_and_database_are_private() {
     bob.close().await;
     gw.stop().await;
 }
+
+/// `/auth/*` needs no token, so each client address may call it only so often
+/// (`limits.auth_requests_per_minute_per_ip`): past it `429` with `Retry-After`, for that address
+/// alone; behind a trusted proxy, for the client the proxy names, not for the proxy.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sign_in_routes_are_rate_limited_per_client_address() {
+    let gw = TestGateway::start(Db::Sqlite, |c| {
+        c.limits.auth_requests_per_minute_per_ip = 5;
+    })
+    .await;
+    let from = |ip: &str| {
+        reqwest::Client::builder()
+            .local_address(ip.parse::<std::net::IpAddr>().expect("ip"))
+            .redirect(reqwest::redirect::Policy::none())
+            .build()
+            .expect("client")
+    };
+    let one = from("127.0.0.1");
+    for _ in 0..5 {
+        let res = one.get(gw.http_url("/auth/login?code=nope")).send().await.expect("login");
+        assert_eq!(res.status(), StatusCode::UNAUTHORIZED);
+    }
+    let res = one.get(gw.http_url("/auth/login?code=nope")).send().await.expect("login");
+    assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS);
+    let retry: u64 = res.headers()["retry-after"]
+        .to_str()
+        .expect("ascii")
+        .parse()
+        .expect("seconds");
+    assert!((1..=60).contains(&retry), "{retry}");
+    let res = one.post(gw.http_url("/auth/login")).form(&[("token", "x")]).send().await.expect("form");
+    assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS, "every /auth/ route");
+    // The rest of the API, and another address, are not affected.
+    let res = one
+        .get(gw.http_url("/api/me"))
+        .bearer_auth(gw.token("alice"))
+        .send()
+        .await
+        .expect("me");
+    assert_eq!(res.status(), StatusCode::OK);
+    let res = from("127.0.0.2").get(gw.http_url("/auth/login?code=nope")).send().await.expect("login");
+    assert_eq!(res.status(), StatusCode::UNAUTHORIZED);
+    gw.stop().await;
+
+    // Behind a trusted proxy (here 127.0.0.1), each client it names has its own allowance.
+    let gw = TestGateway::start(Db::Sqlite, |c| {
+        c.limits.auth_requests_per_minute_per_ip = 2;
+        c.limits.trusted_proxies = vec!["127.0.0.1".parse().expect("ip")];
+    })
+    .await;
+    let via = |client: &'static str| {
+        let url = gw.http_url("/auth/login?code=nope");
+        let proxy = one.clone();
+        async move {
+            proxy
+                .get(url)
+                .header("x-forwarded-for", client)
+                .send()
+                .await
+                .expect("login")
+                .status()
+        }
+    };
+    assert_eq!(via("192.0.2.1").await, StatusCode::UNAUTHORIZED);
+    assert_eq!(via("192.0.2.1").await, StatusCode::UNAUTHORIZED);
+    assert_eq!(via("192.0.2.1").await, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(via("192.0.2.2").await, StatusCode::UNAUTHORIZED, "another client of the proxy");
+    gw.stop().await;
+}

@@ -300,7 +300,7 @@ pub fn audit(
         outcome,
         detail,
         connection: None,
-        client: peer.map(|p| p.addr.ip().to_string()),
+        client: peer.map(|p| p.client.to_string()),
     });
 }
 

@@ -113,6 +113,7 @@ pub const REFUSAL_REASONS: &[&str] = &[
     "draining",
     "unauthenticated",
     "unknown_agent",
+    "auth_rate",
 ];
 
 /// `reason` of [`AUTH_FAILURES`].

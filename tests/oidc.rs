@@ -734,3 +734,91 @@ async fn a_provider_account_never_takes_a_local_users_name() {
     assert_eq!(res.json::<Value>().await.expect("json")["user"], "local");
     s.gw.stop().await;
 }
+
+/// One forged login, as an attacker makes them: a fresh login (its state cookie and the `state` in
+/// the provider URL), then its callback with a made-up code. The callback's status.
+async fn forged_login(s: &Setup, http: &reqwest::Client) -> StatusCode {
+    let res = http.get(s.gw.http_url("/auth/oidc/login")).send().await.expect("login");
+    assert_eq!(res.status(), StatusCode::SEE_OTHER);
+    let location = res.headers()[reqwest::header::LOCATION].to_str().expect("location");
+    let state = reqwest::Url::parse(location)
+        .expect("url")
+        .query_pairs()
+        .find(|(k, _)| k == "state")
+        .map(|(_, v)| v.to_string())
+        .expect("state");
+    let cookie = res
+        .headers()
+        .get_all(reqwest::header::SET_COOKIE)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .find(|c| c.starts_with("acp_gateway_oidc="))
+        .and_then(|c| c.split(';').next())
+        .expect("state cookie")
+        .to_string();
+    let mut callback = reqwest::Url::parse(&s.gw.http_url("/auth/oidc/callback")).expect("url");
+    callback
+        .query_pairs_mut()
+        .append_pair("code", "forged")
+        .append_pair("state", &state);
+    http.get(callback)
+        .header(reqwest::header::COOKIE, cookie)
+        .send()
+        .await
+        .expect("callback")
+        .status()
+}
+
+/// A flood of forged login/callback pairs (each with its own fresh state cookie, as anyone can
+/// get them) fills the memory of used `state`s, here lowered to 100 (default 50,000): a real
+/// sign-in still gets in, and a replayed callback is still refused. The gateway used to refuse
+/// every callback once the memory was full, for 10 minutes, for everyone.
+/// `OIDC_FLOOD_PAIRS=60000` floods the default memory (50,000) instead (minutes).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flood_of_forged_callbacks_locks_nobody_out() {
+    let full = std::env::var("OIDC_FLOOD_PAIRS").ok().and_then(|n| n.parse::<usize>().ok());
+    let pairs = full.unwrap_or(300);
+    let s = setup(|c| {
+        if full.is_none() {
+            c.oidc.used_states_max = 100;
+        }
+        c.limits.auth_requests_per_minute_per_ip = 0;
+    })
+    .await;
+    let attacker = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .expect("client");
+    let started = std::time::Instant::now();
+    let statuses = futures_util::future::join_all((0..8).map(|_| {
+        let (s, attacker) = (&s, attacker.clone());
+        async move {
+            let mut statuses = Vec::new();
+            for _ in 0..pairs.div_ceil(8) {
+                statuses.push(forged_login(s, &attacker).await);
+            }
+            statuses
+        }
+    }))
+    .await;
+    let statuses: Vec<StatusCode> = statuses.into_iter().flatten().collect();
+    eprintln!(
+        "{} forged login/callback pairs in {:?}",
+        statuses.len(),
+        started.elapsed()
+    );
+    // Each was taken to the provider, which refused the made-up code.
+    assert!(
+        statuses.iter().all(|s| *s == StatusCode::BAD_GATEWAY),
+        "{statuses:?}"
+    );
+    let http = browser();
+    let (callback, res) = sign_in(&s, &http, "alice").await;
+    assert_eq!(res.status(), StatusCode::SEE_OTHER, "{:?}", res.text().await);
+    assert_eq!(
+        http.get(&callback).send().await.expect("replay").status(),
+        StatusCode::BAD_REQUEST,
+        "a replay is still refused"
+    );
+    s.gw.stop().await;
+}

@@ -43,6 +43,9 @@ pub struct OidcConfig {
     /// Users of the gateway's own tokens (`acp-gateway token --sub`, the login link): names a
     /// provider account never gets, whatever its claims say.
     pub local_users: Vec<String>,
+    /// Callbacks remembered (10 minutes each) so that a replayed one is refused; past it the
+    /// oldest is forgotten (its code is spent at the provider anyway).
+    pub used_states_max: usize,
 }
 
 impl Default for OidcConfig {
@@ -63,6 +66,7 @@ impl Default for OidcConfig {
             api_audiences: Vec::new(),
             jwks_refetch_secs: 60,
             local_users: vec![String::from("local")],
+            used_states_max: 50_000,
         }
     }
 }

@@ -76,7 +76,7 @@ pub struct Oidc {
     /// The provider's keys for tokens on the API (once its `jwks_uri` is known).
     api_keys: OnceLock<Arc<Jwks>>,
     /// `state` values already used (a replayed callback is refused), until they expire.
-    pub(crate) used_states: Mutex<std::collections::HashMap<String, Instant>>,
+    pub(crate) used_states: Mutex<login::UsedStates>,
     /// Provider accounts bound to user names, as lately read from the store.
     bindings: identity::Bindings,
 }

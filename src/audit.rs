@@ -250,8 +250,9 @@ impl Audit {
         }
     }
 
-    /// Records that `user` was refused at `cap` (at most once per user, cap and minute).
-    pub fn cap_refused(&self, user: &str, cap: &'static str, connection: Option<&str>) {
+    /// Records that `user` was refused at `cap` (at most once per user, cap and minute), on
+    /// `connection` from the address `client`.
+    pub fn cap_refused(&self, user: &str, cap: &'static str, connection: Option<&str>, client: Option<String>) {
         {
             let mut seen = self.caps.lock().unwrap_or_else(|e| e.into_inner());
             let now = Instant::now();
@@ -271,6 +272,7 @@ impl Audit {
             target: Some(cap),
             outcome: "refused",
             connection,
+            client,
             ..Event::default()
         });
     }

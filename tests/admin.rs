@@ -131,7 +131,14 @@ async fn an_admin_stops_a_prompt_and_everything_is_audited(db: Db) {
     assert_eq!(created.len(), 1, "{created:?}");
     assert_eq!(created[0]["target"], json!(session));
     assert!(created[0]["connection"].as_str().is_some());
+    // Every entry says where it came from: the session created over /acp and the admin's stop
+    // included (they once carried no address).
+    assert_eq!(created[0]["clientAddr"], "127.0.0.1", "{created:?}");
+    assert_eq!(stops[0]["clientAddr"], "127.0.0.1", "{stops:?}");
     let everything = audit(String::from("limit=1000")).await;
+    for entry in everything.as_slice() {
+        assert_eq!(entry["clientAddr"], "127.0.0.1", "{entry}");
+    }
     let text = serde_json::to_string(&everything).expect("json");
     for secret in [common::SECRET.to_string(), gw.token("bob"), gw.token(ADMIN)] {
         assert!(!text.contains(&secret), "a secret in the audit log");

@@ -284,7 +284,7 @@ impl Connection {
                 outcome: "refused",
                 detail: Some(json!({ "method": "session/cancel", "share": access.share_id })),
                 connection: Some(&self.client.id),
-                client: None,
+                client: self.client.addr(),
             });
             return None;
         }
@@ -332,7 +332,7 @@ impl Connection {
         if let Err(cap) = self.gw.quotas.request(&self.client.user) {
             self.gw
                 .audit
-                .cap_refused(&self.client.user, cap.cap, Some(&self.client.id));
+                .cap_refused(&self.client.user, cap.cap, Some(&self.client.id), self.client.addr());
             answer(&self.client, id.get(), Err(cap.rpc())).await;
             return;
         }
@@ -349,7 +349,7 @@ impl Connection {
             crate::metrics::cap_hit("requests_in_flight");
             self.gw
                 .audit
-                .cap_refused(&self.client.user, "requests_in_flight", Some(&self.client.id));
+                .cap_refused(&self.client.user, "requests_in_flight", Some(&self.client.id), self.client.addr());
             let err = RpcError::new(
                 CAP_REACHED,
                 "too many requests in flight on this connection; try again later",

@@ -516,10 +516,18 @@ async fn sign_in_routes_are_rate_limited_per_client_address() {
     };
     let one = from("127.0.0.1");
     for _ in 0..5 {
-        let res = one.get(gw.http_url("/auth/login?code=nope")).send().await.expect("login");
+        let res = one
+            .get(gw.http_url("/auth/login?code=nope"))
+            .send()
+            .await
+            .expect("login");
         assert_eq!(res.status(), StatusCode::UNAUTHORIZED);
     }
-    let res = one.get(gw.http_url("/auth/login?code=nope")).send().await.expect("login");
+    let res = one
+        .get(gw.http_url("/auth/login?code=nope"))
+        .send()
+        .await
+        .expect("login");
     assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS);
     let retry: u64 = res.headers()["retry-after"]
         .to_str()
@@ -527,7 +535,12 @@ async fn sign_in_routes_are_rate_limited_per_client_address() {
         .parse()
         .expect("seconds");
     assert!((1..=60).contains(&retry), "{retry}");
-    let res = one.post(gw.http_url("/auth/login")).form(&[("token", "x")]).send().await.expect("form");
+    let res = one
+        .post(gw.http_url("/auth/login"))
+        .form(&[("token", "x")])
+        .send()
+        .await
+        .expect("form");
     assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS, "every /auth/ route");
     // The rest of the API, and another address, are not affected.
     let res = one
@@ -537,7 +550,11 @@ async fn sign_in_routes_are_rate_limited_per_client_address() {
         .await
         .expect("me");
     assert_eq!(res.status(), StatusCode::OK);
-    let res = from("127.0.0.2").get(gw.http_url("/auth/login?code=nope")).send().await.expect("login");
+    let res = from("127.0.0.2")
+        .get(gw.http_url("/auth/login?code=nope"))
+        .send()
+        .await
+        .expect("login");
     assert_eq!(res.status(), StatusCode::UNAUTHORIZED);
     gw.stop().await;
 
@@ -563,6 +580,10 @@ async fn sign_in_routes_are_rate_limited_per_client_address() {
     assert_eq!(via("192.0.2.1").await, StatusCode::UNAUTHORIZED);
     assert_eq!(via("192.0.2.1").await, StatusCode::UNAUTHORIZED);
     assert_eq!(via("192.0.2.1").await, StatusCode::TOO_MANY_REQUESTS);
-    assert_eq!(via("192.0.2.2").await, StatusCode::UNAUTHORIZED, "another client of the proxy");
+    assert_eq!(
+        via("192.0.2.2").await,
+        StatusCode::UNAUTHORIZED,
+        "another client of the proxy"
+    );
     gw.stop().await;
 }

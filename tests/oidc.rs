@@ -776,7 +776,9 @@ async fn forged_login(s: &Setup, http: &reqwest::Client) -> StatusCode {
 /// `OIDC_FLOOD_PAIRS=60000` floods the default memory (50,000) instead (minutes).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_flood_of_forged_callbacks_locks_nobody_out() {
-    let full = std::env::var("OIDC_FLOOD_PAIRS").ok().and_then(|n| n.parse::<usize>().ok());
+    let full = std::env::var("OIDC_FLOOD_PAIRS")
+        .ok()
+        .and_then(|n| n.parse::<usize>().ok());
     let pairs = full.unwrap_or(300);
     let s = setup(|c| {
         if full.is_none() {
@@ -808,10 +810,7 @@ async fn a_flood_of_forged_callbacks_locks_nobody_out() {
         started.elapsed()
     );
     // Each was taken to the provider, which refused the made-up code.
-    assert!(
-        statuses.iter().all(|s| *s == StatusCode::BAD_GATEWAY),
-        "{statuses:?}"
-    );
+    assert!(statuses.iter().all(|s| *s == StatusCode::BAD_GATEWAY), "{statuses:?}");
     let http = browser();
     let (callback, res) = sign_in(&s, &http, "alice").await;
     assert_eq!(res.status(), StatusCode::SEE_OTHER, "{:?}", res.text().await);

@@ -73,7 +73,15 @@ async fn set(
         return list_refusal(&who.user, e);
     }
     tracing::info!(user = %who.user, server = %name, "MCP server saved");
-    audit(&gw, peer.as_deref(), &who.user, "mcp_server_set", Some(&name), "ok", None);
+    audit(
+        &gw,
+        peer.as_deref(),
+        &who.user,
+        "mcp_server_set",
+        Some(&name),
+        "ok",
+        None,
+    );
     StatusCode::NO_CONTENT.into_response()
 }
 
@@ -85,7 +93,15 @@ async fn remove(
 ) -> Response {
     match gw.user_mcp.remove(&who.user, &name).await {
         Ok(true) => {
-            audit(&gw, peer.as_deref(), &who.user, "mcp_server_remove", Some(&name), "ok", None);
+            audit(
+                &gw,
+                peer.as_deref(),
+                &who.user,
+                "mcp_server_remove",
+                Some(&name),
+                "ok",
+                None,
+            );
             StatusCode::NO_CONTENT.into_response()
         }
         Ok(false) => refuse(StatusCode::NOT_FOUND, format!("you have no MCP server named {name:?}")),

@@ -90,7 +90,15 @@ async fn unsubscribe(
 ) -> Response {
     match gw.push.unsubscribe(&who.user, &id).await {
         Ok(true) => {
-            audit(&gw, peer.as_deref(), &who.user, "push_unsubscribe", Some(&id), "ok", None);
+            audit(
+                &gw,
+                peer.as_deref(),
+                &who.user,
+                "push_unsubscribe",
+                Some(&id),
+                "ok",
+                None,
+            );
             StatusCode::NO_CONTENT.into_response()
         }
         Ok(false) => refuse(StatusCode::NOT_FOUND, format!("you have no device {id:?} opted in")),

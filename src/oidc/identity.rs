@@ -79,7 +79,14 @@ impl Oidc {
             self.bindings.keep(user, issuer, subject);
             return Ok(());
         }
-        tracing::warn!(user, issuer, subject, bound_issuer, bound_subject, "a provider account asked for a user name bound to another account; refused");
+        tracing::warn!(
+            user,
+            issuer,
+            subject,
+            bound_issuer,
+            bound_subject,
+            "a provider account asked for a user name bound to another account; refused"
+        );
         Err(refuse(format!(
             "the name {user:?} belongs to another account at the identity provider (the one that first signed in with it); ask the operator if it should move to yours"
         )))

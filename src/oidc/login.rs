@@ -337,23 +337,6 @@ impl UsedStates {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_full_memory_forgets_the_oldest_and_refuses_nobody() {
-        let mut used = UsedStates::default();
-        assert!(used.insert("a", 2));
-        assert!(!used.insert("a", 2), "a replay");
-        assert!(used.insert("b", 2));
-        assert!(used.insert("c", 2), "full: the oldest goes, the new one is taken");
-        assert!(!used.insert("c", 2) && !used.insert("b", 2));
-        assert_eq!(used.order.len(), 2);
-        assert_eq!(used.at.len(), 2);
-    }
-}
-
 /// The gateway's client at the provider, as discovery configures it (authorization endpoint
 /// set; token and userinfo endpoints as the provider names them).
 pub(super) type ProviderClient =
@@ -382,4 +365,21 @@ fn payload(jwt: &str) -> Option<Map<String, Value>> {
 
 fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_full_memory_forgets_the_oldest_and_refuses_nobody() {
+        let mut used = UsedStates::default();
+        assert!(used.insert("a", 2));
+        assert!(!used.insert("a", 2), "a replay");
+        assert!(used.insert("b", 2));
+        assert!(used.insert("c", 2), "full: the oldest goes, the new one is taken");
+        assert!(!used.insert("c", 2) && !used.insert("b", 2));
+        assert_eq!(used.order.len(), 2);
+        assert_eq!(used.at.len(), 2);
+    }
 }

@@ -191,7 +191,8 @@ mod tests {
             allowed_groups: vec!["devs".into()],
             ..OidcConfig::default()
         });
-        let unverified = claims(json!({"sub":"a1","email":"alice@example.com","email_verified":false,"groups":["devs"]}));
+        let unverified =
+            claims(json!({"sub":"a1","email":"alice@example.com","email_verified":false,"groups":["devs"]}));
         assert_eq!(by_sub.admit(&unverified), Ok("a1".into()));
     }
 

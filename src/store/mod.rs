@@ -9,8 +9,8 @@
 mod admin;
 mod audit;
 mod bounded;
-mod identities;
 pub(crate) mod cursor;
+mod identities;
 mod lifecycle;
 pub mod persister;
 mod pg_roles;

@@ -12,12 +12,12 @@ use sqlx::sqlite::{
 
 use super::admin::AdminSql;
 use super::audit::AuditSql;
+use super::identities::IdentitySql;
 use super::lifecycle::LifecycleSql;
 use super::shares::ShareSql;
 use super::sql::{RunList, SearchBy, Sql, chunk_key, chunk_of};
 use super::usage::UsageSql;
 use super::user_secrets::SecretSql;
-use super::identities::IdentitySql;
 use super::web_sessions::WebSessionSql;
 use super::{
     AuditEntry, AuditFilter, EventChunk, ListFilter, NewSession, Position, SessionRecord, SessionWrite, Store,

@@ -347,9 +347,12 @@ impl Connection {
         let Ok(slot) = self.inflight.clone().try_acquire_owned() else {
             let limit = self.gw.config.limits.max_inflight_per_connection;
             crate::metrics::cap_hit("requests_in_flight");
-            self.gw
-                .audit
-                .cap_refused(&self.client.user, "requests_in_flight", Some(&self.client.id), self.client.addr());
+            self.gw.audit.cap_refused(
+                &self.client.user,
+                "requests_in_flight",
+                Some(&self.client.id),
+                self.client.addr(),
+            );
             let err = RpcError::new(
                 CAP_REACHED,
                 "too many requests in flight on this connection; try again later",

@@ -24,13 +24,13 @@ use sqlx::{Postgres, Transaction};
 
 use super::admin::AdminSql;
 use super::audit::AuditSql;
+use super::identities::IdentitySql;
 use super::lifecycle::LifecycleSql;
 use super::pg_roles::{ACT_FOR_USER, RequestIdentity, check_roles};
 use super::shares::ShareSql;
 use super::sql::{RunList, SearchBy, Sql};
 use super::usage::UsageSql;
 use super::user_secrets::SecretSql;
-use super::identities::IdentitySql;
 use super::web_sessions::WebSessionSql;
 use transcript::{SETTLE_ALL_BEHIND, is_chunk_only};
 

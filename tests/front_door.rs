@@ -202,7 +202,11 @@ async fn the_sign_in_form_works_only_from_our_own_pages() {
     assert_eq!(res.status(), StatusCode::SEE_OTHER);
     assert_eq!(res.headers()["location"], "/");
     assert_eq!(res.headers()["cache-control"], "no-store");
-    assert_eq!(cookie_value(res.headers(), "acp_gateway_token"), Some(mallory.clone()));
+    // The cookie is a sign-in of its own (sign-out ends it), for the token's user.
+    let cookie = cookie_value(res.headers(), "acp_gateway_token").expect("the cookie");
+    assert_ne!(cookie, mallory);
+    let who = gw.gw.auth.verify(&cookie).expect("the gateway's own token");
+    assert_eq!((who.user.as_str(), who.session.is_some()), ("mallory", true));
 
     let res = post_login(&gw, "not-a-token", &[("origin", &ours)]).await;
     assert_eq!(res.status(), StatusCode::UNAUTHORIZED);
@@ -585,5 +589,58 @@ async fn sign_in_routes_are_rate_limited_per_client_address() {
         StatusCode::UNAUTHORIZED,
         "another client of the proxy"
     );
+    gw.stop().await;
+}
+
+/// Sign-out ends the sign-in of a login link or of the token form on the server (review F11 L3):
+/// its cookie, copied before, no longer works anywhere; the token pasted into the form is the
+/// user's own and keeps working.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sign_out_ends_a_login_link_or_token_sign_in_for_good() {
+    let gw = TestGateway::start(Db::Sqlite, |_| {}).await;
+    let ours = format!("http://{}", gw.addr);
+    let code = gw.gw.login_codes.issue("alice");
+    let res = http()
+        .get(gw.http_url(&format!("/auth/login?code={code}")))
+        .send()
+        .await
+        .expect("login");
+    let link_cookie = cookie_value(res.headers(), "acp_gateway_token").expect("the cookie");
+    let pasted = gw.token("bob");
+    let res = post_login(&gw, &pasted, &[("origin", &ours)]).await;
+    let form_cookie = cookie_value(res.headers(), "acp_gateway_token").expect("the cookie");
+    for (cookie, user) in [(&link_cookie, "alice"), (&form_cookie, "bob")] {
+        let (status, me) = me_with_cookie(&gw, &format!("acp_gateway_token={cookie}"), &[]).await;
+        assert_eq!((status, me["user"].as_str()), (StatusCode::OK, Some(user)));
+        let res = http()
+            .post(gw.http_url("/auth/logout"))
+            .header("origin", &ours)
+            .header("cookie", format!("acp_gateway_token={cookie}"))
+            .send()
+            .await
+            .expect("logout");
+        assert_eq!(res.status(), StatusCode::NO_CONTENT);
+        // A copy of the cookie, as a cookie or as a bearer token: refused.
+        let (status, _) = me_with_cookie(&gw, &format!("acp_gateway_token={cookie}"), &[]).await;
+        assert_eq!(status, StatusCode::UNAUTHORIZED, "{user}'s cookie after sign-out");
+        let res = http()
+            .get(gw.http_url("/api/me"))
+            .bearer_auth(cookie)
+            .send()
+            .await
+            .expect("me");
+        assert_eq!(
+            res.status(),
+            StatusCode::UNAUTHORIZED,
+            "{user}'s cookie as a bearer token"
+        );
+    }
+    let res = http()
+        .get(gw.http_url("/api/me"))
+        .bearer_auth(&pasted)
+        .send()
+        .await
+        .expect("me");
+    assert_eq!(res.status(), StatusCode::OK, "the pasted token is bob's own");
     gw.stop().await;
 }

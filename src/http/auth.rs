@@ -197,13 +197,11 @@ pub async fn authenticate(gw: &Gateway, headers: &HeaderMap, query: Option<&str>
     Err(Unauthorized)
 }
 
-/// `who`, unless they signed in through the provider and that sign-in has ended.
+/// `who`, unless their cookie is a sign-in's (through the provider, or a login link or token
+/// form) and that sign-in has ended.
 async fn still_signed_in(gw: &Gateway, who: Identity) -> Result<Identity, Unauthorized> {
     let Some(sid) = &who.session else { return Ok(who) };
-    let live = match &gw.oidc {
-        Some(oidc) => oidc.is_live(sid, &who.user).await,
-        None => false,
-    };
+    let live = crate::oidc::is_live(&**gw.sessions.store(), sid, &who.user).await;
     if live {
         Ok(who)
     } else {

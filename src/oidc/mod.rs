@@ -32,7 +32,7 @@ use crate::store::Store;
 
 pub use identity::BindError;
 pub use policy::Policy;
-pub use recheck::Watched;
+pub use recheck::{Watched, is_live};
 
 /// Discovery older than this is fetched again when a login needs it.
 pub const REDISCOVER_AFTER: Duration = Duration::from_secs(300);

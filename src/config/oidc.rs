@@ -96,6 +96,7 @@ pub(super) const ENV_NUMBERS: &[(&str, &str)] = &[
     ("ACP_GATEWAY_OIDC_SESSION_TTL_SECS", "oidc.session_ttl_secs"),
     ("ACP_GATEWAY_OIDC_RECHECK_SECS", "oidc.recheck_secs"),
     ("ACP_GATEWAY_OIDC_JWKS_REFETCH_SECS", "oidc.jwks_refetch_secs"),
+    ("ACP_GATEWAY_OIDC_USED_STATES_MAX", "oidc.used_states_max"),
 ];
 
 impl OidcConfig {

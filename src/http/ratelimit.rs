@@ -66,13 +66,10 @@ fn block_of(ip: IpAddr) -> IpAddr {
 
 /// Records the client's address on the request's [`Peer`], and limits `/auth/*` per address.
 pub(super) async fn client_address(State(limit): State<Arc<AuthLimit>>, mut req: Request, next: Next) -> Response {
-    let ip = {
-        let headers = req.headers().clone();
-        req.extensions_mut().get_mut::<Peer>().map(|peer| {
-            peer.client = peer.client_ip(&headers);
-            peer.client
-        })
-    };
+    let ip = req.extensions().get::<Peer>().map(|peer| peer.client_ip(req.headers()));
+    if let (Some(ip), Some(peer)) = (ip, req.extensions_mut().get_mut::<Peer>()) {
+        peer.client = ip;
+    }
     if let Some(ip) = ip
         && req.uri().path().starts_with("/auth/")
         && let Err(wait) = limit.check(ip)

@@ -369,20 +369,15 @@ async fn logout(State(gw): State<Arc<Gateway>>, headers: HeaderMap, peer: Option
     if let Some(who) = &who {
         audit(&gw, peer.as_deref(), &who.user, "sign_out", None, "ok", None);
     }
-    let sid = who.and_then(|w| w.session);
-    let own = match &sid {
-        Some(sid) => gw
-            .sessions
-            .store()
-            .web_session(sid)
-            .await
-            .ok()
-            .flatten()
-            .filter(|row| row.key_id == OWN_SIGN_IN),
-        None => None,
+    // A login link's or token form's sign-in ends here; a provider's through the provider.
+    let own_sid = match who.and_then(|w| w.session) {
+        Some(sid) if matches!(gw.sessions.store().web_session(&sid).await, Ok(Some(row)) if row.key_id == OWN_SIGN_IN) => {
+            Some(sid)
+        }
+        _ => None,
     };
-    let redirect = match (own, sid) {
-        (Some(_), Some(sid)) => {
+    let redirect = match own_sid {
+        Some(sid) => {
             if let Err(e) = gw.sessions.store().revoke_web_session(&sid, "signed out").await {
                 tracing::warn!(error = %e, "cannot record that a sign-in ended");
             }
@@ -391,7 +386,7 @@ async fn logout(State(gw): State<Arc<Gateway>>, headers: HeaderMap, peer: Option
             }
             None
         }
-        _ => super::oidc::sign_out(&gw, &headers).await,
+        None => super::oidc::sign_out(&gw, &headers).await,
     };
     let plain = format!("{COOKIE}=; Path=/; HttpOnly; SameSite=Strict; Max-Age=0");
     let host = format!("{SECURE_COOKIE}=; Path=/; Secure; HttpOnly; SameSite=Strict; Max-Age=0");

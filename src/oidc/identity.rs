@@ -88,7 +88,7 @@ impl Oidc {
             "a provider account asked for a user name bound to another account; refused"
         );
         Err(refuse(format!(
-            "the name {user:?} belongs to another account at the identity provider (the one that first signed in with it); ask the operator if it should move to yours"
+            "the name {user:?} belongs to another account at the identity provider (the first that signed in with it), and only an operator can move it"
         )))
     }
 }

@@ -8,9 +8,16 @@
 //! `acp_gateway_audit_dropped_total`. Entries older than `audit.retention_days` are pruned hourly.
 //! Cap refusals are recorded once per user, cap and minute, so a client hammering a cap cannot
 //! fill the table.
+//!
+//! What nobody signed in did (a bad login code, a refused token, a failed callback from the
+//! identity provider) costs its sender nothing, so it is aggregated: the first of a kind from a
+//! client address in a minute is recorded at once, the rest are counted, and when the minute is
+//! over one more row says how many (`detail.repeated`). Past [`ANONYMOUS_KEYS`] addresses in a
+//! minute, the others share one count. These rows go through a queue of their own
+//! ([`ANONYMOUS_QUEUE`]), so anonymous noise can never push out what a signed-in person did.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
 use tokio::sync::mpsc;
@@ -20,10 +27,18 @@ use crate::store::{AuditEntry, Store, now_micros};
 
 /// Entries queued for the store, at most.
 const QUEUE: usize = 4096;
+/// Entries of people not signed in queued for the store, at most (apart from [`QUEUE`]).
+const ANONYMOUS_QUEUE: usize = 256;
 /// Entries written per batch, at most.
 const BATCH: usize = 256;
 /// A cap refusal of one user is recorded once per this.
 const CAP_EVERY: Duration = Duration::from_secs(60);
+/// Anonymous entries of one kind from one address are counted over this, then summed up.
+const ANONYMOUS_EVERY: Duration = Duration::from_secs(60);
+/// Addresses counted apart in one window, at most; the rest share one count.
+const ANONYMOUS_KEYS: usize = 1024;
+/// How often windows that are over are summed up.
+const SUM_UP_EVERY: Duration = Duration::from_secs(10);
 
 /// What happened.
 #[derive(Debug, Default)]
@@ -47,9 +62,29 @@ pub struct Event<'a> {
 /// The audit log's front door.
 #[derive(Debug)]
 pub struct Audit {
+    /// Entries of signed-in people and of the gateway itself.
     tx: mpsc::Sender<AuditEntry>,
+    /// Entries of people not signed in (aggregated first).
+    anonymous_tx: mpsc::Sender<AuditEntry>,
     replica: String,
     caps: Mutex<HashMap<(String, &'static str), Instant>>,
+    /// The anonymous windows open now.
+    anonymous: Mutex<HashMap<AnonymousKey, Window>>,
+}
+
+/// What anonymous entries are counted under: client address (`None`: the shared count of
+/// addresses past [`ANONYMOUS_KEYS`]), action, outcome and the detail's `method`.
+type AnonymousKey = (Option<String>, &'static str, &'static str, Option<String>);
+
+/// One kind of anonymous entry from one address in one window.
+#[derive(Debug)]
+struct Window {
+    /// When its first entry came.
+    opened: Instant,
+    /// Entries after the first.
+    repeated: u64,
+    /// The first entry's detail (the summary carries it too).
+    detail: Option<serde_json::Value>,
 }
 
 impl Audit {
@@ -62,17 +97,138 @@ impl Audit {
         stop: CancellationToken,
     ) -> (Arc<Self>, tokio::task::JoinHandle<()>) {
         let (tx, rx) = mpsc::channel(QUEUE);
-        let task = tokio::spawn(write(store, rx, retention_days, stop));
+        let (anonymous_tx, anonymous_rx) = mpsc::channel(ANONYMOUS_QUEUE);
         let audit = Arc::new(Self {
             tx,
+            anonymous_tx,
             replica,
             caps: Mutex::default(),
+            anonymous: Mutex::default(),
         });
+        let task = tokio::spawn(write(
+            store,
+            Queues {
+                signed_in: rx,
+                anonymous: anonymous_rx,
+                audit: Arc::downgrade(&audit),
+            },
+            retention_days,
+            stop,
+        ));
         (audit, task)
     }
 
-    /// Records `e`: a log line now, a row soon.
+    /// Records `e`: a log line now, a row soon. What nobody signed in did is aggregated per
+    /// client address and minute.
     pub fn record(&self, e: Event<'_>) {
+        if e.actor.is_empty() {
+            self.anonymous(e);
+        } else {
+            let entry = self.entry(e);
+            if self.tx.try_send(entry).is_err() {
+                metrics::counter!(crate::metrics::AUDIT_DROPPED).increment(1);
+            }
+        }
+    }
+
+    /// An anonymous entry: recorded when it opens a window, counted otherwise.
+    fn anonymous(&self, e: Event<'_>) {
+        let method = e
+            .detail
+            .as_ref()
+            .and_then(|d| d.get("method"))
+            .and_then(serde_json::Value::as_str)
+            .map(String::from);
+        let now = Instant::now();
+        let mut summaries = Vec::new();
+        let first = {
+            let mut open = self.anonymous.lock().unwrap_or_else(|e| e.into_inner());
+            let mut key = (e.client.clone(), e.action, e.outcome, method);
+            if !open.contains_key(&key) && open.len() >= ANONYMOUS_KEYS {
+                summaries = close_windows(&mut open, now);
+                if open.len() >= ANONYMOUS_KEYS {
+                    key.0 = None;
+                }
+            }
+            match open.get_mut(&key) {
+                Some(w) if now.duration_since(w.opened) < ANONYMOUS_EVERY => {
+                    w.repeated += 1;
+                    false
+                }
+                _ => {
+                    if let Some(old) = open.remove(&key) {
+                        summaries.push((key.clone(), old));
+                    }
+                    open.insert(
+                        key,
+                        Window {
+                            opened: now,
+                            repeated: 0,
+                            detail: e.detail.clone(),
+                        },
+                    );
+                    true
+                }
+            }
+        };
+        for (key, window) in summaries {
+            self.sum_up(key, window);
+        }
+        if first {
+            let entry = self.entry(e);
+            self.queue_anonymous(entry);
+        }
+    }
+
+    /// Sums up the anonymous windows that are over (`all`: every one, at shutdown).
+    fn sum_up_windows(&self, all: bool) {
+        let closed = {
+            let mut open = self.anonymous.lock().unwrap_or_else(|e| e.into_inner());
+            if all {
+                open.drain().collect()
+            } else {
+                close_windows(&mut open, Instant::now())
+            }
+        };
+        for (key, window) in closed {
+            self.sum_up(key, window);
+        }
+    }
+
+    /// The row that says how many more came in a window (none when none did).
+    fn sum_up(&self, (client, action, outcome, _): AnonymousKey, window: Window) {
+        if window.repeated == 0 {
+            return;
+        }
+        let mut detail = match window.detail {
+            Some(serde_json::Value::Object(map)) => map,
+            _ => serde_json::Map::new(),
+        };
+        detail.insert("repeated".into(), window.repeated.into());
+        detail.insert("windowSecs".into(), ANONYMOUS_EVERY.as_secs().into());
+        if client.is_none() {
+            detail.insert("addresses".into(), "many".into());
+        }
+        let entry = self.entry(Event {
+            actor: "",
+            action,
+            target: None,
+            outcome,
+            detail: Some(serde_json::Value::Object(detail)),
+            connection: None,
+            client,
+        });
+        self.queue_anonymous(entry);
+    }
+
+    fn queue_anonymous(&self, entry: AuditEntry) {
+        if self.anonymous_tx.try_send(entry).is_err() {
+            metrics::counter!(crate::metrics::AUDIT_DROPPED).increment(1);
+        }
+    }
+
+    /// `e` as a row, written as a log line on the way.
+    fn entry(&self, e: Event<'_>) -> AuditEntry {
         let detail = e.detail.map(|d| d.to_string());
         tracing::info!(
             target: "audit",
@@ -80,7 +236,7 @@ impl Audit {
             detail = ?detail, connection = ?e.connection, client = ?e.client, replica = %self.replica,
             "audit"
         );
-        let entry = AuditEntry {
+        AuditEntry {
             id: 0,
             at: now_micros(),
             actor: e.actor.to_string(),
@@ -91,14 +247,12 @@ impl Audit {
             connection: e.connection.map(String::from),
             replica: self.replica.clone(),
             client_addr: e.client,
-        };
-        if self.tx.try_send(entry).is_err() {
-            metrics::counter!(crate::metrics::AUDIT_DROPPED).increment(1);
         }
     }
 
-    /// Records that `user` was refused at `cap` (at most once per user, cap and minute).
-    pub fn cap_refused(&self, user: &str, cap: &'static str, connection: Option<&str>) {
+    /// Records that `user` was refused at `cap` (at most once per user, cap and minute), on
+    /// `connection` from the address `client`.
+    pub fn cap_refused(&self, user: &str, cap: &'static str, connection: Option<&str>, client: Option<String>) {
         {
             let mut seen = self.caps.lock().unwrap_or_else(|e| e.into_inner());
             let now = Instant::now();
@@ -118,27 +272,63 @@ impl Audit {
             target: Some(cap),
             outcome: "refused",
             connection,
+            client,
             ..Event::default()
         });
     }
 }
 
-/// Appends queued entries in batches until `stop`, then what is left; prunes hourly.
-async fn write(
-    store: Arc<dyn Store>,
-    mut rx: mpsc::Receiver<AuditEntry>,
-    retention_days: u64,
-    stop: CancellationToken,
-) {
+/// Takes the windows that are over out of `open`.
+fn close_windows(open: &mut HashMap<AnonymousKey, Window>, now: Instant) -> Vec<(AnonymousKey, Window)> {
+    let over: Vec<AnonymousKey> = open
+        .iter()
+        .filter(|(_, w)| now.duration_since(w.opened) >= ANONYMOUS_EVERY)
+        .map(|(k, _)| k.clone())
+        .collect();
+    over.into_iter()
+        .filter_map(|k| open.remove(&k).map(|w| (k, w)))
+        .collect()
+}
+
+/// What the writer reads.
+struct Queues {
+    signed_in: mpsc::Receiver<AuditEntry>,
+    anonymous: mpsc::Receiver<AuditEntry>,
+    /// To sum up anonymous windows as they end (weak: the writer does not keep the log alive).
+    audit: Weak<Audit>,
+}
+
+/// Appends queued entries in batches until `stop`, then what is left; prunes hourly; sums up
+/// anonymous windows as they end.
+async fn write(store: Arc<dyn Store>, queues: Queues, retention_days: u64, stop: CancellationToken) {
+    let Queues {
+        signed_in: mut rx,
+        anonymous: mut anonymous_rx,
+        audit,
+    } = queues;
     let mut prune = tokio::time::interval(Duration::from_secs(3600));
+    let mut sum_up = tokio::time::interval(SUM_UP_EVERY);
     let mut batch = Vec::with_capacity(BATCH);
+    let mut anonymous_batch = Vec::with_capacity(BATCH);
     loop {
         tokio::select! {
+            biased;
             n = rx.recv_many(&mut batch, BATCH) => {
                 if n == 0 {
                     return;
                 }
                 flush(&*store, &mut batch).await;
+            }
+            n = anonymous_rx.recv_many(&mut anonymous_batch, BATCH) => {
+                if n == 0 {
+                    return;
+                }
+                flush(&*store, &mut anonymous_batch).await;
+            }
+            _ = sum_up.tick() => {
+                if let Some(audit) = audit.upgrade() {
+                    audit.sum_up_windows(false);
+                }
             }
             _ = prune.tick() => {
                 if retention_days > 0 {
@@ -149,7 +339,13 @@ async fn write(
                 }
             }
             () = stop.cancelled() => {
+                if let Some(audit) = audit.upgrade() {
+                    audit.sum_up_windows(true);
+                }
                 while let Ok(entry) = rx.try_recv() {
+                    batch.push(entry);
+                }
+                while let Ok(entry) = anonymous_rx.try_recv() {
                     batch.push(entry);
                 }
                 flush(&*store, &mut batch).await;

@@ -69,7 +69,7 @@ fn end(gw: &Gateway, lost: &[Watched]) {
             outcome: "ok",
             detail: Some(json!({ "share": w.share, "reason": if expired { "expired" } else { "revoked" } })),
             connection: Some(&client.id),
-            client: None,
+            client: client.addr(),
         });
     }
     gw.shares.forget(lost);

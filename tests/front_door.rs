@@ -202,7 +202,11 @@ async fn the_sign_in_form_works_only_from_our_own_pages() {
     assert_eq!(res.status(), StatusCode::SEE_OTHER);
     assert_eq!(res.headers()["location"], "/");
     assert_eq!(res.headers()["cache-control"], "no-store");
-    assert_eq!(cookie_value(res.headers(), "acp_gateway_token"), Some(mallory.clone()));
+    // The cookie is a sign-in of its own (sign-out ends it), for the token's user.
+    let cookie = cookie_value(res.headers(), "acp_gateway_token").expect("the cookie");
+    assert_ne!(cookie, mallory);
+    let who = gw.gw.auth.verify(&cookie).expect("the gateway's own token");
+    assert_eq!((who.user.as_str(), who.session.is_some()), ("mallory", true));
 
     let res = post_login(&gw, "not-a-token", &[("origin", &ours)]).await;
     assert_eq!(res.status(), StatusCode::UNAUTHORIZED);
@@ -495,5 +499,148 @@ async fn the_data_directory_and_database_are_private() {
     let listed = bob.request("session/list", json!({})).await;
     assert!(listed["result"]["sessions"].is_array(), "{listed}");
     bob.close().await;
+    gw.stop().await;
+}
+
+/// `/auth/*` needs no token, so each client address may call it only so often
+/// (`limits.auth_requests_per_minute_per_ip`): past it `429` with `Retry-After`, for that address
+/// alone; behind a trusted proxy, for the client the proxy names, not for the proxy.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sign_in_routes_are_rate_limited_per_client_address() {
+    let gw = TestGateway::start(Db::Sqlite, |c| {
+        c.limits.auth_requests_per_minute_per_ip = 5;
+    })
+    .await;
+    let from = |ip: &str| {
+        reqwest::Client::builder()
+            .local_address(ip.parse::<std::net::IpAddr>().expect("ip"))
+            .redirect(reqwest::redirect::Policy::none())
+            .build()
+            .expect("client")
+    };
+    let one = from("127.0.0.1");
+    for _ in 0..5 {
+        let res = one
+            .get(gw.http_url("/auth/login?code=nope"))
+            .send()
+            .await
+            .expect("login");
+        assert_eq!(res.status(), StatusCode::UNAUTHORIZED);
+    }
+    let res = one
+        .get(gw.http_url("/auth/login?code=nope"))
+        .send()
+        .await
+        .expect("login");
+    assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS);
+    let retry: u64 = res.headers()["retry-after"]
+        .to_str()
+        .expect("ascii")
+        .parse()
+        .expect("seconds");
+    assert!((1..=60).contains(&retry), "{retry}");
+    let res = one
+        .post(gw.http_url("/auth/login"))
+        .form(&[("token", "x")])
+        .send()
+        .await
+        .expect("form");
+    assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS, "every /auth/ route");
+    // The rest of the API, and another address, are not affected.
+    let res = one
+        .get(gw.http_url("/api/me"))
+        .bearer_auth(gw.token("alice"))
+        .send()
+        .await
+        .expect("me");
+    assert_eq!(res.status(), StatusCode::OK);
+    let res = from("127.0.0.2")
+        .get(gw.http_url("/auth/login?code=nope"))
+        .send()
+        .await
+        .expect("login");
+    assert_eq!(res.status(), StatusCode::UNAUTHORIZED);
+    gw.stop().await;
+
+    // Behind a trusted proxy (here 127.0.0.1), each client it names has its own allowance.
+    let gw = TestGateway::start(Db::Sqlite, |c| {
+        c.limits.auth_requests_per_minute_per_ip = 2;
+        c.limits.trusted_proxies = vec!["127.0.0.1".parse().expect("ip")];
+    })
+    .await;
+    let via = |client: &'static str| {
+        let url = gw.http_url("/auth/login?code=nope");
+        let proxy = one.clone();
+        async move {
+            proxy
+                .get(url)
+                .header("x-forwarded-for", client)
+                .send()
+                .await
+                .expect("login")
+                .status()
+        }
+    };
+    assert_eq!(via("192.0.2.1").await, StatusCode::UNAUTHORIZED);
+    assert_eq!(via("192.0.2.1").await, StatusCode::UNAUTHORIZED);
+    assert_eq!(via("192.0.2.1").await, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(
+        via("192.0.2.2").await,
+        StatusCode::UNAUTHORIZED,
+        "another client of the proxy"
+    );
+    gw.stop().await;
+}
+
+/// Sign-out ends the sign-in of a login link or of the token form on the server (review F11 L3):
+/// its cookie, copied before, no longer works anywhere; the token pasted into the form is the
+/// user's own and keeps working.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sign_out_ends_a_login_link_or_token_sign_in_for_good() {
+    let gw = TestGateway::start(Db::Sqlite, |_| {}).await;
+    let ours = format!("http://{}", gw.addr);
+    let code = gw.gw.login_codes.issue("alice");
+    let res = http()
+        .get(gw.http_url(&format!("/auth/login?code={code}")))
+        .send()
+        .await
+        .expect("login");
+    let link_cookie = cookie_value(res.headers(), "acp_gateway_token").expect("the cookie");
+    let pasted = gw.token("bob");
+    let res = post_login(&gw, &pasted, &[("origin", &ours)]).await;
+    let form_cookie = cookie_value(res.headers(), "acp_gateway_token").expect("the cookie");
+    for (cookie, user) in [(&link_cookie, "alice"), (&form_cookie, "bob")] {
+        let (status, me) = me_with_cookie(&gw, &format!("acp_gateway_token={cookie}"), &[]).await;
+        assert_eq!((status, me["user"].as_str()), (StatusCode::OK, Some(user)));
+        let res = http()
+            .post(gw.http_url("/auth/logout"))
+            .header("origin", &ours)
+            .header("cookie", format!("acp_gateway_token={cookie}"))
+            .send()
+            .await
+            .expect("logout");
+        assert_eq!(res.status(), StatusCode::NO_CONTENT);
+        // A copy of the cookie, as a cookie or as a bearer token: refused.
+        let (status, _) = me_with_cookie(&gw, &format!("acp_gateway_token={cookie}"), &[]).await;
+        assert_eq!(status, StatusCode::UNAUTHORIZED, "{user}'s cookie after sign-out");
+        let res = http()
+            .get(gw.http_url("/api/me"))
+            .bearer_auth(cookie)
+            .send()
+            .await
+            .expect("me");
+        assert_eq!(
+            res.status(),
+            StatusCode::UNAUTHORIZED,
+            "{user}'s cookie as a bearer token"
+        );
+    }
+    let res = http()
+        .get(gw.http_url("/api/me"))
+        .bearer_auth(&pasted)
+        .send()
+        .await
+        .expect("me");
+    assert_eq!(res.status(), StatusCode::OK, "the pasted token is bob's own");
     gw.stop().await;
 }

@@ -42,6 +42,11 @@ async fn setup_with(tweak: impl FnOnce(&Provider, &mut Config)) -> Setup {
 
 /// [`setup_with`], the provider started with `env` (`provider.mjs`'s settings).
 async fn setup_full(env: &[(&str, &str)], tweak: impl FnOnce(&Provider, &mut Config)) -> Setup {
+    setup_on(Db::Sqlite, env, tweak).await
+}
+
+/// [`setup_full`] on `db`.
+async fn setup_on(db: Db, env: &[(&str, &str)], tweak: impl FnOnce(&Provider, &mut Config)) -> Setup {
     let addr = free_addr();
     let reg = ClientReg {
         id: CLIENT_ID,
@@ -50,7 +55,7 @@ async fn setup_full(env: &[(&str, &str)], tweak: impl FnOnce(&Provider, &mut Con
     };
     let provider = Provider::start_with(&reg, &format!("http://{addr}/"), env).await;
     let issuer = provider.issuer.clone();
-    let gw = TestGateway::start(Db::Sqlite, |c| {
+    let gw = TestGateway::start(db, |c| {
         c.listen = addr;
         c.oidc.issuer = Some(issuer);
         c.oidc.client_id = Some(CLIENT_ID.into());
@@ -628,4 +633,191 @@ async fn a_pem_key_keeps_working_beside_the_provider() {
 fn base64_url(s: &str) -> String {
     use base64::Engine;
     base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(s)
+}
+
+/// Named by e-mail address (`user_claim = "email"`), only an address the provider verified names
+/// anyone, and a name belongs to the provider account that first signed in with it: an account
+/// that later carries the same address (typed into its profile unverified, or verified after it
+/// was reused) is refused by name, in the browser and on the API alike.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_address_names_only_its_verified_first_account() {
+    an_address_names_only_its_verified_first_account_on(Db::Sqlite).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_address_names_only_its_verified_first_account_postgres() {
+    an_address_names_only_its_verified_first_account_on(Db::Postgres).await;
+}
+
+async fn an_address_names_only_its_verified_first_account_on(db: Db) {
+    let s = setup_on(db, &[], |_, c| {
+        c.oidc.user_claim = "email".into();
+        c.oidc.allowed_groups = Vec::new();
+    })
+    .await;
+    // Carol types alice's address into her profile; the provider does not verify it.
+    s.provider
+        .control(
+            "email",
+            json!({"user": "carol", "email": "alice@example.com", "email_verified": false}),
+        )
+        .await;
+    let (_, res) = sign_in(&s, &browser(), "carol").await;
+    assert_eq!(res.status(), StatusCode::FORBIDDEN);
+    let page = res.text().await.expect("page");
+    assert!(
+        page.contains("You signed in as alice@example.com") && page.contains("email_verified"),
+        "{page}"
+    );
+    // Alice herself: in, and her address is now bound to her account.
+    let (_, res) = sign_in(&s, &browser(), "alice").await;
+    assert_eq!(res.status(), StatusCode::SEE_OTHER, "{:?}", res.text().await);
+    let who: Value = me(&s, &cookie_token(&res)).await.json().await.expect("json");
+    assert_eq!(who["user"], "alice@example.com");
+    // The provider now verifies carol's copy of it (an address reused, a provider that trusts a
+    // social login's address): still not alice.
+    s.provider
+        .control(
+            "email",
+            json!({"user": "carol", "email": "alice@example.com", "email_verified": true}),
+        )
+        .await;
+    let http = browser();
+    let (_, res) = sign_in(&s, &http, "carol").await;
+    assert_eq!(res.status(), StatusCode::FORBIDDEN);
+    let page = res.text().await.expect("page");
+    assert!(page.contains("belongs to another account"), "{page}");
+    assert_eq!(
+        http.get(s.gw.http_url("/api/me")).send().await.expect("me").status(),
+        StatusCode::UNAUTHORIZED
+    );
+
+    // The provider's tokens on the API go through the same rules.
+    let kid = s.provider.kid.clone();
+    let token = |sub: &str, verified: Value| {
+        provider_token(
+            &s.provider,
+            &kid,
+            claims(&s, sub, |c| {
+                c["email"] = json!("alice@example.com");
+                c["email_verified"] = verified;
+            }),
+        )
+    };
+    let res = me(&s, &token("alice", json!(true))).await;
+    assert_eq!(res.status(), StatusCode::OK);
+    assert_eq!(res.json::<Value>().await.expect("json")["user"], "alice@example.com");
+    for (what, t) in [
+        ("unverified", token("alice", json!(false))),
+        ("no email_verified", token("alice", Value::Null)),
+        ("another account", token("carol", json!(true))),
+    ] {
+        assert_eq!(me(&s, &t).await.status(), StatusCode::UNAUTHORIZED, "{what}");
+    }
+    s.gw.stop().await;
+}
+
+/// A user of the gateway's own tokens (`oidc.local_users`, default `local`) is never a provider
+/// account's, whatever its claims say; the gateway's own token for that name keeps working.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_provider_account_never_takes_a_local_users_name() {
+    let s = setup(|c| c.oidc.local_users = vec!["local".into(), "bob".into()]).await;
+    let (_, res) = sign_in(&s, &browser(), "bob").await;
+    assert_eq!(res.status(), StatusCode::FORBIDDEN);
+    let page = res.text().await.expect("page");
+    assert!(page.contains("oidc.local_users"), "{page}");
+    let local = provider_token(&s.provider, &s.provider.kid, claims(&s, "local", |_| {}));
+    assert_eq!(me(&s, &local).await.status(), StatusCode::UNAUTHORIZED);
+    let own = s.gw.token("local");
+    let res = me(&s, &own).await;
+    assert_eq!(res.status(), StatusCode::OK);
+    assert_eq!(res.json::<Value>().await.expect("json")["user"], "local");
+    s.gw.stop().await;
+}
+
+/// One forged login, as an attacker makes them: a fresh login (its state cookie and the `state` in
+/// the provider URL), then its callback with a made-up code. The callback's status.
+async fn forged_login(s: &Setup, http: &reqwest::Client) -> StatusCode {
+    let res = http.get(s.gw.http_url("/auth/oidc/login")).send().await.expect("login");
+    assert_eq!(res.status(), StatusCode::SEE_OTHER);
+    let location = res.headers()[reqwest::header::LOCATION].to_str().expect("location");
+    let state = reqwest::Url::parse(location)
+        .expect("url")
+        .query_pairs()
+        .find(|(k, _)| k == "state")
+        .map(|(_, v)| v.to_string())
+        .expect("state");
+    let cookie = res
+        .headers()
+        .get_all(reqwest::header::SET_COOKIE)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .find(|c| c.starts_with("acp_gateway_oidc="))
+        .and_then(|c| c.split(';').next())
+        .expect("state cookie")
+        .to_string();
+    let mut callback = reqwest::Url::parse(&s.gw.http_url("/auth/oidc/callback")).expect("url");
+    callback
+        .query_pairs_mut()
+        .append_pair("code", "forged")
+        .append_pair("state", &state);
+    http.get(callback)
+        .header(reqwest::header::COOKIE, cookie)
+        .send()
+        .await
+        .expect("callback")
+        .status()
+}
+
+/// A flood of forged login/callback pairs (each with its own fresh state cookie, as anyone can
+/// get them) fills the memory of used `state`s, here lowered to 100 (default 50,000): a real
+/// sign-in still gets in, and a replayed callback is still refused. The gateway used to refuse
+/// every callback once the memory was full, for 10 minutes, for everyone.
+/// `OIDC_FLOOD_PAIRS=60000` floods the default memory (50,000) instead (minutes).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flood_of_forged_callbacks_locks_nobody_out() {
+    let full = std::env::var("OIDC_FLOOD_PAIRS")
+        .ok()
+        .and_then(|n| n.parse::<usize>().ok());
+    let pairs = full.unwrap_or(300);
+    let s = setup(|c| {
+        if full.is_none() {
+            c.oidc.used_states_max = 100;
+        }
+        c.limits.auth_requests_per_minute_per_ip = 0;
+    })
+    .await;
+    let attacker = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .expect("client");
+    let started = std::time::Instant::now();
+    let statuses = futures_util::future::join_all((0..8).map(|_| {
+        let (s, attacker) = (&s, attacker.clone());
+        async move {
+            let mut statuses = Vec::new();
+            for _ in 0..pairs.div_ceil(8) {
+                statuses.push(forged_login(s, &attacker).await);
+            }
+            statuses
+        }
+    }))
+    .await;
+    let statuses: Vec<StatusCode> = statuses.into_iter().flatten().collect();
+    eprintln!(
+        "{} forged login/callback pairs in {:?}",
+        statuses.len(),
+        started.elapsed()
+    );
+    // Each was taken to the provider, which refused the made-up code.
+    assert!(statuses.iter().all(|s| *s == StatusCode::BAD_GATEWAY), "{statuses:?}");
+    let http = browser();
+    let (callback, res) = sign_in(&s, &http, "alice").await;
+    assert_eq!(res.status(), StatusCode::SEE_OTHER, "{:?}", res.text().await);
+    assert_eq!(
+        http.get(&callback).send().await.expect("replay").status(),
+        StatusCode::BAD_REQUEST,
+        "a replay is still refused"
+    );
+    s.gw.stop().await;
 }

@@ -67,10 +67,17 @@ fn close_not_reading(outbox: &Outbox) -> bool {
 }
 
 /// Serves one upgraded connection until it ends.
-pub async fn serve(socket: WebSocket, gw: Arc<Gateway>, identity: Identity, conn_id: Arc<str>, pool: Arc<AgentPool>) {
+pub async fn serve(
+    socket: WebSocket,
+    gw: Arc<Gateway>,
+    identity: Identity,
+    conn_id: Arc<str>,
+    addr: Option<Arc<str>>,
+    pool: Arc<AgentPool>,
+) {
     let limits = &gw.config.limits;
     let (outbox, rx) = crate::outbox::outbox(limits.client_queue, limits.client_queue_bytes);
-    let client = Client::new(conn_id.clone(), Arc::from(identity.user.as_str()), outbox.clone());
+    let client = Client::new(conn_id.clone(), Arc::from(identity.user.as_str()), addr, outbox.clone());
     let (sink, mut stream) = socket.split();
     let ping_every = Duration::from_secs(limits.ping_interval_secs.max(1));
     let slow_after = Duration::from_secs(limits.slow_client_timeout_secs.max(1));

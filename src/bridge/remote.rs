@@ -292,6 +292,7 @@ async fn run_request(
     let stand_in = Client::new(
         Arc::from(format!("{}-remote", gw.replica)),
         Arc::from(by.teammate.unwrap_or(by.owner)),
+        None,
         outbox.clone(),
     );
     let ctx = Ctx::stand_in(gw.clone(), stand_in, pool);

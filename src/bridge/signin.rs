@@ -75,7 +75,7 @@ pub(super) async fn authenticate(gw: &Gateway, client: &Client, pool: &Arc<Agent
         outcome,
         detail: Some(serde_json::json!({ "method": method, "methodType": "agent" })),
         connection: Some(&client.id),
-        client: None,
+        client: client.addr(),
     });
     Ok(Reply::Result(result?.get().to_string()))
 }

@@ -72,6 +72,10 @@ pub struct Limits {
     /// third of it). A replica that stops answering but keeps its database connection is taken
     /// over after this; one whose connections end (killed) at once.
     pub lease_ttl_secs: u64,
+    /// Requests to `/auth/*` (sign-in, sign-out, the identity provider's legs, device codes),
+    /// which need no token, one client address may make a minute (IPv6: one /64), as a burst
+    /// that refills evenly; more get `429` with `Retry-After` (0: no limit).
+    pub auth_requests_per_minute_per_ip: u32,
 }
 
 impl Limits {
@@ -116,6 +120,7 @@ impl Default for Limits {
             drain_grace_secs: 10,
             shutdown_grace_secs: 10,
             lease_ttl_secs: 10,
+            auth_requests_per_minute_per_ip: 120,
         }
     }
 }

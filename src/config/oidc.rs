@@ -40,6 +40,12 @@ pub struct OidcConfig {
     pub api_audiences: Vec<String>,
     /// How soon a token naming an unknown key may fetch the provider's keys again.
     pub jwks_refetch_secs: u64,
+    /// Users of the gateway's own tokens (`acp-gateway token --sub`, the login link): names a
+    /// provider account never gets, whatever its claims say.
+    pub local_users: Vec<String>,
+    /// Callbacks remembered (10 minutes each) so that a replayed one is refused; past it the
+    /// oldest is forgotten (its code is spent at the provider anyway).
+    pub used_states_max: usize,
 }
 
 impl Default for OidcConfig {
@@ -59,6 +65,8 @@ impl Default for OidcConfig {
             recheck_secs: 900,
             api_audiences: Vec::new(),
             jwks_refetch_secs: 60,
+            local_users: vec![String::from("local")],
+            used_states_max: 50_000,
         }
     }
 }
@@ -80,6 +88,7 @@ pub(super) const ENV_LISTS: &[(&str, &str)] = &[
     ("ACP_GATEWAY_OIDC_ALLOWED_GROUPS", "oidc.allowed_groups"),
     ("ACP_GATEWAY_OIDC_ALLOWED_DOMAINS", "oidc.allowed_domains"),
     ("ACP_GATEWAY_OIDC_API_AUDIENCES", "oidc.api_audiences"),
+    ("ACP_GATEWAY_OIDC_LOCAL_USERS", "oidc.local_users"),
 ];
 
 /// Environment variables of `[oidc]` that set a number.
@@ -87,6 +96,7 @@ pub(super) const ENV_NUMBERS: &[(&str, &str)] = &[
     ("ACP_GATEWAY_OIDC_SESSION_TTL_SECS", "oidc.session_ttl_secs"),
     ("ACP_GATEWAY_OIDC_RECHECK_SECS", "oidc.recheck_secs"),
     ("ACP_GATEWAY_OIDC_JWKS_REFETCH_SECS", "oidc.jwks_refetch_secs"),
+    ("ACP_GATEWAY_OIDC_USED_STATES_MAX", "oidc.used_states_max"),
 ];
 
 impl OidcConfig {

@@ -87,6 +87,8 @@ async fn upgrade(
         crate::metrics::connection_refused("max_connections");
         return refuse(StatusCode::SERVICE_UNAVAILABLE, "too many connections");
     };
+    // The client's address, for the audit log.
+    let client_addr: Option<Arc<str>> = peer.as_ref().map(|p| Arc::from(p.client.to_string()));
     // Refused before the upgrade: a user at their cap holds no more sockets.
     let user_slot = match gw.quotas.connect(&identity.user) {
         Ok(user_slot) => user_slot,
@@ -94,7 +96,8 @@ async fn upgrade(
             crate::metrics::connection_refused("per_user");
             let peer = peer.as_ref().map(|p| p.addr.to_string()).unwrap_or_default();
             tracing::info!(user = %identity.user, peer, cap = cap.cap, "per-user cap reached");
-            gw.audit.cap_refused(&identity.user, cap.cap, None);
+            gw.audit
+                .cap_refused(&identity.user, cap.cap, None, client_addr.as_deref().map(String::from));
             let body = json!({ "error": cap.message(), "cap": cap.cap, "limit": cap.limit });
             return (StatusCode::TOO_MANY_REQUESTS, axum::Json(body)).into_response();
         }
@@ -113,7 +116,7 @@ async fn upgrade(
         .read_buffer_size(READ_BUFFER_BYTES)
         .on_failed_upgrade(|e| tracing::info!(error = %e, "WebSocket upgrade failed"))
         .on_upgrade(move |socket| async move {
-            crate::bridge::serve(socket, state, identity, id, pool).await;
+            crate::bridge::serve(socket, state, identity, id, client_addr, pool).await;
             drop(slot);
             drop(user_slot);
             // The client address's slot lives as long as its WebSocket.

@@ -19,12 +19,13 @@ use axum::http::StatusCode;
 use axum::http::request::Parts;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use axum::{Json, Router};
+use axum::{Extension, Json, Router};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
 use super::auth::Caller;
 use super::error::refuse;
+use super::server::Peer;
 use crate::auth::Identity;
 use crate::gateway::Gateway;
 use crate::protocol;
@@ -124,7 +125,12 @@ async fn sessions(State(gw): State<Arc<Gateway>>, Admin(_): Admin) -> Json<Value
     Json(json!({ "sessions": out, "replica": gw.replica }))
 }
 
-async fn stop(State(gw): State<Arc<Gateway>>, Admin(admin): Admin, Path(id): Path<String>) -> Response {
+async fn stop(
+    State(gw): State<Arc<Gateway>>,
+    Admin(admin): Admin,
+    peer: Option<Extension<Peer>>,
+    Path(id): Path<String>,
+) -> Response {
     let Some(session) = gw.sessions.any_live(&id).filter(|s| s.is_bound_now()) else {
         return refuse(
             StatusCode::NOT_FOUND,
@@ -154,7 +160,8 @@ async fn stop(State(gw): State<Arc<Gateway>>, Admin(admin): Admin, Path(id): Pat
         target: Some(&session.id),
         outcome: "ok",
         detail: Some(json!({ "owner": &*session.owner, "clientsTold": told })),
-        ..Default::default()
+        connection: None,
+        client: peer.map(|p| p.client.to_string()),
     });
     Json(json!({ "stopped": &*session.id, "clientsTold": told })).into_response()
 }

@@ -197,13 +197,11 @@ pub async fn authenticate(gw: &Gateway, headers: &HeaderMap, query: Option<&str>
     Err(Unauthorized)
 }
 
-/// `who`, unless they signed in through the provider and that sign-in has ended.
+/// `who`, unless their cookie is a sign-in's (through the provider, or a login link or token
+/// form) and that sign-in has ended.
 async fn still_signed_in(gw: &Gateway, who: Identity) -> Result<Identity, Unauthorized> {
     let Some(sid) = &who.session else { return Ok(who) };
-    let live = match &gw.oidc {
-        Some(oidc) => oidc.is_live(sid, &who.user).await,
-        None => false,
-    };
+    let live = crate::oidc::is_live(&**gw.sessions.store(), sid, &who.user).await;
     if live {
         Ok(who)
     } else {
@@ -239,11 +237,27 @@ async fn provider_token(gw: &Gateway, keys: &crate::auth::jwks::Jwks, token: &st
         return Err(Unauthorized);
     }
     let user = match &gw.oidc {
-        Some(oidc) => oidc.policy.admit(&claims).map_err(|r| {
-            crate::metrics::auth_failure("not_allowed");
-            tracing::info!(account = %r.account, reason = %r.why, "provider token of a person not allowed here refused");
-            Unauthorized
-        })?,
+        Some(oidc) => {
+            let user = oidc.policy.admit(&claims).map_err(|r| {
+                crate::metrics::auth_failure("not_allowed");
+                tracing::info!(account = %r.account, reason = %r.why, "provider token of a person not allowed here refused");
+                Unauthorized
+            })?;
+            oidc.bind(&user, &claims).await.map_err(|e| {
+                match e {
+                    crate::oidc::BindError::Refused(r) => {
+                        crate::metrics::auth_failure("another_account");
+                        tracing::info!(account = %r.account, reason = %r.why, "provider token of another account than the user's refused");
+                    }
+                    crate::oidc::BindError::Store(e) => {
+                        crate::metrics::auth_failure("store_unavailable");
+                        tracing::warn!(error = %e, "cannot check which account a user name belongs to; refused");
+                    }
+                }
+                Unauthorized
+            })?;
+            user
+        }
         None => claims
             .get("sub")
             .and_then(serde_json::Value::as_str)
@@ -284,7 +298,7 @@ pub fn audit(
         outcome,
         detail,
         connection: None,
-        client: peer.map(|p| p.addr.ip().to_string()),
+        client: peer.map(|p| p.client.to_string()),
     });
 }
 

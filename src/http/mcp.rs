@@ -15,11 +15,12 @@ use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, put};
-use axum::{Json, Router};
+use axum::{Extension, Json, Router};
 use serde::Deserialize;
 
 use super::auth::{Caller, audit};
 use super::error::{list_refusal, refuse};
+use super::server::Peer;
 use crate::gateway::Gateway;
 
 pub(super) fn router() -> Router<Arc<Gateway>> {
@@ -63,6 +64,7 @@ async fn list(State(gw): State<Arc<Gateway>>, Caller(who): Caller) -> Response {
 async fn set(
     State(gw): State<Arc<Gateway>>,
     Caller(who): Caller,
+    peer: Option<Extension<Peer>>,
     Path(name): Path<String>,
     Json(body): Json<SetServer>,
 ) -> Response {
@@ -71,14 +73,35 @@ async fn set(
         return list_refusal(&who.user, e);
     }
     tracing::info!(user = %who.user, server = %name, "MCP server saved");
-    audit(&gw, None, &who.user, "mcp_server_set", Some(&name), "ok", None);
+    audit(
+        &gw,
+        peer.as_deref(),
+        &who.user,
+        "mcp_server_set",
+        Some(&name),
+        "ok",
+        None,
+    );
     StatusCode::NO_CONTENT.into_response()
 }
 
-async fn remove(State(gw): State<Arc<Gateway>>, Caller(who): Caller, Path(name): Path<String>) -> Response {
+async fn remove(
+    State(gw): State<Arc<Gateway>>,
+    Caller(who): Caller,
+    peer: Option<Extension<Peer>>,
+    Path(name): Path<String>,
+) -> Response {
     match gw.user_mcp.remove(&who.user, &name).await {
         Ok(true) => {
-            audit(&gw, None, &who.user, "mcp_server_remove", Some(&name), "ok", None);
+            audit(
+                &gw,
+                peer.as_deref(),
+                &who.user,
+                "mcp_server_remove",
+                Some(&name),
+                "ok",
+                None,
+            );
             StatusCode::NO_CONTENT.into_response()
         }
         Ok(false) => refuse(StatusCode::NOT_FOUND, format!("you have no MCP server named {name:?}")),

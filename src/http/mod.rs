@@ -14,6 +14,7 @@ mod keys;
 mod mcp;
 mod oidc;
 mod push;
+mod ratelimit;
 mod rest;
 mod server;
 mod shares;
@@ -88,5 +89,9 @@ pub fn router(gw: Arc<Gateway>) -> Router {
             HeaderValue::from_static("no-referrer"),
         ))
         .layer(RequestBodyTimeoutLayer::new(body_timeout))
+        .layer(axum::middleware::from_fn_with_state(
+            ratelimit::AuthLimit::new(gw.config.limits.auth_requests_per_minute_per_ip),
+            ratelimit::client_address,
+        ))
         .with_state(gw)
 }

@@ -13,11 +13,12 @@ use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{delete, get, post};
-use axum::{Json, Router};
+use axum::{Extension, Json, Router};
 use serde::Deserialize;
 
 use super::auth::{Caller, audit};
 use super::error::{list_refusal, refuse};
+use super::server::Peer;
 use crate::gateway::Gateway;
 
 pub(super) fn router() -> Router<Arc<Gateway>> {
@@ -59,7 +60,12 @@ async fn state(State(gw): State<Arc<Gateway>>, Caller(who): Caller) -> Response 
     }
 }
 
-async fn subscribe(State(gw): State<Arc<Gateway>>, Caller(who): Caller, Json(body): Json<Subscribe>) -> Response {
+async fn subscribe(
+    State(gw): State<Arc<Gateway>>,
+    Caller(who): Caller,
+    peer: Option<Extension<Peer>>,
+    Json(body): Json<Subscribe>,
+) -> Response {
     match gw
         .push
         .subscribe(
@@ -73,17 +79,30 @@ async fn subscribe(State(gw): State<Arc<Gateway>>, Caller(who): Caller, Json(bod
         .await
     {
         Ok(id) => {
-            audit(&gw, None, &who.user, "push_subscribe", Some(&id), "ok", None);
+            audit(&gw, peer.as_deref(), &who.user, "push_subscribe", Some(&id), "ok", None);
             (StatusCode::CREATED, Json(serde_json::json!({ "id": id }))).into_response()
         }
         Err(e) => list_refusal(&who.user, e),
     }
 }
 
-async fn unsubscribe(State(gw): State<Arc<Gateway>>, Caller(who): Caller, Path(id): Path<String>) -> Response {
+async fn unsubscribe(
+    State(gw): State<Arc<Gateway>>,
+    Caller(who): Caller,
+    peer: Option<Extension<Peer>>,
+    Path(id): Path<String>,
+) -> Response {
     match gw.push.unsubscribe(&who.user, &id).await {
         Ok(true) => {
-            audit(&gw, None, &who.user, "push_unsubscribe", Some(&id), "ok", None);
+            audit(
+                &gw,
+                peer.as_deref(),
+                &who.user,
+                "push_unsubscribe",
+                Some(&id),
+                "ok",
+                None,
+            );
             StatusCode::NO_CONTENT.into_response()
         }
         Ok(false) => refuse(StatusCode::NOT_FOUND, format!("you have no device {id:?} opted in")),

@@ -187,7 +187,7 @@ async fn login_with_code(
         );
     };
     let ttl = gw.config.jwt.default_ttl_secs;
-    match gw.auth.mint(&user, ttl) {
+    match cookie_of_a_sign_in(&gw, &user, ttl, false).await {
         Ok(token) => {
             audit(
                 &gw,
@@ -201,7 +201,7 @@ async fn login_with_code(
             signed_in(&headers, &token, ttl)
         }
         Err(e) => {
-            tracing::error!(error = %e, "cannot mint a token for a login code");
+            tracing::error!(error = %e, "cannot sign a cookie for a login code");
             refusal(
                 &headers,
                 StatusCode::INTERNAL_SERVER_ERROR,
@@ -244,7 +244,15 @@ async fn login_with_token(
                 "ok",
                 Some(json!({ "method": "token" })),
             );
-            signed_in(&headers, form.token.trim(), who.expires_at.saturating_sub(now_secs()))
+            let ttl = who.expires_at.saturating_sub(now_secs());
+            // The cookie is a sign-in of its own, which sign-out ends; the token pasted stays
+            // what it was. A token that is a sign-in's cookie already, or one this gateway
+            // cannot sign a cookie for (a PEM key alone), rides as it is.
+            let cookie = match who.session {
+                Some(_) => None,
+                None => cookie_of_a_sign_in(&gw, &who.user, ttl, who.admin).await.ok(),
+            };
+            signed_in(&headers, cookie.as_deref().unwrap_or(form.token.trim()), ttl)
         }
         Err(e) => {
             crate::metrics::auth_failure(e.reason());
@@ -265,6 +273,44 @@ async fn login_with_token(
             )
         }
     }
+}
+
+/// `key_id` of the `web_sessions` row of a sign-in with a login link or a token (no provider
+/// tokens are sealed in it).
+const OWN_SIGN_IN: &str = "own";
+
+/// The cookie of a sign-in without the identity provider (a login link, the token form): a
+/// `web_sessions` row like a provider sign-in's, so that sign-out ends it on every replica (a
+/// copied cookie stops working), named by the `sid` the token carries.
+async fn cookie_of_a_sign_in(gw: &Gateway, user: &str, ttl: u64, admin: bool) -> Result<String, String> {
+    let sid = {
+        use base64::Engine;
+        base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(rand::random::<[u8; 32]>())
+    };
+    let now = now_secs() as i64;
+    let expires = now.saturating_add(ttl as i64);
+    let row = crate::store::WebSession {
+        id: sid.clone(),
+        owner: user.to_string(),
+        key_id: OWN_SIGN_IN.to_string(),
+        nonce: Vec::new(),
+        sealed: Vec::new(),
+        created_at: now,
+        expires_at: expires,
+        // Nothing to check with the provider: never due for a check.
+        checked_at: expires,
+        revoked_at: None,
+    };
+    let token = gw
+        .auth
+        .mint_session(user, ttl, &sid, admin)
+        .map_err(|e| e.to_string())?;
+    gw.sessions
+        .store()
+        .put_web_session(&row)
+        .await
+        .map_err(|e| e.to_string())?;
+    Ok(token)
 }
 
 /// The web UI's cookie holding `token`: `__Host-` and `Secure` when the browser used HTTPS.
@@ -319,10 +365,29 @@ async fn logout(State(gw): State<Arc<Gateway>>, headers: HeaderMap, peer: Option
             "Sign out from this gateway's own page.",
         );
     }
-    if let Some(who) = super::auth::own_cookie_identity(&gw, &headers) {
+    let who = super::auth::own_cookie_identity(&gw, &headers);
+    if let Some(who) = &who {
         audit(&gw, peer.as_deref(), &who.user, "sign_out", None, "ok", None);
     }
-    let redirect = super::oidc::sign_out(&gw, &headers).await;
+    // A login link's or token form's sign-in ends here; a provider's through the provider.
+    let own_sid = match who.and_then(|w| w.session) {
+        Some(sid) if matches!(gw.sessions.store().web_session(&sid).await, Ok(Some(row)) if row.key_id == OWN_SIGN_IN) => {
+            Some(sid)
+        }
+        _ => None,
+    };
+    let redirect = match own_sid {
+        Some(sid) => {
+            if let Err(e) = gw.sessions.store().revoke_web_session(&sid, "signed out").await {
+                tracing::warn!(error = %e, "cannot record that a sign-in ended");
+            }
+            if let Some(oidc) = &gw.oidc {
+                oidc.watched.end(&sid);
+            }
+            None
+        }
+        None => super::oidc::sign_out(&gw, &headers).await,
+    };
     let plain = format!("{COOKIE}=; Path=/; HttpOnly; SameSite=Strict; Max-Age=0");
     let host = format!("{SECURE_COOKIE}=; Path=/; Secure; HttpOnly; SameSite=Strict; Max-Age=0");
     let mut response = match redirect {

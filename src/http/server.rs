@@ -37,8 +37,11 @@ pub type PeerSlot = Slot<IpAddr>;
 /// What a route knows of the connection it was called on.
 #[derive(Debug, Clone)]
 pub struct Peer {
-    /// The client address (a trusted proxy's, behind one).
+    /// The address the connection comes from (a trusted proxy's, behind one).
     pub addr: SocketAddr,
+    /// The client's address: `addr`'s, or behind a trusted proxy the client it names (set per
+    /// request by `ratelimit::client_address`).
+    pub client: IpAddr,
     /// Its per-address slot (`None` for a trusted proxy): held, never read.
     pub _slot: Option<Arc<PeerSlot>>,
     /// Set when the connection comes from a trusted proxy.
@@ -67,6 +70,15 @@ impl Peer {
             return Ok(None);
         };
         proxy.counts.take(&ip).map(Some).ok_or(TooManyFromAddress(ip))
+    }
+
+    /// The client's address: the connection's, or behind a trusted proxy the client it names
+    /// (the proxy's own when it names none).
+    pub fn client_ip(&self, headers: &HeaderMap) -> IpAddr {
+        self.proxy
+            .as_ref()
+            .and_then(|proxy| forwarded_client(headers, &proxy.trusted))
+            .unwrap_or(self.addr.ip())
     }
 }
 
@@ -166,6 +178,7 @@ pub async fn serve(listener: TcpListener, router: Router, limits: &Limits, stop:
         };
         let peer = Peer {
             addr,
+            client: addr.ip(),
             _slot: slot,
             proxy,
         };

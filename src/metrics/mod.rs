@@ -113,6 +113,7 @@ pub const REFUSAL_REASONS: &[&str] = &[
     "draining",
     "unauthenticated",
     "unknown_agent",
+    "auth_rate",
 ];
 
 /// `reason` of [`AUTH_FAILURES`].
@@ -133,6 +134,8 @@ pub const AUTH_FAILURE_REASONS: &[&str] = &[
     "not_allowed",
     "provider_unavailable",
     "signed_out",
+    "another_account",
+    "store_unavailable",
 ];
 
 /// `cap` of [`CAP_HITS`].

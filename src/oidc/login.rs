@@ -26,8 +26,6 @@ use crate::store::WebSession;
 
 /// How long a login may take at the provider.
 pub const LOGIN_TTL_SECS: u64 = 600;
-/// Used `state`s held at most (each for [`LOGIN_TTL_SECS`]).
-const USED_STATES_MAX: usize = 50_000;
 /// The associated data the login state cookie is sealed under.
 const STATE_AAD: (&str, &str, &str) = ("", "oidc", "login-state");
 
@@ -177,6 +175,10 @@ impl Oidc {
             .await
             .map_err(LoginError::Unavailable)?;
         let user = self.policy.admit(&claims).map_err(LoginError::Refused)?;
+        self.bind(&user, &claims).await.map_err(|e| match e {
+            super::BindError::Refused(r) => LoginError::Refused(r),
+            super::BindError::Store(e) => LoginError::Store(e),
+        })?;
         let admin = self.policy.in_any_group(&claims, &self.admin_groups);
         let provider_tokens = ProviderTokens {
             refresh_token: tokens.refresh_token().map(|r| r.secret().clone()),
@@ -292,19 +294,46 @@ impl Oidc {
         serde_json::from_str(json.expose_secret()).ok()
     }
 
-    /// Marks `state` used; false when it already was, or when too many are held (a flood of
-    /// forged callbacks: logins wait until the oldest expire).
+    /// Marks the `state` of a login whose own sealed cookie came back with it used; false when
+    /// it already was. At most `oidc.used_states_max` are held: past it the oldest is forgotten,
+    /// never a login refused (a flood of forged callbacks from cookies of its own once locked
+    /// every sign-in out). A forgotten `state` could come back only with its cookie and a code,
+    /// which the provider takes once.
     fn use_state(&self, state: &str) -> bool {
+        let max = self.cfg.used_states_max.max(1);
         let mut used = self.used_states.lock().unwrap_or_else(|e| e.into_inner());
+        used.insert(state, max)
+    }
+}
+
+/// `state`s of callbacks already taken, oldest first, for [`LOGIN_TTL_SECS`] at most.
+#[derive(Debug, Default)]
+pub(crate) struct UsedStates {
+    at: std::collections::HashMap<String, std::time::Instant>,
+    order: std::collections::VecDeque<String>,
+}
+
+impl UsedStates {
+    /// Holds `state` (false when it is held already), forgetting expired ones and, past `max`,
+    /// the oldest.
+    fn insert(&mut self, state: &str, max: usize) -> bool {
         let now = std::time::Instant::now();
-        if used.len() >= USED_STATES_MAX {
-            used.retain(|_, at| now.duration_since(*at).as_secs() < LOGIN_TTL_SECS);
-            if used.len() >= USED_STATES_MAX {
-                tracing::warn!("too many sign-in callbacks in the last {LOGIN_TTL_SECS} s; refused");
-                return false;
+        let live = |at: &std::time::Instant| now.duration_since(*at).as_secs() < LOGIN_TTL_SECS;
+        if self.at.get(state).is_some_and(live) {
+            return false;
+        }
+        while let Some(oldest) = self.order.front() {
+            let expired = !self.at.get(oldest).is_some_and(live);
+            if !expired && self.order.len() < max {
+                break;
+            }
+            if let Some(oldest) = self.order.pop_front() {
+                self.at.remove(&oldest);
             }
         }
-        used.insert(state.to_string(), now).is_none()
+        self.at.insert(state.to_string(), now);
+        self.order.push_back(state.to_string());
+        true
     }
 }
 
@@ -336,4 +365,21 @@ fn payload(jwt: &str) -> Option<Map<String, Value>> {
 
 fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_full_memory_forgets_the_oldest_and_refuses_nobody() {
+        let mut used = UsedStates::default();
+        assert!(used.insert("a", 2));
+        assert!(!used.insert("a", 2), "a replay");
+        assert!(used.insert("b", 2));
+        assert!(used.insert("c", 2), "full: the oldest goes, the new one is taken");
+        assert!(!used.insert("c", 2) && !used.insert("b", 2));
+        assert_eq!(used.order.len(), 2);
+        assert_eq!(used.at.len(), 2);
+    }
 }

@@ -13,6 +13,7 @@
 //!   WebSockets are closed with 1008, on every replica.
 //! - Provider tokens on the API are [`crate::auth::jwks`]'s.
 
+mod identity;
 pub mod login;
 pub mod policy;
 pub mod recheck;
@@ -29,8 +30,9 @@ use crate::config::OidcConfig;
 use crate::secrets::Sealer;
 use crate::store::Store;
 
+pub use identity::BindError;
 pub use policy::Policy;
-pub use recheck::Watched;
+pub use recheck::{Watched, is_live};
 
 /// Discovery older than this is fetched again when a login needs it.
 pub const REDISCOVER_AFTER: Duration = Duration::from_secs(300);
@@ -74,7 +76,9 @@ pub struct Oidc {
     /// The provider's keys for tokens on the API (once its `jwks_uri` is known).
     api_keys: OnceLock<Arc<Jwks>>,
     /// `state` values already used (a replayed callback is refused), until they expire.
-    pub(crate) used_states: Mutex<std::collections::HashMap<String, Instant>>,
+    pub(crate) used_states: Mutex<login::UsedStates>,
+    /// Provider accounts bound to user names, as lately read from the store.
+    bindings: identity::Bindings,
 }
 
 impl std::fmt::Debug for Oidc {
@@ -107,6 +111,7 @@ impl Oidc {
             failure: Mutex::new(None),
             api_keys: OnceLock::new(),
             used_states: Mutex::default(),
+            bindings: identity::Bindings::default(),
         })
     }
 

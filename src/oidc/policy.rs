@@ -1,7 +1,8 @@
 //! Who may use the gateway, from the claims of a verified provider token: the user is one claim
 //! (`user_claim`), and with `allowed_groups` or `allowed_domains` set, only members of one of
 //! those groups, or people with a verified e-mail address (`email_verified: true`) in one of
-//! those domains, get in.
+//! those domains, get in. A user named by their e-mail address (`user_claim = "email"`) must
+//! have it verified too: many providers let people type any address into their profile.
 
 use serde_json::{Map, Value};
 
@@ -59,14 +60,19 @@ impl Policy {
                 self.user_claim
             )));
         };
+        // Only an address the provider says it verified (`email_verified: true`) counts.
+        let verified = claims.get("email_verified").and_then(Value::as_bool) == Some(true);
+        if self.user_claim == "email" && !verified {
+            return Err(refuse(String::from(
+                "users here are named by the claim \"email\", and the provider did not say it verified this address (\"email_verified\" is not true)",
+            )));
+        }
         // Either rule lets a person in (a group, or a verified address in a domain).
         if self.allowed_groups.is_empty() && self.allowed_domains.is_empty() {
             return Ok(user.to_string());
         }
         let groups = groups_of(claims.get(&self.groups_claim));
         let in_group = groups.iter().any(|g| self.allowed_groups.iter().any(|a| a == g));
-        // Only an address the provider says it verified (`email_verified: true`) counts.
-        let verified = claims.get("email_verified").and_then(Value::as_bool) == Some(true);
         let domain = named("email")
             .filter(|_| verified)
             .and_then(|e| e.rsplit_once('@'))
@@ -100,11 +106,11 @@ impl Policy {
 impl Policy {
     /// Whether the rules read a claim `claims` lacks: the user claim; the groups claim when
     /// groups are allowed (or `admin_groups` are set); `email` and `email_verified` when
-    /// domains are allowed.
+    /// domains are allowed or users are named by their address.
     pub fn lacks_claims(&self, claims: &Map<String, Value>, admin_groups: &[String]) -> bool {
         let has = |name: &str| claims.get(name).is_some_and(|v| !v.is_null());
         let reads_groups = !self.allowed_groups.is_empty() || !admin_groups.is_empty();
-        let reads_email = !self.allowed_domains.is_empty();
+        let reads_email = !self.allowed_domains.is_empty() || self.user_claim == "email";
         let has_email = has("email") && has("email_verified");
         !has(&self.user_claim) || (reads_groups && !has(&self.groups_claim)) || (reads_email && !has_email)
     }
@@ -145,8 +151,22 @@ mod tests {
             ..OidcConfig::default()
         };
         let p = Policy::from_config(&cfg);
-        let alice = claims(json!({"sub":"a1","email":"alice@example.com","groups":["devs"]}));
+        let alice = claims(json!({"sub":"a1","email":"alice@example.com","email_verified":true,"groups":["devs"]}));
         assert_eq!(p.admit(&alice), Ok("alice@example.com".into()), "in the group");
+        // The same member with an address the provider did not verify: it names nobody here.
+        for unverified in [json!(false), json!("true"), serde_json::Value::Null] {
+            let mut c = alice.clone();
+            c.insert("email_verified".into(), unverified.clone());
+            let refused = p.admit(&c).expect_err("an unverified address names nobody");
+            assert!(
+                refused.why.contains("\"email\"") && refused.why.contains("email_verified"),
+                "{unverified}: {}",
+                refused.why
+            );
+        }
+        let mut absent = alice.clone();
+        absent.remove("email_verified");
+        assert!(p.admit(&absent).is_err(), "no email_verified at all");
         let dana = claims(json!({"sub":"d1","email":"dana@example.com","email_verified":true,"groups":"sales"}));
         assert_eq!(
             p.admit(&dana),
@@ -166,6 +186,14 @@ mod tests {
         }
         let nameless = claims(json!({"sub":"x","groups":["devs"]}));
         assert_eq!(p.admit(&nameless).expect_err("no email").account, "x");
+        // Named by `sub`, an unverified address changes nothing (it names nobody).
+        let by_sub = Policy::from_config(&OidcConfig {
+            allowed_groups: vec!["devs".into()],
+            ..OidcConfig::default()
+        });
+        let unverified =
+            claims(json!({"sub":"a1","email":"alice@example.com","email_verified":false,"groups":["devs"]}));
+        assert_eq!(by_sub.admit(&unverified), Ok("a1".into()));
     }
 
     #[test]
@@ -184,6 +212,14 @@ mod tests {
         };
         let p = Policy::from_config(&cfg);
         assert!(p.lacks_claims(&claims(json!({"sub":"a"})), &[]));
+        let by_email = Policy::from_config(&OidcConfig {
+            user_claim: "email".into(),
+            ..OidcConfig::default()
+        });
+        assert!(
+            by_email.lacks_claims(&claims(json!({"sub":"a","email":"a@example.com"})), &[]),
+            "named by the address: whether it is verified is read too"
+        );
         assert!(p.lacks_claims(&claims(json!({"sub":"a","email":"a@example.com","groups":[]})), &[]));
         assert!(!p.lacks_claims(
             &claims(json!({"sub":"a","email":"a@example.com","email_verified":true,"groups":[]})),

@@ -272,17 +272,18 @@ impl Oidc {
             }
         }
     }
+}
 
-    /// Whether the sign-in `sid` of `user` is live (checked on every request that carries it).
-    pub async fn is_live(&self, sid: &str, user: &str) -> bool {
-        let now = crate::auth::now_secs() as i64;
-        match self.store.web_session(sid).await {
-            Ok(Some(r)) => r.owner == user && r.revoked_at.is_none() && r.expires_at > now,
-            Ok(None) => false,
-            Err(e) => {
-                tracing::warn!(error = %e, "cannot look a sign-in up; refused");
-                false
-            }
+/// Whether the sign-in `sid` of `user` is live (checked on every request that carries it): a
+/// sign-in through the provider, or one with a login link or the token form.
+pub async fn is_live(store: &dyn crate::store::Store, sid: &str, user: &str) -> bool {
+    let now = crate::auth::now_secs() as i64;
+    match store.web_session(sid).await {
+        Ok(Some(r)) => r.owner == user && r.revoked_at.is_none() && r.expires_at > now,
+        Ok(None) => false,
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot look a sign-in up; refused");
+            false
         }
     }
 }

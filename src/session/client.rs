@@ -15,6 +15,8 @@ pub struct Client {
     pub id: Arc<str>,
     /// The authenticated user: every session it touches must be theirs.
     pub user: Arc<str>,
+    /// The client's address (for the audit log); none for the gateway's own stand-ins.
+    pub addr: Option<Arc<str>>,
     /// Where its frames go.
     pub outbox: Outbox,
     /// Ids for the requests the gateway sends it (its own id space on this socket).
@@ -36,16 +38,22 @@ impl std::fmt::Debug for Client {
 }
 
 impl Client {
-    /// A client for `user` on connection `id`.
-    pub fn new(id: Arc<str>, user: Arc<str>, outbox: Outbox) -> Arc<Self> {
+    /// A client for `user` on connection `id`, from the address `addr`.
+    pub fn new(id: Arc<str>, user: Arc<str>, addr: Option<Arc<str>>, outbox: Outbox) -> Arc<Self> {
         Arc::new(Self {
             id,
             user,
+            addr,
             outbox,
             next_out_id: AtomicU64::new(0),
             asked: Mutex::new(HashMap::new()),
             shown: Mutex::new(None),
         })
+    }
+
+    /// The address, as the audit log takes it.
+    pub fn addr(&self) -> Option<String> {
+        self.addr.as_deref().map(String::from)
     }
 
     /// The client says its page shows `session` in a visible tab (`None`: nothing, or hidden).

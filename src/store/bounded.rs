@@ -130,6 +130,9 @@ impl Store for Bounded {
     async fn claim_web_session(&self, id: &str, seen: i64, now: i64) -> Result<bool, StoreError> {
         self.within(self.inner.claim_web_session(id, seen, now)).await
     }
+    async fn bind_identity(&self, user: &str, issuer: &str, subject: &str) -> Result<(String, String), StoreError> {
+        self.within(self.inner.bind_identity(user, issuer, subject)).await
+    }
     async fn append_audit(&self, entries: &[AuditEntry]) -> Result<(), StoreError> {
         self.within(self.inner.append_audit(entries)).await
     }

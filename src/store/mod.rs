@@ -10,6 +10,7 @@ mod admin;
 mod audit;
 mod bounded;
 pub(crate) mod cursor;
+mod identities;
 mod lifecycle;
 pub mod persister;
 mod pg_roles;
@@ -378,6 +379,9 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     /// Takes the sign-in `id` for a check (`checked_at` from `seen` to `now`); false when another
     /// replica took it first.
     async fn claim_web_session(&self, id: &str, seen: i64, now: i64) -> Result<bool, StoreError>;
+    /// Binds the user name `user` to the provider account `(issuer, subject)` unless it is bound
+    /// already; the `(issuer, subject)` it is bound to.
+    async fn bind_identity(&self, user: &str, issuer: &str, subject: &str) -> Result<(String, String), StoreError>;
     /// Appends entries to the audit log.
     async fn append_audit(&self, entries: &[AuditEntry]) -> Result<(), StoreError>;
     /// A page of the audit log, newest first.

@@ -12,6 +12,7 @@ use sqlx::sqlite::{
 
 use super::admin::AdminSql;
 use super::audit::AuditSql;
+use super::identities::IdentitySql;
 use super::lifecycle::LifecycleSql;
 use super::shares::ShareSql;
 use super::sql::{RunList, SearchBy, Sql, chunk_key, chunk_of};
@@ -297,6 +298,11 @@ impl Store for SqliteStore {
 
     async fn claim_web_session(&self, id: &str, seen: i64, now: i64) -> Result<bool, StoreError> {
         Ok(Sqlite::claim_web_session(&self.pool, id, seen, now).await?)
+    }
+
+    async fn bind_identity(&self, user: &str, issuer: &str, subject: &str) -> Result<(String, String), StoreError> {
+        let now = crate::auth::now_secs() as i64;
+        Ok(Sqlite::bind_identity(&self.pool, user, issuer, subject, now).await?)
     }
 
     async fn append_audit(&self, entries: &[AuditEntry]) -> Result<(), StoreError> {

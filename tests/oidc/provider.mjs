@@ -90,7 +90,8 @@ const CLIENTS = parseClients();
 
 // -------------------------------------------------------------- accounts --
 
-// Fixed accounts; groups can be changed at run time by POST /__test/groups.
+// Fixed accounts; groups can be changed at run time by POST /__test/groups, the e-mail
+// address (and whether it is verified) by POST /__test/email.
 const ACCOUNTS = new Map([
   ['alice', {
     email: 'alice@example.com', preferred_username: 'alice', name: 'Alice Example', groups: ['devs'],
@@ -115,7 +116,7 @@ async function findAccount(_ctx, sub) {
         name: a.name,
         preferred_username: a.preferred_username,
         email: a.email,
-        email_verified: true,
+        email_verified: a.email_verified ?? true,
         groups: [...a.groups],
       };
     },
@@ -399,6 +400,18 @@ async function testRoute(req, res, pathname) {
       account.groups = [...body.groups];
       console.error(`groups of ${body.user} are now ${JSON.stringify(account.groups)}`);
       return sendJson(res, 200, { user: body.user, groups: account.groups });
+    }
+    case 'POST /__test/email': {
+      // As a provider that lets people type any address into their profile.
+      const account = ACCOUNTS.get(body.user);
+      if (!account) return sendJson(res, 404, { error: `unknown user ${body.user}` });
+      if (typeof body.email !== 'string' || typeof body.email_verified !== 'boolean') {
+        return sendJson(res, 400, { error: 'email must be a string and email_verified a boolean' });
+      }
+      account.email = body.email;
+      account.email_verified = body.email_verified;
+      console.error(`email of ${body.user} is now ${body.email} (verified: ${body.email_verified})`);
+      return sendJson(res, 200, { user: body.user, email: account.email, email_verified: account.email_verified });
     }
     case 'POST /__test/rotate': {
       const key = newSigningKey();

@@ -35,7 +35,9 @@ impl Ctx {
             crate::bridge::attachments::check(prompt, &info.capabilities, self.gw.config.limits.attachment_bytes)?;
             self.room_to_store_of(owner).await?;
             if let Err(e) = self.gw.usage.check(owner).await {
-                self.gw.audit.cap_refused(owner, "cost", Some(&self.client.id));
+                self.gw
+                    .audit
+                    .cap_refused(owner, "cost", Some(&self.client.id), self.client.addr());
                 return Err(e);
             }
         }

@@ -294,7 +294,7 @@ impl Ctx {
             outcome,
             detail,
             connection: Some(&self.client.id),
-            client: None,
+            client: self.client.addr(),
         });
     }
 
@@ -308,7 +308,9 @@ impl Ctx {
     pub(super) fn room_for_a_live_session_of(&self, owner: &str) -> Result<(), RpcError> {
         let live = self.gw.sessions.live_count(owner);
         self.gw.quotas.live_session(live).map_err(|cap| {
-            self.gw.audit.cap_refused(owner, cap.cap, Some(&self.client.id));
+            self.gw
+                .audit
+                .cap_refused(owner, cap.cap, Some(&self.client.id), self.client.addr());
             cap.rpc()
         })
     }

@@ -284,7 +284,7 @@ impl Connection {
                 outcome: "refused",
                 detail: Some(json!({ "method": "session/cancel", "share": access.share_id })),
                 connection: Some(&self.client.id),
-                client: None,
+                client: self.client.addr(),
             });
             return None;
         }
@@ -332,7 +332,7 @@ impl Connection {
         if let Err(cap) = self.gw.quotas.request(&self.client.user) {
             self.gw
                 .audit
-                .cap_refused(&self.client.user, cap.cap, Some(&self.client.id));
+                .cap_refused(&self.client.user, cap.cap, Some(&self.client.id), self.client.addr());
             answer(&self.client, id.get(), Err(cap.rpc())).await;
             return;
         }
@@ -347,9 +347,12 @@ impl Connection {
         let Ok(slot) = self.inflight.clone().try_acquire_owned() else {
             let limit = self.gw.config.limits.max_inflight_per_connection;
             crate::metrics::cap_hit("requests_in_flight");
-            self.gw
-                .audit
-                .cap_refused(&self.client.user, "requests_in_flight", Some(&self.client.id));
+            self.gw.audit.cap_refused(
+                &self.client.user,
+                "requests_in_flight",
+                Some(&self.client.id),
+                self.client.addr(),
+            );
             let err = RpcError::new(
                 CAP_REACHED,
                 "too many requests in flight on this connection; try again later",

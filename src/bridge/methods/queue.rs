@@ -160,6 +160,7 @@ async fn send_for_owner(
     let stand_in = Client::new(
         Arc::from(format!("{}-queue", gw.replica)),
         session.owner.clone(),
+        None,
         outbox.clone(),
     );
     let ctx = Ctx::stand_in(gw.clone(), stand_in, pool);

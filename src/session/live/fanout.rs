@@ -177,7 +177,7 @@ mod tests {
     fn client(queue: usize) -> Arc<Client> {
         let (outbox, rx) = crate::outbox::outbox(queue, 1 << 20);
         std::mem::forget(rx);
-        Client::new(Arc::from("c"), Arc::from("u"), outbox)
+        Client::new(Arc::from("c"), Arc::from("u"), None, outbox)
     }
 
     #[test]

@@ -127,6 +127,9 @@ impl Store for Flaky {
     async fn claim_web_session(&self, _: &str, _: i64, _: i64) -> Result<bool, StoreError> {
         unimplemented!()
     }
+    async fn bind_identity(&self, _: &str, _: &str, _: &str) -> Result<(String, String), StoreError> {
+        unimplemented!()
+    }
     async fn append_audit(&self, _: &[crate::store::AuditEntry]) -> Result<(), StoreError> {
         unimplemented!()
     }

@@ -24,6 +24,7 @@ use sqlx::{Postgres, Transaction};
 
 use super::admin::AdminSql;
 use super::audit::AuditSql;
+use super::identities::IdentitySql;
 use super::lifecycle::LifecycleSql;
 use super::pg_roles::{ACT_FOR_USER, RequestIdentity, check_roles};
 use super::shares::ShareSql;
@@ -238,6 +239,11 @@ impl Store for PgStore {
 
     async fn claim_web_session(&self, id: &str, seen: i64, now: i64) -> Result<bool, StoreError> {
         Ok(Postgres::claim_web_session(&self.pool, id, seen, now).await?)
+    }
+
+    async fn bind_identity(&self, user: &str, issuer: &str, subject: &str) -> Result<(String, String), StoreError> {
+        let now = crate::auth::now_secs() as i64;
+        Ok(Postgres::bind_identity(&self.pool, user, issuer, subject, now).await?)
     }
 
     async fn append_audit(&self, entries: &[AuditEntry]) -> Result<(), StoreError> {

@@ -2,7 +2,7 @@
 //! at once (on Postgres each create counted in its own snapshot, and all could pass), ended
 //! shares do not pile up (a session keeps at most twice the cap however many short shares its
 //! owner makes), and asking about many users at once (the share watcher's recheck) answers as
-//! asking about each.
+//! asking about each. A share lending the owner's keys gives more than one that does not.
 
 mod common;
 
@@ -37,6 +37,7 @@ fn share<'a>(id: &'a str, grantee: &'a str, expires_at: Option<i64>, now: i64) -
         role: "observer",
         created_at: now,
         expires_at,
+        owner_keys: false,
     }
 }
 
@@ -127,6 +128,7 @@ async fn many_users_at_once_answer_as_each(postgres: bool) {
         role,
         created_at: NOW,
         expires_at,
+        owner_keys: false,
     };
     for s in [
         // bob: an observer's share and a controller's on s1 (the controller's counts), none on s2.
@@ -198,4 +200,46 @@ async fn sqlite_ended_shares_do_not_pile_up() {
 #[tokio::test]
 async fn postgres_ended_shares_do_not_pile_up() {
     ended_shares_do_not_pile_up(true).await;
+}
+
+async fn a_share_lending_the_owners_keys_gives_more(postgres: bool) {
+    let (store, _dir) = open(postgres).await;
+    let controller = |id: &'static str, owner_keys, expires_at| NewShare {
+        role: "controller",
+        owner_keys,
+        ..share(id, "carol", expires_at, NOW)
+    };
+    for s in [
+        controller("plain", false, None),
+        controller("lends", true, Some(NOW + 60_000_000)),
+        share("watching", "carol", None, NOW),
+    ] {
+        assert!(store.create_share(&s, 32).await.expect("create_share"));
+    }
+    let one = store
+        .share_access("carol", "s1", NOW)
+        .await
+        .expect("access")
+        .expect("let in");
+    assert_eq!((one.share_id.as_str(), one.owner_keys), ("lends", true));
+    let many = store.share_accesses(&[("carol", "s1")], NOW).await.expect("accesses");
+    assert_eq!(many.len(), 1);
+    assert_eq!(many[0].access, one, "the same answer at once");
+    // Once it ends, the plain one is what lets carol in.
+    let later = store
+        .share_access("carol", "s1", NOW + 60_000_000)
+        .await
+        .expect("access")
+        .expect("let in");
+    assert_eq!((later.share_id.as_str(), later.owner_keys), ("plain", false));
+}
+
+#[tokio::test]
+async fn sqlite_a_share_lending_the_owners_keys_gives_more() {
+    a_share_lending_the_owners_keys_gives_more(false).await;
+}
+
+#[tokio::test]
+async fn postgres_a_share_lending_the_owners_keys_gives_more() {
+    a_share_lending_the_owners_keys_gives_more(true).await;
 }

@@ -105,9 +105,13 @@ impl PromptQueue {
     }
 
     /// The message [`PromptQueue::take_due`] gave is not sent after all (whoever queued it may
-    /// no longer reach the session); the next one to send.
-    pub fn dropped(&mut self) -> Option<Queued> {
+    /// no longer reach the session), and the queue's clients are told `why` when given; the next
+    /// one to send.
+    pub fn dropped(&mut self, why: Option<String>) -> Option<Queued> {
         self.sending = false;
+        if why.is_some() {
+            self.error = why;
+        }
         self.take_due()
     }
 
@@ -328,7 +332,7 @@ mod tests {
         q.add(prompt("alice"), None).expect("alice");
         let taken = q.take_due().expect("carol's is taken");
         assert_eq!(taken.by.as_deref(), Some("carol"));
-        let next = q.dropped().expect("not sent after all: the next goes");
+        let next = q.dropped(None).expect("not sent after all: the next goes");
         assert_eq!(text(&next), "alice");
         assert!(q.running(), "alice's is on its way");
     }

@@ -30,6 +30,7 @@ mod fork;
 mod forward;
 mod lifecycle;
 mod queue;
+mod withheld;
 
 use controls::{CONTROL_METHODS, ControlsAnswer};
 

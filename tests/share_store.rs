@@ -2,7 +2,9 @@
 //! at once (on Postgres each create counted in its own snapshot, and all could pass), ended
 //! shares do not pile up (a session keeps at most twice the cap however many short shares its
 //! owner makes), and asking about many users at once (the share watcher's recheck) answers as
-//! asking about each. A share lending the owner's keys gives more than one that does not.
+//! asking about each. Ended shares of every session are purged in batches (security review:
+//! they were never purged), and a share lending the owner's keys gives more than one that does
+//! not.
 
 mod common;
 
@@ -200,6 +202,77 @@ async fn sqlite_ended_shares_do_not_pile_up() {
 #[tokio::test]
 async fn postgres_ended_shares_do_not_pile_up() {
     ended_shares_do_not_pile_up(true).await;
+}
+
+async fn ended_shares_are_purged(postgres: bool) {
+    let (store, _dir) = open(postgres).await;
+    create_session(&*store, "s2", "alice", NOW).await;
+    let ended = NOW + 1_000_000;
+    let in_s2 = |id: &'static str, expires_at| NewShare {
+        session_id: "s2",
+        ..share(id, "bob", expires_at, NOW)
+    };
+    for s in [
+        share("lasting", "bob", None, NOW),
+        share("later", "bob", Some(NOW + 3_600_000_000), NOW),
+        share("ended1", "carol", Some(ended), NOW),
+        share("ended2", "dave", Some(ended), NOW),
+        in_s2("ended3", Some(ended)),
+        in_s2("ended4", Some(ended)),
+        in_s2("ended5", Some(ended)),
+        NewShare {
+            grantee: None,
+            token_hash: Some(b"a link".as_slice()),
+            ..in_s2("ended_link", Some(ended))
+        },
+    ] {
+        assert!(store.create_share(&s, 32).await.expect("create_share"), "{}", s.id);
+    }
+    store.join_share("ended_link", "erin", NOW).await.expect("join");
+    // Before they end, nothing goes.
+    assert_eq!(store.purge_expired_shares(ended - 1, 100).await.expect("purge"), 0);
+    // After: every session's, in batches.
+    let mut batches = Vec::new();
+    loop {
+        let n = store.purge_expired_shares(ended, 4).await.expect("purge");
+        batches.push(n);
+        if n < 4 {
+            break;
+        }
+    }
+    assert_eq!(batches, [4, 2], "six ended shares, four to a batch");
+    let left = |session: &'static str| {
+        let store = store.clone();
+        async move {
+            store
+                .shares("alice", session, ended - 1)
+                .await
+                .expect("shares")
+                .into_iter()
+                .map(|s| s.id)
+                .collect::<Vec<_>>()
+        }
+    };
+    assert_eq!(
+        left("s1").await,
+        ["lasting", "later"],
+        "the rows are gone, not only hidden"
+    );
+    assert!(left("s2").await.is_empty());
+    assert!(
+        store.link_share(b"a link", ended - 1).await.expect("link").is_none(),
+        "the link (and its members) went with it"
+    );
+}
+
+#[tokio::test]
+async fn sqlite_ended_shares_are_purged() {
+    ended_shares_are_purged(false).await;
+}
+
+#[tokio::test]
+async fn postgres_ended_shares_are_purged() {
+    ended_shares_are_purged(true).await;
 }
 
 async fn a_share_lending_the_owners_keys_gives_more(postgres: bool) {

@@ -843,3 +843,49 @@ async fn a_controllers_queued_message_is_checked_again_when_its_turn_comes() {
     assert!(!transcript_has(&gw, &s, "carol queued").await);
     gw.stop().await;
 }
+
+/// Ended shares are purged by the gateway itself (security review: their rows stayed until the
+/// session's next share): one that ended before a start is gone soon after it.
+#[tokio::test]
+async fn a_gateway_purges_ended_shares() {
+    let gw = TestGateway::start(Db::Sqlite, |_| {}).await;
+    let mut alice = gw.client("alice").await;
+    let s = alice.new_session().await;
+    let now = acp_gateway::store::now_micros();
+    let ended = now - 1_000_000;
+    let store = gw.gw.sessions.store().clone();
+    let made = store
+        .create_share(
+            &acp_gateway::store::NewShare {
+                id: "shr_ended",
+                session_id: &s,
+                owner: "alice",
+                grantee: Some("bob"),
+                token_hash: None,
+                role: "controller",
+                created_at: ended - 1_000_000,
+                expires_at: Some(ended),
+                owner_keys: false,
+            },
+            32,
+        )
+        .await
+        .expect("create_share");
+    assert!(made);
+    let rows = |store: std::sync::Arc<dyn acp_gateway::store::Store>, s: String| async move {
+        store.shares("alice", &s, ended - 1).await.expect("shares").len()
+    };
+    assert_eq!(rows(store.clone(), s.clone()).await, 1, "kept until purged");
+    let (dir, url) = (gw.dir().clone(), gw.db_url.clone());
+    alice.close().await;
+    gw.stop().await;
+
+    let gw = TestGateway::start_in(dir, Db::Url(url), |_| {}).await;
+    let store = gw.gw.sessions.store().clone();
+    let deadline = Instant::now() + WAIT;
+    while rows(store.clone(), s.clone()).await > 0 {
+        assert!(Instant::now() < deadline, "the ended share is still stored");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    gw.stop().await;
+}

@@ -28,6 +28,8 @@ pub const MAX_SHARE_SECS: u64 = 365 * 24 * 3600;
 /// How long a controller link lasts when its owner does not say (a day): whoever holds the link
 /// runs commands as the owner, and links get forwarded.
 pub const CONTROLLER_LINK_SECS: u64 = 24 * 3600;
+/// Most ended shares one pass of [`Shares::purge_expired`] forgets at once.
+const PURGE_BATCH: i64 = 1000;
 /// Most entries `shared with me` lists.
 const SHARED_WITH_LIMIT: i64 = 200;
 /// The WebSocket close code for a client whose share ended (policy violation).
@@ -317,6 +319,27 @@ impl Shares {
             Err(e) => {
                 tracing::warn!(session = %sid, user, error = %e.message, "cannot check a teammate's share; refused");
                 false
+            }
+        }
+    }
+
+    /// Forgets every share that has ended, [`PURGE_BATCH`] to a statement; how many. A store
+    /// that fails is logged and asked again at the next pass.
+    pub async fn purge_expired(&self) -> u64 {
+        let now = now_micros();
+        let mut total = 0;
+        loop {
+            match self.store.purge_expired_shares(now, PURGE_BATCH).await {
+                Ok(n) => {
+                    total += n;
+                    if n < PURGE_BATCH.unsigned_abs() {
+                        return total;
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot purge ended shares; trying again later");
+                    return total;
+                }
             }
         }
     }

@@ -182,6 +182,26 @@ where
         Ok(())
     }
 
+    /// Forgets up to `limit` shares of any session that ended by `now` (with their members);
+    /// how many. The background purge: an ended share lets nobody in, and is otherwise kept
+    /// until its session's next share.
+    async fn purge_expired_shares<'c>(
+        e: impl Executor<'c, Database = Self>,
+        now: i64,
+        limit: i64,
+    ) -> Result<u64, sqlx::Error> {
+        let gone: Vec<(i64,)> = sqlx::query_as(
+            "DELETE FROM session_shares WHERE id IN
+                 (SELECT id FROM session_shares WHERE expires_at <= $1 ORDER BY expires_at LIMIT $2)
+             RETURNING CAST(1 AS BIGINT)",
+        )
+        .bind(now)
+        .bind(limit)
+        .fetch_all(e)
+        .await?;
+        Ok(gone.len() as u64)
+    }
+
     /// The shares of `owner`'s session `session_id` in force at `now`, oldest first.
     async fn shares<'c>(
         e: impl Executor<'c, Database = Self>,

@@ -1,9 +1,11 @@
-// Sharing a session (issue 21, item 4): the owner makes a link from the topbar's Share dialog; a
+// Sharing a session (issue 21, item 4): the owner makes a link from the topbar's Share dialog,
+// which says what a controller can do, shares as an observer unless told otherwise, takes a
+// confirmation for a controller and ends a controller link after a day (security review F4); a
 // teammate opens it in another browser context, signed in as someone else, and observes the
 // session read-only while the owner's next turn arrives live; a controller shared by name finds
 // the session under "Shared with you" and prompts it; the owner revokes the link, and the
 // observer's page says the session is no longer shared. Screenshots share-dialog.png,
-// shared-observer-phone.png.
+// share-dialog-controller.png, shared-observer-phone.png.
 //
 // Run: `cargo build && cd tests/ui && node --test sharing.test.mjs`.
 
@@ -44,19 +46,41 @@ describe('a session shared with teammates', { timeout: 180_000 }, () => {
     await page.getByTestId('message-agent').first().waitFor();
     await page.getByTestId('share-open').click();
     await page.getByTestId('share-dialog').waitFor();
-    await page.getByTestId('share-role').selectOption('observer');
+    assert.match(await page.getByTestId('share-roles').innerText(), /controller also prompts your agent, which runs commands as you, with your keys and files/);
+    assert.equal(await page.getByTestId('share-role').inputValue(), 'observer', 'observer unless told otherwise');
+    assert.equal(await page.getByTestId('share-warning').isHidden(), true);
     await page.getByTestId('share-submit').click();
     link = await page.getByTestId('share-link').inputValue();
     assert.match(link, /^http:\/\/127\.0\.0\.1:\d+\/#share=acpshare_[\w-]+$/);
     await owner.shot('share-dialog');
     await page.getByTestId('share-row').first().waitFor();
     assert.match(await page.getByTestId('share-row').first().innerText(), /Link \(0 opened\) · observer · until revoked/);
-    // A controller, by name.
+    // A controller, by name: said plainly, and not made until the owner confirms it.
     await page.getByTestId('share-user').fill('carol');
     await page.getByTestId('share-role').selectOption('controller');
+    assert.match(await page.getByTestId('share-warning').innerText(), /A controller runs commands as you, with your keys and files/);
+    assert.equal(await page.getByTestId('share-expiry').inputValue(), '', 'a share by name may last until revoked');
+    await owner.shot('share-dialog-controller');
+    assert.deepEqual(await blocking(page), [], 'the controller warning: no serious or critical axe violations');
+    await page.getByTestId('share-submit').click();
+    assert.equal(await page.getByTestId('share-confirm').evaluate((e) => e.validity.valueMissing), true, 'the form asks for the confirmation');
+    assert.equal(await page.getByTestId('share-row').count(), 1, 'nothing made before it');
+    await page.getByTestId('share-confirm').check();
     await page.getByTestId('share-submit').click();
     await page.getByTestId('share-row').nth(1).waitFor();
-    assert.match(await page.getByTestId('share-row').nth(1).innerText(), /carol · controller/);
+    assert.match(await page.getByTestId('share-row').nth(1).innerText(), /carol · controller · until revoked/);
+    assert.equal(await page.getByTestId('share-role').inputValue(), 'observer', 'back to observer for the next one');
+    // A controller link ends after a day unless another end is chosen; never "until revoked".
+    await page.getByTestId('share-role').selectOption('controller');
+    assert.equal(await page.getByTestId('share-expiry').inputValue(), '86400');
+    assert.equal(await page.getByTestId('share-expiry').locator('option[value=""]').isDisabled(), true);
+    await page.getByTestId('share-confirm').check();
+    await page.getByTestId('share-submit').click();
+    const controllerRow = page.getByTestId('share-row').filter({ hasText: /Link \(0 opened\) · controller · ends / });
+    await controllerRow.waitFor();
+    await page.getByTestId('share-link').waitFor();
+    await controllerRow.getByTestId('share-revoke').click();
+    await controllerRow.waitFor({ state: 'detached' });
     assert.deepEqual(await blocking(page), [], 'the Share dialog: no serious or critical axe violations');
     await page.getByTestId('share-close').click();
     assert.deepEqual(owner.errors(), NO_ERRORS);

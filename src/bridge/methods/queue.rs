@@ -48,6 +48,8 @@ impl Ctx {
                 RpcError::invalid_params(format!("{PREFIX}{op} needs `prompt`, an array of content blocks"))
             })
         };
+        // A teammate (a controller by share), or `None` for the owner: who wrote a message.
+        let author = || (*self.client.user != *session.owner).then(|| self.client.user.to_string());
         let result = match op {
             "add" => {
                 let prompt = prompt()?;
@@ -55,12 +57,11 @@ impl Ctx {
                     self.send_now(session, prompt).await?;
                     json!({"sent": true})
                 } else {
-                    let by = (*self.client.user != *session.owner).then(|| self.client.user.to_string());
-                    json!({"id": session.queue().add(prompt, by)?})
+                    json!({"id": session.queue().add(prompt, author())?})
                 }
             }
             "edit" => {
-                session.queue().edit(need_id()?, prompt()?)?;
+                session.queue().edit(need_id()?, prompt()?, author())?;
                 json!({})
             }
             "remove" => {

@@ -941,3 +941,89 @@ async fn an_owners_queued_message_a_controller_rewrote_goes_with_their_share() {
     assert!(!transcript_has(&gw, &s, "carol's words").await);
     gw.stop().await;
 }
+
+/// Waits until the audit log of `gw` holds a `share_refused` of `actor`'s whose detail names
+/// `method`.
+async fn refusal_audited(gw: &TestGateway, actor: &str, method: &str) {
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let found = gw
+            .gw
+            .sessions
+            .store()
+            .audit_page(&acp_gateway::store::AuditFilter {
+                limit: 500,
+                ..Default::default()
+            })
+            .await
+            .expect("audit")
+            .into_iter()
+            .any(|e| {
+                e.actor == actor
+                    && e.action == "share_refused"
+                    && e.detail.as_deref().is_some_and(|d| d.contains(method))
+            });
+        if found {
+            return;
+        }
+        assert!(Instant::now() < deadline, "{actor}'s {method} refusal not audited");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// The replica serving a session checks a teammate's share again for what another replica passes
+/// on, and audits a refusal in the teammate's name: a prompt (it was refused, unaudited) and a
+/// cancel (it went on as the owner's, unchecked). Sent here through the bus as another replica
+/// would, for mallory, whom no share lets in: the prompt is refused, the owner's turn runs on.
+#[tokio::test]
+async fn the_serving_replica_checks_a_relayed_teammate_and_audits_them() {
+    use acp_gateway::replica::Message;
+    let gw = TestGateway::start(Db::Postgres, |_| {}).await;
+    let replica = gw.gw.sessions.replica().expect("a replica on Postgres").clone();
+    let mut alice = gw.client("alice").await;
+    let s = alice.new_session().await;
+    let turn = alice
+        .start(
+            "session/prompt",
+            json!({"sessionId": s, "prompt": [{"type": "text", "text": "hold [permission]"}]}),
+        )
+        .await;
+    let ask = alice.wait_for(is_permission).await;
+
+    let cancel = Message::Notify {
+        session: s.clone(),
+        user: "alice".into(),
+        teammate: Some("mallory".into()),
+        method: "session/cancel".into(),
+        params: json!({"sessionId": s}).to_string(),
+    };
+    replica.send(&replica.id, &cancel).await.expect("send");
+    refusal_audited(&gw, "mallory", "session/cancel").await;
+
+    let (reply, answer) = replica.expect_answer();
+    let prompt = Message::Request {
+        from: replica.id.to_string(),
+        reply,
+        session: s.clone(),
+        user: "alice".into(),
+        teammate: Some("mallory".into()),
+        method: "session/prompt".into(),
+        params: json!({"sessionId": s, "prompt": [{"type": "text", "text": "mallory relayed"}]}).to_string(),
+        client_id: "7".into(),
+    };
+    replica.send(&replica.id, &prompt).await.expect("send");
+    let answered: Value = serde_json::from_str(&answer.await.expect("answered").frame).expect("json");
+    assert_eq!(answered["error"]["code"], -32002, "{answered}");
+    refusal_audited(&gw, "mallory", "session/prompt").await;
+
+    alice
+        .send(json!({"jsonrpc": "2.0", "id": ask["id"], "result": {"outcome": {"outcome": "selected", "optionId": "allow"}}}))
+        .await;
+    let done = alice.answer(turn).await;
+    assert_eq!(
+        done["result"]["stopReason"], "end_turn",
+        "mallory's cancel stopped nothing: {done}"
+    );
+    assert!(!transcript_has(&gw, &s, "mallory relayed").await);
+    gw.stop().await;
+}

@@ -83,15 +83,15 @@ pub fn observer_refused(what: &str) -> RpcError {
 /// or `mcp` servers' secrets, which their share does not lend.
 pub fn owner_keys_refused(owner: &str, keys: bool, mcp: bool) -> RpcError {
     let what = match (keys, mcp) {
-        (true, true) => "their stored agent keys and MCP servers' secret headers",
-        (true, false) => "their stored agent keys",
-        _ => "their MCP servers' secret headers",
+        (true, true) => format!("the agent keys {owner} stored and {owner}'s MCP servers' secret headers"),
+        (true, false) => format!("the agent keys {owner} stored"),
+        _ => format!("{owner}'s MCP servers' secret headers"),
     };
     RpcError::new(
         codes::INVALID_REQUEST,
         format!(
-            "{owner}'s agent for this session runs with {what}, which their share does not lend to controllers: \
-             ask {owner} to send this prompt, or to share the session again letting controllers use their keys"
+            "{owner}'s agent for this session runs with {what}, and your share does not lend them: \
+             ask {owner} to send this prompt, or to share the session with you again allowing their keys"
         ),
     )
     .with_data(json!({ "reason": "owner_keys", "keys": keys, "mcpHeaders": mcp }))

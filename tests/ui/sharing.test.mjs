@@ -4,14 +4,19 @@
 // teammate opens it in another browser context, signed in as someone else, and observes the
 // session read-only while the owner's next turn arrives live; a controller shared by name finds
 // the session under "Shared with you" and prompts it; the owner revokes the link, and the
-// observer's page says the session is no longer shared. Screenshots share-dialog.png,
-// share-dialog-controller.png, shared-observer-phone.png.
+// observer's page says the session is no longer shared. On an agent that holds the owner's
+// stored key, a controller's prompt is refused with the reason on their page and their text
+// back in the box. Screenshots share-dialog.png, share-dialog-controller.png,
+// shared-observer-phone.png, shared-keys-withheld.png.
 //
 // Run: `cargo build && cd tests/ui && node --test sharing.test.mjs`.
 
 import { after, before, describe } from 'node:test';
 import assert from 'node:assert/strict';
-import { axeScan, connected, NO_ERRORS, openBrowser, PHONE, DESKTOP, scenario, shutdown, startGateway } from './harness.mjs';
+import path from 'node:path';
+import { axeScan, connected, NO_ERRORS, openBrowser, PHONE, DESKTOP, REPO, scenario, shutdown, startGateway } from './harness.mjs';
+
+const KEYS_AGENT = path.join(REPO, 'tests/agents/keys_agent.py');
 
 /** What axe finds that blocks (serious or critical), as the a11y suite counts it. */
 const blocking = async (page) => (await axeScan(page)).filter((v) => ['serious', 'critical'].includes(v.impact));
@@ -140,5 +145,54 @@ describe('a session shared with teammates', { timeout: 180_000 }, () => {
     await row.waitFor({ state: 'detached' });
     await page.getByTestId('share-close').click();
     await viewer.page.getByTestId('error-banner').filter({ hasText: 'no longer shared with you' }).waitFor();
+  });
+});
+
+describe('a controller on an agent holding the owner\'s key', { timeout: 120_000 }, () => {
+  let gw;
+  let browser;
+  let carol;
+  const step = scenario(async () => {
+    await carol?.shot('sharing-keys-failure').catch(() => {});
+    console.error(gw?.log?.());
+  });
+
+  before(async () => {
+    gw = await startGateway({ agent: `/usr/bin/python3 ${KEYS_AGENT}` });
+    browser = await openBrowser();
+  });
+
+  after(() => shutdown(browser, gw));
+
+  step('is refused, told why, and keeps the text', async () => {
+    const api = async (user, method, route, body) => {
+      const res = await fetch(`${gw.base}${route}`, {
+        method, headers: { authorization: `Bearer ${await gw.token(user)}`, 'content-type': 'application/json' },
+        body: JSON.stringify(body),
+      });
+      if (!res.ok) assert.fail(`${method} ${route}: ${res.status} ${await res.text()}`);
+      return res.status === 204 ? null : res.json();
+    };
+    await api('alice', 'PUT', '/api/agents/default/keys', { methodId: 'openai-key', vars: { OPENAI_API_KEY: 'sk-alice-ui-9876' } });
+    const owner = await browser.open(gw, { user: 'alice', ...DESKTOP });
+    await connected(owner.page);
+    await owner.page.getByTestId('prompt-input').fill('Alice asks');
+    await owner.page.getByTestId('prompt-input').press('Enter');
+    await owner.page.getByTestId('message-agent').first().waitFor();
+    const sessionId = (await api('alice', 'GET', '/api/sessions')).sessions[0].sessionId;
+    await api('alice', 'POST', `/api/sessions/${sessionId}/shares`, { role: 'controller', user: 'carol' });
+
+    carol = await browser.open(gw, { user: 'carol', ...DESKTOP });
+    const page = carol.page;
+    await connected(page);
+    await page.getByTestId('shared-session').first().click();
+    await page.getByTestId('share-badge').waitFor();
+    await page.getByTestId('prompt-input').fill('print OPENAI_API_KEY');
+    await page.getByTestId('prompt-input').press('Enter');
+    await page.getByTestId('error-banner').filter({ hasText: 'alice\'s agent for this session runs with the agent keys alice stored, and your share does not lend them' }).waitFor();
+    assert.equal(await page.getByTestId('prompt-input').inputValue(), 'print OPENAI_API_KEY', 'the text is back in the box');
+    await carol.shot('shared-keys-withheld');
+    assert.equal(await owner.page.getByTestId('message-user').filter({ hasText: 'print OPENAI_API_KEY' }).count(), 0, 'nothing reached the owner');
+    assert.deepEqual(carol.errors().page, []);
   });
 });

@@ -1,7 +1,8 @@
 //! Closes the clients a share let in once it no longer does: at its expiry (checked every
 //! second against the clock), when it is revoked on this replica (at once), or on another
 //! replica, or its session is deleted (checked against the store every [`RECHECK`], every watched
-//! teammate in one statement per 200).
+//! teammate in one statement per 200). And forgets ended shares every [`PURGE`] (an ended share
+//! lets nobody in; without this its row stays until its session's next share).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -15,9 +16,12 @@ use crate::sharing::{CLOSE_SHARE_ENDED, Watched};
 const TICK: Duration = Duration::from_secs(1);
 /// How often every watched share is checked in the store (a revocation on another replica).
 const RECHECK: Duration = Duration::from_secs(2);
+/// How often ended shares are purged (and once at start).
+const PURGE: Duration = Duration::from_secs(3600);
 
 /// Runs until shutdown.
 pub async fn run(gw: Arc<Gateway>) {
+    gw.tracker.spawn(purge(gw.clone()));
     let mut tick = tokio::time::interval(TICK);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut last_recheck = tokio::time::Instant::now();
@@ -35,6 +39,22 @@ pub async fn run(gw: Arc<Gateway>) {
         let lost = gw.shares.lost(recheck).await;
         if !lost.is_empty() {
             end(&gw, &lost);
+        }
+    }
+}
+
+/// Purges ended shares every [`PURGE`] until shutdown (each replica: deleting twice is harmless).
+async fn purge(gw: Arc<Gateway>) {
+    let mut tick = tokio::time::interval(PURGE);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            () = gw.shutdown.cancelled() => return,
+            _ = tick.tick() => {}
+        }
+        let purged = gw.shares.purge_expired().await;
+        if purged > 0 {
+            tracing::info!(shares = purged, "ended shares purged");
         }
     }
 }

@@ -445,6 +445,9 @@ async function sendPrompt() {
       showAgentLogin(err, (note) => { conv.note(note); return sendPrompt(); });
       return;
     }
+    // Refused before it reached the agent (the owner's keys are not lent to this share): the
+    // text goes back into the box, as it was typed.
+    if (err instanceof RpcError && err.data?.reason === 'owner_keys' && state.current?.id === id) giveBack();
     if (state.current?.id === id) reportError(err);
     // A lost connection is no verdict: the turn may go on, and the catch-up shows how it ended.
     if (!(err instanceof ConnectionLost)) {

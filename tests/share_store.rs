@@ -2,7 +2,9 @@
 //! at once (on Postgres each create counted in its own snapshot, and all could pass), ended
 //! shares do not pile up (a session keeps at most twice the cap however many short shares its
 //! owner makes), and asking about many users at once (the share watcher's recheck) answers as
-//! asking about each.
+//! asking about each. Ended shares of every session are purged in batches (security review:
+//! they were never purged), and a share lending the owner's keys gives more than one that does
+//! not.
 
 mod common;
 
@@ -37,6 +39,7 @@ fn share<'a>(id: &'a str, grantee: &'a str, expires_at: Option<i64>, now: i64) -
         role: "observer",
         created_at: now,
         expires_at,
+        owner_keys: false,
     }
 }
 
@@ -127,6 +130,7 @@ async fn many_users_at_once_answer_as_each(postgres: bool) {
         role,
         created_at: NOW,
         expires_at,
+        owner_keys: false,
     };
     for s in [
         // bob: an observer's share and a controller's on s1 (the controller's counts), none on s2.
@@ -198,4 +202,117 @@ async fn sqlite_ended_shares_do_not_pile_up() {
 #[tokio::test]
 async fn postgres_ended_shares_do_not_pile_up() {
     ended_shares_do_not_pile_up(true).await;
+}
+
+async fn ended_shares_are_purged(postgres: bool) {
+    let (store, _dir) = open(postgres).await;
+    create_session(&*store, "s2", "alice", NOW).await;
+    let ended = NOW + 1_000_000;
+    let in_s2 = |id: &'static str, expires_at| NewShare {
+        session_id: "s2",
+        ..share(id, "bob", expires_at, NOW)
+    };
+    for s in [
+        share("lasting", "bob", None, NOW),
+        share("later", "bob", Some(NOW + 3_600_000_000), NOW),
+        share("ended1", "carol", Some(ended), NOW),
+        share("ended2", "dave", Some(ended), NOW),
+        in_s2("ended3", Some(ended)),
+        in_s2("ended4", Some(ended)),
+        in_s2("ended5", Some(ended)),
+        NewShare {
+            grantee: None,
+            token_hash: Some(b"a link".as_slice()),
+            ..in_s2("ended_link", Some(ended))
+        },
+    ] {
+        assert!(store.create_share(&s, 32).await.expect("create_share"), "{}", s.id);
+    }
+    store.join_share("ended_link", "erin", NOW).await.expect("join");
+    // Before they end, nothing goes.
+    assert_eq!(store.purge_expired_shares(ended - 1, 100).await.expect("purge"), 0);
+    // After: every session's, in batches.
+    let mut batches = Vec::new();
+    loop {
+        let n = store.purge_expired_shares(ended, 4).await.expect("purge");
+        batches.push(n);
+        if n < 4 {
+            break;
+        }
+    }
+    assert_eq!(batches, [4, 2], "six ended shares, four to a batch");
+    let left = |session: &'static str| {
+        let store = store.clone();
+        async move {
+            store
+                .shares("alice", session, ended - 1)
+                .await
+                .expect("shares")
+                .into_iter()
+                .map(|s| s.id)
+                .collect::<Vec<_>>()
+        }
+    };
+    assert_eq!(
+        left("s1").await,
+        ["lasting", "later"],
+        "the rows are gone, not only hidden"
+    );
+    assert!(left("s2").await.is_empty());
+    assert!(
+        store.link_share(b"a link", ended - 1).await.expect("link").is_none(),
+        "the link (and its members) went with it"
+    );
+}
+
+#[tokio::test]
+async fn sqlite_ended_shares_are_purged() {
+    ended_shares_are_purged(false).await;
+}
+
+#[tokio::test]
+async fn postgres_ended_shares_are_purged() {
+    ended_shares_are_purged(true).await;
+}
+
+async fn a_share_lending_the_owners_keys_gives_more(postgres: bool) {
+    let (store, _dir) = open(postgres).await;
+    let controller = |id: &'static str, owner_keys, expires_at| NewShare {
+        role: "controller",
+        owner_keys,
+        ..share(id, "carol", expires_at, NOW)
+    };
+    for s in [
+        controller("plain", false, None),
+        controller("lends", true, Some(NOW + 60_000_000)),
+        share("watching", "carol", None, NOW),
+    ] {
+        assert!(store.create_share(&s, 32).await.expect("create_share"));
+    }
+    let one = store
+        .share_access("carol", "s1", NOW)
+        .await
+        .expect("access")
+        .expect("let in");
+    assert_eq!((one.share_id.as_str(), one.owner_keys), ("lends", true));
+    let many = store.share_accesses(&[("carol", "s1")], NOW).await.expect("accesses");
+    assert_eq!(many.len(), 1);
+    assert_eq!(many[0].access, one, "the same answer at once");
+    // Once it ends, the plain one is what lets carol in.
+    let later = store
+        .share_access("carol", "s1", NOW + 60_000_000)
+        .await
+        .expect("access")
+        .expect("let in");
+    assert_eq!((later.share_id.as_str(), later.owner_keys), ("plain", false));
+}
+
+#[tokio::test]
+async fn sqlite_a_share_lending_the_owners_keys_gives_more() {
+    a_share_lending_the_owners_keys_gives_more(false).await;
+}
+
+#[tokio::test]
+async fn postgres_a_share_lending_the_owners_keys_gives_more() {
+    a_share_lending_the_owners_keys_gives_more(true).await;
 }

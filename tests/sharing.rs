@@ -528,3 +528,505 @@ async fn a_viewer_on_another_replica_sees_it_live_until_revoked() {
         "a revoked teammate's queued message reached the owner's agent"
     );
 }
+
+/// Security review F4: a controller runs the owner's agent, so its role is always named (a share
+/// without one is refused), and a controller link nobody gave an end to lasts a day (shares by
+/// name and observer links last until revoked, as asked). `ownerKeys` is for controllers only.
+#[tokio::test]
+async fn a_controller_link_is_asked_for_and_ends_within_a_day() {
+    let gw = TestGateway::start(Db::Sqlite, |_| {}).await;
+    let base = gw.http_url("");
+    let token = gw.token("alice");
+    let mut alice = gw.client("alice").await;
+    let s = alice.new_session().await;
+    let path = format!("/api/sessions/{s}/shares");
+    let post = |body: Value| call(&base, &token, reqwest::Method::POST, &path, Some(body));
+
+    let (status, _) = post(json!({"user": "bob"})).await;
+    assert!((400..500).contains(&status), "a share without a role: {status}");
+
+    let before = acp_gateway::store::now_micros();
+    let link = share(&base, &token, &s, json!({"role": "controller"})).await;
+    let by_name = share(&base, &token, &s, json!({"role": "controller", "user": "bob"})).await;
+    let observers = share(&base, &token, &s, json!({"role": "observer"})).await;
+    let asked = share(&base, &token, &s, json!({"role": "controller", "expiresInSecs": 3600})).await;
+    let after = acp_gateway::store::now_micros();
+    let rows = gw.gw.shares.list("alice", &s).await.expect("list");
+    let ends = |made: &Value| {
+        let id = made["share"]["id"].as_str().expect("id");
+        rows.iter().find(|r| r.id == id).expect("listed").expires_at
+    };
+    const DAY: i64 = 24 * 3600 * 1_000_000;
+    let link_ends = ends(&link).expect("a controller link ends");
+    assert!(
+        (before + DAY..=after + DAY).contains(&link_ends),
+        "a day after it was made: {link_ends}"
+    );
+    assert_eq!(ends(&by_name), None, "a share by name lasts until revoked");
+    assert_eq!(ends(&observers), None, "an observer link lasts until revoked");
+    let asked_ends = ends(&asked).expect("asked for an hour");
+    assert!(asked_ends <= after + 3_600_000_000, "{asked_ends}");
+
+    // Lending the owner's keys is for controllers, and said in the list.
+    let (status, refused) = post(json!({"role": "observer", "ownerKeys": true})).await;
+    assert_eq!(status, 400, "an observer never prompts: {refused}");
+    let lends = share(
+        &base,
+        &token,
+        &s,
+        json!({"role": "controller", "user": "carol", "ownerKeys": true}),
+    )
+    .await;
+    assert_eq!(lends["share"]["ownerKeys"], true, "{lends}");
+    assert_eq!(link["share"]["ownerKeys"], false, "{link}");
+    gw.stop().await;
+}
+
+const KEYS_AGENT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/agents/keys_agent.py");
+const PROBE_AGENT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/agents/probe_agent.py");
+
+/// `made` (a share's creation answer) of `session` revoked by alice on `gw`.
+async fn revoke_on(gw: &TestGateway, session: &str, made: &Value) {
+    assert_eq!(revoke(&gw.http_url(""), &gw.token("alice"), session, made).await, 204);
+}
+
+/// Whether `session`'s stored transcript (read as its owner alice) holds `text` anywhere.
+async fn transcript_has(gw: &TestGateway, session: &str, text: &str) -> bool {
+    let history = gw.client("alice").await.load(session).await;
+    history.iter().any(|u| u.to_string().contains(text))
+}
+
+/// Security review F4: the agent keys an owner stored (given to their agent process as its
+/// environment) are not lent to a controller. Carol's prompt on alice's keys agent is refused
+/// (`owner_keys`), and so is a message she queues; a share that lends them (`ownerKeys`) lets her
+/// prompt, and the agent answers with alice's key.
+async fn a_controller_does_not_get_the_owners_stored_keys(db: Db) {
+    let gw = TestGateway::start(db, |c| {
+        c.agents
+            .insert("default".into(), common::agent("/usr/bin/python3", &[KEYS_AGENT]));
+    })
+    .await;
+    let (status, _) = gw_put_keys(&gw, "alice").await;
+    assert_eq!(status, 204);
+    let mut alice = gw.client("alice").await;
+    let s = alice.new_session().await;
+    let r = alice.prompt(&s, "alice asks").await;
+    assert_eq!(r["result"]["stopReason"], "end_turn", "alice's key works: {r}");
+    let base = gw.http_url("");
+    let plain = share(
+        &base,
+        &gw.token("alice"),
+        &s,
+        json!({"role": "controller", "user": "carol"}),
+    )
+    .await;
+
+    let mut carol = gw.client("carol").await;
+    let at = attach(&mut carol, &s, json!({"historyPolicy": "none"})).await;
+    assert_eq!(at["result"]["role"], "controller", "{at}");
+    let r = carol.prompt(&s, "carol reads the key").await;
+    assert_eq!(r["error"]["code"], -32600, "{r}");
+    assert_eq!(r["error"]["data"]["reason"], "owner_keys", "{r}");
+    assert_eq!(r["error"]["data"]["keys"], true, "{r}");
+    assert!(
+        r["error"]["message"].as_str().is_some_and(|m| m.contains("alice")),
+        "{r}"
+    );
+    let q = carol
+        .request(
+            "_gateway/queue/add",
+            json!({"sessionId": s, "prompt": [{"type": "text", "text": "carol queues"}]}),
+        )
+        .await;
+    assert_eq!(q["error"]["data"]["reason"], "owner_keys", "{q}");
+    assert!(!transcript_has(&gw, &s, "carol reads the key").await);
+    assert!(!transcript_has(&gw, &s, "carol queues").await);
+
+    // Alice lends them: carol's prompt runs, with alice's key.
+    share(
+        &base,
+        &gw.token("alice"),
+        &s,
+        json!({"role": "controller", "user": "carol", "ownerKeys": true}),
+    )
+    .await;
+    let r = carol.prompt(&s, "carol, lent").await;
+    assert_eq!(r["result"]["stopReason"], "end_turn", "{r}");
+    assert!(transcript_has(&gw, &s, "carol, lent").await);
+    revoke_on(&gw, &s, &plain).await;
+
+    // Audited as carol's refusal, not alice's.
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let refused = gw
+            .gw
+            .sessions
+            .store()
+            .audit_page(&acp_gateway::store::AuditFilter {
+                limit: 500,
+                ..Default::default()
+            })
+            .await
+            .expect("audit")
+            .into_iter()
+            .any(|e| {
+                e.actor == "carol"
+                    && e.action == "share_refused"
+                    && e.detail.as_deref().is_some_and(|d| d.contains("owner_keys"))
+            });
+        if refused {
+            break;
+        }
+        assert!(Instant::now() < deadline, "carol's refusal not audited");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    gw.stop().await;
+}
+
+async fn gw_put_keys(gw: &TestGateway, user: &str) -> (u16, Value) {
+    call(
+        &gw.http_url(""),
+        &gw.token(user),
+        reqwest::Method::PUT,
+        "/api/agents/default/keys",
+        Some(json!({"methodId": "openai-key", "vars": {"OPENAI_API_KEY": "sk-alice-secret-7421"}})),
+    )
+    .await
+}
+
+#[tokio::test]
+async fn a_controller_does_not_get_the_owners_stored_keys_sqlite() {
+    a_controller_does_not_get_the_owners_stored_keys(Db::Sqlite).await;
+}
+
+#[tokio::test]
+async fn a_controller_does_not_get_the_owners_stored_keys_postgres() {
+    a_controller_does_not_get_the_owners_stored_keys(Db::Postgres).await;
+}
+
+/// Security review F4: an owner's MCP server with a secret header, given to the session's agent,
+/// is not lent to a controller either, and removing it from the owner's settings does not
+/// make a difference while the agent still holds it.
+#[tokio::test]
+async fn a_controller_does_not_get_the_owners_mcp_headers() {
+    let gw = TestGateway::start(Db::Sqlite, |c| {
+        c.agents
+            .insert("default".into(), common::agent("/usr/bin/python3", &[PROBE_AGENT]));
+    })
+    .await;
+    let base = gw.http_url("");
+    let (status, body) = call(
+        &base,
+        &gw.token("alice"),
+        reqwest::Method::PUT,
+        "/api/mcp-servers/tools",
+        Some(json!({"type": "http", "url": "https://mcp.example.test/mcp",
+                    "headers": [{"name": "Authorization", "value": "Bearer alice-s3cret"}]})),
+    )
+    .await;
+    assert_eq!(status, 204, "{body}");
+    let mut alice = gw.client("alice").await;
+    let s = alice.new_session().await;
+    share(
+        &base,
+        &gw.token("alice"),
+        &s,
+        json!({"role": "controller", "user": "carol"}),
+    )
+    .await;
+    let mut carol = gw.client("carol").await;
+    let at = attach(&mut carol, &s, json!({"historyPolicy": "none"})).await;
+    assert_eq!(at["result"]["role"], "controller", "{at}");
+    let r = carol.prompt(&s, "carol calls the tools").await;
+    assert_eq!(r["error"]["data"]["reason"], "owner_keys", "{r}");
+    assert_eq!(r["error"]["data"]["mcpHeaders"], true, "{r}");
+
+    // Removed from alice's settings: the agent was still given it for this session.
+    let (status, _) = call(
+        &base,
+        &gw.token("alice"),
+        reqwest::Method::DELETE,
+        "/api/mcp-servers/tools",
+        None,
+    )
+    .await;
+    assert_eq!(status, 204);
+    let r = carol.prompt(&s, "carol calls the tools again").await;
+    assert_eq!(r["error"]["data"]["reason"], "owner_keys", "{r}");
+    // A new session of alice's carries nothing of hers: carol may prompt it.
+    let s2 = alice.new_session().await;
+    share(
+        &base,
+        &gw.token("alice"),
+        &s2,
+        json!({"role": "controller", "user": "carol"}),
+    )
+    .await;
+    attach(&mut carol, &s2, json!({"historyPolicy": "none"})).await;
+    let r = carol.prompt(&s2, "carol, no secrets here").await;
+    assert_eq!(r["result"]["stopReason"], "end_turn", "{r}");
+    assert!(!transcript_has(&gw, &s, "carol calls the tools").await);
+    gw.stop().await;
+}
+
+/// A message a controller queued while a share lent the owner's secrets is not sent once no
+/// share of theirs does: checked again when its turn comes (here: a stdio MCP server whose
+/// environment holds a token, given at the session's start). The owner's tabs are told why.
+#[tokio::test]
+async fn a_controllers_queued_message_is_checked_again_when_its_turn_comes() {
+    let gw = TestGateway::start(Db::Sqlite, |c| {
+        if let Some(a) = c.agents.get_mut("default") {
+            a.allowed_stdio_mcp = vec!["/bin/true".into()];
+        }
+    })
+    .await;
+    let base = gw.http_url("");
+    let mut alice = gw.client("alice").await;
+    let cwd = alice.root.clone();
+    let r = alice
+        .request(
+            "session/new",
+            json!({"cwd": cwd, "mcpServers": [{"name": "t", "command": "/bin/true", "args": [],
+                    "env": [{"name": "TOKEN", "value": "alice-token"}]}]}),
+        )
+        .await;
+    let s = r["result"]["sessionId"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{r}"))
+        .to_string();
+    let lending = share(
+        &base,
+        &gw.token("alice"),
+        &s,
+        json!({"role": "controller", "user": "carol", "ownerKeys": true}),
+    )
+    .await;
+    let mut carol = gw.client("carol").await;
+    let at = attach(&mut carol, &s, json!({"historyPolicy": "none"})).await;
+    assert_eq!(at["result"]["role"], "controller", "{at}");
+
+    let turn = alice
+        .start(
+            "session/prompt",
+            json!({"sessionId": s, "prompt": [{"type": "text", "text": "hold [permission]"}]}),
+        )
+        .await;
+    let ask = alice.wait_for(is_permission).await;
+    let q = carol
+        .request(
+            "_gateway/queue/add",
+            json!({"sessionId": s, "prompt": [{"type": "text", "text": "carol queued"}]}),
+        )
+        .await;
+    assert!(q["result"]["id"].is_u64(), "lent, so queued: {q}");
+    // Still a controller, no longer lent anything.
+    share(
+        &base,
+        &gw.token("alice"),
+        &s,
+        json!({"role": "controller", "user": "carol"}),
+    )
+    .await;
+    revoke_on(&gw, &s, &lending).await;
+    alice
+        .send(json!({"jsonrpc": "2.0", "id": ask["id"], "result": {"outcome": {"outcome": "selected", "optionId": "allow"}}}))
+        .await;
+    assert_eq!(alice.answer(turn).await["result"]["stopReason"], "end_turn");
+    let told = alice
+        .wait_for(|m| {
+            m["method"] == "_gateway/queue"
+                && m["params"]["queue"].as_array().is_some_and(Vec::is_empty)
+                && m["params"]["error"]
+                    .as_str()
+                    .is_some_and(|e| e.contains("carol's queued message was not sent"))
+        })
+        .await;
+    assert_eq!(told["params"]["running"], false, "{told}");
+    assert!(!transcript_has(&gw, &s, "carol queued").await);
+    gw.stop().await;
+}
+
+/// Ended shares are purged by the gateway itself (security review: their rows stayed until the
+/// session's next share): one that ended before a start is gone soon after it.
+#[tokio::test]
+async fn a_gateway_purges_ended_shares() {
+    let gw = TestGateway::start(Db::Sqlite, |_| {}).await;
+    let mut alice = gw.client("alice").await;
+    let s = alice.new_session().await;
+    let now = acp_gateway::store::now_micros();
+    let ended = now - 1_000_000;
+    let store = gw.gw.sessions.store().clone();
+    let made = store
+        .create_share(
+            &acp_gateway::store::NewShare {
+                id: "shr_ended",
+                session_id: &s,
+                owner: "alice",
+                grantee: Some("bob"),
+                token_hash: None,
+                role: "controller",
+                created_at: ended - 1_000_000,
+                expires_at: Some(ended),
+                owner_keys: false,
+            },
+            32,
+        )
+        .await
+        .expect("create_share");
+    assert!(made);
+    let rows = |store: std::sync::Arc<dyn acp_gateway::store::Store>, s: String| async move {
+        store.shares("alice", &s, ended - 1).await.expect("shares").len()
+    };
+    assert_eq!(rows(store.clone(), s.clone()).await, 1, "kept until purged");
+    let (dir, url) = (gw.dir().clone(), gw.db_url.clone());
+    alice.close().await;
+    gw.stop().await;
+
+    let gw = TestGateway::start_in(dir, Db::Url(url), |_| {}).await;
+    let store = gw.gw.sessions.store().clone();
+    let deadline = Instant::now() + WAIT;
+    while rows(store.clone(), s.clone()).await > 0 {
+        assert!(Instant::now() < deadline, "the ended share is still stored");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    gw.stop().await;
+}
+
+/// An owner's queued message a controller rewrote is the controller's: when their share is
+/// revoked it leaves the queue with their own, instead of going to the owner's agent in the
+/// owner's name with the controller's words.
+#[tokio::test]
+async fn an_owners_queued_message_a_controller_rewrote_goes_with_their_share() {
+    let gw = TestGateway::start(Db::Sqlite, |_| {}).await;
+    let base = gw.http_url("");
+    let mut alice = gw.client("alice").await;
+    let s = alice.new_session().await;
+    let carols = share(
+        &base,
+        &gw.token("alice"),
+        &s,
+        json!({"role": "controller", "user": "carol"}),
+    )
+    .await;
+    let mut carol = gw.client("carol").await;
+    let at = attach(&mut carol, &s, json!({"historyPolicy": "none"})).await;
+    assert_eq!(at["result"]["role"], "controller", "{at}");
+    let turn = alice
+        .start(
+            "session/prompt",
+            json!({"sessionId": s, "prompt": [{"type": "text", "text": "hold [permission]"}]}),
+        )
+        .await;
+    let ask = alice.wait_for(is_permission).await;
+    let q = alice
+        .request(
+            "_gateway/queue/add",
+            json!({"sessionId": s, "prompt": [{"type": "text", "text": "alice's words"}]}),
+        )
+        .await;
+    let queued = q["result"]["id"].as_u64().unwrap_or_else(|| panic!("{q}"));
+    let e = carol
+        .request(
+            "_gateway/queue/edit",
+            json!({"sessionId": s, "id": queued, "prompt": [{"type": "text", "text": "carol's words"}]}),
+        )
+        .await;
+    assert!(e.get("result").is_some(), "{e}");
+    assert_eq!(revoke(&base, &gw.token("alice"), &s, &carols).await, 204);
+    assert_eq!(closed_with(&mut carol).await, Some(1008));
+    alice
+        .wait_for(|m| m["method"] == "_gateway/queue" && m["params"]["queue"].as_array().is_some_and(Vec::is_empty))
+        .await;
+    alice
+        .send(json!({"jsonrpc": "2.0", "id": ask["id"], "result": {"outcome": {"outcome": "selected", "optionId": "allow"}}}))
+        .await;
+    assert_eq!(alice.answer(turn).await["result"]["stopReason"], "end_turn");
+    assert!(!transcript_has(&gw, &s, "carol's words").await);
+    gw.stop().await;
+}
+
+/// Waits until the audit log of `gw` holds a `share_refused` of `actor`'s whose detail names
+/// `method`.
+async fn refusal_audited(gw: &TestGateway, actor: &str, method: &str) {
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let found = gw
+            .gw
+            .sessions
+            .store()
+            .audit_page(&acp_gateway::store::AuditFilter {
+                limit: 500,
+                ..Default::default()
+            })
+            .await
+            .expect("audit")
+            .into_iter()
+            .any(|e| {
+                e.actor == actor
+                    && e.action == "share_refused"
+                    && e.detail.as_deref().is_some_and(|d| d.contains(method))
+            });
+        if found {
+            return;
+        }
+        assert!(Instant::now() < deadline, "{actor}'s {method} refusal not audited");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// The replica serving a session checks a teammate's share again for what another replica passes
+/// on, and audits a refusal in the teammate's name: a prompt (it was refused, unaudited) and a
+/// cancel (it went on as the owner's, unchecked). Sent here through the bus as another replica
+/// would, for mallory, whom no share lets in: the prompt is refused, the owner's turn runs on.
+#[tokio::test]
+async fn the_serving_replica_checks_a_relayed_teammate_and_audits_them() {
+    use acp_gateway::replica::Message;
+    let gw = TestGateway::start(Db::Postgres, |_| {}).await;
+    let replica = gw.gw.sessions.replica().expect("a replica on Postgres").clone();
+    let mut alice = gw.client("alice").await;
+    let s = alice.new_session().await;
+    let turn = alice
+        .start(
+            "session/prompt",
+            json!({"sessionId": s, "prompt": [{"type": "text", "text": "hold [permission]"}]}),
+        )
+        .await;
+    let ask = alice.wait_for(is_permission).await;
+
+    let cancel = Message::Notify {
+        session: s.clone(),
+        user: "alice".into(),
+        teammate: Some("mallory".into()),
+        method: "session/cancel".into(),
+        params: json!({"sessionId": s}).to_string(),
+    };
+    replica.send(&replica.id, &cancel).await.expect("send");
+    refusal_audited(&gw, "mallory", "session/cancel").await;
+
+    let (reply, answer) = replica.expect_answer();
+    let prompt = Message::Request {
+        from: replica.id.to_string(),
+        reply,
+        session: s.clone(),
+        user: "alice".into(),
+        teammate: Some("mallory".into()),
+        method: "session/prompt".into(),
+        params: json!({"sessionId": s, "prompt": [{"type": "text", "text": "mallory relayed"}]}).to_string(),
+        client_id: "7".into(),
+    };
+    replica.send(&replica.id, &prompt).await.expect("send");
+    let answered: Value = serde_json::from_str(&answer.await.expect("answered").frame).expect("json");
+    assert_eq!(answered["error"]["code"], -32002, "{answered}");
+    refusal_audited(&gw, "mallory", "session/prompt").await;
+
+    alice
+        .send(json!({"jsonrpc": "2.0", "id": ask["id"], "result": {"outcome": {"outcome": "selected", "optionId": "allow"}}}))
+        .await;
+    let done = alice.answer(turn).await;
+    assert_eq!(
+        done["result"]["stopReason"], "end_turn",
+        "mallory's cancel stopped nothing: {done}"
+    );
+    assert!(!transcript_has(&gw, &s, "mallory relayed").await);
+    gw.stop().await;
+}

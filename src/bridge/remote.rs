@@ -79,8 +79,8 @@ pub(super) async fn forward(
     }
 }
 
-/// Sends a client's `session/cancel` for `session` to the replica serving it.
-pub(super) async fn cancel(gw: &Arc<Gateway>, session: &LiveSession, params: &RawValue) {
+/// Sends `client`'s `session/cancel` for `session` to the replica serving it.
+pub(super) async fn cancel(gw: &Arc<Gateway>, client: &Client, session: &LiveSession, params: &RawValue) {
     let Some(replica) = gw.sessions.replica() else { return };
     let Ok(Some(holder)) = replica.holder(&session.id).await else {
         return;
@@ -91,6 +91,7 @@ pub(super) async fn cancel(gw: &Arc<Gateway>, session: &LiveSession, params: &Ra
     let message = Message::Notify {
         session: session.id.to_string(),
         user: session.owner.to_string(),
+        teammate: (client.user != session.owner).then(|| client.user.to_string()),
         method: "session/cancel".into(),
         params: params.get().to_string(),
     };
@@ -232,12 +233,19 @@ async fn serve(gw: Arc<Gateway>, message: Message) {
         Message::Notify {
             session,
             user,
+            teammate,
             method,
             params,
         } => {
             let Ok(s) = gw.sessions.owned(&user, &session).await else {
                 return;
             };
+            if let Some(teammate) = &teammate
+                && !gw.shares.controls(teammate, &session).await
+            {
+                refused(&gw, teammate, &session, &method);
+                return;
+            }
             let Ok(params) = RawValue::from_string(params) else {
                 return;
             };
@@ -258,6 +266,26 @@ async fn serve(gw: Arc<Gateway>, message: Message) {
     }
 }
 
+/// Audits a teammate's request (or cancel) another replica passed on, refused here because no
+/// share lets them control the session any more: in their name, as their own replica would.
+fn refused(gw: &Gateway, teammate: &str, session: &str, method: &str) {
+    tracing::info!(
+        session,
+        user = teammate,
+        method,
+        "a teammate's request from another replica refused: no share lets them control the session"
+    );
+    gw.audit.record(crate::audit::Event {
+        actor: teammate,
+        action: "share_refused",
+        target: Some(session),
+        outcome: "refused",
+        detail: Some(serde_json::json!({ "method": method, "reason": "share_ended", "relayed": true })),
+        connection: None,
+        client: None,
+    });
+}
+
 /// Forwards another replica's client request to this replica's agent process for a stand-in
 /// client; returns the answer frame and the seq it follows.
 async fn run_request(
@@ -273,6 +301,7 @@ async fn run_request(
         && !gw.shares.controls(teammate, sid).await
     {
         // Revoked (here, or anywhere: the store says) since their replica checked.
+        refused(gw, teammate, sid, method);
         return Err(RpcError::session_not_found());
     }
     if !session.is_bound_now() && gw.sessions.serving_elsewhere(&session).await?.is_some() {

@@ -2,9 +2,12 @@
 //!
 //! - `GET /api/sessions/{id}/shares` → `{"shares": [{"id", "role", "user", "link", "members",
 //!   "createdAt", "expiresAt"}]}`, for the session's owner.
-//! - `POST /api/sessions/{id}/shares` `{"role": "observer"|"controller", "user"?, "expiresInSecs"?}`
-//!   → `201 {"share": …, "token"?}`: without `user` it is a link, and `token` (shown only here) is
-//!   what the link carries, in its fragment (`/#share=TOKEN`) so it never reaches a server log.
+//! - `POST /api/sessions/{id}/shares` `{"role": "observer"|"controller", "user"?, "expiresInSecs"?,
+//!   "ownerKeys"?}` → `201 {"share": …, "token"?}`: without `user` it is a link, and `token` (shown
+//!   only here) is what the link carries, in its fragment (`/#share=TOKEN`) so it never reaches a
+//!   server log. `role` is required (there is no default); a controller link without
+//!   `expiresInSecs` lasts a day; `ownerKeys` (controllers only, default `false`) lets the
+//!   holder's prompts run while the owner's agent carries their stored keys or MCP headers.
 //! - `DELETE /api/sessions/{id}/shares/{share}` → `204`: revoked; the clients it let in are closed.
 //! - `POST /api/shares/redeem` `{"token"}` → `{"sessionId", "owner", "role", "expiresAt"}`: the
 //!   caller opened a link, and may now `session/attach` its session.
@@ -47,6 +50,8 @@ struct Create {
     user: Option<String>,
     #[serde(rename = "expiresInSecs", default)]
     expires_in_secs: Option<u64>,
+    #[serde(rename = "ownerKeys", default)]
+    owner_keys: bool,
 }
 
 #[derive(Deserialize)]
@@ -93,6 +98,7 @@ async fn create(
         role,
         user,
         expires_in_secs: body.expires_in_secs,
+        owner_keys: body.owner_keys,
     };
     let made = gw.shares.create(&who.user, &id, &request).await?;
     audit(
@@ -108,6 +114,7 @@ async fn create(
             "user": user,
             "link": made.token.is_some(),
             "expiresAt": made.row.expires_at.map(crate::store::iso8601),
+            "ownerKeys": made.row.owner_keys,
         })),
     );
     let mut answer = json!({ "share": sharing::share_json(&made.row) });

@@ -89,6 +89,10 @@ pub enum Message {
         session: String,
         /// The session's owner.
         user: String,
+        /// The teammate who sent it under a share, when not the owner: the target checks that a
+        /// share still lets them control the session. Absent from a replica that predates it.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        teammate: Option<String>,
         /// The ACP method.
         method: String,
         /// Its params, raw JSON.

@@ -75,10 +75,13 @@ impl PromptQueue {
         Ok(self.last_id)
     }
 
-    /// Replaces the prompt of queued message `id`.
-    pub fn edit(&mut self, id: u64, prompt: Box<RawValue>) -> Result<(), RpcError> {
+    /// Replaces the prompt of queued message `id`, now written by teammate `by` or (`None`) the
+    /// owner: whoever wrote what is sent is who it is checked for (an owner's message a teammate
+    /// rewrote goes only while a share still lets them control the session).
+    pub fn edit(&mut self, id: u64, prompt: Box<RawValue>, by: Option<String>) -> Result<(), RpcError> {
         let item = self.items.iter_mut().find(|q| q.id == id).ok_or_else(|| unknown(id))?;
         item.prompt = prompt;
+        item.by = by;
         Ok(())
     }
 
@@ -105,9 +108,13 @@ impl PromptQueue {
     }
 
     /// The message [`PromptQueue::take_due`] gave is not sent after all (whoever queued it may
-    /// no longer reach the session); the next one to send.
-    pub fn dropped(&mut self) -> Option<Queued> {
+    /// no longer reach the session), and the queue's clients are told `why` when given; the next
+    /// one to send.
+    pub fn dropped(&mut self, why: Option<String>) -> Option<Queued> {
         self.sending = false;
+        if why.is_some() {
+            self.error = why;
+        }
         self.take_due()
     }
 
@@ -262,12 +269,12 @@ mod tests {
         q.turn_started();
         let a = q.add(prompt("a"), None).expect("a");
         let b = q.add(prompt("b"), None).expect("b");
-        q.edit(b, prompt("b2")).expect("edit");
+        q.edit(b, prompt("b2"), None).expect("edit");
         q.remove(a).expect("remove");
         assert!(q.remove(a).is_err(), "gone");
         let next = q.turn_ended(false).expect("b2");
         assert_eq!((next.id, text(&next).as_str()), (b, "b2"));
-        let err = q.edit(b, prompt("late")).expect_err("sent already");
+        let err = q.edit(b, prompt("late"), None).expect_err("sent already");
         assert!(err.message.contains("was sent or removed"), "{}", err.message);
     }
 
@@ -323,12 +330,21 @@ mod tests {
         let next = q.turn_ended(false).expect("alice's goes");
         assert_eq!(text(&next), "alice");
 
+        // An owner's message a teammate rewrote is theirs: forgotten with theirs.
+        let mut q = PromptQueue::default();
+        q.turn_started();
+        let alice = q.add(prompt("alice"), None).expect("alice");
+        q.edit(alice, prompt("carol's words"), Some("carol".into()))
+            .expect("edit");
+        assert!(q.forget_by("carol"));
+        assert!(q.turn_ended(false).is_none(), "nothing left to send");
+
         let mut q = PromptQueue::default();
         q.add(prompt("carol"), Some("carol".into())).expect("carol");
         q.add(prompt("alice"), None).expect("alice");
         let taken = q.take_due().expect("carol's is taken");
         assert_eq!(taken.by.as_deref(), Some("carol"));
-        let next = q.dropped().expect("not sent after all: the next goes");
+        let next = q.dropped(None).expect("not sent after all: the next goes");
         assert_eq!(text(&next), "alice");
         assert!(q.running(), "alice's is on its way");
     }

@@ -4,6 +4,11 @@
 //! sees them; a link's token is shown once and only its SHA-256 is stored. A share that is revoked
 //! or expires answers like an unknown session, and the clients it let in are closed
 //! ([`Shares::lost`] lists them for the watcher that closes them).
+//!
+//! A controller's prompt runs on the owner's agent process: it runs commands as the owner, with
+//! their `HOME`, workspaces and agent logins. So the role is always named (never a default), a
+//! controller link ends after [`CONTROLLER_LINK_SECS`] unless the owner says when, and what the
+//! owner stored as secrets is withheld (see [`withheld`]).
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, Weak};
@@ -20,6 +25,11 @@ use crate::store::{ACCESS_PAIRS_PER_STATEMENT, NewShare, ShareAccess, ShareRow, 
 pub const MAX_SHARES_PER_SESSION: i64 = 32;
 /// Longest a share may last (a year); shares without an end are allowed too.
 pub const MAX_SHARE_SECS: u64 = 365 * 24 * 3600;
+/// How long a controller link lasts when its owner does not say (a day): whoever holds the link
+/// runs commands as the owner, and links get forwarded.
+pub const CONTROLLER_LINK_SECS: u64 = 24 * 3600;
+/// Most ended shares one pass of [`Shares::purge_expired`] forgets at once.
+const PURGE_BATCH: i64 = 1000;
 /// Most entries `shared with me` lists.
 const SHARED_WITH_LIMIT: i64 = 200;
 /// The WebSocket close code for a client whose share ended (policy violation).
@@ -69,6 +79,24 @@ pub fn observer_refused(what: &str) -> RpcError {
     .with_data(json!({ "reason": "observer" }))
 }
 
+/// The error for a controller's prompt on an agent that carries `owner`'s stored agent `keys`
+/// or `mcp` servers' secrets, which their share does not lend.
+pub fn owner_keys_refused(owner: &str, keys: bool, mcp: bool) -> RpcError {
+    let what = match (keys, mcp) {
+        (true, true) => format!("the agent keys {owner} stored and {owner}'s MCP servers' secret headers"),
+        (true, false) => format!("the agent keys {owner} stored"),
+        _ => format!("{owner}'s MCP servers' secret headers"),
+    };
+    RpcError::new(
+        codes::INVALID_REQUEST,
+        format!(
+            "{owner}'s agent for this session runs with {what}, and your share does not lend them: \
+             ask {owner} to send this prompt, or to share the session with you again allowing their keys"
+        ),
+    )
+    .with_data(json!({ "reason": "owner_keys", "keys": keys, "mcpHeaders": mcp }))
+}
+
 /// A new link token (shown once).
 fn new_token() -> String {
     let bytes: [u8; 32] = rand::random();
@@ -94,6 +122,7 @@ pub fn share_json(row: &ShareRow) -> Value {
         "members": row.members,
         "createdAt": crate::store::iso8601(row.created_at),
         "expiresAt": row.expires_at.map(crate::store::iso8601),
+        "ownerKeys": row.owner_keys,
     })
 }
 
@@ -117,8 +146,11 @@ pub struct Request<'a> {
     pub role: Role,
     /// A user by name, or `None` for a link.
     pub user: Option<&'a str>,
-    /// How long it lasts, or `None` for until revoked.
+    /// How long it lasts, or `None` for until revoked (a controller link: a day).
     pub expires_in_secs: Option<u64>,
+    /// Whether a controller's prompts may run on the owner's agent while it carries their stored
+    /// keys or MCP servers' headers.
+    pub owner_keys: bool,
 }
 
 /// A share just made: its row and, for a link, the token (never shown again).
@@ -174,8 +206,17 @@ impl Shares {
         {
             return Err(RpcError::invalid_params("user must be 1 to 256 bytes"));
         }
+        if r.owner_keys && r.role != Role::Controller {
+            return Err(RpcError::invalid_params(
+                "ownerKeys is for controller shares (an observer never prompts)",
+            ));
+        }
         let now = now_micros();
-        let expires_at = match r.expires_in_secs {
+        let asked = match (r.expires_in_secs, r.role, r.user) {
+            (None, Role::Controller, None) => Some(CONTROLLER_LINK_SECS),
+            (asked, ..) => asked,
+        };
+        let expires_at = match asked {
             Some(0) => return Err(RpcError::invalid_params("expiresInSecs must be at least 1")),
             Some(s) if s > MAX_SHARE_SECS => {
                 return Err(RpcError::invalid_params(format!(
@@ -197,6 +238,7 @@ impl Shares {
             role: r.role.as_str(),
             created_at: now,
             expires_at,
+            owner_keys: r.owner_keys,
         };
         if !self.store.create_share(&new, MAX_SHARES_PER_SESSION).await? {
             // Refused: not a session of theirs (it lists no shares of theirs), or the cap.
@@ -219,6 +261,7 @@ impl Shares {
             created_at: now,
             expires_at,
             members: 0,
+            owner_keys: r.owner_keys,
         };
         Ok(Made { row, token })
     }
@@ -276,6 +319,27 @@ impl Shares {
             Err(e) => {
                 tracing::warn!(session = %sid, user, error = %e.message, "cannot check a teammate's share; refused");
                 false
+            }
+        }
+    }
+
+    /// Forgets every share that has ended, [`PURGE_BATCH`] to a statement; how many. A store
+    /// that fails is logged and asked again at the next pass.
+    pub async fn purge_expired(&self) -> u64 {
+        let now = now_micros();
+        let mut total = 0;
+        loop {
+            match self.store.purge_expired_shares(now, PURGE_BATCH).await {
+                Ok(n) => {
+                    total += n;
+                    if n < PURGE_BATCH.unsigned_abs() {
+                        return total;
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot purge ended shares; trying again later");
+                    return total;
+                }
             }
         }
     }

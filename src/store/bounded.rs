@@ -160,6 +160,9 @@ impl Store for Bounded {
     async fn create_share(&self, s: &NewShare<'_>, max: i64) -> Result<bool, StoreError> {
         self.within(self.inner.create_share(s, max)).await
     }
+    async fn purge_expired_shares(&self, now: i64, limit: i64) -> Result<u64, StoreError> {
+        self.within(self.inner.purge_expired_shares(now, limit)).await
+    }
     async fn shares(&self, owner: &str, session_id: &str, now: i64) -> Result<Vec<ShareRow>, StoreError> {
         self.within(self.inner.shares(owner, session_id, now)).await
     }

@@ -402,8 +402,10 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     /// Stores a share of its owner's session if it has fewer than `max` shares in force (however
     /// many are made at once); whether it did. The session's ended shares are forgotten first.
     async fn create_share(&self, s: &NewShare<'_>, max: i64) -> Result<bool, StoreError>;
+    /// Forgets up to `limit` shares, of any session, that ended by `now`; how many.
+    async fn purge_expired_shares(&self, now: i64, limit: i64) -> Result<u64, StoreError>;
     /// The shares of `owner`'s session in force at `now` (an ended one lets nobody in; its row
-    /// is forgotten at the session's next share).
+    /// is forgotten at the session's next share or by the periodic purge).
     async fn shares(&self, owner: &str, session_id: &str, now: i64) -> Result<Vec<ShareRow>, StoreError>;
     /// Revokes a share of `owner`'s session; whether there was one.
     async fn delete_share(&self, owner: &str, session_id: &str, id: &str) -> Result<bool, StoreError>;

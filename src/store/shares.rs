@@ -26,6 +26,9 @@ pub struct ShareRow {
     pub expires_at: Option<i64>,
     /// How many people have opened it (a link).
     pub members: i64,
+    /// Whether a controller's prompts may run on the owner's agent while it carries the owner's
+    /// stored agent keys or MCP servers' secret headers (otherwise they are refused there).
+    pub owner_keys: bool,
 }
 
 /// A share to store.
@@ -47,6 +50,8 @@ pub struct NewShare<'a> {
     pub created_at: i64,
     /// When it ends (epoch µs), if it does.
     pub expires_at: Option<i64>,
+    /// See [`ShareRow::owner_keys`].
+    pub owner_keys: bool,
 }
 
 /// What lets a user reach a session that is not theirs: the share that gives the most.
@@ -62,6 +67,8 @@ pub struct ShareAccess {
     pub role: String,
     /// When it ends (epoch µs), if it does.
     pub expires_at: Option<i64>,
+    /// See [`ShareRow::owner_keys`].
+    pub owner_keys: bool,
 }
 
 /// [`ShareAccess`] for one of several users asked about at once.
@@ -97,11 +104,16 @@ pub struct SharedSession {
 }
 
 const SHARE_COLUMNS: &str = "s.id, s.session_id, s.owner, s.grantee, s.token_hash IS NOT NULL AS link, s.role, \
-     s.created_at, s.expires_at, (SELECT COUNT(*) FROM share_members m WHERE m.share_id = s.id) AS members";
+     s.created_at, s.expires_at, (SELECT COUNT(*) FROM share_members m WHERE m.share_id = s.id) AS members, \
+     s.owner_keys";
 
 /// A share in force at `$now` that names `$user` or that `$user` has opened.
 const REACHES: &str = "(s.expires_at IS NULL OR s.expires_at > $2)
      AND (s.grantee = $1 OR EXISTS (SELECT 1 FROM share_members m WHERE m.share_id = s.id AND m.member = $1))";
+
+/// The order of the shares letting one user into one session, the one giving the most first.
+const MOST: &str = "CASE s.role WHEN 'controller' THEN 0 ELSE 1 END, \
+     CASE WHEN s.owner_keys THEN 0 ELSE 1 END, COALESCE(s.expires_at, 9223372036854775807) DESC";
 
 /// The statements, for any database that can run them.
 pub(crate) trait ShareSql: Database
@@ -114,6 +126,7 @@ where
     for<'q> &'q [u8]: Encode<'q, Self> + Type<Self>,
     for<'q> i64: Encode<'q, Self> + Type<Self>,
     for<'q> Option<i64>: Encode<'q, Self> + Type<Self>,
+    for<'q> bool: Encode<'q, Self> + Type<Self>,
     for<'r> ShareRow: FromRow<'r, Self::Row>,
     for<'r> ShareAccess: FromRow<'r, Self::Row>,
     for<'r> SharedSession: FromRow<'r, Self::Row>,
@@ -129,8 +142,8 @@ where
         max: i64,
     ) -> Result<bool, sqlx::Error> {
         let done: Option<(i64,)> = sqlx::query_as(
-            "INSERT INTO session_shares (id, session_id, owner, grantee, token_hash, role, created_at, expires_at)
-             SELECT $1, $2, $3, $4, $5, $6, $7, $8
+            "INSERT INTO session_shares (id, session_id, owner, grantee, token_hash, role, created_at, expires_at, owner_keys)
+             SELECT $1, $2, $3, $4, $5, $6, $7, $8, $10
              WHERE EXISTS (SELECT 1 FROM sessions WHERE id = $2 AND owner = $3)
                AND (SELECT COUNT(*) FROM session_shares
                     WHERE session_id = $2 AND (expires_at IS NULL OR expires_at > $7)) < $9
@@ -145,6 +158,7 @@ where
         .bind(s.created_at)
         .bind(s.expires_at)
         .bind(max)
+        .bind(s.owner_keys)
         .fetch_optional(e)
         .await?;
         Ok(done.is_some())
@@ -166,6 +180,26 @@ where
             .execute(e)
             .await?;
         Ok(())
+    }
+
+    /// Forgets up to `limit` shares of any session that ended by `now` (with their members);
+    /// how many. The background purge: an ended share lets nobody in, and is otherwise kept
+    /// until its session's next share.
+    async fn purge_expired_shares<'c>(
+        e: impl Executor<'c, Database = Self>,
+        now: i64,
+        limit: i64,
+    ) -> Result<u64, sqlx::Error> {
+        let gone: Vec<(i64,)> = sqlx::query_as(
+            "DELETE FROM session_shares WHERE id IN
+                 (SELECT id FROM session_shares WHERE expires_at <= $1 ORDER BY expires_at LIMIT $2)
+             RETURNING CAST(1 AS BIGINT)",
+        )
+        .bind(now)
+        .bind(limit)
+        .fetch_all(e)
+        .await?;
+        Ok(gone.len() as u64)
     }
 
     /// The shares of `owner`'s session `session_id` in force at `now`, oldest first.
@@ -239,7 +273,8 @@ where
     }
 
     /// What lets `user` reach `session_id` at `now`: the share in force giving the most (a
-    /// controller's before an observer's, then the one that lasts longest).
+    /// controller's before an observer's, one lending the owner's keys before one that does not,
+    /// then the one that lasts longest).
     async fn share_access<'c>(
         e: impl Executor<'c, Database = Self>,
         user: &str,
@@ -247,10 +282,9 @@ where
         now: i64,
     ) -> Result<Option<ShareAccess>, sqlx::Error> {
         let sql = format!(
-            "SELECT s.id AS share_id, s.session_id, s.owner, s.role, s.expires_at FROM session_shares s
+            "SELECT s.id AS share_id, s.session_id, s.owner, s.role, s.expires_at, s.owner_keys FROM session_shares s
              WHERE s.session_id = $3 AND {REACHES}
-             ORDER BY CASE s.role WHEN 'controller' THEN 0 ELSE 1 END,
-                      COALESCE(s.expires_at, 9223372036854775807) DESC
+             ORDER BY {MOST}
              LIMIT 1"
         );
         sqlx::query_as(&sql)
@@ -276,12 +310,9 @@ where
             .collect();
         let sql = format!(
             "WITH p (member, session_id) AS (VALUES {})
-             SELECT member, share_id, session_id, owner, role, expires_at FROM (
-                 SELECT p.member, s.id AS share_id, s.session_id, s.owner, s.role, s.expires_at,
-                        ROW_NUMBER() OVER (
-                            PARTITION BY p.member, p.session_id
-                            ORDER BY CASE s.role WHEN 'controller' THEN 0 ELSE 1 END,
-                                     COALESCE(s.expires_at, 9223372036854775807) DESC) AS best
+             SELECT member, share_id, session_id, owner, role, expires_at, owner_keys FROM (
+                 SELECT p.member, s.id AS share_id, s.session_id, s.owner, s.role, s.expires_at, s.owner_keys,
+                        ROW_NUMBER() OVER (PARTITION BY p.member, p.session_id ORDER BY {MOST}) AS best
                  FROM p JOIN session_shares s ON s.session_id = p.session_id
                  WHERE (s.expires_at IS NULL OR s.expires_at > $1)
                    AND (s.grantee = p.member

@@ -355,6 +355,10 @@ impl Store for SqliteStore {
         Ok(Sqlite::create_share(&self.pool, s, max).await?)
     }
 
+    async fn purge_expired_shares(&self, now: i64, limit: i64) -> Result<u64, StoreError> {
+        Ok(Sqlite::purge_expired_shares(&self.pool, now, limit).await?)
+    }
+
     async fn shares(&self, owner: &str, session_id: &str, now: i64) -> Result<Vec<super::ShareRow>, StoreError> {
         Ok(Sqlite::shares(&self.pool, owner, session_id, now).await?)
     }

@@ -1,7 +1,12 @@
 // Sharing a session with a teammate, and the sessions teammates share with you.
 // - The topbar's Share button (own sessions only) opens a dialog: share with a user by name, or
-//   make a link, as an observer (sees it live, read-only) or a controller (may also prompt and
-//   answer), for a while or until revoked; every share is listed there and revocable.
+//   make a link, as an observer (sees it live, read-only; the default) or a controller, for a
+//   while or until revoked; every share is listed there and revocable. The dialog says plainly
+//   what a controller can do: their prompts run the owner's agent, which runs commands as the
+//   owner, with their keys and files. Choosing it takes a confirmation; a controller link ends
+//   after a day unless another end is chosen (never "until revoked"); the owner's stored agent
+//   keys and MCP servers' headers are withheld (their prompts are refused while the agent holds
+//   them) unless the owner ticks a second box (`ownerKeys`).
 // - A link is `/#share=TOKEN`: the token is in the fragment, which browsers never send to a
 //   server, and it is shown once, when made (the gateway keeps only its hash). Opening one
 //   redeems it (POST /api/shares/redeem) and opens the session; the token is kept in
@@ -14,6 +19,8 @@ import { relativeTime, send } from './http.js';
 
 const KEPT = 'acp-share-token';
 const EXPIRIES = [['', 'Until revoked'], ['3600', '1 hour'], ['86400', '1 day'], ['604800', '7 days']];
+/** What a controller can do, said the same way wherever it is said. */
+const CONTROLLER_CAN = 'runs commands as you, with your keys and files';
 
 /** A link's token from the address (`#share=TOKEN`), or one kept across a sign-in; the address
  *  loses it at once. */
@@ -65,7 +72,8 @@ export async function loadSharedWithMe({ section, list }, open) {
 function describe(share) {
   const who = share.link ? `Link (${share.members} opened)` : share.user;
   const ends = share.expiresAt ? `ends ${relativeTime(share.expiresAt)}` : 'until revoked';
-  return `${who} · ${share.role} · ${ends}`;
+  const keys = share.ownerKeys ? ' · may use your keys' : '';
+  return `${who} · ${share.role}${keys} · ${ends}`;
 }
 
 /** Opens the Share dialog for the user's own session `id`. */
@@ -78,9 +86,29 @@ export function openShareDialog(id) {
   const user = h('input', { type: 'text', maxlength: '256', autocomplete: 'off', spellcheck: 'false',
     placeholder: 'their user name (leave empty for a link)', testid: 'share-user' });
   const role = h('select', { testid: 'share-role' },
-    h('option', { value: 'observer', text: 'Observer: sees it, read-only' }),
-    h('option', { value: 'controller', text: 'Controller: may also prompt and answer' }));
+    h('option', { value: 'observer', text: 'Observer: sees it live, read-only', selected: true }),
+    h('option', { value: 'controller', text: `Controller: prompts your agent, which ${CONTROLLER_CAN}` }));
   const expiry = h('select', { testid: 'share-expiry' }, ...EXPIRIES.map(([v, t]) => h('option', { value: v, text: t })));
+  const untilRevoked = expiry.options[0];
+  const confirm = h('input', { type: 'checkbox', testid: 'share-confirm' });
+  const ownerKeys = h('input', { type: 'checkbox', testid: 'share-owner-keys' });
+  const warning = h('div', { class: 'share-warning', testid: 'share-warning', hidden: true },
+    h('p', {}, h('strong', { text: `A controller ${CONTROLLER_CAN}.` }),
+      ' Their prompts go to your agent, which works in your home and every workspace of yours, signed in as you. Revoking the share does not undo what they ran.'),
+    h('p', { class: 'small', text: 'Keys you stored for this agent and your MCP servers\' secret headers are withheld: their prompts are refused while the agent holds them, unless you allow it below. A controller link ends after a day unless you choose another end.' }),
+    h('label', { class: 'share-check' }, confirm, h('span', { text: 'I understand: they can run commands as me' })),
+    h('label', { class: 'share-check' }, ownerKeys, h('span', { text: 'Also let their prompts use my stored agent keys and MCP servers\' headers' })));
+  // A controller is a choice made knowingly, and a controller link always ends.
+  const shape = () => {
+    const controller = role.value === 'controller';
+    warning.hidden = !controller;
+    confirm.required = controller;
+    const link = controller && !user.value.trim();
+    untilRevoked.disabled = link;
+    if (link && !expiry.value) expiry.value = '86400';
+  };
+  role.addEventListener('change', shape);
+  user.addEventListener('input', shape);
   const load = async () => {
     const answer = await send('GET', path);
     const shares = Array.isArray(answer?.shares) ? answer.shares : [];
@@ -104,6 +132,7 @@ export function openShareDialog(id) {
   const form = h('form', { class: 'share-form', testid: 'share-form' },
     h('label', { class: 'field' }, h('span', { text: 'Share with' }), user),
     h('label', { class: 'field' }, h('span', { text: 'Role' }), role),
+    warning,
     h('label', { class: 'field' }, h('span', { text: 'For' }), expiry),
     h('div', { class: 'dialog-actions' }, h('button', { type: 'submit', class: 'primary', text: 'Share', testid: 'share-submit' })));
   form.addEventListener('submit', async (event) => {
@@ -113,17 +142,22 @@ export function openShareDialog(id) {
     const body = { role: role.value };
     if (user.value.trim()) body.user = user.value.trim();
     if (expiry.value) body.expiresInSecs = Number(expiry.value);
+    if (role.value === 'controller' && ownerKeys.checked) body.ownerKeys = true;
     try {
       const answer = await send('POST', path, body);
       if (answer?.token) showLink(answer.token);
       user.value = '';
+      role.value = 'observer';
+      confirm.checked = false;
+      ownerKeys.checked = false;
+      shape();
       await load();
     } catch (err) { fail(err); }
   });
   const close = h('button', { type: 'button', class: 'secondary small', text: 'Close', testid: 'share-close', onclick: () => dialog.close() });
   const dialog = h('dialog', { class: 'admin-dialog share-dialog', 'aria-labelledby': 'share-heading', testid: 'share-dialog' },
     h('div', { class: 'admin-head' }, h('h2', { id: 'share-heading', text: 'Share this session' }), close),
-    h('p', { class: 'muted small', text: 'Revoking a share, or its end, closes it for whoever it let in.' }),
+    h('p', { class: 'muted small', testid: 'share-roles', text: `An observer sees the session live, read-only. A controller also prompts your agent, which ${CONTROLLER_CAN}. Revoking a share, or its end, closes it for whoever it let in.` }),
     list, form, made, error);
   dialog.addEventListener('close', () => dialog.remove());
   document.body.append(dialog);

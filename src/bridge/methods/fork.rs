@@ -88,7 +88,7 @@ impl Ctx {
             Some(servers) => servers,
             None => stored_mcp_servers(&from.meta),
         };
-        let (_, mut raw) = self.start_params(&pool, &info, &servers, &cwd, &dirs).await?;
+        let (_, mut raw, mcp_secrets) = self.start_params(&pool, &info, &servers, &cwd, &dirs).await?;
 
         // The agent's own fork takes everything it knows: only a fork of the whole history, of a
         // session this replica serves (another replica's agent holds it), whose agent knows it
@@ -161,6 +161,7 @@ impl Ctx {
             result,
             record,
             seed: Some(seed),
+            mcp_secrets,
         };
         self.adopt(adopted, "session/fork", request_id).await
     }

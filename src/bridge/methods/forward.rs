@@ -77,6 +77,11 @@ impl Ctx {
         to: crate::outbox::Outbox,
         slot: Option<OwnedSemaphorePermit>,
     ) -> Handled {
+        // A teammate's turn (a prompt, or a message queued for one) is checked here, where the
+        // session is served, whichever replica their client is on.
+        if prompt.is_some() && session.owner != self.client.user {
+            withheld::teammate_may_prompt(&self.gw, session, &self.client.user, Some(&self.client.id)).await?;
+        }
         if let Some(op) = method.strip_prefix(queue::PREFIX) {
             return self.queue_op(session, op, id, params, &to).await;
         }

@@ -15,6 +15,9 @@ pub(super) struct Adopt<'a> {
     pub record: crate::store::SessionRecord,
     /// For a fork: the history it starts with.
     pub seed: Option<super::fork::Seed>,
+    /// Whether the MCP servers its agent was started with carry secrets (see
+    /// [`LiveSession::set_mcp_secrets_given`]).
+    pub mcp_secrets: bool,
 }
 
 impl Ctx {
@@ -45,7 +48,7 @@ impl Ctx {
         let cfg = self.pool.config();
         // What the agent gets is built here, not copied: the resolved directories, the accepted
         // MCP servers, and only the allowed `_meta` keys.
-        let (mcp, mut raw) = self
+        let (mcp, mut raw, mcp_secrets) = self
             .start_params(&self.pool, &info, &new.mcp_servers, &cwd, &dirs)
             .await?;
         let meta: serde_json::Map<String, Value> = new
@@ -89,6 +92,7 @@ impl Ctx {
             result,
             record,
             seed: None,
+            mcp_secrets,
         };
         self.adopt(adopted, "session/new", request_id).await
     }
@@ -96,7 +100,8 @@ impl Ctx {
     /// What a new session's agent is started with (`session/new`, `session/fork`): the MCP
     /// servers as stored with the session (checked against the operator's rules and the agent's
     /// transports), and the params' opening (`{"cwd",…,"mcpServers",…[,"additionalDirectories"]`,
-    /// left open for more) with the user's own servers added, which are never stored.
+    /// left open for more) with the user's own servers added, which are never stored; and whether
+    /// the servers the agent is given carry secrets.
     pub(super) async fn start_params(
         &self,
         pool: &AgentPool,
@@ -104,7 +109,7 @@ impl Ctx {
         servers: &[agent_client_protocol_schema::v1::McpServer],
         cwd: &str,
         dirs: &[String],
-    ) -> Result<(String, String), RpcError> {
+    ) -> Result<(String, String, bool), RpcError> {
         crate::tenancy::check_mcp_servers(servers, pool.config(), info.mcp_transports())
             .map_err(RpcError::invalid_params)?;
         let mcp = serde_json::to_string(servers).map_err(|e| RpcError::internal(e.to_string()))?;
@@ -116,7 +121,8 @@ impl Ctx {
         if !dirs.is_empty() {
             raw.push_str(&format!(r#","additionalDirectories":{}"#, json!(dirs)));
         }
-        Ok((mcp, raw))
+        let secrets = crate::user_mcp::carry_secrets(&for_agent);
+        Ok((mcp, raw, secrets))
     }
 
     /// A session an agent started for the caller (`session/new`, `session/fork`) becomes
@@ -131,6 +137,7 @@ impl Ctx {
             result,
             mut record,
             seed,
+            mcp_secrets,
         } = a;
         let Some(agent_sid) = protocol::session_id_of(Some(&result)) else {
             process.release();
@@ -173,6 +180,7 @@ impl Ctx {
                 !c.is_empty()
             })
             .await;
+        session.set_mcp_secrets_given(mcp_secrets);
         if let Err(e) = session.bind(process.clone(), Arc::from(agent_sid.as_str())) {
             process.release();
             self.gw.sessions.discard(&self.client.user, &id).await;

@@ -30,6 +30,7 @@ mod fork;
 mod forward;
 mod lifecycle;
 mod queue;
+mod withheld;
 
 use controls::{CONTROL_METHODS, ControlsAnswer};
 
@@ -222,7 +223,7 @@ impl Connection {
                 if !session.is_bound_now()
                     && let Some(params) = msg.params
                 {
-                    super::remote::cancel(&self.gw, &session, params).await;
+                    super::remote::cancel(&self.gw, &self.client, &session, params).await;
                     return;
                 }
                 let keep = self

@@ -48,6 +48,8 @@ impl Ctx {
                 RpcError::invalid_params(format!("{PREFIX}{op} needs `prompt`, an array of content blocks"))
             })
         };
+        // A teammate (a controller by share), or `None` for the owner: who wrote a message.
+        let author = || (*self.client.user != *session.owner).then(|| self.client.user.to_string());
         let result = match op {
             "add" => {
                 let prompt = prompt()?;
@@ -55,12 +57,11 @@ impl Ctx {
                     self.send_now(session, prompt).await?;
                     json!({"sent": true})
                 } else {
-                    let by = (*self.client.user != *session.owner).then(|| self.client.user.to_string());
-                    json!({"id": session.queue().add(prompt, by)?})
+                    json!({"id": session.queue().add(prompt, author())?})
                 }
             }
             "edit" => {
-                session.queue().edit(need_id()?, prompt()?)?;
+                session.queue().edit(need_id()?, prompt()?, author())?;
                 json!({})
             }
             "remove" => {
@@ -111,17 +112,25 @@ impl Ctx {
 pub(super) fn send_queued(gw: &Arc<Gateway>, session: &Arc<LiveSession>, item: Queued) {
     let (gw, session) = (gw.clone(), session.clone());
     gw.tracker.clone().spawn(async move {
-        if let Some(by) = &item.by
-            && !gw.shares.controls(by, &session.id).await
-        {
-            // Their share ended (revoked or expired, here or on another replica) while it waited.
-            tracing::info!(session = %session.id, user = %by, "a queued message's author no longer controls the session; not sent");
-            let next = session.queue().dropped();
-            if let Some(next) = next {
-                send_queued(&gw, &session, next);
+        if let Some(by) = &item.by {
+            // Their share ended (revoked or expired, here or on another replica) while it waited,
+            // or the agent now carries secrets of the owner's that their share does not lend.
+            let refused = if gw.shares.controls(by, &session.id).await {
+                super::withheld::teammate_may_prompt(&gw, &session, by, None).await.err()
+            } else {
+                Some(RpcError::session_not_found())
+            };
+            if let Some(e) = refused {
+                tracing::info!(session = %session.id, user = %by, reason = %e.message, "a teammate's queued message not sent");
+                let why = (e.code != codes::RESOURCE_NOT_FOUND)
+                    .then(|| format!("{by}'s queued message was not sent: {}", e.message));
+                let next = session.queue().dropped(why);
+                if let Some(next) = next {
+                    send_queued(&gw, &session, next);
+                }
+                session.tell_queue();
+                return;
             }
-            session.tell_queue();
-            return;
         }
         match send_for_owner(&gw, &session, &item.prompt, &item.id.to_string()).await {
             Ok(()) => {

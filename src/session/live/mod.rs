@@ -131,6 +131,10 @@ pub struct LiveSession {
     catch_up_due: std::sync::atomic::AtomicBool,
     /// Messages typed while a turn runs, and whether one does.
     queue: Mutex<PromptQueue>,
+    /// Whether the MCP servers its agent was last given for it carry secrets (headers, env):
+    /// they stay with the agent until the session is restored elsewhere, even if their owner
+    /// has removed them since, so a teammate's prompt is checked against this too.
+    mcp_secrets_given: std::sync::atomic::AtomicBool,
 }
 
 impl std::fmt::Debug for LiveSession {
@@ -213,6 +217,7 @@ impl LiveSession {
             committed_elsewhere: AtomicU64::new(last_seq),
             catch_up_due: std::sync::atomic::AtomicBool::new(false),
             queue: Mutex::default(),
+            mcp_secrets_given: std::sync::atomic::AtomicBool::new(false),
         })
     }
 
@@ -222,6 +227,17 @@ impl LiveSession {
 
     fn lock_binding(&self) -> MutexGuard<'_, Option<Binding>> {
         self.binding.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Records whether the MCP servers its agent was just given (at its start or restore) carry
+    /// secrets.
+    pub fn set_mcp_secrets_given(&self, given: bool) {
+        self.mcp_secrets_given.store(given, Ordering::Relaxed);
+    }
+
+    /// Whether the MCP servers its agent was last given carry secrets.
+    pub fn mcp_secrets_given(&self) -> bool {
+        self.mcp_secrets_given.load(Ordering::Relaxed)
     }
 
     /// A fork whose agent started afresh: its first prompt takes the copied history, up to

@@ -98,6 +98,8 @@ impl LiveSession {
                 }
             }
         }
+        // Set before it is sent: a teammate's prompt is checked against it from now on.
+        self.set_mcp_secrets_given(crate::user_mcp::carry_secrets(&servers));
         let params = format!(
             r#"{{"sessionId":{},"cwd":{},"additionalDirectories":{},"mcpServers":{servers}}}"#,
             serde_json::to_string(&*agent_sid).unwrap_or_default(),

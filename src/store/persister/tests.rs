@@ -157,6 +157,9 @@ impl Store for Flaky {
     async fn create_share(&self, _: &crate::store::NewShare<'_>, _: i64) -> Result<bool, StoreError> {
         unimplemented!()
     }
+    async fn purge_expired_shares(&self, _: i64, _: i64) -> Result<u64, StoreError> {
+        unimplemented!()
+    }
     async fn shares(&self, _: &str, _: &str, _: i64) -> Result<Vec<crate::store::ShareRow>, StoreError> {
         unimplemented!()
     }

@@ -308,6 +308,10 @@ impl Store for PgStore {
         Ok(made)
     }
 
+    async fn purge_expired_shares(&self, now: i64, limit: i64) -> Result<u64, StoreError> {
+        Ok(Postgres::purge_expired_shares(&self.pool, now, limit).await?)
+    }
+
     async fn shares(&self, owner: &str, session_id: &str, now: i64) -> Result<Vec<super::ShareRow>, StoreError> {
         Ok(Postgres::shares(&self.pool, owner, session_id, now).await?)
     }

@@ -14,11 +14,16 @@
 //!   homes ([`Sight`], the rule the workspace file routes apply too);
 //! - without a working sandbox, `sandbox = "auto"` fails closed: its agents serve one user
 //!   ([`single_user`]); several users share an unsandboxed host only when the operator says so
-//!   (`sandbox = "none"`).
+//!   (`sandbox = "none"`);
+//! - the network stays on (`network = "open"`), unless the operator asks for `"egress-only"`
+//!   ([`network`]): then a sandbox reaches the internet but not the host's loopback services,
+//!   the cloud metadata endpoint, private ranges or the host's own addresses; that needs the
+//!   sandbox and its tools, or the gateway does not start.
 
 mod config_file;
 mod launch;
 mod mcp;
+mod network;
 mod paths;
 mod sandbox;
 mod sight;
@@ -28,16 +33,19 @@ use std::collections::BTreeMap;
 use std::ffi::OsString;
 use std::io;
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
+
+use tokio::io::AsyncReadExt;
 
 pub use launch::{Launch, Purpose, Ready};
 pub use mcp::{McpTransports, check_mcp_servers};
+pub use network::{Egress, Pending};
 pub use paths::escape_user;
 use paths::{checked_user, fill, resolve_existing, user_base};
 pub use sight::Sight;
 use single_user::SingleUser;
 
-use crate::config::{AgentConfig, Config, SandboxMode};
+use crate::config::{AgentConfig, Config, NetworkMode, SandboxMode};
 use crate::files::{named, private_dir};
 
 /// The home of processes that serve several users (`share_between_users`).
@@ -72,6 +80,8 @@ pub struct Tenancy {
     roots: Vec<String>,
     /// bubblewrap, when it works on this host.
     bwrap: Option<PathBuf>,
+    /// What sets up `network = "egress-only"` sandboxes, when an agent asks for it.
+    egress: Option<Arc<network::Tools>>,
     /// What a sandbox never sees: the data directory, the SQLite file's directory, and the
     /// directories that hold every user's homes and workspaces (a user's own are bound back in),
     /// resolved.
@@ -178,6 +188,7 @@ impl Tenancy {
                 _ => {}
             }
         }
+        let egress = egress_tools(config, bwrap.is_some())?;
         hidden.extend(std::iter::once(&homes).chain(&roots).filter_map(|t| user_base(t)));
         // Resolved, so that a path the file routes resolved compares with them.
         for dir in &mut hidden {
@@ -201,6 +212,7 @@ impl Tenancy {
             homes,
             roots,
             bwrap,
+            egress,
             hidden,
             hidden_files,
             secret,
@@ -209,6 +221,75 @@ impl Tenancy {
         };
         let _ = tenancy.shared_roots();
         Ok(tenancy)
+    }
+
+    /// Starts one sandbox with the egress-only network (a program that does nothing), when an
+    /// agent asks for it: so that a host where it cannot work (no `/dev/net/tun`, a container
+    /// that forbids network namespaces) stops the gateway at start, naming the setting, rather
+    /// than each agent process later.
+    pub async fn check_network(&self, config: &Config) -> io::Result<()> {
+        let (Some(bwrap), Some(tools)) = (&self.bwrap, &self.egress) else {
+            return Ok(());
+        };
+        let names: Vec<String> = config
+            .agents
+            .iter()
+            .filter(|(_, a)| a.network == NetworkMode::EgressOnly)
+            .map(|(n, _)| format!("agents.{n}.{}", network::SETTING))
+            .collect();
+        let env = std::env::var_os("PATH")
+            .map(|p| (OsString::from("PATH"), p))
+            .into_iter()
+            .collect();
+        let launch = Launch::sandboxed(
+            bwrap.clone(),
+            sandbox::probe_args(),
+            vec!["true".into()],
+            env,
+            Purpose::Agent,
+        )
+        .with_egress(tools.clone());
+        let failed = |why: String| {
+            io::Error::other(format!(
+                "{}: a sandbox's network cannot be set up on this host: {why} (slirp4netns needs /dev/net/tun, and bubblewrap needs to make a network namespace)",
+                names.join(", ")
+            ))
+        };
+        let Ready {
+            mut command,
+            child_fds,
+            network,
+        } = launch.into_tokio().map_err(|e| failed(e.to_string()))?;
+        command
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .kill_on_drop(true);
+        let spawned = command.spawn();
+        drop(child_fds);
+        let mut child = spawned.map_err(|e| failed(format!("cannot run bubblewrap: {e}")))?;
+        let group = child.id().and_then(|id| i32::try_from(id).ok()).unwrap_or(0);
+        let started = match network {
+            Some(network) => network.start(group).await,
+            None => Err(io::Error::other("no network was set up")),
+        };
+        // The sandbox runs `true` (when its network came up) and ends; its network goes after.
+        let ended = tokio::time::timeout(network::SET_UP_LIMIT, async {
+            let mut errors = Vec::new();
+            if let Some(stderr) = child.stderr.take() {
+                let _ = stderr.take(16 * 1024).read_to_end(&mut errors).await;
+            }
+            (child.wait().await, errors)
+        })
+        .await;
+        let (status, errors) = ended.map_err(|_| failed("the sandbox did not end".into()))?;
+        let errors = String::from_utf8_lossy(&errors).trim().to_string();
+        let _egress = started.map_err(|e| failed(format!("{e} {errors}")))?;
+        match status {
+            Ok(s) if s.success() => Ok(()),
+            Ok(s) => Err(failed(format!("the sandbox ended with {s}: {errors}"))),
+            Err(e) => Err(failed(e.to_string())),
+        }
     }
 
     /// Whether an agent with `mode` runs sandboxed here.
@@ -476,6 +557,27 @@ impl Tenancy {
         }
         let command_line: Vec<OsString> = std::iter::once(command).chain(args).map(OsString::from).collect();
         let mut launch = match (&self.bwrap, sandboxed) {
+            (Some(bwrap), true) if agent.network == NetworkMode::EgressOnly => {
+                let tools = self.egress.clone().ok_or_else(|| {
+                    io::Error::other(format!("{}: its tools were not found at start", network::SETTING))
+                })?;
+                let places = sandbox::Places {
+                    hidden: &self.hidden,
+                    hidden_files: &self.hidden_files,
+                    home: &home,
+                    roots: &roots,
+                    cwd: &cwd,
+                };
+                let args = sandbox::bwrap_args(&places, agent, purpose);
+                Launch::sandboxed(bwrap.clone(), args, command_line, env, purpose).with_egress(tools)
+            }
+            // Fails closed: never the open network for an agent that asked for egress-only.
+            _ if agent.network == NetworkMode::EgressOnly => {
+                return Err(io::Error::other(format!(
+                    "{} needs the bubblewrap sandbox, and this agent runs without it",
+                    network::SETTING
+                )));
+            }
             (Some(bwrap), true) => {
                 let places = sandbox::Places {
                     hidden: &self.hidden,
@@ -521,6 +623,35 @@ impl Tenancy {
     pub fn data_dir(&self) -> &Path {
         &self.data_dir
     }
+}
+
+/// The tools of `network = "egress-only"`, when an agent asks for it; an error naming the agent
+/// and the setting when it cannot have it here (no sandbox: fails closed).
+fn egress_tools(config: &Config, bwrap_works: bool) -> io::Result<Option<Arc<network::Tools>>> {
+    let mut tools = None;
+    for (name, agent) in config
+        .agents
+        .iter()
+        .filter(|(_, a)| a.network == NetworkMode::EgressOnly)
+    {
+        let setting = format!("agents.{name}.{}", network::SETTING);
+        if agent.sandbox == SandboxMode::None || !bwrap_works {
+            return Err(io::Error::other(format!(
+                "{setting} needs the bubblewrap sandbox, and {}; install bubblewrap, or set agents.{name}.network = \"open\"",
+                if agent.sandbox == SandboxMode::None {
+                    format!("agents.{name}.sandbox = \"none\"")
+                } else {
+                    String::from("bubblewrap does not work on this host")
+                }
+            )));
+        }
+        if tools.is_none() {
+            tools = Some(Arc::new(
+                network::Tools::find().map_err(|why| io::Error::other(format!("{setting}: {why}")))?,
+            ));
+        }
+    }
+    Ok(tools)
 }
 
 /// Longest path a client may name, in bytes (Linux's `PATH_MAX`).

@@ -170,6 +170,8 @@ impl Tenancy {
         }
         let wants_bwrap = config.agents.values().any(|a| a.sandbox != SandboxMode::None);
         let bwrap = if wants_bwrap { sandbox::probe_bwrap() } else { None };
+        // Before the warnings below: an agent that asked for egress-only never runs without it.
+        let egress = egress_tools(config, bwrap.is_some())?;
         for (name, agent) in &config.agents {
             match (agent.sandbox, &bwrap) {
                 (SandboxMode::Bwrap, None) => {
@@ -188,7 +190,6 @@ impl Tenancy {
                 _ => {}
             }
         }
-        let egress = egress_tools(config, bwrap.is_some())?;
         hidden.extend(std::iter::once(&homes).chain(&roots).filter_map(|t| user_base(t)));
         // Resolved, so that a path the file routes resolved compares with them.
         for dir in &mut hidden {

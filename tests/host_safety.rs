@@ -415,3 +415,67 @@ async fn auto_without_a_working_sandbox_serves_one_user_only() {
         gw.stop().await;
     }
 }
+
+/// `network = "egress-only"` fails closed: where bubblewrap does not work (a `bwrap` that fails,
+/// first on `PATH`), or slirp4netns is missing (a `PATH` with bubblewrap and `true` alone), the gateway does
+/// not start, and says which setting asked for what.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn egress_only_without_its_sandbox_or_its_tools_refuses_to_start() {
+    let base = tempfile::tempdir().expect("tempdir");
+    let failing = base.path().join("failing");
+    std::fs::create_dir(&failing).expect("mkdir");
+    std::fs::write(
+        failing.join("bwrap"),
+        "#!/bin/sh\necho 'bwrap: No permission to create new namespace' >&2\nexit 1\n",
+    )
+    .expect("fake bwrap");
+    std::fs::set_permissions(failing.join("bwrap"), std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    let bwrap_only = base.path().join("bwrap-only");
+    std::fs::create_dir(&bwrap_only).expect("mkdir");
+    let real = std::env::split_paths(&std::env::var_os("PATH").expect("PATH"))
+        .map(|d| d.join("bwrap"))
+        .find(|p| p.is_file())
+        .expect("bubblewrap is installed");
+    std::os::unix::fs::symlink(real, bwrap_only.join("bwrap")).expect("symlink");
+    // What the gateway's probe of bubblewrap runs in it.
+    std::os::unix::fs::symlink("/bin/true", bwrap_only.join("true")).expect("symlink");
+    let data = base.path().join("data");
+    let config = base.path().join("gateway.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "data_dir = {:?}\n[agents.default]\nnetwork = \"egress-only\"\n",
+            data.display().to_string()
+        ),
+    )
+    .expect("config");
+    let with_failing = format!("{}:{}", failing.display(), std::env::var("PATH").expect("PATH"));
+    let cases = [
+        (with_failing, "bubblewrap does not work on this host"),
+        (bwrap_only.display().to_string(), "`slirp4netns` is not installed"),
+    ];
+    for (path, why) in cases {
+        let out = tokio::time::timeout(
+            common::WAIT,
+            tokio::process::Command::new(common::gateway_bin())
+                .args(["serve", "--listen", "127.0.0.1:0", "--config"])
+                .arg(&config)
+                .env("PATH", &path)
+                .env("ACP_GATEWAY_JWT_SECRET", common::SECRET)
+                .env_remove("ACP_GATEWAY_AGENT")
+                .env_remove("DATABASE_URL")
+                .stdin(std::process::Stdio::null())
+                .kill_on_drop(true)
+                .output(),
+        )
+        .await
+        .expect("ends in time")
+        .expect("runs");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{why}: {stderr}");
+        assert!(
+            stderr.contains("agents.default.network = \"egress-only\"") && stderr.contains(why),
+            "{why}: {stderr}"
+        );
+    }
+}

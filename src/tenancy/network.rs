@@ -6,8 +6,8 @@
 //! The stack is slirp4netns: maintained (rootless Podman, Buildah and RootlessKit run on it;
 //! Debian 12 ships its 1.2.0 release), and it has what this needs as plain flags:
 //! `--disable-host-loopback` (its `10.0.2.2` alias of the host's `127.0.0.1` is refused),
-//! `--enable-sandbox` and `--enable-seccomp` (it confines itself: a mount namespace with no file
-//! system, a system call filter, no capabilities), `--exit-fd` (it ends when the gateway's end of a
+//! `--enable-seccomp` and `--enable-sandbox` (it confines itself: a system call filter, and when
+//! the gateway is root a mount namespace with no file system and no capabilities), `--exit-fd` (it ends when the gateway's end of a
 //! pipe closes, so a SIGKILLed gateway leaves none behind) and `--ready-fd`. pasta (passt) is the
 //! newer design, but Debian 12's package is a 2023 snapshot with no release, and pasta copies the
 //! host's own addresses and routes into the namespace by default, which is the opposite of what
@@ -20,8 +20,8 @@
 //!    its ready fd. It makes the namespace's `tap0` and nothing else: not `--configure`, which
 //!    also brings up `lo` and so races bubblewrap's own set-up of `lo` (bubblewrap then fails
 //!    with "loopback: Failed RTM_NEWADDR", seen here about one start in 30);
-//! 3. the gateway configures the namespace in one `ip -batch` (through `nsenter`, with
-//!    `--user --preserve-credentials` when bubblewrap made a user namespace): first `prohibit`
+//! 3. the gateway configures the namespace in one `ip -batch` (through `nsenter`, also into the
+//!    user namespace that owns it when bubblewrap made one, [`Namespaces`]): first `prohibit`
 //!    routes for [`BLOCKED`] and for every IPv4 address of the host's interfaces at this launch,
 //!    then `tap0`'s address and the default route through slirp4netns, then its host alias
 //!    `10.0.2.2` routed nowhere too (only after the default route: the kernel refuses a gateway
@@ -77,6 +77,8 @@ const SLIRP_HOST: &str = "10.0.2.2";
 const SLIRP_DNS: &str = "10.0.2.3";
 /// The sandbox's address on slirp4netns's network (what its `--configure` would give).
 const SANDBOX_ADDRESS: &str = "10.0.2.100/24";
+/// The variable on slirp4netns naming the pid of the sandbox it serves.
+const SANDBOX_PID_VAR: &str = "SANDBOX_PID";
 /// The sandbox's network device.
 const TAP: &str = "tap0";
 /// The MTU slirp4netns's own `--configure` recommends: fewer, larger packets through it.
@@ -285,8 +287,9 @@ impl Drop for Egress {
 /// Steps 2 and 3 of the module's doc.
 async fn set_up(tools: &Tools, info: OwnedFd) -> io::Result<Egress> {
     let pid = sandbox_pid(info).await?;
-    let egress = start_slirp(tools, pid).await?;
-    in_namespace(tools, pid, &configuration(&host_addresses())).await?;
+    let ns = Namespaces::of(pid)?;
+    let egress = start_slirp(tools, pid, &ns).await?;
+    in_namespace(tools, &ns, &configuration(&host_addresses())).await?;
     Ok(egress)
 }
 
@@ -323,12 +326,69 @@ async fn sandbox_pid(info: OwnedFd) -> io::Result<i32> {
         .ok_or_else(|| io::Error::other("bubblewrap ended before it made the sandbox (its error is in the log)"))
 }
 
-/// Whether bubblewrap made a user namespace for `pid` (it does when the gateway is not root):
-/// then `nsenter` must enter it too, to act in the network namespace it owns.
-fn own_user_namespace(pid: i32) -> bool {
-    let ns = |p: &str| std::fs::read_link(Path::new(p).join("ns/user")).ok();
-    let sandbox = ns(&format!("/proc/{pid}"));
-    sandbox.is_some() && sandbox != ns("/proc/self")
+/// The sandbox's network namespace, and the user namespace that owns it when that is not the
+/// gateway's own (bubblewrap makes one when the gateway is not root), held open: the helpers
+/// enter them through `/proc/self/fd/N`. The owner is asked of the network namespace itself
+/// (`NS_GET_USERNS`), not taken from the sandbox's process: with `--dev`, an unprivileged
+/// bubblewrap moves that process into a second user namespace nested in the first, whose
+/// capabilities do not reach a network namespace the first one owns.
+struct Namespaces {
+    /// `/proc/PID/ns/net`.
+    net: OwnedFd,
+    /// Its owning user namespace, when it is not the gateway's.
+    owner: Option<OwnedFd>,
+}
+
+impl Namespaces {
+    fn of(pid: i32) -> io::Result<Self> {
+        use std::os::unix::fs::MetadataExt;
+        let path = format!("/proc/{pid}/ns/net");
+        let net = OwnedFd::from(
+            std::fs::File::open(&path).map_err(|e| crate::files::named(e, "cannot open", Path::new(&path)))?,
+        );
+        let owner = owning_user_namespace(&net)?;
+        let mine = std::fs::metadata("/proc/self/ns/user")?;
+        let theirs = std::fs::File::from(owner.try_clone()?).metadata()?;
+        let same = (mine.dev(), mine.ino()) == (theirs.dev(), theirs.ino());
+        Ok(Self {
+            net,
+            owner: (!same).then_some(owner),
+        })
+    }
+
+    /// The descriptors a helper keeps across exec.
+    fn fds(&self) -> Vec<i32> {
+        std::iter::once(&self.net)
+            .chain(&self.owner)
+            .map(AsRawFd::as_raw_fd)
+            .collect()
+    }
+}
+
+/// `/proc/self/fd/N` for `fd`.
+fn fd_path(fd: &OwnedFd) -> String {
+    format!("/proc/self/fd/{}", fd.as_raw_fd())
+}
+
+/// The user namespace that owns the namespace `ns` (a new descriptor, close-on-exec).
+#[allow(
+    unsafe_code,
+    reason = "NS_GET_USERNS has no safe wrapper; it takes no argument and returns a new descriptor that is owned here at once"
+)]
+fn owning_user_namespace(ns: &OwnedFd) -> io::Result<OwnedFd> {
+    use std::os::fd::FromRawFd;
+    /// `_IO(0xb7, 0x1)` from `<linux/nsfs.h>`.
+    const NS_GET_USERNS: nix::libc::Ioctl = 0xb701;
+    // SAFETY: the ioctl reads nothing from memory; `ns` is open for the call.
+    let fd = unsafe { nix::libc::ioctl(ns.as_raw_fd(), NS_GET_USERNS) };
+    if fd < 0 {
+        return Err(io::Error::other(format!(
+            "cannot find the user namespace that owns the sandbox's network namespace: {}",
+            io::Error::last_os_error()
+        )));
+    }
+    // SAFETY: a descriptor the kernel just returned to us, owned by nothing else.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
 }
 
 /// Every IPv4 address of the host's interfaces but loopback's (those are [`BLOCKED`]).
@@ -345,15 +405,19 @@ fn host_addresses() -> Vec<Ipv4Addr> {
     out
 }
 
-/// Runs `ip -batch -` with `batch` in `pid`'s network namespace.
-async fn in_namespace(tools: &Tools, pid: i32, batch: &str) -> io::Result<()> {
-    let mut command = tokio::process::Command::new(&tools.nsenter);
-    command.arg(format!("--target={pid}"));
-    if own_user_namespace(pid) {
-        command.args(["--user", "--preserve-credentials"]);
+/// Runs `ip -batch -` with `batch` in the sandbox's network namespace.
+async fn in_namespace(tools: &Tools, ns: &Namespaces, batch: &str) -> io::Result<()> {
+    let mut command = std::process::Command::new(&tools.nsenter);
+    if let Some(owner) = &ns.owner {
+        command
+            .arg(format!("--user={}", fd_path(owner)))
+            .arg("--preserve-credentials");
     }
+    super::launch::keep_in_child(&mut command, ns.fds());
+    let mut command = tokio::process::Command::from(command);
     command
-        .args(["--net", "--"])
+        .arg(format!("--net={}", fd_path(&ns.net)))
+        .arg("--")
         .arg(&tools.ip)
         .args(["-batch", "-"])
         .env_clear()
@@ -382,23 +446,40 @@ async fn in_namespace(tools: &Tools, pid: i32, batch: &str) -> io::Result<()> {
 }
 
 /// Starts slirp4netns for `pid`'s namespace and waits until it serves the namespace's `tap0`.
-async fn start_slirp(tools: &Tools, pid: i32) -> io::Result<Egress> {
+async fn start_slirp(tools: &Tools, pid: i32, ns: &Namespaces) -> io::Result<Egress> {
     let (exit_child, exit) = nix::unistd::pipe2(OFlag::O_CLOEXEC).map_err(io::Error::from)?;
     let (ready, ready_child) = nix::unistd::pipe2(OFlag::O_CLOEXEC).map_err(io::Error::from)?;
     let mut command = std::process::Command::new(&tools.slirp4netns);
     command
-        .args(["--disable-host-loopback", "--enable-sandbox", "--enable-seccomp"])
+        .args(["--disable-host-loopback", "--enable-seccomp"])
         .arg(format!("--mtu={MTU}"))
         .arg(format!("--exit-fd={}", exit_child.as_raw_fd()))
         .arg(format!("--ready-fd={}", ready_child.as_raw_fd()))
-        .arg(pid.to_string())
+        .arg("--netns-type=path");
+    match &ns.owner {
+        Some(owner) => {
+            // Its `--enable-sandbox` would need root in the sandbox's user namespace, which
+            // slirp4netns 1.2.0 enters only through a pid (a nested one, here): it runs with its
+            // system call filter alone when the gateway is not root.
+            command.arg(format!("--userns-path={}", fd_path(owner)));
+        }
+        None => {
+            command.arg("--enable-sandbox");
+        }
+    }
+    command
+        .arg(fd_path(&ns.net))
         .arg(TAP)
         .env_clear()
+        // Which sandbox it serves, for whoever looks (`ps e`): its arguments name descriptors.
+        .env(SANDBOX_PID_VAR, pid.to_string())
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::piped());
     std::os::unix::process::CommandExt::process_group(&mut command, 0);
-    super::launch::keep_in_child(&mut command, vec![exit_child.as_raw_fd(), ready_child.as_raw_fd()]);
+    let mut keep = ns.fds();
+    keep.extend([exit_child.as_raw_fd(), ready_child.as_raw_fd()]);
+    super::launch::keep_in_child(&mut command, keep);
     let mut command = tokio::process::Command::from(command);
     command.kill_on_drop(true);
     let spawned = command.spawn();

@@ -173,20 +173,17 @@ async fn signs_in_one_user_in_their_sandbox_and_recycles_their_processes() {
     gw.stop().await;
 }
 
-/// The slirp4netns processes serving the sandboxes of `pids` (its target pid is its second to
-/// last argument), zombies left out.
+/// The slirp4netns processes serving the sandboxes of `pids` (named by its `SANDBOX_PID`),
+/// zombies left out.
 fn slirps_serving(pids: &[u32]) -> Vec<u32> {
     processes_matching("slirp4netns")
         .into_iter()
         .filter(|s| {
             let stat = std::fs::read_to_string(format!("/proc/{s}/stat")).unwrap_or_default();
-            let cmd = std::fs::read(format!("/proc/{s}/cmdline")).unwrap_or_default();
-            let args: Vec<String> = String::from_utf8_lossy(&cmd)
+            let env = std::fs::read(format!("/proc/{s}/environ")).unwrap_or_default();
+            let target = String::from_utf8_lossy(&env)
                 .split('\0')
-                .filter(|a| !a.is_empty())
-                .map(String::from)
-                .collect();
-            let target = args.len().checked_sub(2).and_then(|i| args[i].parse::<u32>().ok());
+                .find_map(|v| v.strip_prefix("SANDBOX_PID=")?.parse::<u32>().ok());
             !stat
                 .rsplit(')')
                 .next()

@@ -35,8 +35,6 @@ use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
-use tokio::io::AsyncReadExt;
-
 pub use launch::{Launch, Purpose, Ready};
 pub use mcp::{McpTransports, check_mcp_servers};
 pub use network::{Egress, Pending};
@@ -171,7 +169,7 @@ impl Tenancy {
         let wants_bwrap = config.agents.values().any(|a| a.sandbox != SandboxMode::None);
         let bwrap = if wants_bwrap { sandbox::probe_bwrap() } else { None };
         // Before the warnings below: an agent that asked for egress-only never runs without it.
-        let egress = egress_tools(config, bwrap.is_some())?;
+        let egress = network::tools_for(config, bwrap.is_some())?;
         for (name, agent) in &config.agents {
             match (agent.sandbox, &bwrap) {
                 (SandboxMode::Bwrap, None) => {
@@ -229,67 +227,9 @@ impl Tenancy {
     /// that forbids network namespaces) stops the gateway at start, naming the setting, rather
     /// than each agent process later.
     pub async fn check_network(&self, config: &Config) -> io::Result<()> {
-        let (Some(bwrap), Some(tools)) = (&self.bwrap, &self.egress) else {
-            return Ok(());
-        };
-        let names: Vec<String> = config
-            .agents
-            .iter()
-            .filter(|(_, a)| a.network == NetworkMode::EgressOnly)
-            .map(|(n, _)| format!("agents.{n}.{}", network::SETTING))
-            .collect();
-        let env = std::env::var_os("PATH")
-            .map(|p| (OsString::from("PATH"), p))
-            .into_iter()
-            .collect();
-        let launch = Launch::sandboxed(
-            bwrap.clone(),
-            sandbox::probe_args(),
-            vec!["true".into()],
-            env,
-            Purpose::Agent,
-        )
-        .with_egress(tools.clone());
-        let failed = |why: String| {
-            io::Error::other(format!(
-                "{}: a sandbox's network cannot be set up on this host: {why} (slirp4netns needs /dev/net/tun, and bubblewrap needs to make a network namespace)",
-                names.join(", ")
-            ))
-        };
-        let Ready {
-            mut command,
-            child_fds,
-            network,
-        } = launch.into_tokio().map_err(|e| failed(e.to_string()))?;
-        command
-            .stdin(std::process::Stdio::null())
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::piped())
-            .kill_on_drop(true);
-        let spawned = command.spawn();
-        drop(child_fds);
-        let mut child = spawned.map_err(|e| failed(format!("cannot run bubblewrap: {e}")))?;
-        let group = child.id().and_then(|id| i32::try_from(id).ok()).unwrap_or(0);
-        let started = match network {
-            Some(network) => network.start(group).await,
-            None => Err(io::Error::other("no network was set up")),
-        };
-        // The sandbox runs `true` (when its network came up) and ends; its network goes after.
-        let ended = tokio::time::timeout(network::SET_UP_LIMIT, async {
-            let mut errors = Vec::new();
-            if let Some(stderr) = child.stderr.take() {
-                let _ = stderr.take(16 * 1024).read_to_end(&mut errors).await;
-            }
-            (child.wait().await, errors)
-        })
-        .await;
-        let (status, errors) = ended.map_err(|_| failed("the sandbox did not end".into()))?;
-        let errors = String::from_utf8_lossy(&errors).trim().to_string();
-        let _egress = started.map_err(|e| failed(format!("{e} {errors}")))?;
-        match status {
-            Ok(s) if s.success() => Ok(()),
-            Ok(s) => Err(failed(format!("the sandbox ended with {s}: {errors}"))),
-            Err(e) => Err(failed(e.to_string())),
+        match (&self.bwrap, &self.egress) {
+            (Some(bwrap), Some(tools)) => network::probe(bwrap, tools, config).await,
+            _ => Ok(()),
         }
     }
 
@@ -624,35 +564,6 @@ impl Tenancy {
     pub fn data_dir(&self) -> &Path {
         &self.data_dir
     }
-}
-
-/// The tools of `network = "egress-only"`, when an agent asks for it; an error naming the agent
-/// and the setting when it cannot have it here (no sandbox: fails closed).
-fn egress_tools(config: &Config, bwrap_works: bool) -> io::Result<Option<Arc<network::Tools>>> {
-    let mut tools = None;
-    for (name, agent) in config
-        .agents
-        .iter()
-        .filter(|(_, a)| a.network == NetworkMode::EgressOnly)
-    {
-        let setting = format!("agents.{name}.{}", network::SETTING);
-        if agent.sandbox == SandboxMode::None || !bwrap_works {
-            return Err(io::Error::other(format!(
-                "{setting} needs the bubblewrap sandbox, and {}; install bubblewrap, or set agents.{name}.network = \"open\"",
-                if agent.sandbox == SandboxMode::None {
-                    format!("agents.{name}.sandbox = \"none\"")
-                } else {
-                    String::from("bubblewrap does not work on this host")
-                }
-            )));
-        }
-        if tools.is_none() {
-            tools = Some(Arc::new(
-                network::Tools::find().map_err(|why| io::Error::other(format!("{setting}: {why}")))?,
-            ));
-        }
-    }
-    Ok(tools)
 }
 
 /// Longest path a client may name, in bytes (Linux's `PATH_MAX`).

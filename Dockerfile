@@ -52,11 +52,13 @@ FROM ${DEBIAN_IMAGE} AS runtime-base
 # tini: PID 1 that reaps zombies and forwards SIGTERM (Kubernetes has no --init).
 # bubblewrap: the agent sandbox (sandbox = "auto" uses it when it works in the container; what
 # the container must allow for that: README, "Operations", "Containers and Kubernetes").
+# slirp4netns, iproute2: for agents with network = "egress-only" (the pod also needs
+# /dev/net/tun; README, "Tenancy").
 # ca-certificates: for agents that call their model APIs over HTTPS.
 # No curl: the HEALTHCHECK speaks HTTP with bash's /dev/tcp (bash is part of every Debian base).
 RUN apt-get update \
     && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
-        bubblewrap ca-certificates tini \
+        bubblewrap ca-certificates iproute2 slirp4netns tini \
     && rm -rf /var/lib/apt/lists/* /var/cache/apt/*.bin \
     && groupadd --gid 10001 acp \
     && useradd --uid 10001 --no-create-home --gid 10001 --home-dir /var/lib/acp-gateway --shell /usr/sbin/nologin acp \

@@ -20,6 +20,10 @@ fi
 # bubblewrap for the agent sandbox (tests/tenancy.rs requires it to work), and the system
 # Python the probe agent runs on (no launcher scripts between it and the gateway).
 command -v bwrap >/dev/null || { echo "== installing bubblewrap"; apt_install bubblewrap; }
+# slirp4netns (and iproute2's `ip`) for network = "egress-only" (tests/tenancy.rs and
+# tests/signin_terminal.rs start agents with it).
+command -v slirp4netns >/dev/null || { echo "== installing slirp4netns"; apt_install slirp4netns; }
+command -v ip >/dev/null || [ -x /usr/sbin/ip ] || [ -x /sbin/ip ] || { echo "== installing iproute2"; apt_install iproute2; }
 [ -x /usr/bin/python3 ] || { echo "== installing python3"; apt_install python3; }
 # The official ACP Python SDK, for the third-party agent in tests/agents.
 if ! python3 -c 'import acp, websockets' 2>/dev/null; then

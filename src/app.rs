@@ -63,6 +63,10 @@ impl Application {
         }
         let tenancy =
             Arc::new(Tenancy::new(&config).context("setting up user homes, workspaces and the agent sandbox")?);
+        tenancy
+            .check_network(&config)
+            .await
+            .context("setting up the agents' network")?;
         let auth = Authenticator::from_config(&config.jwt, &config.data_dir).context("setting up JWT verification")?;
         let store = store::connect(&config.database_url)
             .await

@@ -426,3 +426,132 @@ async fn auto_without_a_working_sandbox_serves_one_user_only() {
         gw.stop().await;
     }
 }
+
+/// `network = "egress-only"` fails closed: where bubblewrap does not work (a `bwrap` that fails,
+/// first on `PATH`), or slirp4netns is missing (a `PATH` with bubblewrap and `true` alone), the gateway does
+/// not start, and says which setting asked for what.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn egress_only_without_its_sandbox_or_its_tools_refuses_to_start() {
+    let base = tempfile::tempdir().expect("tempdir");
+    let failing = base.path().join("failing");
+    std::fs::create_dir(&failing).expect("mkdir");
+    std::fs::write(
+        failing.join("bwrap"),
+        "#!/bin/sh\necho 'bwrap: No permission to create new namespace' >&2\nexit 1\n",
+    )
+    .expect("fake bwrap");
+    std::fs::set_permissions(failing.join("bwrap"), std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    let bwrap_only = base.path().join("bwrap-only");
+    std::fs::create_dir(&bwrap_only).expect("mkdir");
+    let real = std::env::split_paths(&std::env::var_os("PATH").expect("PATH"))
+        .map(|d| d.join("bwrap"))
+        .find(|p| p.is_file())
+        .expect("bubblewrap is installed");
+    std::os::unix::fs::symlink(real, bwrap_only.join("bwrap")).expect("symlink");
+    // What the gateway's probe of bubblewrap runs in it.
+    std::os::unix::fs::symlink("/bin/true", bwrap_only.join("true")).expect("symlink");
+    let data = base.path().join("data");
+    let config = base.path().join("gateway.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "data_dir = {:?}\n[agents.default]\nnetwork = \"egress-only\"\n",
+            data.display().to_string()
+        ),
+    )
+    .expect("config");
+    let with_failing = format!("{}:{}", failing.display(), std::env::var("PATH").expect("PATH"));
+    let cases = [
+        (with_failing, "bubblewrap does not work on this host"),
+        (bwrap_only.display().to_string(), "`slirp4netns` is not installed"),
+    ];
+    for (path, why) in cases {
+        let out = tokio::time::timeout(
+            common::WAIT,
+            tokio::process::Command::new(common::gateway_bin())
+                .args(["serve", "--listen", "127.0.0.1:0", "--config"])
+                .arg(&config)
+                .env("PATH", &path)
+                .env("ACP_GATEWAY_JWT_SECRET", common::SECRET)
+                .env_remove("ACP_GATEWAY_AGENT")
+                .env_remove("DATABASE_URL")
+                .stdin(std::process::Stdio::null())
+                .kill_on_drop(true)
+                .output(),
+        )
+        .await
+        .expect("ends in time")
+        .expect("runs");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{why}: {stderr}");
+        assert!(
+            stderr.contains("agents.default.network = \"egress-only\"") && stderr.contains(why),
+            "{why}: {stderr}"
+        );
+    }
+}
+
+/// Egress-only where the gateway is not root: bubblewrap then makes a user namespace (two,
+/// nested, with `--dev`), and the network is set up in the one that owns the sandbox's network
+/// namespace. The probe agent, run as `nobody` when we are root, reaches neither the gateway's
+/// port nor the metadata endpoint, and has its way out through slirp4netns.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn egress_only_works_for_an_unprivileged_gateway() {
+    let base = test_dir();
+    let prefix: Vec<String> = if is_root() {
+        let id = NOBODY.to_string();
+        ["setpriv", "--reuid", &id, "--regid", &id, "--clear-groups", "--"]
+            .map(String::from)
+            .to_vec()
+    } else {
+        Vec::new()
+    };
+    let owner = is_root().then_some(NOBODY);
+    std::fs::set_permissions(base.path(), std::fs::Permissions::from_mode(0o755)).expect("chmod our dir");
+    let home = base.path().join("gateway");
+    mkdir(&home, 0o755, owner);
+    let data = home.join("data");
+    mkdir(&data, 0o700, owner);
+    mkdir(&data.join("homes"), 0o700, owner);
+    let alice = data.join("homes/alice");
+    mkdir(&alice, 0o700, owner);
+    let probe = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/agents/probe_agent.py");
+    let config = home.join("gateway.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "data_dir = {:?}\n[agents.default]\ncommand = \"/usr/bin/python3\"\nargs = [{probe:?}]\nsandbox = \"bwrap\"\nnetwork = \"egress-only\"\n[agents.default.env]\nPROBE_CONNECT = \"@probe-connect\"\n",
+            data.display().to_string()
+        ),
+    )
+    .expect("config");
+    let db = format!("sqlite://{}/gw.db", data.display());
+    let prefix: Vec<&str> = prefix.iter().map(String::as_str).collect();
+    let gw = ServeProcess::start_via(&prefix, &config, &db, common::SECRET, &[]).await;
+    let port = gw.addr.rsplit(':').next().expect("a port");
+    let targets = [format!("127.0.0.1:{port}"), "?169.254.169.254:80".to_string()];
+    let file = alice.join("probe-connect");
+    std::fs::write(&file, targets.join(",")).expect("targets");
+    if let Some(uid) = owner {
+        std::os::unix::fs::chown(&file, Some(uid), Some(uid)).expect("chown");
+    }
+    let mut client = gw.client("alice").await;
+    client.new_session().await;
+    let report = alice.join("probe-start.json");
+    common::eventually("the probe's report", || {
+        std::fs::read_to_string(&report).is_ok_and(|t| serde_json::from_str::<Value>(&t).is_ok())
+    })
+    .await;
+    let seen: Value = serde_json::from_str(&std::fs::read_to_string(&report).expect("read")).expect("json");
+    for target in &targets {
+        let outcome = seen["connect"][target].as_str().unwrap_or_default();
+        assert!(outcome.starts_with("error"), "{target}: {outcome}");
+    }
+    let routes = seen["routes"].as_array().expect("routes");
+    assert!(
+        routes.iter().any(|r| r["mask"] == "0.0.0.0" && r["iface"] == "tap0"),
+        "a way out through slirp4netns: {routes:?}"
+    );
+    client.close().await;
+    gw.stop().await;
+}

@@ -8,7 +8,7 @@ mod common;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use acp_gateway::config::{AgentConfig, Config, SandboxMode};
+use acp_gateway::config::{AgentConfig, Config, NetworkMode, SandboxMode};
 use common::{Db, TestGateway, WAIT, eventually, processes_matching};
 use futures_util::{SinkExt, StreamExt};
 use serde_json::{Value, json};
@@ -170,6 +170,53 @@ async fn signs_in_one_user_in_their_sandbox_and_recycles_their_processes() {
     let alice_after = pool.process_for(&alice).await.expect("a fresh process").pid;
     assert_ne!(alice_after, alice_before);
     eventually("nothing of the login left", || processes_matching(&mark).is_empty()).await;
+    gw.stop().await;
+}
+
+/// The slirp4netns processes serving the sandboxes of `pids` (named by its `SANDBOX_PID`),
+/// zombies left out.
+fn slirps_serving(pids: &[u32]) -> Vec<u32> {
+    processes_matching("slirp4netns")
+        .into_iter()
+        .filter(|s| {
+            let stat = std::fs::read_to_string(format!("/proc/{s}/stat")).unwrap_or_default();
+            let env = std::fs::read(format!("/proc/{s}/environ")).unwrap_or_default();
+            let target = String::from_utf8_lossy(&env)
+                .split('\0')
+                .find_map(|v| v.strip_prefix("SANDBOX_PID=")?.parse::<u32>().ok());
+            !stat
+                .rsplit(')')
+                .next()
+                .unwrap_or_default()
+                .trim_start()
+                .starts_with('Z')
+                && target.is_some_and(|t| pids.contains(&t))
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_egress_only_agents_login_program_gets_the_same_network_and_it_ends_with_it() {
+    let mark = marker();
+    let (gw, _) = gateway(&mark, |c| {
+        c.agents.get_mut("term").expect("term").network = NetworkMode::EgressOnly;
+    })
+    .await;
+    let mut ws = open(&gw, Some("alice"), "term", "login").await.expect("upgrades");
+    let shown = read_until(&mut ws, "Paste code:").await;
+    // Its own namespace: loopback and slirp4netns's device, the way out through it.
+    assert!(shown.contains("NET-DEVICES=lo,tap0\r"), "{shown}");
+    assert!(shown.contains("DEFAULT-ROUTE=tap0\r"), "{shown}");
+    // bubblewrap's processes carry the login program's command line.
+    let login = processes_matching(&format!("login {mark}"));
+    let slirps = slirps_serving(&login);
+    assert_eq!(slirps.len(), 1, "one slirp4netns for the login's sandbox: {login:?}");
+    ws.send(Message::binary(b"code-net\r".to_vec())).await.expect("code");
+    assert_eq!(last_word(&mut ws).await.0, json!({"type": "exit", "code": 0}));
+    eventually("the login's slirp4netns to end with it", || {
+        slirps_serving(&login).is_empty()
+    })
+    .await;
     gw.stop().await;
 }
 

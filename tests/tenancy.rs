@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
-use acp_gateway::config::{AgentConfig, Config, SandboxMode};
+use acp_gateway::config::{AgentConfig, Config, NetworkMode, SandboxMode};
 use common::{Client, Db, TestGateway, eventually};
 use serde_json::{Value, json};
 
@@ -561,4 +561,148 @@ async fn a_pretty_printed_client_message_reaches_the_agent_as_one_line() {
         "the message itself is intact"
     );
     assert!(!marker.exists());
+}
+
+/// The host's IPv4 addresses other than loopback (a gateway listening on every address answers
+/// on each).
+fn host_addresses() -> Vec<std::net::Ipv4Addr> {
+    nix::ifaddrs::getifaddrs()
+        .expect("interfaces")
+        .filter_map(|ifa| Some(ifa.address?.as_sockaddr_in()?.ip()))
+        .filter(|ip| !ip.is_loopback())
+        .collect()
+}
+
+/// Live slirp4netns processes started by this test process (the gateways of these tests run in
+/// it; the only egress-only agents of this binary are `network`'s).
+fn our_slirps() -> Vec<u32> {
+    common::processes_matching("slirp4netns")
+        .into_iter()
+        .filter(|pid| {
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+            let mut fields = stat.rsplit(')').next().unwrap_or_default().split_whitespace();
+            let (state, ppid) = (fields.next(), fields.next());
+            state != Some("Z") && ppid == Some(&std::process::id().to_string())
+        })
+        .collect()
+}
+
+/// A gateway listening on every address with the sandboxed probe as its agent under `network`;
+/// alice's probe tries the gateway's own port on loopback and on each of the host's addresses,
+/// and each of `more`. Returns what it recorded, the targets, and the gateway.
+async fn what_an_agent_reaches(network: NetworkMode, more: &[&str]) -> (Value, Vec<String>, TestGateway) {
+    let mut dir = PathBuf::new();
+    let gw = TestGateway::start(Db::Sqlite, |c| {
+        c.listen = "0.0.0.0:0".parse().expect("addr");
+        dir = use_probe(c, SandboxMode::Bwrap, &[]);
+        let probe = c.agents.get_mut("default").expect("probe");
+        probe.network = network;
+        probe.env.insert("PROBE_CONNECT".into(), "@probe-connect".into());
+    })
+    .await;
+    let port = gw.addr.port();
+    let mut targets = vec![format!("127.0.0.1:{port}")];
+    targets.extend(host_addresses().iter().map(|ip| format!("{ip}:{port}")));
+    targets.extend(more.iter().map(|t| t.to_string()));
+    // Written before alice's first process starts: the targets are known only now.
+    let home = dir.join("homes/alice");
+    std::fs::create_dir_all(&home).expect("home");
+    std::fs::set_permissions(&home, std::fs::Permissions::from_mode(0o700)).expect("chmod");
+    std::fs::write(home.join("probe-connect"), targets.join(",")).expect("targets");
+    let mut alice = gw.client("alice").await;
+    alice.new_session().await;
+    let seen = probe_start(&dir, "alice").await;
+    (seen, targets, gw)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_egress_only_agent_reaches_neither_the_metadata_endpoint_nor_the_hosts_own_services() {
+    // `?`: tried only behind a reject route, so this host never sends the metadata endpoint a
+    // packet even if the routes were missing (the assertion below then fails on "skipped").
+    let (seen, targets, gw) = what_an_agent_reaches(NetworkMode::EgressOnly, &["?169.254.169.254:80"]).await;
+    assert!(
+        targets.len() >= 3,
+        "the host has an address besides loopback: {targets:?}"
+    );
+    for target in &targets {
+        let outcome = seen["connect"][target].as_str().unwrap_or_default();
+        assert!(outcome.starts_with("error"), "{target}: {outcome}");
+    }
+    // The host's own address and the metadata endpoint are routed nowhere (EACCES from a
+    // prohibit route), loopback is the namespace's own (nothing listens there).
+    let metadata = seen["connect"]["?169.254.169.254:80"].as_str().unwrap_or_default();
+    assert!(metadata.contains("PermissionError"), "{metadata}");
+    let routes = seen["routes"].as_array().expect("routes");
+    assert!(
+        routes.iter().any(|r| r["destination"] == "0.0.0.0"
+            && r["mask"] == "0.0.0.0"
+            && r["reject"] == false
+            && r["iface"] == "tap0"),
+        "egress is configured (a default route through slirp4netns): {routes:?}"
+    );
+    for range in ["169.254.0.0", "10.0.0.0", "172.16.0.0", "192.168.0.0", "100.64.0.0"] {
+        assert!(
+            routes.iter().any(|r| r["destination"] == range && r["reject"] == true),
+            "{range} routed nowhere: {routes:?}"
+        );
+    }
+    let (_, body) = gw.api(None, reqwest::Method::GET, "/readyz").await;
+    assert_eq!(body["network"]["default"], "egress-only", "{body}");
+    assert_eq!(body["sandbox"]["default"], "bwrap", "{body}");
+
+    // slirp4netns runs while the agent does, and goes with it.
+    assert!(!our_slirps().is_empty(), "slirp4netns serves the agent");
+    gw.stop().await;
+    eventually("slirp4netns to end with its agents", || our_slirps().is_empty()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn by_default_the_network_stays_on_and_an_agent_reaches_the_gateways_port() {
+    let (seen, targets, gw) = what_an_agent_reaches(NetworkMode::default(), &[]).await;
+    assert!(
+        targets.len() >= 2,
+        "the host has an address besides loopback: {targets:?}"
+    );
+    for target in &targets {
+        assert_eq!(seen["connect"][target], "connected", "{target}: {seen}");
+    }
+    let routes = seen["routes"].as_array().expect("routes");
+    assert!(
+        !routes.iter().any(|r| r["iface"] == "tap0"),
+        "the host's own network: {routes:?}"
+    );
+    let (_, body) = gw.api(None, reqwest::Method::GET, "/readyz").await;
+    assert_eq!(body["network"]["default"], "open", "{body}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_answer_only_the_bearer_of_the_metrics_token_when_one_is_set() {
+    let token = "metrics-token-0123456789";
+    let gw = TestGateway::start(Db::Sqlite, |c| c.metrics_token = Some(token.to_string().into())).await;
+    let http = reqwest::Client::new();
+    let get = |auth: Option<String>| {
+        let mut req = http.get(gw.http_url("/metrics"));
+        if let Some(auth) = auth {
+            req = req.header("authorization", auth);
+        }
+        req.send()
+    };
+    for auth in [
+        None,
+        Some("Bearer wrong".to_string()),
+        Some(format!("Bearer {token}x")),
+        Some(format!("Basic {token}")),
+        Some(format!("Bearer {}", gw.token("alice"))),
+    ] {
+        let r = get(auth.clone()).await.expect("http");
+        assert_eq!(r.status(), 401, "{auth:?}");
+        assert!(r.headers().contains_key("www-authenticate"));
+        assert!(!r.text().await.expect("body").contains("acp_gateway_"), "{auth:?}");
+    }
+    let r = get(Some(format!("Bearer {token}"))).await.expect("http");
+    assert_eq!(r.status(), 200);
+    assert!(r.text().await.expect("body").contains("acp_gateway_"));
+    // The other probes stay open: orchestrators call them without credentials.
+    let r = http.get(gw.http_url("/healthz")).send().await.expect("http");
+    assert_eq!(r.status(), 200);
 }

@@ -86,6 +86,10 @@ pub struct Config {
     pub push: PushConfig,
     /// Deleting sessions not updated for a while.
     pub retention: RetentionConfig,
+    /// When set, `/metrics` answers only requests with `Authorization: Bearer <token>`
+    /// (`ACP_GATEWAY_METRICS_TOKEN`); unset, it answers anyone who can reach it.
+    #[serde(serialize_with = "never_serialize_secret")]
+    pub metrics_token: Option<SecretString>,
 }
 
 /// Signing users in to agents (`authMethods`).
@@ -168,6 +172,35 @@ pub struct AgentConfig {
     /// Whether users may give this agent their own keys (its `env_var` sign-in methods). Off,
     /// only the operator's `env` and `pass_env` reach it.
     pub user_keys: bool,
+    /// What its processes (and its sign-ins' login programs) can reach on the network (the
+    /// contract also spells it `agent_network`). Default `open`: the network stays on.
+    #[serde(alias = "agent_network")]
+    pub network: NetworkMode,
+}
+
+/// What an agent's processes can reach on the network (see the README's "Tenancy" section).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum NetworkMode {
+    /// The host's network as it is, the host's loopback services and the cloud metadata
+    /// endpoint included (the contract's default: the network stays on).
+    #[default]
+    Open,
+    /// A network namespace of its own, whose only way out is a user-mode network stack
+    /// (slirp4netns): the internet, but not the host's loopback, link-local (cloud metadata),
+    /// shared-address or private ranges, nor the host's own addresses. Needs the bubblewrap
+    /// sandbox: without it the gateway refuses to start.
+    EgressOnly,
+}
+
+impl NetworkMode {
+    /// How the setting is written.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Open => "open",
+            Self::EgressOnly => "egress-only",
+        }
+    }
 }
 
 /// How an agent's processes are confined (see the README's "Tenancy" section).
@@ -198,6 +231,7 @@ impl Default for AgentConfig {
             allowed_ext_methods: Vec::new(),
             sandbox: SandboxMode::Auto,
             user_keys: true,
+            network: NetworkMode::Open,
         }
     }
 }
@@ -269,6 +303,7 @@ impl Default for Config {
             mcp: McpConfig::default(),
             push: PushConfig::default(),
             retention: RetentionConfig::default(),
+            metrics_token: None,
         }
     }
 }
@@ -315,6 +350,7 @@ const ENV_KEYS: &[(&str, &str)] = &[
     ("ACP_GATEWAY_REPLICA_ID", "replica_id"),
     ("ACP_GATEWAY_USER_HOMES", "user_homes"),
     ("ACP_GATEWAY_SECRETS_KEY", "secrets_key"),
+    ("ACP_GATEWAY_METRICS_TOKEN", "metrics_token"),
 ];
 
 /// Environment variables that set a number, and their config keys.
@@ -440,6 +476,11 @@ impl Config {
                     )));
                 }
             }
+            if agent.network == NetworkMode::EgressOnly && agent.sandbox == SandboxMode::None {
+                return Err(ConfigError::Invalid(format!(
+                    "agents.{name}.network = \"egress-only\" needs the bubblewrap sandbox, and agents.{name}.sandbox is \"none\": set sandbox = \"bwrap\" (or \"auto\"), or network = \"open\""
+                )));
+            }
             if pool.min_idle > pool.max_processes {
                 return Err(ConfigError::Invalid(format!(
                     "agents.{name}.pool.min_idle: must not exceed max_processes"
@@ -462,6 +503,15 @@ impl Config {
             return Err(ConfigError::Invalid(
                 "jwt: set either secret (ACP_GATEWAY_JWT_SECRET) or public_key (ACP_GATEWAY_JWT_PUBLIC_KEY), not both"
                     .into(),
+            ));
+        }
+        if self
+            .metrics_token
+            .as_ref()
+            .is_some_and(|t| secrecy::ExposeSecret::expose_secret(t).trim().is_empty())
+        {
+            return Err(ConfigError::Invalid(
+                "metrics_token (ACP_GATEWAY_METRICS_TOKEN): empty; leave it unset for an open /metrics".into(),
             ));
         }
         self.oidc.validate()?;
@@ -583,6 +633,41 @@ mod tests {
         assert!(msg.contains("expected"), "{msg}");
         let err = load(Some("lisen = 1\n"), &[]).expect_err("unknown key");
         assert!(err.to_string().contains("lisen"), "{err}");
+    }
+
+    #[test]
+    fn network_is_open_unless_egress_only_is_asked_and_that_needs_a_sandbox() {
+        let c = load(None, &[]).expect("defaults");
+        assert_eq!(
+            c.agents[DEFAULT_AGENT].network,
+            NetworkMode::Open,
+            "the network stays on"
+        );
+        let c = load(Some("[agents.default]\nnetwork = \"egress-only\"\n"), &[]).expect("loads");
+        assert_eq!(c.agents[DEFAULT_AGENT].network, NetworkMode::EgressOnly);
+        let c = load(Some("[agents.default]\nagent_network = \"egress-only\"\n"), &[]).expect("the contract's name");
+        assert_eq!(c.agents[DEFAULT_AGENT].network, NetworkMode::EgressOnly);
+        let err = load(Some("[agents.default]\nnetwork = \"closed\"\n"), &[]).expect_err("unknown mode");
+        assert!(err.to_string().contains("agents.default.network"), "{err}");
+        let err = load(
+            Some("[agents.default]\nnetwork = \"egress-only\"\nsandbox = \"none\"\n"),
+            &[],
+        )
+        .expect_err("egress-only without a sandbox");
+        assert!(err.to_string().contains("agents.default.network"), "{err}");
+    }
+
+    #[test]
+    fn the_metrics_token_comes_from_the_file_or_the_environment_and_is_never_empty() {
+        use secrecy::ExposeSecret;
+        assert!(load(None, &[]).expect("defaults").metrics_token.is_none());
+        let c = load(
+            Some("metrics_token = \"from-file\"\n"),
+            &[("ACP_GATEWAY_METRICS_TOKEN", "from-env")],
+        )
+        .expect("loads");
+        assert_eq!(c.metrics_token.as_ref().map(|t| t.expose_secret()), Some("from-env"));
+        assert!(load(Some("metrics_token = \" \"\n"), &[]).is_err(), "empty");
     }
 
     #[test]

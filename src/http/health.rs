@@ -1,11 +1,12 @@
-//! `/healthz` (the process runs), `/readyz` (it can serve), `/metrics` (Prometheus).
+//! `/healthz` (the process runs), `/readyz` (it can serve), `/metrics` (Prometheus; behind a
+//! bearer token when `metrics_token` is set).
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use axum::extract::State;
-use axum::http::{StatusCode, header};
-use axum::response::IntoResponse;
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::{Json, Router};
 use serde_json::{Value, json};
@@ -108,6 +109,13 @@ async fn readyz(State(gw): State<Arc<Gateway>>) -> impl IntoResponse {
             (name.clone(), mode)
         })
         .collect();
+    // What each agent's processes reach on the network (`network`).
+    let network: serde_json::Map<String, Value> = gw
+        .config
+        .agents
+        .iter()
+        .map(|(name, agent)| (name.clone(), json!(agent.network.as_str())))
+        .collect();
     let mut body = json!({
         "status": if ready { "ready" } else { "unavailable" },
         "checks": {
@@ -117,6 +125,7 @@ async fn readyz(State(gw): State<Arc<Gateway>>) -> impl IntoResponse {
             "draining": draining,
         },
         "sandbox": sandbox,
+        "network": network,
         "warnings": warnings,
     });
     if let Some(oidc) = oidc {
@@ -132,10 +141,40 @@ async fn readyz(State(gw): State<Arc<Gateway>>) -> impl IntoResponse {
     )
 }
 
+/// Whether `headers` carry `Authorization: Bearer <token>`. Compared as SHA-256 digests, byte by
+/// byte to the end: the time taken tells nothing of the token, its length included.
+fn bearer_matches(headers: &HeaderMap, token: &secrecy::SecretString) -> bool {
+    use sha2::{Digest, Sha256};
+    let given = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.split_once(' '))
+        .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
+        .map(|(_, t)| t.trim());
+    let Some(given) = given else {
+        return false;
+    };
+    let expected = Sha256::digest(secrecy::ExposeSecret::expose_secret(token).as_bytes());
+    let given = Sha256::digest(given.as_bytes());
+    expected.iter().zip(given.iter()).fold(0u8, |acc, (a, b)| acc | (a ^ b)) == 0
+}
+
 /// Gauges that are a count of what the gateway holds are taken at each scrape, from the pools and
-/// sessions themselves (nothing to keep in step on their paths).
-async fn metrics(State(gw): State<Arc<Gateway>>) -> impl IntoResponse {
+/// sessions themselves (nothing to keep in step on their paths). With `metrics_token` set, only
+/// for its bearer: anything that reaches the port (an agent on this host) would otherwise read
+/// every agent's and user's counts.
+async fn metrics(State(gw): State<Arc<Gateway>>, headers: HeaderMap) -> Response {
     use crate::metrics::{AGENT_PROCESSES, SESSIONS_IN_MEMORY, SESSIONS_LIVE};
+    if let Some(token) = &gw.config.metrics_token
+        && !bearer_matches(&headers, token)
+    {
+        return (
+            StatusCode::UNAUTHORIZED,
+            [(header::WWW_AUTHENTICATE, "Bearer realm=\"metrics\"")],
+            "/metrics needs Authorization: Bearer <metrics_token>\n",
+        )
+            .into_response();
+    }
     metrics::gauge!(SESSIONS_IN_MEMORY).set(gw.sessions.in_memory() as f64);
     let mut live = 0;
     for (name, pool) in gw.pools.iter() {
@@ -154,4 +193,5 @@ async fn metrics(State(gw): State<Arc<Gateway>>) -> impl IntoResponse {
         [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
         crate::telemetry::render_metrics(),
     )
+        .into_response()
 }

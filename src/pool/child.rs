@@ -17,7 +17,7 @@ use tokio_util::codec::{Decoder, FramedRead, LinesCodec, LinesCodecError};
 use tokio_util::sync::CancellationToken;
 
 use super::reaper::GroupRecord;
-use crate::tenancy::{Launch, Ready};
+use crate::tenancy::{Launch, Pending, Ready};
 
 /// stderr lines kept for error reports.
 const STDERR_TAIL: usize = 20;
@@ -44,13 +44,20 @@ pub(super) struct Spawned {
     pub stdout: ChildStdout,
     /// For [`read_stderr`].
     pub stderr: ChildStderr,
+    /// With `network = "egress-only"`: what sets the sandbox's network up (the agent starts
+    /// once it has), to run as a task of its own.
+    pub network: Option<Pending>,
 }
 
 /// Starts `launch` with piped stdio as the leader of a new session and process group (the
 /// launch does `setsid`), recorded in `groups` (so that a gateway killed outright still cleans
 /// it up at its next start).
 pub(super) fn spawn(launch: Launch, groups: &GroupRecord) -> std::io::Result<Spawned> {
-    let Ready { mut command, args_fd } = launch.into_tokio()?;
+    let Ready {
+        mut command,
+        child_fds,
+        network,
+    } = launch.into_tokio()?;
     command
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
@@ -58,8 +65,8 @@ pub(super) fn spawn(launch: Launch, groups: &GroupRecord) -> std::io::Result<Spa
         .kill_on_drop(true);
     let program = std::path::PathBuf::from(command.as_std().get_program());
     let spawned = command.spawn();
-    // The child has its copy (or failed): the gateway's goes.
-    drop(args_fd);
+    // The child has its copies (or failed): the gateway's go.
+    drop(child_fds);
     let mut child = spawned.map_err(|e| crate::files::named(e, "cannot run", &program))?;
     let pid = child
         .id()
@@ -77,6 +84,7 @@ pub(super) fn spawn(launch: Launch, groups: &GroupRecord) -> std::io::Result<Spa
         stdin,
         stdout,
         stderr,
+        network,
     })
 }
 

@@ -148,7 +148,8 @@ impl AgentProcess {
         tracker: &TaskTracker,
     ) -> std::io::Result<Arc<Self>> {
         let sandboxed = launch.sandboxed;
-        let spawned = child::spawn(launch, groups)?;
+        let egress_only = launch.egress_only();
+        let mut spawned = child::spawn(launch, groups)?;
         let (rpc, input) = Rpc::new(agent.clone(), pipes.input_queue_bytes);
         let process = Arc::new(Self {
             id,
@@ -172,6 +173,10 @@ impl AgentProcess {
             stderr_tail: Arc::default(),
             stderr_ended: CancellationToken::new(),
         });
+        if let Some(network) = spawned.network.take() {
+            // Until it is up, bubblewrap holds the agent back; the network goes when it dies.
+            tracker.spawn(network.run(spawned.guard.pgid(), process.dead.clone()));
+        }
         tracker.spawn(rpc::write_lines(spawned.stdin, input, process.stop.clone()));
         // 64 KiB reads: a streaming agent's lines arrive in few syscalls.
         let stdout = FramedRead::with_capacity(spawned.stdout, AgentLines::new(pipes.max_line_bytes), 64 << 10);
@@ -191,7 +196,7 @@ impl AgentProcess {
             groups.clone(),
             owner,
         ));
-        tracing::info!(agent = %process.agent, process = id, pid = process.pid, sandboxed, "agent process started");
+        tracing::info!(agent = %process.agent, process = id, pid = process.pid, sandboxed, egress_only, "agent process started");
         Ok(process)
     }
 

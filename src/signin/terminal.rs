@@ -26,6 +26,7 @@ use nix::pty::PtyMaster;
 use serde_json::Value;
 use tokio::io::unix::AsyncFd;
 use tokio::sync::oneshot;
+use tokio_util::sync::{CancellationToken, DropGuard};
 use tokio_util::task::TaskTracker;
 
 use crate::config::AgentConfig;
@@ -146,6 +147,8 @@ pub struct Terminal {
     io: AsyncFd<OwnedFd>,
     /// The leader's exit, from the task that waits for it.
     exit: Option<oneshot::Receiver<Exit>>,
+    /// Ends an egress-only sandbox's network when the terminal goes.
+    _network: DropGuard,
 }
 
 impl std::fmt::Debug for Terminal {
@@ -170,7 +173,11 @@ impl Terminal {
         let launch = tenancy.launch_login(agent, user, &method.program(agent))?;
         let (master, slave) = open_pty()?;
         set_size(&master, size)?;
-        let Ready { mut command, args_fd } = launch.into_std()?;
+        let Ready {
+            mut command,
+            child_fds,
+            network,
+        } = launch.into_std()?;
         command
             .stdin(Stdio::from(slave.try_clone()?))
             .stdout(Stdio::from(slave.try_clone()?))
@@ -179,13 +186,21 @@ impl Terminal {
         // The child has its copies (or failed): the gateway's go, so that the program's end is
         // the master's end of input.
         drop(command);
-        drop(args_fd);
+        drop(child_fds);
         let mut child = spawned.map_err(|e| io::Error::other(format!("cannot run the login program: {e}")))?;
         // The child called setsid(): its pid is its session's and process group's id.
         let pid = i32::try_from(child.id()).map_err(|_| io::Error::other("the login program has no process id"))?;
         let group = GroupGuard::new(pid);
+        // With egress-only, the program starts once its network is up, and the network goes
+        // when the program has ended (or the terminal is dropped).
+        let ended = CancellationToken::new();
+        let network_guard = ended.clone().drop_guard();
+        if let Some(network) = network {
+            tracker.spawn(network.run(pid, ended.clone()));
+        }
         let io = nonblocking_io(&master)?;
         let (tx, rx) = oneshot::channel();
+        let ended_on_exit = ended.clone();
         tracker.spawn_blocking(move || {
             let exit = match child.wait() {
                 Ok(status) => Exit {
@@ -196,6 +211,7 @@ impl Terminal {
                 },
                 Err(_) => Exit { code: 1, signal: None },
             };
+            ended_on_exit.cancel();
             let _ = tx.send(exit);
         });
         Ok(Self {
@@ -203,6 +219,7 @@ impl Terminal {
             master,
             io,
             exit: Some(rx),
+            _network: network_guard,
         })
     }
 

@@ -12,12 +12,18 @@
 //! Every program starts as the leader of a session of its own (`setsid`), so none shares the
 //! gateway's controlling terminal (no `TIOCSTI` into the operator's shell); its pid is its
 //! process group's, which the pool kills as one.
+//!
+//! With `network = "egress-only"` bubblewrap also gets a network namespace and the descriptors
+//! the gateway sets that namespace up through before the program runs ([`super::network`]).
 
 use std::collections::BTreeMap;
-use std::ffi::OsString;
+use std::ffi::{CStr, OsString};
 use std::io::{self, Seek, Write};
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::path::PathBuf;
+use std::sync::Arc;
+
+use super::network::{self, Pending, Tools};
 
 /// What a started program is for: it decides who owns the terminal.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -45,6 +51,8 @@ pub struct Launch {
     purpose: Purpose,
     /// Whether it runs in the bubblewrap sandbox.
     pub sandboxed: bool,
+    /// With `network = "egress-only"` (sandboxed only): the tools its network is set up with.
+    egress: Option<Arc<Tools>>,
 }
 
 impl std::fmt::Debug for Launch {
@@ -61,14 +69,19 @@ impl std::fmt::Debug for Launch {
     }
 }
 
-/// A launch ready to spawn: the command, and the descriptor bubblewrap reads its environment
-/// from (kept open until the spawn is done, then dropped).
+/// A launch ready to spawn: the command, the descriptors meant for bubblewrap, and the
+/// gateway's side of an egress-only sandbox's network.
 #[derive(Debug)]
 pub struct Ready<C> {
     /// Program, arguments, working directory, environment and the steps before `exec` set.
     pub command: C,
-    /// bubblewrap's `--args` descriptor, if any.
-    pub args_fd: Option<OwnedFd>,
+    /// Descriptors for the child only (bubblewrap's `--args`, and with egress-only its
+    /// `--info-fd`, `--block-fd` and resolv.conf): kept open until the spawn is done, then
+    /// dropped.
+    pub child_fds: Vec<OwnedFd>,
+    /// With egress-only: what sets the sandbox's network up once it is spawned
+    /// ([`Pending::run`]); until then bubblewrap holds the program back.
+    pub network: Option<Pending>,
 }
 
 impl Launch {
@@ -90,6 +103,7 @@ impl Launch {
             cwd: None,
             purpose: Purpose::Agent,
             sandboxed: false,
+            egress: None,
         }
     }
 
@@ -109,6 +123,7 @@ impl Launch {
             cwd: None,
             purpose,
             sandboxed: true,
+            egress: None,
         }
     }
 
@@ -127,7 +142,21 @@ impl Launch {
             cwd: Some(cwd),
             purpose,
             sandboxed: false,
+            egress: None,
         }
+    }
+
+    /// In a network namespace of its own whose only way out is set up with `tools`
+    /// (`network = "egress-only"`; only for a sandboxed launch).
+    pub(super) fn with_egress(mut self, tools: Arc<Tools>) -> Self {
+        debug_assert!(self.sandboxed, "egress-only needs the sandbox");
+        self.egress = Some(tools);
+        self
+    }
+
+    /// Whether it gets the egress-only network.
+    pub fn egress_only(&self) -> bool {
+        self.egress.is_some()
     }
 
     /// Adds a variable that did not come from the operator's configuration (a user's key, a
@@ -156,12 +185,19 @@ impl Launch {
     /// As a `std` command (the terminal sign-in waits for it on a blocking thread).
     pub fn into_std(self) -> io::Result<Ready<std::process::Command>> {
         let mut command;
-        let mut args_fd = None;
+        let mut child_fds = Vec::new();
+        let mut pending = None;
         if self.sandboxed {
-            let fd = env_descriptor(&self.env)?;
             command = std::process::Command::new(&self.program);
+            command.args(&self.sandbox);
+            if let Some(tools) = &self.egress {
+                let (args, fds, gateway_side) = network::prepare(tools.clone())?;
+                command.args(args);
+                child_fds.extend(fds);
+                pending = Some(gateway_side);
+            }
+            let fd = env_descriptor(&self.env)?;
             command
-                .args(&self.sandbox)
                 .arg("--args")
                 .arg(fd.as_raw_fd().to_string())
                 .arg("--")
@@ -170,7 +206,7 @@ impl Launch {
             if let Some(path) = std::env::var_os("PATH") {
                 command.env("PATH", path);
             }
-            args_fd = Some(fd);
+            child_fds.push(fd);
         } else {
             command = std::process::Command::new(&self.program);
             command
@@ -181,21 +217,26 @@ impl Launch {
         if let Some(cwd) = &self.cwd {
             command.current_dir(cwd);
         }
-        before_exec(
-            &mut command,
-            self.purpose,
-            self.sandboxed,
-            args_fd.as_ref().map(AsRawFd::as_raw_fd),
-        );
-        Ok(Ready { command, args_fd })
+        let keep = child_fds.iter().map(AsRawFd::as_raw_fd).collect();
+        before_exec(&mut command, self.purpose, self.sandboxed, keep);
+        Ok(Ready {
+            command,
+            child_fds,
+            network: pending,
+        })
     }
 
     /// As a `tokio` command (agent processes on pipes).
     pub fn into_tokio(self) -> io::Result<Ready<tokio::process::Command>> {
-        let Ready { command, args_fd } = self.into_std()?;
+        let Ready {
+            command,
+            child_fds,
+            network,
+        } = self.into_std()?;
         Ok(Ready {
             command: tokio::process::Command::from(command),
-            args_fd,
+            child_fds,
+            network,
         })
     }
 }
@@ -205,9 +246,6 @@ impl Launch {
 /// keeps it, see [`before_exec`]).
 fn env_descriptor(env: &BTreeMap<OsString, OsString>) -> io::Result<OwnedFd> {
     use std::os::unix::ffi::OsStrExt;
-    let fd = nix::sys::memfd::memfd_create(c"acp-gateway-agent-env", nix::sys::memfd::MFdFlags::MFD_CLOEXEC)
-        .map_err(|e| io::Error::other(format!("cannot create the agent's environment descriptor: {e}")))?;
-    let mut file = std::fs::File::from(fd);
     let mut buf = Vec::with_capacity(64 + env.iter().map(|(k, v)| k.len() + v.len() + 12).sum::<usize>());
     buf.extend_from_slice(b"--clearenv\0");
     for (name, value) in env {
@@ -227,20 +265,32 @@ fn env_descriptor(env: &BTreeMap<OsString, OsString>) -> io::Result<OwnedFd> {
         buf.extend_from_slice(value.as_bytes());
         buf.push(0);
     }
-    file.write_all(&buf)?;
+    memory_file(c"acp-gateway-agent-env", &buf)
+}
+
+/// A memory file (close-on-exec) holding `bytes`, read from its start.
+pub(super) fn memory_file(name: &CStr, bytes: &[u8]) -> io::Result<OwnedFd> {
+    let fd = nix::sys::memfd::memfd_create(name, nix::sys::memfd::MFdFlags::MFD_CLOEXEC).map_err(|e| {
+        io::Error::other(format!(
+            "cannot create a memory file for the sandbox ({}): {e}",
+            name.to_string_lossy()
+        ))
+    })?;
+    let mut file = std::fs::File::from(fd);
+    file.write_all(bytes)?;
     file.rewind()?;
     Ok(OwnedFd::from(file))
 }
 
 /// The steps between `fork` and `exec`: a session of its own (and, for a login program, its
-/// terminal as the controlling one); for bubblewrap, the environment descriptor kept open in the
+/// terminal as the controlling one); for bubblewrap, the descriptors in `keep` kept open in the
 /// child only; for an unsandboxed program, SIGKILL when the gateway dies (bubblewrap's
 /// `--die-with-parent` does that inside the sandbox).
 #[allow(
     unsafe_code,
     reason = "pre_exec runs between fork and exec; the closure only makes async-signal-safe system calls (setsid, ioctl, fcntl, prctl, getppid) and allocates nothing"
 )]
-fn before_exec(command: &mut std::process::Command, purpose: Purpose, sandboxed: bool, args_fd: Option<i32>) {
+fn before_exec(command: &mut std::process::Command, purpose: Purpose, sandboxed: bool, keep: Vec<RawFd>) {
     use std::os::unix::process::CommandExt;
     let gateway = nix::unistd::getpid();
     // SAFETY: the closure runs in the forked child before exec; every call in it is
@@ -254,12 +304,7 @@ fn before_exec(command: &mut std::process::Command, purpose: Purpose, sandboxed:
                     return Err(io::Error::last_os_error());
                 }
             }
-            if let Some(fd) = args_fd {
-                // In the child only: its copy of the descriptor survives exec, for bubblewrap.
-                if nix::libc::fcntl(fd, nix::libc::F_SETFD, 0) == -1 {
-                    return Err(io::Error::last_os_error());
-                }
-            }
+            keep_open(&keep)?;
             if !sandboxed {
                 nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL)?;
                 // The gateway may have died between fork and prctl: then nothing would fire.
@@ -269,6 +314,36 @@ fn before_exec(command: &mut std::process::Command, purpose: Purpose, sandboxed:
             }
             Ok(())
         });
+    }
+}
+
+/// In the child only: its copies of `fds` survive exec (they are close-on-exec in the gateway,
+/// so no other child gets them). Async-signal-safe: for a `pre_exec` closure.
+#[allow(
+    unsafe_code,
+    reason = "fcntl(F_SETFD) on a raw descriptor number: a pre_exec closure has no owned descriptors to borrow"
+)]
+fn keep_open(fds: &[RawFd]) -> io::Result<()> {
+    for &fd in fds {
+        // SAFETY: F_SETFD on a descriptor number only changes that descriptor's flags.
+        if unsafe { nix::libc::fcntl(fd, nix::libc::F_SETFD, 0) } == -1 {
+            return Err(io::Error::last_os_error());
+        }
+    }
+    Ok(())
+}
+
+/// Makes `command` (a helper the gateway runs outside any sandbox, such as slirp4netns) keep
+/// `fds` open across exec, in that child only.
+#[allow(
+    unsafe_code,
+    reason = "pre_exec runs between fork and exec; the closure only calls fcntl on the listed descriptors and allocates nothing"
+)]
+pub(super) fn keep_in_child(command: &mut std::process::Command, fds: Vec<RawFd>) {
+    use std::os::unix::process::CommandExt;
+    // SAFETY: the closure runs in the forked child before exec and only calls fcntl.
+    unsafe {
+        command.pre_exec(move || keep_open(&fds));
     }
 }
 

@@ -14,12 +14,17 @@
 //!   homes ([`Sight`], the rule the workspace file routes apply too);
 //! - without a working sandbox, `sandbox = "auto"` fails closed: its agents serve one user
 //!   ([`single_user`]); several users share an unsandboxed host only when the operator says so
-//!   (`sandbox = "none"`).
+//!   (`sandbox = "none"`);
+//! - the network stays on (`network = "open"`), unless the operator asks for `"egress-only"`
+//!   ([`network`]): then a sandbox reaches the internet but not the host's loopback services,
+//!   the cloud metadata endpoint, private ranges or the host's own addresses; that needs the
+//!   sandbox and its tools, or the gateway does not start.
 
 mod config_file;
 mod env;
 mod launch;
 mod mcp;
+mod network;
 mod paths;
 mod sandbox;
 mod sight;
@@ -29,17 +34,18 @@ use std::collections::BTreeMap;
 use std::ffi::OsString;
 use std::io;
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 pub use env::user_may_set;
 pub use launch::{Launch, Purpose, Ready};
 pub use mcp::{McpTransports, check_mcp_servers};
+pub use network::{Egress, Pending};
 pub use paths::escape_user;
 use paths::{checked_user, fill, resolve_existing, user_base};
 pub use sight::Sight;
 use single_user::SingleUser;
 
-use crate::config::{AgentConfig, Config, SandboxMode};
+use crate::config::{AgentConfig, Config, NetworkMode, SandboxMode};
 use crate::files::{named, private_dir};
 
 /// The home of processes that serve several users (`share_between_users`).
@@ -78,6 +84,8 @@ pub struct Tenancy {
     roots: Vec<String>,
     /// bubblewrap, when it works on this host.
     bwrap: Option<PathBuf>,
+    /// What sets up `network = "egress-only"` sandboxes, when an agent asks for it.
+    egress: Option<Arc<network::Tools>>,
     /// What a sandbox never sees: the data directory, the SQLite file's directory, and the
     /// directories that hold every user's homes and workspaces (a user's own are bound back in),
     /// resolved.
@@ -166,6 +174,8 @@ impl Tenancy {
         }
         let wants_bwrap = config.agents.values().any(|a| a.sandbox != SandboxMode::None);
         let bwrap = if wants_bwrap { sandbox::probe_bwrap() } else { None };
+        // Before the warnings below: an agent that asked for egress-only never runs without it.
+        let egress = network::tools_for(config, bwrap.is_some())?;
         for (name, agent) in &config.agents {
             match (agent.sandbox, &bwrap) {
                 (SandboxMode::Bwrap, None) => {
@@ -212,6 +222,7 @@ impl Tenancy {
             homes,
             roots,
             bwrap,
+            egress,
             hidden,
             hidden_files,
             secret,
@@ -220,6 +231,17 @@ impl Tenancy {
         };
         let _ = tenancy.shared_roots();
         Ok(tenancy)
+    }
+
+    /// Starts one sandbox with the egress-only network (a program that does nothing), when an
+    /// agent asks for it: so that a host where it cannot work (no `/dev/net/tun`, a container
+    /// that forbids network namespaces) stops the gateway at start, naming the setting, rather
+    /// than each agent process later.
+    pub async fn check_network(&self, config: &Config) -> io::Result<()> {
+        match (&self.bwrap, &self.egress) {
+            (Some(bwrap), Some(tools)) => network::probe(bwrap, tools, config).await,
+            _ => Ok(()),
+        }
     }
 
     /// Whether an agent with `mode` runs sandboxed here.
@@ -499,6 +521,27 @@ impl Tenancy {
         }
         let command_line: Vec<OsString> = std::iter::once(command).chain(args).map(OsString::from).collect();
         let mut launch = match (&self.bwrap, sandboxed) {
+            (Some(bwrap), true) if agent.network == NetworkMode::EgressOnly => {
+                let tools = self.egress.clone().ok_or_else(|| {
+                    io::Error::other(format!("{}: its tools were not found at start", network::SETTING))
+                })?;
+                let places = sandbox::Places {
+                    hidden: &self.hidden,
+                    hidden_files: &self.hidden_files,
+                    home: &home,
+                    roots: &roots,
+                    cwd: &cwd,
+                };
+                let args = sandbox::bwrap_args(&places, agent, purpose);
+                Launch::sandboxed(bwrap.clone(), args, command_line, env, purpose).with_egress(tools)
+            }
+            // Fails closed: never the open network for an agent that asked for egress-only.
+            _ if agent.network == NetworkMode::EgressOnly => {
+                return Err(io::Error::other(format!(
+                    "{} needs the bubblewrap sandbox, and this agent runs without it",
+                    network::SETTING
+                )));
+            }
             (Some(bwrap), true) => {
                 let places = sandbox::Places {
                     hidden: &self.hidden,

@@ -11,6 +11,11 @@
 //! read-only; last, the hidden files (the configuration file) covered by `/dev/null`, which cannot
 //! be opened there (bubblewrap binds it `nodev`). An agent process
 //! also gets a session of its own (`--new-session`): no terminal to push keystrokes into.
+//!
+//! The network stays on: the sandbox shares the host's network namespace, so an agent reaches
+//! what the gateway's OS user reaches, the host's loopback services (the gateway's own port,
+//! a local database) and the cloud metadata endpoint included. `network = "egress-only"` gives
+//! it a network namespace of its own with a way out to the internet only ([`super::network`]).
 
 use std::ffi::OsString;
 use std::io;
@@ -172,6 +177,11 @@ pub(super) fn refuse_secret_paths(what: &str, command: &String, args: &[String],
         }
     }
     Ok(())
+}
+
+/// The arguments of a sandbox with nothing of anyone's in it (for the start-up probes).
+pub(super) fn probe_args() -> Vec<OsString> {
+    BASE.iter().chain(&PRIVATE).map(OsString::from).collect()
 }
 
 /// bubblewrap's path, if it can build the sandbox the gateway uses on this host.

@@ -8,6 +8,12 @@ It writes, under its own ``$HOME``:
     ``PROBE_PATHS`` (colon-separated) whether it could read it and how many bytes (``sizes``,
     -1 when it could not); with ``PROBE_TIOCSTI`` set, what became of pushing
     ``echo INJECTED-BY-AGENT`` into its controlling terminal with ``TIOCSTI`` (``tiocsti``);
+    for every ``host:port`` in ``PROBE_CONNECT`` (comma-separated; ``@NAME``: read from the
+    file NAME in its home), what became of a TCP
+    connection to it (``connect``: ``"connected"`` or ``"error: ..."``); an entry written
+    ``?host:port`` is tried only when a reject route covers it (else ``"skipped: ..."``), so a
+    test host never sends a packet to an address such as the cloud metadata endpoint; and its
+    IPv4 routing table (``routes``, from ``/proc/net/route``);
   * ``probe-stdin.jsonl``: every line the gateway sent it, verbatim.
 
 Like real agents it starts every ``stdio`` MCP server it is given in ``session/new`` (a command
@@ -21,6 +27,8 @@ from __future__ import annotations
 
 import json
 import os
+import socket
+import struct
 import subprocess
 import sys
 import uuid
@@ -64,6 +72,59 @@ def push_keystrokes() -> str:
         os.close(fd)
 
 
+def routes() -> list:
+    """The IPv4 routes this process sees (its network namespace's), as dicts."""
+    out = []
+    try:
+        with open("/proc/net/route") as f:
+            lines = f.read().splitlines()[1:]
+    except OSError:
+        return out
+    for line in lines:
+        cols = line.split()
+        if len(cols) < 8:
+            continue
+        to_ip = lambda h: socket.inet_ntoa(struct.pack("<I", int(h, 16)))
+        flags = int(cols[3], 16)
+        out.append(
+            {
+                "iface": cols[0],
+                "destination": to_ip(cols[1]),
+                "gateway": to_ip(cols[2]),
+                "mask": to_ip(cols[7]),
+                "reject": bool(flags & 0x0200),
+            }
+        )
+    return out
+
+
+def rejected(host: str, table: list) -> bool:
+    """Whether the longest route matching ``host`` in ``table`` is a reject route."""
+    try:
+        ip = struct.unpack("!I", socket.inet_aton(host))[0]
+    except OSError:
+        return False
+    best = None
+    for r in table:
+        net = struct.unpack("!I", socket.inet_aton(r["destination"]))[0]
+        mask = struct.unpack("!I", socket.inet_aton(r["mask"]))[0]
+        if ip & mask == net & mask and (best is None or mask > best[0]):
+            best = (mask, r["reject"])
+    return bool(best and best[1])
+
+
+def try_connect(target: str, table: list) -> str:
+    guarded = target.startswith("?")
+    host, _, port = target.lstrip("?").rpartition(":")
+    if guarded and not rejected(host, table):
+        return "skipped: no reject route covers it"
+    try:
+        with socket.create_connection((host, int(port)), timeout=3):
+            return "connected"
+    except OSError as e:
+        return f"error: {e.__class__.__name__}: {e}"
+
+
 def send(msg: dict) -> None:
     sys.stdout.write(json.dumps(msg) + "\n")
     sys.stdout.flush()
@@ -85,6 +146,16 @@ def start_mcp_servers(servers: list) -> None:
 
 def main() -> None:
     paths = [p for p in os.environ.get("PROBE_PATHS", "").split(":") if p]
+    connect = os.environ.get("PROBE_CONNECT", "")
+    if connect.startswith("@"):
+        # A file in its home: for targets known only once the gateway listens (its own port).
+        try:
+            with open(os.path.join(HOME, connect[1:])) as f:
+                connect = f.read().strip()
+        except OSError:
+            connect = ""
+    targets = [t for t in connect.split(",") if t]
+    table = routes()
     with open(os.path.join(HOME, "probe-start.json"), "w") as f:
         json.dump(
             {
@@ -95,6 +166,8 @@ def main() -> None:
                 "readable": {p: readable(p) for p in paths},
                 "sizes": {p: size(p) for p in paths},
                 "tiocsti": push_keystrokes() if os.environ.get("PROBE_TIOCSTI") else None,
+                "connect": {t: try_connect(t, table) for t in targets},
+                "routes": table,
             },
             f,
         )

@@ -18,7 +18,9 @@ then streams ``signed in as CODE`` and ends its turn. It advertises the draft ``
 
 Run as ``terminal_login_agent.py MODE MARKER`` it is a login program:
   * ``login``: prints ``HOME=``, ``TERM=``, ``SHELL-SET=``, ``PROBE-READABLE=`` (whether the
-    file ``PROBE_PATH`` names can be read) and ``LOGIN-FLAVOUR=`` (the method's ``env``), then ``Paste code:``, reads a line from its terminal,
+    file ``PROBE_PATH`` names can be read), ``LOGIN-FLAVOUR=`` (the method's ``env``),
+    ``NET-DEVICES=`` and ``DEFAULT-ROUTE=`` (its network namespace's devices and the device of
+    its default route), then ``Paste code:``, reads a line from its terminal,
     writes it to ``$HOME/.login-ok`` and exits 0;
   * ``sleep``: starts a child that sleeps (with ``MARKER`` in its arguments), prints
     ``sleeping`` and sleeps;
@@ -52,6 +54,28 @@ def readable(path: str) -> bool:
         return False
 
 
+def net_devices() -> list:
+    """The network devices of its network namespace, sorted."""
+    try:
+        with open("/proc/net/dev") as f:
+            return sorted(line.split(":")[0].strip() for line in f.read().splitlines()[2:])
+    except OSError:
+        return []
+
+
+def default_route() -> str:
+    """The device of its namespace's IPv4 default route, or ``none``."""
+    try:
+        with open("/proc/net/route") as f:
+            for line in f.read().splitlines()[1:]:
+                cols = line.split()
+                if cols[1] == "00000000" and cols[7] == "00000000" and not int(cols[3], 16) & 0x0200:
+                    return cols[0]
+    except (OSError, IndexError):
+        pass
+    return "none"
+
+
 def login_program(mode: str, marker: str) -> None:
     out = sys.stdout
     if mode == "login":
@@ -60,6 +84,7 @@ def login_program(mode: str, marker: str) -> None:
         out.write(f"SHELL-SET={'SHELL' in os.environ}\r\n")
         out.write(f"PROBE-READABLE={readable(os.environ.get('PROBE_PATH', '/nonexistent'))}\r\n")
         out.write(f"LOGIN-FLAVOUR={os.environ.get('LOGIN_FLAVOUR', '')}\r\n")
+        out.write(f"NET-DEVICES={','.join(net_devices())}\r\nDEFAULT-ROUTE={default_route()}\r\n")
         out.write("Paste code: ")
         out.flush()
         code = sys.stdin.readline().strip()

@@ -70,8 +70,10 @@ async fn upgrade(
     Caller(who): Caller,
     Path(agent): Path<String>,
     Query(q): Query<LoginQuery>,
+    peer: Option<axum::Extension<super::server::Peer>>,
     ws: Result<WebSocketUpgrade, WebSocketUpgradeRejection>,
 ) -> Response {
+    let peer = peer.map(|axum::Extension(p)| p);
     if gw.is_draining() {
         return refuse(StatusCode::SERVICE_UNAVAILABLE, "gateway is shutting down");
     }
@@ -119,7 +121,12 @@ async fn upgrade(
         .max_frame_size(MAX_INPUT_FRAME)
         .on_failed_upgrade(|e| tracing::info!(error = %e, "WebSocket upgrade failed"))
         .on_upgrade(move |socket| async move {
-            run(socket, &gw, &user, expires_at, &pool, &method, held).await;
+            let signer = Signer {
+                user: &user,
+                peer: peer.as_ref(),
+                expires_at,
+            };
+            run(socket, &gw, &signer, &pool, &method, held).await;
             drop(slot);
             drop(tracked);
         })
@@ -181,17 +188,26 @@ impl Ending {
     }
 }
 
+/// Who signs in: the user, where they connect from (for the audit log), and when their token
+/// expires (a sign-in never outlives it).
+#[derive(Clone, Copy)]
+struct Signer<'a> {
+    user: &'a Arc<str>,
+    peer: Option<&'a super::server::Peer>,
+    expires_at: u64,
+}
+
 /// One sign-in, from start to the last frame. `held` is given back once the program is gone,
 /// before the last frame: a client told it ended may start another at once.
 async fn run(
     mut socket: WebSocket,
     gw: &Gateway,
-    user: &Arc<str>,
-    expires_at: u64,
+    signer: &Signer<'_>,
     pool: &AgentPool,
     method: &TerminalMethod,
     held: Held,
 ) {
+    let Signer { user, peer, expires_at } = *signer;
     let started = Instant::now();
     let limit = Duration::from_secs(gw.config.signin.terminal_timeout_secs.max(1));
     let until_expiry = Duration::from_secs(expires_at.saturating_sub(crate::auth::now_secs()));
@@ -233,7 +249,7 @@ async fn run(
     }
     super::auth::audit(
         gw,
-        None,
+        peer,
         user,
         "agent_sign_in",
         Some(&pool.name),

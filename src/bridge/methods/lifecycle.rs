@@ -113,10 +113,15 @@ impl Ctx {
         crate::tenancy::check_mcp_servers(servers, pool.config(), info.mcp_transports())
             .map_err(RpcError::invalid_params)?;
         let mcp = serde_json::to_string(servers).map_err(|e| RpcError::internal(e.to_string()))?;
-        let for_agent =
+        // A user's own servers carry secret headers: only for that user's own processes, never
+        // a process shared between users.
+        let for_agent = if pool.is_shared() {
+            mcp.clone()
+        } else {
             crate::user_mcp::with_users_servers(&self.gw.user_mcp, &self.client.user, info.mcp_transports(), &mcp)
                 .await
-                .map_err(|e| RpcError::internal(e.to_string()))?;
+                .map_err(|e| RpcError::internal(e.to_string()))?
+        };
         let mut raw = format!(r#"{{"cwd":{},"mcpServers":{for_agent}"#, json!(cwd));
         if !dirs.is_empty() {
             raw.push_str(&format!(r#","additionalDirectories":{}"#, json!(dirs)));

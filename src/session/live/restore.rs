@@ -88,8 +88,9 @@ impl LiveSession {
             })
             .collect();
         let mut servers = serde_json::to_string(&servers).unwrap_or_else(|_| String::from("[]"));
-        // The owner's own servers, as they are now (never stored with the session).
-        if let Some(user_mcp) = &self.user_mcp {
+        // The owner's own servers, as they are now (never stored with the session), and never
+        // to a process shared between users (their headers are the owner's secrets).
+        if let Some(user_mcp) = self.user_mcp.as_ref().filter(|_| !pool.is_shared()) {
             match crate::user_mcp::with_users_servers(user_mcp, &self.owner, info.mcp_transports(), &servers).await {
                 Ok(all) => servers = all,
                 Err(e) => {

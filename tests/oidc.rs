@@ -160,6 +160,27 @@ async fn a_team_member_signs_in_and_loses_access_when_removed_from_the_group() {
     s.gw.stop().await;
 }
 
+/// An issuer that ends in `/` (Auth0's form), written as the provider writes it: discovery, the
+/// sign-in and the provider's own tokens on the API all work (the slash was cut off before, and
+/// discovery refused the provider's `issuer` as not the one configured).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_issuer_that_ends_in_a_slash_signs_people_in() {
+    let s = setup_full(&[("OIDC_ISSUER_TRAILING_SLASH", "1")], |_, _| {}).await;
+    assert!(s.provider.issuer.ends_with('/'), "{}", s.provider.issuer);
+    let http = browser();
+    let (_, res) = sign_in(&s, &http, "alice").await;
+    assert_eq!(res.status(), StatusCode::SEE_OTHER, "{:?}", res.text().await);
+    let token = cookie_token(&res);
+    assert_eq!(me(&s, &token).await.status(), StatusCode::OK);
+    let bearer = provider_token(&s.provider, &s.provider.kid, claims(&s, "alice", |_| {}));
+    assert_eq!(
+        me(&s, &bearer).await.status(),
+        StatusCode::OK,
+        "a provider token on the API"
+    );
+    s.gw.stop().await;
+}
+
 /// A provider that keeps the scope's claims out of the ID token (`oidc-provider`'s default when
 /// it issues an access token): the e-mail address that names users and the groups the rules read
 /// come from its userinfo endpoint, at sign-in and at each check of the sign-in after it.

@@ -105,9 +105,10 @@ impl OidcConfig {
         self.issuer.is_some() && self.client_id.is_some()
     }
 
-    /// The issuer without a trailing slash (as providers compare it).
+    /// The issuer exactly as configured: providers compare it to their `iss` letter for letter,
+    /// and some end it in `/` (Auth0's `https://TENANT.auth0.com/`), others not.
     pub fn issuer(&self) -> Option<&str> {
-        self.issuer.as_deref().map(|i| i.trim_end_matches('/'))
+        self.issuer.as_deref()
     }
 
     /// The audiences a provider token on the API may carry.

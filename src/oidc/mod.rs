@@ -196,7 +196,7 @@ impl Oidc {
     /// `end_session_endpoint` of the discovery document (read as JSON: `openidconnect`'s core
     /// metadata does not carry it).
     async fn end_session_endpoint(&self, issuer: &str) -> Option<String> {
-        let url = format!("{issuer}/.well-known/openid-configuration");
+        let url = format!("{}/.well-known/openid-configuration", issuer.trim_end_matches('/'));
         let doc: serde_json::Value = self.http.get(&url).send().await.ok()?.json().await.ok()?;
         doc.get("end_session_endpoint")?.as_str().map(String::from)
     }

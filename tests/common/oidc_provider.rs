@@ -87,7 +87,7 @@ impl Provider {
     /// POSTs a control route.
     pub async fn control(&self, path: &str, body: Value) -> Value {
         reqwest::Client::new()
-            .post(format!("{}/__test/{path}", self.issuer))
+            .post(format!("{}/__test/{path}", self.issuer.trim_end_matches('/')))
             .json(&body)
             .send()
             .await
@@ -99,7 +99,7 @@ impl Provider {
 
     /// How often its JWKS has been fetched.
     pub async fn jwks_requests(&self) -> u64 {
-        let stats: Value = reqwest::get(format!("{}/__test/stats", self.issuer))
+        let stats: Value = reqwest::get(format!("{}/__test/stats", self.issuer.trim_end_matches('/')))
             .await
             .expect("stats")
             .json()

@@ -41,6 +41,8 @@ const RESOURCE = process.env.OIDC_RESOURCE || undefined;
 const RESOURCE_SCOPES = process.env.OIDC_RESOURCE_SCOPES || 'api';
 const KEYS_DIR = process.env.OIDC_KEYS_DIR || undefined;
 const CONFORM_ID_TOKEN_CLAIMS = ['1', 'true', 'yes'].includes((process.env.OIDC_CONFORM_ID_TOKEN_CLAIMS || '').toLowerCase());
+// OIDC_ISSUER_TRAILING_SLASH: the issuer ends in `/`, as Auth0's does (`https://TENANT.auth0.com/`).
+const ISSUER_SLASH = ['1', 'true', 'yes'].includes((process.env.OIDC_ISSUER_TRAILING_SLASH || '').toLowerCase());
 const ACCESS_TOKEN_TTL = envInt('OIDC_ACCESS_TOKEN_TTL', 600) || 600;
 const ID_TOKEN_TTL = envInt('OIDC_ID_TOKEN_TTL', 3600) || 3600;
 const ROTATE_REFRESH = !['0', 'false', 'no'].includes((process.env.OIDC_REFRESH_ROTATION || '').toLowerCase());
@@ -529,7 +531,7 @@ server.keepAliveTimeout = 5_000;
 server.on('error', (err) => fail(`server error: ${err.message}`));
 server.listen(PORT, '127.0.0.1', () => {
   const { port } = server.address();
-  issuer = `http://127.0.0.1:${port}`;
+  issuer = `http://127.0.0.1:${port}${ISSUER_SLASH ? '/' : ''}`;
   signingKeys = [newSigningKey()];
   current = buildProvider();
   process.stdout.write(`${JSON.stringify({ issuer, port, kid: signingKeys[0].kid })}\n`);

@@ -98,41 +98,38 @@ impl Tenancy {
             env.insert("TERM".into(), "xterm-256color".into());
         }
         let command_line: Vec<OsString> = std::iter::once(command).chain(args).map(OsString::from).collect();
+        // Only the operator's command line brings files into the sandbox.
+        let sandbox_args = || {
+            let places = sandbox::Places {
+                hidden: &self.hidden,
+                hidden_files: &self.hidden_files,
+                home: &home,
+                roots: &roots,
+                cwd: &cwd,
+            };
+            sandbox::bwrap_args(&places, agent, purpose)
+        };
+        let egress_only = agent.network == NetworkMode::EgressOnly;
         let mut launch = match (&self.bwrap, sandboxed) {
-            (Some(bwrap), true) if agent.network == NetworkMode::EgressOnly => {
-                let tools = self.egress.clone().ok_or_else(|| {
-                    io::Error::other(format!("{}: its tools were not found at start", network::SETTING))
-                })?;
-                let places = sandbox::Places {
-                    hidden: &self.hidden,
-                    hidden_files: &self.hidden_files,
-                    home: &home,
-                    roots: &roots,
-                    cwd: &cwd,
-                };
-                let args = sandbox::bwrap_args(&places, agent, purpose);
-                Launch::sandboxed(bwrap.clone(), args, command_line, env, purpose).with_egress(tools)
+            (Some(bwrap), true) => {
+                let launch = Launch::sandboxed(bwrap.clone(), sandbox_args(), command_line, env, purpose);
+                if egress_only {
+                    let tools = self.egress.clone().ok_or_else(|| {
+                        io::Error::other(format!("{}: its tools were not found at start", network::SETTING))
+                    })?;
+                    launch.with_egress(tools)
+                } else {
+                    launch
+                }
             }
             // Fails closed: never the open network for an agent that asked for egress-only.
-            _ if agent.network == NetworkMode::EgressOnly => {
+            _ if egress_only => {
                 return Err(io::Error::other(format!(
                     "{} needs the bubblewrap sandbox, and this agent runs without it",
                     network::SETTING
                 )));
             }
-            (Some(bwrap), true) => {
-                let places = sandbox::Places {
-                    hidden: &self.hidden,
-                    hidden_files: &self.hidden_files,
-                    home: &home,
-                    roots: &roots,
-                    cwd: &cwd,
-                };
-                // Only the operator's command line brings files into the sandbox.
-                let args = sandbox::bwrap_args(&places, agent, purpose);
-                Launch::sandboxed(bwrap.clone(), args, command_line, env, purpose)
-            }
-            _ => Launch::unsandboxed(command_line, env, cwd, purpose),
+            _ => Launch::unsandboxed(command_line, env, cwd.clone(), purpose),
         };
         if let Some(program) = program {
             for (name, value) in &program.env {

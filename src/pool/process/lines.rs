@@ -18,6 +18,10 @@ use super::super::route::SessionRoute;
 use super::{AgentProcess, Destination};
 use crate::protocol::{self, Incoming, Kind, RpcError, codes};
 
+/// Most of one process's requests (permissions, questions, `fs/*`) that may wait for a client at
+/// once; past it the agent is answered `-32603` at once.
+pub(super) const MAX_OPEN_ASKS: usize = 256;
+
 /// A whole `session/update` line, read in one pass (the hot path of a streaming agent).
 #[derive(Deserialize)]
 struct UpdateLine<'a> {
@@ -178,7 +182,25 @@ impl AgentProcess {
             .params
             .and_then(|p| protocol::with_session_id(p, session.session_id()));
         let params = params.unwrap_or_else(|| String::from("{}"));
-        lock(&self.asks).insert(Box::from(id.get()));
+        // Each waits (up to `permission_wait_secs`) with its parameters in memory: an agent that
+        // asks without end is answered at once past the cap, instead of holding the gateway's.
+        let full = {
+            let mut asks = lock(&self.asks);
+            let full = asks.len() >= MAX_OPEN_ASKS;
+            if !full {
+                asks.insert(Box::from(id.get()));
+            }
+            full
+        };
+        if full {
+            tracing::warn!(agent = %self.agent, process = self.id, method = msg.method(), "agent request refused: too many wait for a client");
+            let err = RpcError::new(
+                codes::INTERNAL_ERROR,
+                format!("{MAX_OPEN_ASKS} of your requests already wait for a client: answer or cancel some first"),
+            );
+            let _ = self.send_line(protocol::error(Some(id.get()), &err)).await;
+            return;
+        }
         session.agent_request(self, id.to_owned(), msg.method(), params);
     }
 

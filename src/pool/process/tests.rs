@@ -4,6 +4,7 @@
 use axum::extract::ws::Utf8Bytes;
 use tokio::sync::{Semaphore, watch};
 
+use super::lines::MAX_OPEN_ASKS;
 use super::*;
 use crate::outbox::Outbox;
 use crate::pool::early::MAX_ENTRIES;
@@ -293,6 +294,34 @@ async fn a_burst_reaches_each_session_in_order_marked_where_an_update_follows() 
     // Handed on in runs: a session's updates in a row together, not one by one.
     assert_eq!(*lock(&a.runs), [2, 1, 1]);
     assert_eq!(*lock(&b.runs), [1, 1]);
+    process.stop();
+    tracker.close();
+    tokio::time::timeout(WAIT, tracker.wait())
+        .await
+        .expect("the process's tasks end");
+}
+
+/// An agent that asks its client without end (permission requests no tab answers) is answered
+/// `-32603` at once past [`MAX_OPEN_ASKS`]: what waits for a client stays bounded, and the
+/// process goes on routing its updates.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_that_asks_without_end_is_refused_past_the_cap() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let tracker = TaskTracker::new();
+    let process = echo_agent(&dir, &tracker);
+    let s = Recorder::new("s", true);
+    let route: Arc<dyn SessionRoute> = s.clone();
+    assert!(process.bind_session(Arc::from("s"), route));
+    for id in 0..MAX_OPEN_ASKS + 20 {
+        let line = format!(
+            r#"{{"jsonrpc":"2.0","id":{id},"method":"session/request_permission","params":{{"sessionId":"s","toolCall":{{"toolCallId":"t{id}"}},"options":[]}}}}"#
+        );
+        process.send_line(line).await.expect("cat takes it");
+    }
+    // An update after them: once it is handed on, every request before it was read.
+    say(&process, "s", 0).await;
+    eventually("the update after the requests", || s.got().len() == 1).await;
+    assert_eq!(lock(&process.asks).len(), MAX_OPEN_ASKS, "the rest were refused");
     process.stop();
     tracker.close();
     tokio::time::timeout(WAIT, tracker.wait())

@@ -144,7 +144,8 @@ impl Resolved {
         crate::tenancy::check_length(path).map_err(FsError::BadRequest)?;
         // Every refusal of the resolver (outside, hidden, or not resolvable: a dangling link, a
         // file in the middle) is the same answer, so nothing outside the roots can be probed.
-        match gw.tenancy.resolve(user, path) {
+        // The roots and sight this request already holds, not read again.
+        match crate::tenancy::resolve_within(&roots, &sight, path) {
             Ok(path) => Ok(Self { roots, sight, path }),
             Err(_) => Err(outside(&roots)),
         }

@@ -110,16 +110,25 @@ impl super::AgentPool {
     }
 
     /// What `user`'s own process of this agent said in `initialize` (started for them when they
-    /// have none): what a sign-in runs must come from the user's own agent, never from a process
-    /// of another user, whose answer that user may have shaped.
+    /// have none): what the agent offers that user (their `env_var` keys, their sign-out), which
+    /// their own agent may say differently from the answer every user is shown.
     pub async fn own_info(&self, user: &Arc<str>) -> Result<Arc<AgentInfo>, RpcError> {
+        self.known_or_spawned(user, || self.own_cached_info(user)).await
+    }
+
+    /// What `known` says, else what `user`'s own process says once started for them (under the
+    /// spawn gate, `known` asked again first); refused where this agent may not serve `user`.
+    pub(super) async fn known_or_spawned(
+        &self,
+        user: &Arc<str>,
+        known: impl Fn() -> Option<Arc<AgentInfo>>,
+    ) -> Result<Arc<AgentInfo>, RpcError> {
         self.admit(user)?;
-        let mine = || self.own_cached_info(user);
-        if let Some(info) = mine() {
+        if let Some(info) = known() {
             return Ok(info);
         }
         let _gate = self.spawn_gate.lock().await;
-        if let Some(info) = mine() {
+        if let Some(info) = known() {
             return Ok(info);
         }
         let p = self.spawn_locked(Some(user)).await?;

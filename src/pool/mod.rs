@@ -146,20 +146,8 @@ impl AgentPool {
     /// have one (a per-user agent); else what a process no user shaped said; else `user`'s own
     /// process is started to learn them, and serves their first session.
     pub async fn info_for(&self, user: &Arc<str>) -> Result<Arc<AgentInfo>, RpcError> {
-        self.admit(user)?;
-        let known = || self.own_cached_info(user).or_else(|| self.cached_info());
-        if let Some(info) = known() {
-            return Ok(info);
-        }
-        let _gate = self.spawn_gate.lock().await;
-        if let Some(info) = known() {
-            return Ok(info);
-        }
-        let p = self.spawn_locked(Some(user)).await?;
-        p.info
-            .get()
-            .cloned()
-            .ok_or_else(|| RpcError::internal("agent did not initialize"))
+        self.known_or_spawned(user, || self.own_cached_info(user).or_else(|| self.cached_info()))
+            .await
     }
 
     /// Refuses `user` where this agent may serve only one user and that is someone else

@@ -88,23 +88,14 @@ impl Launch {
     /// `program` run as it is, with `args`, in a clean environment but for `PATH`, as an agent:
     /// for tests of the pool's process handling.
     pub fn direct(program: impl Into<PathBuf>, args: &[&str]) -> Self {
-        let program = program.into();
+        let command_line = std::iter::once(program.into().into_os_string())
+            .chain(args.iter().map(OsString::from))
+            .collect();
         let env = std::env::var_os("PATH")
             .map(|p| (OsString::from("PATH"), p))
             .into_iter()
             .collect();
-        Self {
-            command_line: std::iter::once(program.clone().into_os_string())
-                .chain(args.iter().map(OsString::from))
-                .collect(),
-            program,
-            sandbox: Vec::new(),
-            env,
-            cwd: None,
-            purpose: Purpose::Agent,
-            sandboxed: false,
-            egress: None,
-        }
+        Self::unsandboxed(command_line, env, None, Purpose::Agent)
     }
 
     /// bubblewrap at `bwrap` with `sandbox` arguments, around `command_line`.
@@ -127,11 +118,11 @@ impl Launch {
         }
     }
 
-    /// `command_line` run as it is in `cwd`.
+    /// `command_line` run as it is, in `cwd` (`None`: the gateway's).
     pub(super) fn unsandboxed(
         command_line: Vec<OsString>,
         env: BTreeMap<OsString, OsString>,
-        cwd: PathBuf,
+        cwd: Option<PathBuf>,
         purpose: Purpose,
     ) -> Self {
         Self {
@@ -139,7 +130,7 @@ impl Launch {
             sandbox: Vec::new(),
             command_line,
             env,
-            cwd: Some(cwd),
+            cwd,
             purpose,
             sandboxed: false,
             egress: None,

@@ -258,11 +258,6 @@ impl Tenancy {
         }
     }
 
-    /// The user that unsandboxed `auto` agents serve, once one has used them.
-    pub fn single_user(&self) -> Option<String> {
-        self.single_user.current()
-    }
-
     /// Whether `user` may use an agent with `mode`: always, unless it runs without the sandbox
     /// it asked for (`auto` where bubblewrap does not work), where only one user ever may (the
     /// first, remembered in the data directory). The error says why and what to change.
@@ -411,31 +406,7 @@ impl Tenancy {
         let roots = self
             .roots(user)
             .map_err(|e| format!("your workspace roots are not available: {e}"))?;
-        let allowed = || {
-            roots
-                .iter()
-                .map(|r| r.display().to_string())
-                .collect::<Vec<_>>()
-                .join(", ")
-        };
-        let requested = Path::new(path);
-        check_length(path).map_err(|e| format!("{e}; allowed roots: {}", allowed()))?;
-        if !requested.is_absolute() {
-            return Err(format!(
-                "{path:?} is not an absolute path; allowed roots: {}",
-                allowed()
-            ));
-        }
-        let resolved = resolve_existing(requested)
-            .map_err(|e| format!("cannot resolve {path:?}: {e}; allowed roots: {}", allowed()))?;
-        if roots.iter().any(|r| resolved.starts_with(r)) && self.sight(Some(user)).sees(&resolved) {
-            Ok(resolved)
-        } else {
-            Err(format!(
-                "{path:?} is outside your workspace roots; allowed roots: {}",
-                allowed()
-            ))
-        }
+        resolve_within(&roots, &self.sight(Some(user)), path)
     }
 
     /// For a shared process: the directories holding every user's workspaces (it serves them
@@ -475,6 +446,37 @@ pub fn check_length(path: &str) -> Result<(), String> {
         ));
     }
     Ok(())
+}
+
+/// `path` resolved (`.`, `..`, symlinks) if it is absolute, inside one of `roots` and in `sight`;
+/// else a message naming the roots (the same for a path outside them and a hidden one): the rule
+/// of [`Tenancy::resolve`], for a caller that holds the user's roots and sight already.
+pub fn resolve_within(roots: &[PathBuf], sight: &Sight, path: &str) -> Result<PathBuf, String> {
+    let allowed = || {
+        roots
+            .iter()
+            .map(|r| r.display().to_string())
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let requested = Path::new(path);
+    check_length(path).map_err(|e| format!("{e}; allowed roots: {}", allowed()))?;
+    if !requested.is_absolute() {
+        return Err(format!(
+            "{path:?} is not an absolute path; allowed roots: {}",
+            allowed()
+        ));
+    }
+    let resolved = resolve_existing(requested)
+        .map_err(|e| format!("cannot resolve {path:?}: {e}; allowed roots: {}", allowed()))?;
+    if roots.iter().any(|r| resolved.starts_with(r)) && sight.sees(&resolved) {
+        Ok(resolved)
+    } else {
+        Err(format!(
+            "{path:?} is outside your workspace roots; allowed roots: {}",
+            allowed()
+        ))
+    }
 }
 
 /// `dir` resolved, if it is a directory the gateway can enter (an agent started there needs to);

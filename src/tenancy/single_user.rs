@@ -35,7 +35,8 @@ impl SingleUser {
     }
 
     /// The one user, if known.
-    pub(super) fn current(&self) -> Option<String> {
+    #[cfg(test)]
+    fn current(&self) -> Option<String> {
         self.user.lock().unwrap_or_else(|e| e.into_inner()).clone()
     }
 

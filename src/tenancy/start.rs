@@ -129,7 +129,7 @@ impl Tenancy {
                     network::SETTING
                 )));
             }
-            _ => Launch::unsandboxed(command_line, env, cwd.clone(), purpose),
+            _ => Launch::unsandboxed(command_line, env, Some(cwd.clone()), purpose),
         };
         if let Some(program) = program {
             for (name, value) in &program.env {

@@ -68,7 +68,7 @@ impl Application {
             .await
             .context("setting up the agents' network")?;
         let auth = Authenticator::from_config(&config.jwt, &config.data_dir).context("setting up JWT verification")?;
-        let store = store::connect(&config.database_url)
+        let store = store::connect_with(&config.database_url, config.request_database_url.as_deref())
             .await
             .with_context(|| format!("opening database {}", redact(&config.database_url)))?;
         let cursors = CursorCodec::new(store.cursor_key().await.context("loading the cursor key")?);

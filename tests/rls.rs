@@ -405,3 +405,131 @@ async fn the_migration_creates_the_request_role_or_says_what_to_run() {
     assert_eq!(keys.len(), databases.len(), "one key per database");
     let _ = admin.close().await;
 }
+
+/// Request work logs in as a role of its own when `request_database_url` is set, one that can do
+/// nothing but switch to the request role: a request statement that reset its role (the way an
+/// injected `RESET ROLE` would) is then that login, which reads no table and no key and cannot
+/// become the owner, where on the owner's login it would see every user's rows. A request login
+/// that could act as the owner is refused at start-up, with the setting named.
+#[tokio::test]
+async fn request_work_on_a_login_of_its_own_cannot_reset_its_way_to_the_owner() {
+    let url = common::pg::fresh_database().await;
+    let database = common::pg::database_of(&url).to_string();
+    let s = store::connect(&url).await.expect("migrate");
+    for (id, owner) in [("a1", "alice"), ("b1", "bob")] {
+        create_session(&*s, id, owner, BASE).await;
+    }
+    drop(s);
+
+    // Why: on the owner's login, resetting the role inside a request transaction reaches all.
+    let mut c = PgConnection::connect(&url).await.expect("connect as the login role");
+    let mut tx = c.begin().await.expect("begin");
+    common::pg::act_for(&mut tx, "alice").await;
+    sqlx::query("RESET ROLE").execute(&mut *tx).await.expect("reset role");
+    let all = rows(&mut tx, "SELECT id FROM sessions ORDER BY id")
+        .await
+        .expect("select");
+    assert_eq!(
+        all,
+        ["a1", "b1"],
+        "the owner's login sees every user's rows after RESET ROLE"
+    );
+    tx.rollback().await.expect("rollback");
+
+    // The owner's own login given as the request login is refused, naming the setting.
+    let Err(err) = store::connect_with(&url, Some(&url)).await else {
+        panic!("the owner's login was taken as the request login");
+    };
+    let msg = err.to_string();
+    assert!(
+        msg.contains("request_database_url")
+            && msg.contains("tables' owner")
+            && msg.contains("GRANT acp_gateway_request"),
+        "{msg}"
+    );
+
+    let web = format!("rls_web_{}", uuid::Uuid::new_v4().simple());
+    let mut admin = PgConnection::connect(&common::pg::admin_url(&database).await)
+        .await
+        .expect("admin");
+    admin
+        .execute(
+            format!(
+                "CREATE ROLE {web} LOGIN NOINHERIT NOSUPERUSER NOBYPASSRLS PASSWORD 'pw';
+                 GRANT acp_gateway_request TO {web}"
+            )
+            .as_str(),
+        )
+        .await
+        .expect("create the request login");
+    let web_url = common::pg::url_as(&web, "pw", &database).await;
+    let s = store::connect_with(&url, Some(&web_url))
+        .await
+        .expect("connect with a request login");
+    create_session(&*s, "a2", "alice", BASE + 1).await;
+    assert!(s.get_session("alice", "a2").await.expect("get").is_some());
+    assert!(s.get_session("alice", "b1").await.expect("get").is_none());
+    s.write_batch(&[events("a1", 1)])
+        .await
+        .expect("system work as the owner");
+    assert_eq!(s.read_events("alice", "a1", 0, 10).await.expect("read").len(), 1);
+
+    // The same reset on the request login: no table, no key, no way to the owner.
+    let mut w = PgConnection::connect(&web_url)
+        .await
+        .expect("connect as the request login");
+    let key = common::pg::identity_key(&mut c).await;
+    let mut tx = w.begin().await.expect("begin");
+    sqlx::query(common::pg::ACT_AS)
+        .bind(signed_identity(&key, "alice"))
+        .execute(&mut *tx)
+        .await
+        .expect("act for alice");
+    assert_eq!(
+        rows(&mut tx, "SELECT id FROM sessions ORDER BY id")
+            .await
+            .expect("as the request role"),
+        ["a1", "a2"],
+        "before the reset: Alice's rows only"
+    );
+    sqlx::query("RESET ROLE").execute(&mut *tx).await.expect("reset role");
+    for sql in [
+        "SELECT id FROM sessions",
+        "SELECT session_id FROM session_events",
+        "SELECT encode(key, 'hex') FROM request_identity_key",
+    ] {
+        let err = rows(&mut tx, sql).await.expect_err(sql);
+        assert!(err.to_string().contains("permission denied"), "{sql}: {err}");
+    }
+    let owner: String =
+        sqlx::query_scalar("SELECT pg_get_userbyid(relowner)::text FROM pg_class WHERE oid = 'sessions'::regclass")
+            .fetch_one(&mut c)
+            .await
+            .expect("owner");
+    let err = rows(&mut tx, &format!("SELECT set_config('role', '{owner}', true)"))
+        .await
+        .expect_err("become the owner");
+    assert!(err.to_string().contains("permission denied"), "{err}");
+    tx.rollback().await.expect("rollback");
+
+    // And the store's request work really logs in there: without the grant it stops, while
+    // system work, on the owner's login, goes on.
+    admin
+        .execute(format!("REVOKE acp_gateway_request FROM {web}").as_str())
+        .await
+        .expect("revoke");
+    let err = s
+        .get_session("alice", "a2")
+        .await
+        .expect_err("request work without the grant");
+    assert!(err.to_string().contains("permission denied"), "{err}");
+    s.write_batch(&[events("a1", 2)]).await.expect("system work goes on");
+
+    let _ = w.close().await;
+    let _ = c.close().await;
+    drop(s);
+    let _ = admin
+        .execute(format!("DROP OWNED BY {web}; DROP ROLE {web}").as_str())
+        .await;
+    let _ = admin.close().await;
+}

@@ -41,6 +41,11 @@ pub struct Config {
     pub listen: SocketAddr,
     /// `sqlite://PATH` or `postgres://...`.
     pub database_url: String,
+    /// Postgres only: a second login for request work (README "Postgres roles and row-level
+    /// security"), a member of `acp_gateway_request` and nothing more, so that a request
+    /// transaction that reset its role would have no privileges of the tables' owner. Unset:
+    /// request work logs in as `database_url`'s role, with a warning at start-up.
+    pub request_database_url: Option<String>,
     /// Where the generated JWT secret and the default SQLite file live.
     pub data_dir: PathBuf,
     /// The file this configuration was read from (`--config`): hidden from agents like the data
@@ -281,6 +286,7 @@ impl Default for Config {
         Self {
             listen: SocketAddr::from(([127, 0, 0, 1], 8080)),
             database_url: "sqlite://data/acp-gateway.db".into(),
+            request_database_url: None,
             data_dir: PathBuf::from("data"),
             config_file: None,
             jwt: JwtConfig {
@@ -339,6 +345,7 @@ pub enum ConfigError {
 const ENV_KEYS: &[(&str, &str)] = &[
     ("ACP_GATEWAY_LISTEN", "listen"),
     ("DATABASE_URL", "database_url"),
+    ("ACP_GATEWAY_REQUEST_DATABASE_URL", "request_database_url"),
     ("ACP_GATEWAY_JWT_SECRET", "jwt.secret"),
     ("ACP_GATEWAY_JWT_PUBLIC_KEY", "jwt.public_key"),
     ("ACP_GATEWAY_JWT_ISSUER", "jwt.issuer"),
@@ -606,6 +613,13 @@ mod tests {
         assert!(c.jwt.secret.is_some(), "a numeric secret stays a string");
         let c = load(None, &[("ACP_GATEWAY_LISTEN", "localhost:9200")]).expect("a host name");
         assert_eq!(c.listen.to_string(), "127.0.0.1:9200");
+        assert_eq!(c.request_database_url, None);
+        let c = load(
+            Some("request_database_url = \"postgres://file@db/acp\"\n"),
+            &[("ACP_GATEWAY_REQUEST_DATABASE_URL", "postgres://web@db/acp")],
+        )
+        .expect("a request login");
+        assert_eq!(c.request_database_url.as_deref(), Some("postgres://web@db/acp"));
     }
 
     #[test]

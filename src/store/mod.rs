@@ -437,10 +437,25 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
 /// Opens the store named by `url`, creating a SQLite file (and its directory) when needed, and
 /// applies migrations.
 pub async fn connect(url: &str) -> Result<Arc<dyn Store>, StoreError> {
+    connect_with(url, None).await
+}
+
+/// [`connect`], with Postgres's request work logging in through `request_url` (the setting
+/// `request_database_url`) when it is given.
+pub async fn connect_with(url: &str, request_url: Option<&str>) -> Result<Arc<dyn Store>, StoreError> {
+    let postgres = url.starts_with("postgres:") || url.starts_with("postgresql:");
+    if let Some(r) = request_url
+        && !(postgres && (r.starts_with("postgres:") || r.starts_with("postgresql:")))
+    {
+        return Err(StoreError::Roles(String::from(
+            "request_database_url (ACP_GATEWAY_REQUEST_DATABASE_URL) is for Postgres: both it and DATABASE_URL \
+             must be postgres://... URLs of one database",
+        )));
+    }
     if url.starts_with("sqlite:") {
         Ok(Arc::new(sqlite::SqliteStore::connect(url).await?))
-    } else if url.starts_with("postgres:") || url.starts_with("postgresql:") {
-        Ok(Arc::new(postgres::PgStore::connect(url).await?))
+    } else if postgres {
+        Ok(Arc::new(postgres::PgStore::connect(url, request_url).await?))
     } else {
         Err(StoreError::UnsupportedUrl(url.to_string()))
     }

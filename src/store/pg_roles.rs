@@ -58,8 +58,10 @@ impl std::fmt::Debug for RequestIdentity {
 /// Reads the identity key, says (once, at start-up) what would weaken the wall, and proves that
 /// request work works: a transaction that switches to the request role and names a user must
 /// come back as that role, with the database agreeing on the user (the same signature on both
-/// sides).
-pub(super) async fn check_roles(pool: &PgPool) -> Result<RequestIdentity, StoreError> {
+/// sides). `requests` is request work's own login (`request_database_url`), checked to be no
+/// more than a way into the request role; without one, request work shares `pool`'s login and
+/// that is warned about.
+pub(super) async fn check_roles(pool: &PgPool, requests: Option<&PgPool>) -> Result<RequestIdentity, StoreError> {
     let (login, key, login_bypasses, member_by_grant, request_bypasses): (String, Vec<u8>, bool, bool, bool) =
         sqlx::query_as(
             "WITH RECURSIVE granted(role) AS (
@@ -100,17 +102,31 @@ pub(super) async fn check_roles(pool: &PgPool) -> Result<RequestIdentity, StoreE
              acp_gateway_request NOSUPERUSER NOBYPASSRLS NOINHERIT, and revoke its memberships"
         );
     }
+    match requests {
+        Some(requests) => check_request_login(requests, &login).await?,
+        None => tracing::warn!(
+            role = %login,
+            "request work logs in as the tables' owner: a request statement that reset its role \
+             (SQL injection, which parameterised statements rule out) would act as the owner. Set \
+             ACP_GATEWAY_REQUEST_DATABASE_URL to a login that is only a member of acp_gateway_request \
+             (README \"Postgres roles and row-level security\")"
+        ),
+    }
     let identity = RequestIdentity::new(&key);
     let probe = "acp-gateway start-up check";
-    let mut tx = pool.begin().await?;
+    let mut tx = requests.unwrap_or(pool).begin().await?;
     let switched = sqlx::query(ACT_FOR_USER)
         .bind(identity.sign(probe))
         .execute(&mut *tx)
         .await;
     if let Err(e) = switched {
+        let who: String = match requests {
+            Some(r) => sqlx::query_scalar("SELECT current_user::text").fetch_one(r).await?,
+            None => login,
+        };
         return Err(StoreError::Roles(format!(
-            "{login} cannot switch to role acp_gateway_request ({e}); as a superuser, run: \
-             GRANT acp_gateway_request TO {login}"
+            "{who} cannot switch to role acp_gateway_request ({e}); as a superuser, run: \
+             GRANT acp_gateway_request TO {who}"
         )));
     }
     let (role, user): (String, Option<String>) = sqlx::query_as("SELECT current_user::text, request_owner()")
@@ -123,6 +139,63 @@ pub(super) async fn check_roles(pool: &PgPool) -> Result<RequestIdentity, StoreE
         )));
     }
     Ok(identity)
+}
+
+/// Refuses a request login (`request_database_url`) that could do more than switch to the
+/// request role: the tables' owner or a role with its privileges, a superuser, `BYPASSRLS`, or
+/// one that may read the identity key; warns when it may create objects in the tables' schema
+/// (where a statement that reset its role could put a function or table in the owner's path).
+async fn check_request_login(requests: &PgPool, owner_login: &str) -> Result<(), StoreError> {
+    let (login, database, owner, superuser, bypasses, owns, key, create): (
+        String,
+        String,
+        String,
+        bool,
+        bool,
+        bool,
+        bool,
+        bool,
+    ) = sqlx::query_as(
+        "SELECT current_user::text, current_database()::text, pg_get_userbyid(c.relowner)::text,
+                    r.rolsuper, r.rolbypassrls,
+                    pg_has_role(current_user, c.relowner, 'USAGE'),
+                    has_table_privilege(current_user, 'request_identity_key', 'SELECT'),
+                    has_schema_privilege(current_user, c.relnamespace, 'CREATE')
+             FROM pg_class c, pg_roles r
+             WHERE c.oid = 'sessions'::regclass AND r.rolname = current_user",
+    )
+    .fetch_one(requests)
+    .await
+    .map_err(|e| {
+        StoreError::Roles(format!(
+            "request_database_url (ACP_GATEWAY_REQUEST_DATABASE_URL) must name the database that DATABASE_URL \
+                 names, migrated: {e}"
+        ))
+    })?;
+    let wrong = [
+        (superuser, "is a superuser"),
+        (bypasses, "has BYPASSRLS"),
+        (
+            login == owner_login || owns,
+            "is (or has the privileges of) the tables' owner",
+        ),
+        (key, "may read request_identity_key"),
+    ];
+    if let Some((_, what)) = wrong.iter().find(|(bad, _)| *bad) {
+        return Err(StoreError::Roles(format!(
+            "the login of request_database_url (ACP_GATEWAY_REQUEST_DATABASE_URL), {login}, {what}: request work \
+             must log in as a role that can do nothing but switch to acp_gateway_request (tables' owner: {owner}, \
+             database {database}). As a superuser: CREATE ROLE acp_gateway_web LOGIN NOINHERIT PASSWORD '...'; \
+             GRANT acp_gateway_request TO acp_gateway_web"
+        )));
+    }
+    if create {
+        tracing::warn!(
+            role = %login,
+            "the request login may CREATE in the tables' schema; as its owner: REVOKE CREATE ON SCHEMA public FROM PUBLIC"
+        );
+    }
+    Ok(())
 }
 
 #[cfg(test)]

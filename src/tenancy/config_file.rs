@@ -16,8 +16,8 @@ const SECRET_KEYS: [(&str, &str); 3] = [
     ("oidc.client_secret", "ACP_GATEWAY_OIDC_CLIENT_SECRET"),
 ];
 
-/// The secret settings written in `file`: the keys of [`SECRET_KEYS`], a `database_url` with a
-/// password, an agent's `env`.
+/// The secret settings written in `file`: the keys of [`SECRET_KEYS`], a `database_url` or
+/// `request_database_url` with a password, an agent's `env`.
 fn secrets_in(file: &Path) -> Vec<String> {
     let figment = Figment::from(Toml::file_exact(file));
     let mut found: Vec<String> = SECRET_KEYS
@@ -25,10 +25,15 @@ fn secrets_in(file: &Path) -> Vec<String> {
         .filter(|(key, _)| figment.find_value(key).is_ok())
         .map(|(key, var)| format!("{key} (use {var})"))
         .collect();
-    if let Ok(url) = figment.extract_inner::<String>("database_url")
-        && url::Url::parse(&url).is_ok_and(|u| u.password().is_some())
-    {
-        found.push(String::from("a password in database_url (use DATABASE_URL)"));
+    for (key, var) in [
+        ("database_url", "DATABASE_URL"),
+        ("request_database_url", "ACP_GATEWAY_REQUEST_DATABASE_URL"),
+    ] {
+        if let Ok(url) = figment.extract_inner::<String>(key)
+            && url::Url::parse(&url).is_ok_and(|u| u.password().is_some())
+        {
+            found.push(format!("a password in {key} (use {var})"));
+        }
     }
     if let Ok(agents) = figment.extract_inner::<std::collections::BTreeMap<String, figment::value::Value>>("agents") {
         for (name, agent) in agents {
@@ -85,12 +90,18 @@ mod tests {
         let file = dir.path().join("config.toml");
         std::fs::write(
             &file,
-            "database_url = \"postgres://gw:pw@db/acp\"\n[jwt]\nsecret = \"0123456789abcdef0123456789abcdef\"\n[agents.x]\ncommand = \"a\"\nenv = { K = \"v\" }\n",
+            "database_url = \"postgres://gw:pw@db/acp\"\nrequest_database_url = \"postgres://web:pw@db/acp\"\n[jwt]\nsecret = \"0123456789abcdef0123456789abcdef\"\n[agents.x]\ncommand = \"a\"\nenv = { K = \"v\" }\n",
         )
         .expect("write");
         std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o600)).expect("chmod");
         let found = secrets_in(&file);
-        assert_eq!(found.len(), 3, "{found:?}");
+        assert_eq!(found.len(), 4, "{found:?}");
+        assert!(
+            found.contains(&String::from(
+                "a password in request_database_url (use ACP_GATEWAY_REQUEST_DATABASE_URL)"
+            )),
+            "{found:?}"
+        );
         assert!(
             check(Some(&file), &[]).is_none(),
             "hidden from sandboxed agents, private to the gateway"

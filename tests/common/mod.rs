@@ -126,6 +126,7 @@ impl TestGateway {
             Db::Url(u) => u,
         };
         let mut config = test_config(dir.path(), &db_url);
+        config.request_database_url = pg::request_url(&db_url).await;
         tweak(&mut config);
         let app = Application::build(config).await.expect("gateway builds");
         let addr = app.local_addr();

@@ -28,6 +28,11 @@ use tokio::sync::OnceCell;
 /// The non-superuser role test databases belong to (its password is the same string).
 pub const TEST_ROLE: &str = "acp_test";
 
+/// The login test gateways' request work uses (`request_database_url`; README "Postgres roles
+/// and row-level security"): a member of the request role and nothing else (its password is the
+/// same string).
+pub const WEB_ROLE: &str = "acp_test_web";
+
 /// A server tests can create databases on.
 #[derive(Debug)]
 pub struct Server {
@@ -35,6 +40,8 @@ pub struct Server {
     admin: ConnUrl,
     /// Whether [`TEST_ROLE`] exists there.
     has_test_role: bool,
+    /// Whether [`WEB_ROLE`] exists there, a member of the request role.
+    has_web_role: bool,
     /// The throwaway server and its watchdog, when we started them (never waited for: the
     /// watchdog outlives this process on purpose).
     _processes: Vec<std::process::Child>,
@@ -74,6 +81,20 @@ pub async fn url_as(user: &str, password: &str, database: &str) -> String {
     server().await.admin.with_user(user, password).url(database)
 }
 
+/// The request login's URL (`request_database_url`) for `db_url`, a database on the shared server
+/// as [`TEST_ROLE`]: [`WEB_ROLE`] on the same database, so that test gateways on Postgres do
+/// request work as the README tells operators to. `None` for any other URL.
+pub async fn request_url(db_url: &str) -> Option<String> {
+    if !db_url.starts_with("postgres") {
+        return None;
+    }
+    let server = server().await;
+    let given = ConnUrl::parse(db_url);
+    let ours = server.admin.with_user(TEST_ROLE, TEST_ROLE);
+    (server.has_web_role && given.host == ours.host && given.userinfo == ours.userinfo)
+        .then(|| ours.with_user(WEB_ROLE, WEB_ROLE).url(database_of(db_url)))
+}
+
 /// The database name in a URL made by [`fresh_database`].
 pub fn database_of(url: &str) -> &str {
     let path = url.rsplit('/').next().unwrap_or(url);
@@ -105,15 +126,38 @@ async fn init() -> Server {
             .as_str(),
         )
         .await;
+    let mut has_web_role = false;
     if let Err(e) = &created {
         eprintln!("tests: cannot create role {TEST_ROLE} ({e}); test databases will belong to the DATABASE_URL user");
     } else if let Err(e) = provision_request_role(&mut conn, TEST_ROLE).await {
         eprintln!("tests: cannot provide role {REQUEST_ROLE} to {TEST_ROLE} ({e}); its migrations will try");
+    } else {
+        let web = conn
+            .execute(
+                format!(
+                    "DO $$ BEGIN
+                         IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = '{WEB_ROLE}') THEN
+                             CREATE ROLE {WEB_ROLE} LOGIN NOINHERIT NOSUPERUSER NOBYPASSRLS PASSWORD '{WEB_ROLE}';
+                         END IF;
+                     EXCEPTION WHEN duplicate_object OR unique_violation THEN NULL;
+                     END $$"
+                )
+                .as_str(),
+            )
+            .await;
+        match web {
+            Ok(_) => match provision_request_role(&mut conn, WEB_ROLE).await {
+                Ok(()) => has_web_role = true,
+                Err(e) => eprintln!("tests: cannot grant {REQUEST_ROLE} to {WEB_ROLE} ({e}); request work shares the login"),
+            },
+            Err(e) => eprintln!("tests: cannot create role {WEB_ROLE} ({e}); request work shares the login"),
+        }
     }
     let _ = conn.close().await;
     Server {
         admin,
         has_test_role: created.is_ok(),
+        has_web_role,
         _processes: processes,
     }
 }

@@ -5,7 +5,9 @@
 //! - request work, what the gateway does for one user, runs in a transaction that first switches
 //!   to the role `acp_gateway_request` and names the user with an identity signed by the
 //!   database's key ([`RequestIdentity`]), in one round trip. That role cannot bypass the
-//!   policies, and they admit only the rows of the user whose signature checks out;
+//!   policies, and they admit only the rows of the user whose signature checks out. With
+//!   `request_database_url` its connections log in as a role of their own, so a statement that
+//!   reset the role would be that login, not the tables' owner;
 //! - system work (the transcript writer, the cursor key, and the replicas' leases and
 //!   messages) runs as the login role, the tables' owner, which row-level security does
 //!   not apply to: it sets nothing.
@@ -47,9 +49,13 @@ const ACQUIRE_TIMEOUT: Duration = super::ACQUIRE_TIMEOUT;
 /// A Postgres-backed [`Store`].
 #[derive(Debug, Clone)]
 pub struct PgStore {
-    /// Each method borrows one connection for one transaction, whose role and identity end with
-    /// it.
+    /// System work's connections, as the login role (the tables' owner): each method borrows one
+    /// for one transaction.
     pool: PgPool,
+    /// Request work's connections: a login of its own when `request_database_url` is set (a
+    /// member of `acp_gateway_request` and nothing more), else the same pool as `pool`. Each
+    /// transaction's role and identity end with it.
+    requests: PgPool,
     /// The transcript writer's connections: taken without the ping the request pool makes
     /// before handing one out (a round trip, ~150 µs on a busy 2-core machine, on the commit
     /// every update waits for). A connection that died meanwhile fails the write with an error
@@ -68,23 +74,34 @@ pub struct PgStore {
 
 impl PgStore {
     /// Connects to `url`, migrates the database, and checks that request work can run as the
-    /// request role (warning about what weakens the wall).
-    pub async fn connect(url: &str) -> Result<Self, StoreError> {
-        let pool = PgPoolOptions::new()
-            .max_connections(16)
-            // A database that does not answer fails a request in time (the contract's 5 s)
-            // instead of queueing it; connections are opened again once it is back.
-            .acquire_timeout(ACQUIRE_TIMEOUT)
-            .connect(url)
-            .await?;
+    /// request role (warning about what weakens the wall). Request work logs in through
+    /// `request_url` when it is given, and the check refuses a login there that could act as
+    /// the tables' owner.
+    pub async fn connect(url: &str, request_url: Option<&str>) -> Result<Self, StoreError> {
+        // A database that does not answer fails a request in time (the contract's 5 s) instead
+        // of queueing it; connections are opened again once it is back.
+        let options = || {
+            PgPoolOptions::new()
+                .max_connections(16)
+                .acquire_timeout(ACQUIRE_TIMEOUT)
+        };
+        let pool = options().connect(url).await?;
         sqlx::migrate!("./migrations/postgres").run(&pool).await?;
+        let requests = match request_url {
+            Some(r) => options().connect(r).await.map_err(|e| {
+                StoreError::Roles(format!(
+                    "cannot log in through request_database_url (ACP_GATEWAY_REQUEST_DATABASE_URL): {e}"
+                ))
+            })?,
+            None => pool.clone(),
+        };
         // Opened on the first write: a store that only reads (the CLI's admin commands) opens none.
         let writes = PgPoolOptions::new()
             .max_connections(2)
             .acquire_timeout(ACQUIRE_TIMEOUT)
             .test_before_acquire(false)
             .connect_lazy(url)?;
-        let identity = check_roles(&pool).await?;
+        let identity = check_roles(&pool, request_url.map(|_| &requests)).await?;
         let behind = sqlx::query(SETTLE_ALL_BEHIND).execute(&pool).await?.rows_affected();
         if behind > 0 {
             tracing::info!(
@@ -108,6 +125,7 @@ impl PgStore {
         }
         Ok(Self {
             pool,
+            requests,
             writes,
             writer: Arc::default(),
             search_index,
@@ -118,7 +136,7 @@ impl PgStore {
     /// A transaction of request work: as the request role, row-level security shows it only
     /// `owner`'s rows.
     async fn as_user(&self, owner: &str) -> Result<Transaction<'static, Postgres>, StoreError> {
-        let mut tx = self.pool.begin().await?;
+        let mut tx = self.requests.begin().await?;
         sqlx::query(ACT_FOR_USER)
             .bind(self.identity.sign(owner))
             .execute(&mut *tx)
@@ -154,6 +172,7 @@ impl RunList for PgConnection {
 impl Store for PgStore {
     async fn ping(&self) -> Result<(), StoreError> {
         sqlx::query("SELECT 1").execute(&self.pool).await?;
+        sqlx::query("SELECT 1").execute(&self.requests).await?;
         Ok(())
     }
 

@@ -28,7 +28,7 @@ use tokio::sync::OnceCell;
 /// The non-superuser role test databases belong to (its password is the same string).
 pub const TEST_ROLE: &str = "acp_test";
 
-/// The login test gateways' request work uses (`request_database_url`; README "Postgres roles
+/// The login test gateways' request work uses (`request_database_url`; docs/operations.md "Postgres roles
 /// and row-level security"): a member of the request role and nothing else (its password is the
 /// same string).
 pub const WEB_ROLE: &str = "acp_test_web";
@@ -83,7 +83,7 @@ pub async fn url_as(user: &str, password: &str, database: &str) -> String {
 
 /// The request login's URL (`request_database_url`) for `db_url`, a database on the shared server
 /// as [`TEST_ROLE`]: [`WEB_ROLE`] on the same database, so that test gateways on Postgres do
-/// request work as the README tells operators to. `None` for any other URL.
+/// request work as docs/operations.md tells operators to. `None` for any other URL.
 pub async fn request_url(db_url: &str) -> Option<String> {
     if !db_url.starts_with("postgres") {
         return None;
@@ -107,6 +107,13 @@ pub async fn server() -> &'static Server {
 }
 
 async fn init() -> Server {
+    // The fast tier (`scripts/test.sh --fast`) runs the SQLite half: a test that reaches for
+    // Postgres there is one its filter should have left out.
+    assert!(
+        std::env::var_os("ACP_TEST_NO_POSTGRES").is_none(),
+        "this test needs Postgres, which the fast tier leaves out: name it *_postgres, or add its module to \
+         the fast tier's --skip list in scripts/test.sh"
+    );
     let (admin, processes) = match std::env::var("DATABASE_URL") {
         Ok(url) if url.starts_with("postgres") => (ConnUrl::parse(&url), Vec::new()),
         _ => start_throwaway().await,
@@ -148,7 +155,9 @@ async fn init() -> Server {
         match web {
             Ok(_) => match provision_request_role(&mut conn, WEB_ROLE).await {
                 Ok(()) => has_web_role = true,
-                Err(e) => eprintln!("tests: cannot grant {REQUEST_ROLE} to {WEB_ROLE} ({e}); request work shares the login"),
+                Err(e) => {
+                    eprintln!("tests: cannot grant {REQUEST_ROLE} to {WEB_ROLE} ({e}); request work shares the login")
+                }
             },
             Err(e) => eprintln!("tests: cannot create role {WEB_ROLE} ({e}); request work shares the login"),
         }
@@ -162,7 +171,7 @@ async fn init() -> Server {
     }
 }
 
-/// What an operator who provisions the gateway's roles runs (README "Postgres roles and
+/// What an operator who provisions the gateway's roles runs (docs/operations.md, "Postgres roles and
 /// row-level security"), as a superuser: the request role, and `login` made a member, so that
 /// `login` needs no CREATEROLE to migrate. Tolerates the role and the grant existing already, or
 /// being made at the same moment by another test process sharing the server.

@@ -33,7 +33,7 @@ RUN set -eu; mkdir -p /skeleton/src; cp Cargo.toml Cargo.lock build.rs /skeleton
 FROM ${RUST_IMAGE} AS deps
 WORKDIR /src
 COPY --from=planner /skeleton/ ./
-RUN cargo build --release --locked --bin acp-gateway
+RUN cargo build --profile dist --locked --bin acp-gateway
 
 # ---- build: our code on top of the compiled dependencies.
 FROM deps AS build
@@ -43,17 +43,17 @@ COPY static ./static
 # COPY keeps the files' own mtimes, which may be older than the stub build: touch, so cargo
 # rebuilds our crate. Debug line tables (77 MB of the binary's 100) stay out of the image.
 RUN touch src/main.rs src/lib.rs build.rs \
-    && cargo build --release --locked --bin acp-gateway \
+    && cargo build --profile dist --locked --bin acp-gateway \
     && mkdir -p /out \
-    && objcopy --strip-debug target/release/acp-gateway /out/acp-gateway
+    && objcopy --strip-debug target/dist/acp-gateway /out/acp-gateway
 
 # ---- runtime-base: the image without its binary.
 FROM ${DEBIAN_IMAGE} AS runtime-base
 # tini: PID 1 that reaps zombies and forwards SIGTERM (Kubernetes has no --init).
 # bubblewrap: the agent sandbox (sandbox = "auto" uses it when it works in the container; what
-# the container must allow for that: README, "Operations", "Containers and Kubernetes").
+# the container must allow for that: docs/operations.md, "Containers and Kubernetes").
 # slirp4netns, iproute2: for agents with network = "egress-only" (the pod also needs
-# /dev/net/tun; README, "Tenancy").
+# /dev/net/tun; docs/security.md, "Tenancy").
 # ca-certificates: for agents that call their model APIs over HTTPS.
 # No curl: the HEALTHCHECK speaks HTTP with bash's /dev/tcp (bash is part of every Debian base).
 RUN apt-get update \

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# The container and Kubernetes test (README, "Operations" → "Containers and Kubernetes"):
+# The container and Kubernetes test (docs/operations.md, "Containers and Kubernetes"):
 #  1. deploy/kubernetes validated against the Kubernetes schemas (kubernetes-validate, offline);
-#  2. the image built with podman from the Dockerfile, its runtime stage fed the host's release
+#  2. the image built with podman from the Dockerfile, its runtime stage fed the host's
 #     binary (no Rust compile in a container, no registry: the Debian base is made here with
 #     debootstrap and cached);
 #  3. run as an operator would (--init, host network, read-only root, no capabilities, the
@@ -16,8 +16,9 @@
 # Environment: ACP_CONTAINER_CACHE (default ~/.cache/acp-gateway/container: podman's storage,
 # the base image, the validator's virtualenv), ACP_CONTAINER_STOP_TIMEOUT (podman stop -t, default
 # 25: the gateway's drain_grace_secs and shutdown_grace_secs are 10 each), ACP_CONTAINER_PROFILE
-# (release, default: the binary users get; debug: the one the other tests built, a full release
-# build less on a fresh machine).
+# (dist, default: the binary the image ships, as the Dockerfile builds it; release: cargo's
+# default codegen; debug: the one the other tests built, a full optimised build less on a fresh
+# machine).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -148,11 +149,12 @@ fi
 pm run --rm --no-healthcheck "$base" true 2>"$work/probe.err" || skip "podman cannot run a container here: $(grep -v systemd "$work/probe.err" | tail -1)"
 
 # ---- 4. the image, from the host's binary
-profile=${ACP_CONTAINER_PROFILE:-release}
+profile=${ACP_CONTAINER_PROFILE:-dist}
 case $profile in
+  dist) profile_flag=(--profile dist) ;;
   release) profile_flag=(--release) ;;
   debug) profile_flag=() ;;
-  *) die "ACP_CONTAINER_PROFILE is release or debug, not $profile" ;;
+  *) die "ACP_CONTAINER_PROFILE is dist, release or debug, not $profile" ;;
 esac
 echo "== cargo build (${profile})"
 t=$(date +%s.%N)

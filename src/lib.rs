@@ -45,7 +45,7 @@
 /// it, under that arena's lock: in a 200,000-update stream nine in ten of the gateway's futex
 /// calls were threads waiting on those locks (measured with `perf record -e
 /// syscalls:sys_enter_futex --call-graph dwarf`). jemalloc's per-thread caches take those frees
-/// without a lock. README "Dependencies" gives the figures.
+/// without a lock. docs/dependencies.md gives the figures.
 #[global_allocator]
 static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 

@@ -41,7 +41,7 @@ pub struct Config {
     pub listen: SocketAddr,
     /// `sqlite://PATH` or `postgres://...`.
     pub database_url: String,
-    /// Postgres only: a second login for request work (README "Postgres roles and row-level
+    /// Postgres only: a second login for request work (docs/operations.md "Postgres roles and row-level
     /// security"), a member of `acp_gateway_request` and nothing more, so that a request
     /// transaction that reset its role would have no privileges of the tables' owner. Unset:
     /// request work logs in as `database_url`'s role, with a warning at start-up.
@@ -183,7 +183,7 @@ pub struct AgentConfig {
     pub network: NetworkMode,
 }
 
-/// What an agent's processes can reach on the network (see the README's "Tenancy" section).
+/// What an agent's processes can reach on the network (see docs/security.md, "Tenancy").
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum NetworkMode {
@@ -208,7 +208,7 @@ impl NetworkMode {
     }
 }
 
-/// How an agent's processes are confined (see the README's "Tenancy" section).
+/// How an agent's processes are confined (see docs/security.md, "Tenancy").
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum SandboxMode {

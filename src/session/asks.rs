@@ -1,4 +1,4 @@
-//! Agent requests asked across replicas (README "Several replicas"): the serving replica
+//! Agent requests asked across replicas (docs/replicas.md): the serving replica
 //! publishes its agent's request to the replicas with clients of the session
 //! (`session_watchers`, through `replica_messages`); each asks its own clients under their own
 //! ids; the first answer anywhere comes back and settles it; every other replica asked is told,

@@ -57,7 +57,7 @@ pub enum StoreError {
     /// The URL names no supported database.
     #[error("unsupported DATABASE_URL {0:?}: expected sqlite://PATH or postgres://...")]
     UnsupportedUrl(String),
-    /// Postgres: the gateway's role cannot act as the request role (README "Postgres roles and
+    /// Postgres: the gateway's role cannot act as the request role (docs/operations.md, "Postgres roles and
     /// row-level security"); the message says what an operator must run.
     #[error("database roles: {0}")]
     Roles(String),

@@ -109,7 +109,7 @@ pub(super) async fn check_roles(pool: &PgPool, requests: Option<&PgPool>) -> Res
             "request work logs in as the tables' owner: a request statement that reset its role \
              (SQL injection, which parameterised statements rule out) would act as the owner. Set \
              ACP_GATEWAY_REQUEST_DATABASE_URL to a login that is only a member of acp_gateway_request \
-             (README \"Postgres roles and row-level security\")"
+             (docs/operations.md, \"Postgres roles and row-level security\")"
         ),
     }
     let identity = RequestIdentity::new(&key);

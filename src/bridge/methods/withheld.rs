@@ -1,4 +1,4 @@
-//! What of an owner's secrets a teammate's turn does not get (README "Sharing"): the agent keys
+//! What of an owner's secrets a teammate's turn does not get (docs/protocol.md, sharing): the agent keys
 //! the owner stored (`user_keys`, sealed, given to the owner's agent processes as environment
 //! variables) and the secret headers (or environment) of the MCP servers the session's agent was
 //! given. A process's environment, and what an agent was told at a session's start, cannot be

@@ -1,7 +1,7 @@
 //! The shared production store: Postgres, which several replicas can use at once.
 //!
 //! Row-level security is a second wall behind the owner conditions in every query (migration
-//! `…_request_role`, README "Postgres roles and row-level security"):
+//! `…_request_role`, docs/operations.md "Postgres roles and row-level security"):
 //! - request work, what the gateway does for one user, runs in a transaction that first switches
 //!   to the role `acp_gateway_request` and names the user with an identity signed by the
 //!   database's key ([`RequestIdentity`]), in one round trip. That role cannot bypass the

@@ -43,7 +43,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use acp_gateway::app::{Application, Gateway};
-use acp_gateway::config::{CliOverrides, Config, DEFAULT_AGENT};
+use acp_gateway::infra::config::{CliOverrides, Config, DEFAULT_AGENT};
 use anyhow::{Context, Result, anyhow, bail};
 use serde_json::{Value, json};
 
@@ -108,8 +108,8 @@ fn main() -> Result<()> {
 
     // As `acp-gateway serve` does: the Prometheus recorder is installed (metrics cost what they
     // cost in production); logs at warn so the table stays readable.
-    acp_gateway::telemetry::init_logs("warn");
-    acp_gateway::telemetry::init_metrics();
+    acp_gateway::infra::telemetry::init_logs("warn");
+    acp_gateway::infra::telemetry::init_metrics();
 
     // The gateway: its own multi-threaded runtime, as if it were its own process.
     let gw_rt = tokio::runtime::Builder::new_multi_thread()
@@ -398,7 +398,7 @@ fn metric_mean(name: &str) -> f64 {
 
 /// The sum of a metric's series (every label set) in this process.
 fn metric_total(name: &str) -> f64 {
-    acp_gateway::telemetry::render_metrics()
+    acp_gateway::infra::telemetry::render_metrics()
         .lines()
         .filter(|l| l.starts_with(name))
         .filter_map(|l| l.split_whitespace().last()?.parse::<f64>().ok())

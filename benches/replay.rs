@@ -7,7 +7,7 @@
 use std::time::{Duration, Instant};
 
 use acp_gateway::app::Application;
-use acp_gateway::config::{CliOverrides, Config, DEFAULT_AGENT};
+use acp_gateway::infra::config::{CliOverrides, Config, DEFAULT_AGENT};
 use futures_util::{SinkExt, StreamExt};
 use serde_json::json;
 use tokio_tungstenite::tungstenite::Message;

@@ -15,15 +15,15 @@ use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::auth::{Authenticator, LoginCodes};
-use crate::config::Config;
-use crate::pool::Pools;
-use crate::quota::Quotas;
+use crate::agents::pool::Pools;
+use crate::identity::auth::{Authenticator, LoginCodes};
+use crate::infra::config::Config;
 use crate::session::{SessionOptions, Sessions};
 use crate::store;
 use crate::store::cursor::CursorCodec;
 use crate::store::persister::Persister;
 use crate::tenancy::Tenancy;
+use crate::usage::quota::Quotas;
 
 /// Transcript items queued before publishers wait for the database. The queue is one line for
 /// every session of the replica, so an update waits behind at most this many (and the batch
@@ -54,8 +54,8 @@ impl Application {
     pub async fn build(config: Config) -> anyhow::Result<Self> {
         // Before anything takes a metric handle (one taken earlier would never record), and so
         // that every series, per configured agent too, is on `/metrics` from the start.
-        crate::telemetry::init_metrics();
-        crate::metrics::describe_and_zero(config.agents.keys().map(String::as_str));
+        crate::infra::telemetry::init_metrics();
+        crate::infra::metrics::describe_and_zero(config.agents.keys().map(String::as_str));
         // Agents run as our OS user: without this, any of them could read our environment (the
         // JWT secret, DATABASE_URL) from /proc/<gateway>/environ, or ptrace us.
         if let Err(e) = nix::sys::prctl::set_dumpable(false) {
@@ -103,10 +103,10 @@ impl Application {
         );
         let tracker = TaskTracker::new();
         let quotas = Quotas::new(&config.limits);
-        let sealer = crate::secrets::Sealer::from_config(config.secrets_key.as_ref(), tenancy.data_dir())
+        let sealer = crate::settings::secrets::Sealer::from_config(config.secrets_key.as_ref(), tenancy.data_dir())
             .context("the secrets key (ACP_GATEWAY_SECRETS_KEY)")?;
-        let keys = Arc::new(crate::secrets::Keys::new(store.clone(), sealer.clone()));
-        let user_mcp = Arc::new(crate::user_mcp::UserMcp::new(
+        let keys = Arc::new(crate::settings::secrets::Keys::new(store.clone(), sealer.clone()));
+        let user_mcp = Arc::new(crate::settings::user_mcp::UserMcp::new(
             store.clone(),
             sealer.clone(),
             config.mcp.clone(),
@@ -117,7 +117,7 @@ impl Application {
             sealer.clone(),
             tracker.clone(),
         ));
-        let (oidc, jwks) = crate::oidc::build(&config, &auth, sealer, &store).map_err(anyhow::Error::msg)?;
+        let (oidc, jwks) = crate::identity::oidc::build(&config, &auth, sealer, &store).map_err(anyhow::Error::msg)?;
         let pools = Arc::new(Pools::new(
             &config,
             tenancy.clone(),
@@ -208,7 +208,7 @@ impl Application {
         // The bus and lease renewals outlive the connections: they stop after the last flush.
         let replica_stop = CancellationToken::new();
         let replica_tasks = gw.sessions.replica().cloned().map(|replica| {
-            let handler: Arc<dyn crate::replica::Handler> = crate::bridge::remote::BusHandler::new(&gw);
+            let handler: Arc<dyn crate::replica::Handler> = crate::connection::remote::BusHandler::new(&gw);
             (
                 replica.clone(),
                 tokio::spawn(replica.clone().run_bus(handler.clone(), replica_stop.clone())),
@@ -240,7 +240,8 @@ impl Application {
             gw.tracker.spawn(async move {
                 let _ = first.discover().await;
             });
-            gw.tracker.spawn(crate::oidc::recheck::run(oidc, gw.shutdown.clone()));
+            gw.tracker
+                .spawn(crate::identity::oidc::recheck::run(oidc, gw.shutdown.clone()));
         }
         let router = crate::http::router(gw.clone());
         let signal_gw = gw.clone();

@@ -126,7 +126,7 @@ impl Audit {
         } else {
             let entry = self.entry(e);
             if self.tx.try_send(entry).is_err() {
-                metrics::counter!(crate::metrics::AUDIT_DROPPED).increment(1);
+                metrics::counter!(crate::infra::metrics::AUDIT_DROPPED).increment(1);
             }
         }
     }
@@ -223,7 +223,7 @@ impl Audit {
 
     fn queue_anonymous(&self, entry: AuditEntry) {
         if self.anonymous_tx.try_send(entry).is_err() {
-            metrics::counter!(crate::metrics::AUDIT_DROPPED).increment(1);
+            metrics::counter!(crate::infra::metrics::AUDIT_DROPPED).increment(1);
         }
     }
 
@@ -358,7 +358,7 @@ async fn write(store: Arc<dyn Store>, queues: Queues, retention_days: u64, stop:
 async fn flush(store: &dyn Store, batch: &mut Vec<AuditEntry>) {
     if let Err(e) = store.append_audit(batch).await {
         tracing::error!(error = %e, entries = batch.len(), "cannot write audit entries (they are in the log above)");
-        metrics::counter!(crate::metrics::AUDIT_DROPPED).increment(batch.len() as u64);
+        metrics::counter!(crate::infra::metrics::AUDIT_DROPPED).increment(batch.len() as u64);
     }
     batch.clear();
 }

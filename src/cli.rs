@@ -6,8 +6,8 @@ use anyhow::Context;
 use clap::{Parser, Subcommand};
 
 use crate::app::{Application, shutdown_signal};
-use crate::auth::Authenticator;
-use crate::config::{CliOverrides, Config};
+use crate::identity::auth::Authenticator;
+use crate::infra::config::{CliOverrides, Config};
 
 /// A multi-user WebSocket gateway for ACP agents.
 #[derive(Debug, Parser)]
@@ -62,7 +62,7 @@ pub enum Command {
     /// Apply database migrations and exit.
     Migrate(ConfigArgs),
     /// Run the built-in demo ACP agent on stdin/stdout.
-    DemoAgent(crate::demo_agent::DemoAgentOptions),
+    DemoAgent(crate::agents::demo::DemoAgentOptions),
 }
 
 /// Runs the parsed command line.
@@ -83,12 +83,12 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             eprintln!("migrations applied to {}", crate::app::redact(&config.database_url));
             Ok(())
         }
-        Command::DemoAgent(opts) => crate::demo_agent::run(opts).await,
+        Command::DemoAgent(opts) => crate::agents::demo::run(opts).await,
     }
 }
 
 async fn serve(config: Config) -> anyhow::Result<()> {
-    crate::telemetry::init_metrics();
+    crate::infra::telemetry::init_metrics();
     let app = Application::build(config).await?;
     let addr = app.local_addr();
     tracing::info!(%addr, "acp-gateway listening");
@@ -96,7 +96,7 @@ async fn serve(config: Config) -> anyhow::Result<()> {
     if gw.auth.can_mint() {
         // A one-time code, not a token: it works once, for minutes, and only in this process.
         let code = gw.login_codes.issue("local");
-        let minutes = crate::auth::codes::DEFAULT_CODE_TTL.as_secs() / 60;
+        let minutes = crate::identity::auth::codes::DEFAULT_CODE_TTL.as_secs() / 60;
         println!(
             "acp-gateway is running. Web UI, signed in as user `local` (this link works once, within {minutes} minutes):\n  http://{addr}/auth/login?code={code}"
         );

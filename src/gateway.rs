@@ -8,13 +8,13 @@ use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::auth::{Authenticator, LoginCodes};
-use crate::config::Config;
-use crate::pool::Pools;
-use crate::quota::Quotas;
-use crate::secrets::Keys;
+use crate::agents::pool::Pools;
+use crate::identity::auth::{Authenticator, LoginCodes};
+use crate::infra::config::Config;
 use crate::session::Sessions;
+use crate::settings::secrets::Keys;
 use crate::tenancy::Tenancy;
+use crate::usage::quota::Quotas;
 
 /// Everything a request handler can reach.
 #[derive(Debug)]
@@ -51,15 +51,15 @@ pub struct Gateway {
     /// Keys users give their agents, sealed at rest.
     pub keys: Arc<Keys>,
     /// Users' own MCP servers, sealed at rest.
-    pub user_mcp: Arc<crate::user_mcp::UserMcp>,
+    pub user_mcp: Arc<crate::settings::user_mcp::UserMcp>,
     /// Pushes to users' devices.
     pub push: Arc<crate::push::Push>,
     /// Sign-ins under way (one per user and agent).
     pub signins: Arc<crate::signin::Running>,
     /// The team's identity provider, when `[oidc]` is configured.
-    pub oidc: Option<Arc<crate::oidc::Oidc>>,
+    pub oidc: Option<Arc<crate::identity::oidc::Oidc>>,
     /// An identity provider's keys named by `jwt.jwks_url` (without `[oidc]`, or beside it).
-    pub jwks: Option<Arc<crate::auth::jwks::Jwks>>,
+    pub jwks: Option<Arc<crate::identity::auth::jwks::Jwks>>,
     /// Who did what.
     pub audit: Arc<crate::audit::Audit>,
     /// What each person spends.
@@ -69,12 +69,12 @@ pub struct Gateway {
 impl Gateway {
     /// Whether `who` administers this gateway: a user `[admin].users` names, or one whose token
     /// said they are in an `[admin].groups` group.
-    pub fn is_admin(&self, who: &crate::auth::Identity) -> bool {
+    pub fn is_admin(&self, who: &crate::identity::auth::Identity) -> bool {
         who.admin || self.config.admin.users.contains(&who.user)
     }
 
     /// The keys provider tokens on the API are verified with, once known.
-    pub fn provider_keys(&self) -> Option<Arc<crate::auth::jwks::Jwks>> {
+    pub fn provider_keys(&self) -> Option<Arc<crate::identity::auth::jwks::Jwks>> {
         self.jwks
             .clone()
             .or_else(|| self.oidc.as_ref().and_then(|o| o.api_keys()))

@@ -7,36 +7,29 @@
 //!
 //! # Layout
 //!
-//! - [`cli`]: the commands (`serve`, `token`, `migrate`, `demo-agent`). `main.rs` only calls it.
-//! - [`config`]: defaults → TOML file → environment → flags.
-//! - [`app`]: builds every part, serves, and shuts down in order.
-//! - [`gateway`]: the state handlers reach (config, auth, sessions, pools, tenancy).
-//! - [`http`]: the routes: health, metrics, `/acp` upgrade, REST API, the web UI's workspace
-//!   browser (`/api/fs/*`), login, static web UI.
-//! - [`audit`]: the audit log (who did what), as log lines and rows.
-//! - [`auth`]: JWT verification and minting; where tokens come from; an identity provider's keys.
-//! - [`oidc`]: signing people in through the team's identity provider (OpenID Connect).
-//! - [`bridge`]: one WebSocket connection: reading, writing, and what each method does.
-//! - [`quota`]: per-user caps (connections, request rate).
-//! - [`retention`]: deleting sessions not updated for `[retention] days`, in bounded batches.
-//! - [`replica`]: replicas sharing sessions through Postgres: leases, the LISTEN/NOTIFY bus.
-//! - [`session`]: live sessions: sequence numbers, attached clients, agent requests.
-//! - [`pool`]: agent processes, pooled per agent; spawning, routing stdout, reaping.
+//! The core path, from the socket to the store, bottom first (docs/architecture.md draws it, and
+//! `tests/it/layering.rs` holds every import to it):
+//!
+//! - `protocol`: JSON-RPC parsing (once, borrowed) and frame building (no re-serialization).
+//! - [`infra`]: configuration, the clock, logs and the Prometheus recorder, metrics, traces,
+//!   private files, the byte-bounded queues.
 //! - [`store`]: the `Store` trait (SQLite and Postgres), the batching transcript writer, cursors.
-//! - [`outbox`]: one client's bounded outgoing queue (never waited on by fan-out).
-//! - [`protocol`]: JSON-RPC parsing (once, borrowed) and frame building (no re-serialization).
-//! - [`demo_agent`]: the built-in offline ACP agent.
-//! - [`export`]: a stored transcript as JSON Lines or Markdown, streamed page by page.
-//! - [`telemetry`]: logs and the Prometheus recorder.
-//! - [`metrics`]: every Prometheus series: names, help, labels known at start, buckets.
-//! - [`secrets`]: keys users give their agents, sealed at rest (XChaCha20-Poly1305).
-//! - [`sharing`]: sessions shared with a teammate (observer or controller, by name or link);
-//!   [`share_watch`] closes the clients of shares that end.
-//! - [`signin`]: signing users in to agents: a `terminal` method's login program in a
-//!   pseudo-terminal, in the user's sandbox.
-//! - [`usage`]: what each person spends (agents' `usage_update` costs), and caps on it.
 //! - [`tenancy`]: what a user's agent process can reach: environment, home, workspaces, sandbox.
-//! - [`traces`]: OpenTelemetry spans per client and agent request (OTLP/HTTP), W3C context to agents.
+//! - [`agents`]: agent processes pooled per agent (`pool`: spawning, routing stdout, reaping),
+//!   and the built-in offline agent (`demo`).
+//! - [`session`]: live sessions: sequence numbers, attached clients, agent requests.
+//!
+//! The features, each in its own module: [`audit`] (who did what), [`export`] (a transcript as
+//! JSON Lines or Markdown), [`identity`] (tokens; team sign-in through OpenID Connect), [`push`]
+//! (Web Push), [`replica`] (replicas sharing sessions through Postgres), [`retention`] (deleting
+//! sessions past `[retention] days`), [`settings`] (a user's sealed agent keys and MCP servers),
+//! [`sharing`] (sessions shared with a teammate; [`share_watch`] closes the clients of shares that
+//! end), [`signin`] (signing users in to agents in a pseudo-terminal), [`usage`] (spend, and the
+//! per-user caps).
+//!
+//! On top: `connection` (one WebSocket connection: reading, writing, what each method does),
+//! [`gateway`] (the state handlers reach), `http` (the routes), [`app`] (builds every part,
+//! serves, shuts down in order) and [`cli`] (the commands; `main.rs` only calls it).
 
 /// jemalloc instead of glibc's malloc, for every binary built on this crate (the server, its
 /// tests and benchmarks, so that what they measure is what runs). The gateway's threads hand
@@ -49,36 +42,25 @@
 #[global_allocator]
 static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
+pub mod agents;
 pub mod app;
 pub mod audit;
-pub mod auth;
-pub(crate) mod bridge;
-pub(crate) mod budget;
 pub mod cli;
-pub mod config;
-pub mod demo_agent;
+pub(crate) mod connection;
 pub mod export;
-pub(crate) mod files;
 pub mod gateway;
 pub(crate) mod http;
-pub mod metrics;
-pub mod oidc;
-pub(crate) mod outbox;
-pub mod pool;
+pub mod identity;
+pub mod infra;
 pub(crate) mod protocol;
 pub mod push;
-pub mod quota;
 pub mod replica;
 pub mod retention;
-pub mod sealed_list;
-pub mod secrets;
 pub mod session;
+pub mod settings;
 pub mod share_watch;
 pub mod sharing;
 pub mod signin;
 pub mod store;
-pub mod telemetry;
 pub mod tenancy;
-pub mod traces;
 pub mod usage;
-pub mod user_mcp;

@@ -11,7 +11,7 @@
 //! The VAPID key is derived from the gateway's secrets key (generated once into the data
 //! directory `0600`, or configured), so every replica that shares it signs with the same key and
 //! any replica can push. Subscriptions are kept per user, sealed like agent keys
-//! ([`crate::sealed_list`]).
+//! ([`crate::settings::sealed_list`]).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -23,9 +23,9 @@ use web_push_native::jwt_simple::algorithms::ES256KeyPair;
 use web_push_native::p256;
 use web_push_native::p256::elliptic_curve::sec1::ToEncodedPoint;
 
-use crate::config::PushConfig;
-use crate::sealed_list::SealedList;
-use crate::secrets::Sealer;
+use crate::infra::config::PushConfig;
+use crate::settings::sealed_list::SealedList;
+use crate::settings::secrets::Sealer;
 use crate::store::Store;
 
 /// Most devices one user opts in.
@@ -118,7 +118,7 @@ impl Event {
 }
 
 /// Why a subscription was refused; the message says what is wrong.
-pub type PushError = crate::sealed_list::ListError;
+pub type PushError = crate::settings::sealed_list::ListError;
 
 /// What `subscribe` answers when the operator turned push off.
 const OFF: &str = "this gateway does not send push notifications ([push] enabled = false)";
@@ -377,20 +377,20 @@ impl Push {
                     gone.push(sub.id.clone());
                 }
                 Ok(status) if (200..300).contains(&status) => {
-                    metrics::counter!(crate::metrics::PUSHES, "outcome" => "sent").increment(1);
+                    metrics::counter!(crate::infra::metrics::PUSHES, "outcome" => "sent").increment(1);
                 }
                 Ok(status) => {
-                    metrics::counter!(crate::metrics::PUSHES, "outcome" => "refused").increment(1);
+                    metrics::counter!(crate::infra::metrics::PUSHES, "outcome" => "refused").increment(1);
                     tracing::warn!(user = owner, device = %sub.id, status, "push service refused a push");
                 }
                 Err(e) => {
-                    metrics::counter!(crate::metrics::PUSHES, "outcome" => "failed").increment(1);
+                    metrics::counter!(crate::infra::metrics::PUSHES, "outcome" => "failed").increment(1);
                     tracing::warn!(user = owner, device = %sub.id, error = %e, "push failed");
                 }
             }
         }
         if !gone.is_empty() {
-            metrics::counter!(crate::metrics::PUSHES, "outcome" => "gone").increment(gone.len() as u64);
+            metrics::counter!(crate::infra::metrics::PUSHES, "outcome" => "gone").increment(gone.len() as u64);
             // Read again: a device may have been added meanwhile.
             if let Ok(mut now) = self.subscriptions(owner).await {
                 now.retain(|s| !gone.contains(&s.id));

@@ -115,10 +115,10 @@ fn byte_bounded(stale: Vec<StaleSession>) -> Vec<Vec<StaleSession>> {
 
 /// Counts, audits and forgets what one transaction deleted; how many.
 fn deleted_batch(gw: &Gateway, deleted: &[StaleSession]) -> u64 {
-    metrics::counter!(crate::metrics::RETENTION_BATCHES).increment(1);
-    metrics::counter!(crate::metrics::RETENTION_SESSIONS).increment(deleted.len() as u64);
+    metrics::counter!(crate::infra::metrics::RETENTION_BATCHES).increment(1);
+    metrics::counter!(crate::infra::metrics::RETENTION_SESSIONS).increment(deleted.len() as u64);
     let bytes: i64 = deleted.iter().map(|s| s.stored_bytes).sum();
-    metrics::counter!(crate::metrics::RETENTION_BYTES).increment(u64::try_from(bytes).unwrap_or(0));
+    metrics::counter!(crate::infra::metrics::RETENTION_BYTES).increment(u64::try_from(bytes).unwrap_or(0));
     for s in deleted {
         gw.sessions.forget_stored(&s.owner, &s.id);
         gw.audit.record(crate::audit::Event {

@@ -35,8 +35,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicI32, Ordering};
 use std::time::{Duration, Instant};
 
-use acp_gateway::auth::Authenticator;
-use acp_gateway::config::JwtConfig;
+use acp_gateway::identity::auth::Authenticator;
+use acp_gateway::infra::config::JwtConfig;
 use anyhow::{Context, Result, anyhow, bail, ensure};
 use futures_util::{SinkExt, StreamExt};
 use nix::sys::signal::{Signal, kill, killpg};

@@ -14,8 +14,8 @@ use serde::Deserialize;
 use serde_json::json;
 
 use super::auth::authenticate;
-use crate::config::DEFAULT_AGENT;
 use crate::gateway::Gateway;
+use crate::infra::config::DEFAULT_AGENT;
 
 /// Initial read buffer of each WebSocket.
 const READ_BUFFER_BYTES: usize = 8 * 1024;
@@ -50,7 +50,7 @@ async fn upgrade(
     let identity = match authenticate(&gw, &headers, uri.query()).await {
         Ok(identity) => identity,
         Err(unauthorized) => {
-            crate::metrics::connection_refused("unauthenticated");
+            crate::infra::metrics::connection_refused("unauthenticated");
             return unauthorized.into_response();
         }
     };
@@ -66,17 +66,17 @@ async fn upgrade(
     };
     let agent = q.agent.as_deref().unwrap_or(DEFAULT_AGENT);
     let Some(pool) = gw.pools.get(agent).cloned() else {
-        crate::metrics::connection_refused("unknown_agent");
+        crate::infra::metrics::connection_refused("unknown_agent");
         return refuse(StatusCode::NOT_FOUND, &format!("unknown agent {agent:?}"));
     };
     if gw.is_draining() {
-        crate::metrics::connection_refused("draining");
+        crate::infra::metrics::connection_refused("draining");
         return refuse(StatusCode::SERVICE_UNAVAILABLE, "gateway is shutting down");
     }
     // Behind a trusted proxy, the proxy's client is capped per address like a direct one.
     let forwarded_slot = match peer.as_ref().map(|p| p.forwarded_slot(&headers)) {
         Some(Err(too_many)) => {
-            crate::metrics::connection_refused("per_ip");
+            crate::infra::metrics::connection_refused("per_ip");
             tracing::info!(client = %too_many.0, "too many connections from one forwarded address");
             return refuse(StatusCode::TOO_MANY_REQUESTS, "too many connections from your address");
         }
@@ -84,7 +84,7 @@ async fn upgrade(
         None => None,
     };
     let Ok(slot) = gw.connection_slots.clone().try_acquire_owned() else {
-        crate::metrics::connection_refused("max_connections");
+        crate::infra::metrics::connection_refused("max_connections");
         return refuse(StatusCode::SERVICE_UNAVAILABLE, "too many connections");
     };
     // The client's address, for the audit log.
@@ -93,7 +93,7 @@ async fn upgrade(
     let user_slot = match gw.quotas.connect(&identity.user) {
         Ok(user_slot) => user_slot,
         Err(cap) => {
-            crate::metrics::connection_refused("per_user");
+            crate::infra::metrics::connection_refused("per_user");
             let peer = peer.as_ref().map(|p| p.addr.to_string()).unwrap_or_default();
             tracing::info!(user = %identity.user, peer, cap = cap.cap, "per-user cap reached");
             gw.audit
@@ -116,7 +116,7 @@ async fn upgrade(
         .read_buffer_size(READ_BUFFER_BYTES)
         .on_failed_upgrade(|e| tracing::info!(error = %e, "WebSocket upgrade failed"))
         .on_upgrade(move |socket| async move {
-            crate::bridge::serve(socket, state, identity, id, client_addr, pool).await;
+            crate::connection::serve(socket, state, identity, id, client_addr, pool).await;
             drop(slot);
             drop(user_slot);
             // The client address's slot lives as long as its WebSocket.

@@ -26,8 +26,8 @@ use serde_json::{Value, json};
 use super::auth::Caller;
 use super::error::refuse;
 use super::server::Peer;
-use crate::auth::Identity;
 use crate::gateway::Gateway;
+use crate::identity::auth::Identity;
 use crate::protocol;
 use crate::store::{AuditFilter, iso8601};
 

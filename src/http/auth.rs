@@ -15,8 +15,8 @@ use axum::http::request::Parts;
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 
-use crate::auth::Identity;
 use crate::gateway::Gateway;
+use crate::identity::auth::Identity;
 
 /// Name of the web UI's cookie over plain HTTP.
 pub const COOKIE: &str = "acp_gateway_token";
@@ -175,11 +175,11 @@ pub fn same_origin(headers: &HeaderMap, no_origin: NoOrigin) -> bool {
 /// provider is good only while that sign-in is.
 pub async fn authenticate(gw: &Gateway, headers: &HeaderMap, query: Option<&str>) -> Result<Identity, Unauthorized> {
     let Some((token, source)) = find_token(headers, query) else {
-        crate::metrics::auth_failure("missing");
+        crate::infra::metrics::auth_failure("missing");
         return Err(Unauthorized);
     };
     if source == Source::Cookie && !same_origin(headers, NoOrigin::AllowNavigation) {
-        crate::metrics::auth_failure("cross_origin");
+        crate::infra::metrics::auth_failure("cross_origin");
         tracing::warn!("cookie-authenticated request from another origin refused");
         return Err(Unauthorized);
     }
@@ -192,7 +192,7 @@ pub async fn authenticate(gw: &Gateway, headers: &HeaderMap, query: Option<&str>
     {
         return provider_token(gw, &keys, &token).await;
     }
-    crate::metrics::auth_failure(own.reason());
+    crate::infra::metrics::auth_failure(own.reason());
     tracing::info!(error = %own, source = ?source, "token refused");
     Err(Unauthorized)
 }
@@ -201,18 +201,18 @@ pub async fn authenticate(gw: &Gateway, headers: &HeaderMap, query: Option<&str>
 /// form) and that sign-in has ended.
 async fn still_signed_in(gw: &Gateway, who: Identity) -> Result<Identity, Unauthorized> {
     let Some(sid) = &who.session else { return Ok(who) };
-    let live = crate::oidc::is_live(&**gw.sessions.store(), sid, &who.user).await;
+    let live = crate::identity::oidc::is_live(&**gw.sessions.store(), sid, &who.user).await;
     if live {
         Ok(who)
     } else {
-        crate::metrics::auth_failure("signed_out");
+        crate::infra::metrics::auth_failure("signed_out");
         tracing::info!(user = %who.user, "cookie of an ended sign-in refused");
         Err(Unauthorized)
     }
 }
 
 /// The identity provider's keys, asking discovery for them if it has not named them yet.
-async fn provider_keys(gw: &Gateway) -> Option<Arc<crate::auth::jwks::Jwks>> {
+async fn provider_keys(gw: &Gateway) -> Option<Arc<crate::identity::auth::jwks::Jwks>> {
     if let Some(keys) = gw.provider_keys() {
         return Some(keys);
     }
@@ -222,35 +222,39 @@ async fn provider_keys(gw: &Gateway) -> Option<Arc<crate::auth::jwks::Jwks>> {
 }
 
 /// A token from the identity provider: verified with its keys, the user its claims name (the
-/// [`Policy`](crate::oidc::Policy) of `[oidc]`, else `sub`).
-async fn provider_token(gw: &Gateway, keys: &crate::auth::jwks::Jwks, token: &str) -> Result<Identity, Unauthorized> {
+/// [`Policy`](crate::identity::oidc::Policy) of `[oidc]`, else `sub`).
+async fn provider_token(
+    gw: &Gateway,
+    keys: &crate::identity::auth::jwks::Jwks,
+    token: &str,
+) -> Result<Identity, Unauthorized> {
     let claims = keys.verify(token).await.map_err(|e| {
-        crate::metrics::auth_failure(e.reason());
+        crate::infra::metrics::auth_failure(e.reason());
         tracing::info!(error = %e, "provider token refused");
         Unauthorized
     })?;
     // An ID token (it carries the login's `nonce`) is the browser sign-in's, checked against its
     // sign-in by the gateway's cookie; replayed as a bearer token it would outlive a sign-out.
     if claims.contains_key("nonce") {
-        crate::metrics::auth_failure("invalid");
+        crate::infra::metrics::auth_failure("invalid");
         tracing::info!("an ID token used as a bearer token refused");
         return Err(Unauthorized);
     }
     let user = match &gw.oidc {
         Some(oidc) => {
             let user = oidc.policy.admit(&claims).map_err(|r| {
-                crate::metrics::auth_failure("not_allowed");
+                crate::infra::metrics::auth_failure("not_allowed");
                 tracing::info!(account = %r.account, reason = %r.why, "provider token of a person not allowed here refused");
                 Unauthorized
             })?;
             oidc.bind(&user, &claims).await.map_err(|e| {
                 match e {
-                    crate::oidc::BindError::Refused(r) => {
-                        crate::metrics::auth_failure("another_account");
+                    crate::identity::oidc::BindError::Refused(r) => {
+                        crate::infra::metrics::auth_failure("another_account");
                         tracing::info!(account = %r.account, reason = %r.why, "provider token of another account than the user's refused");
                     }
-                    crate::oidc::BindError::Store(e) => {
-                        crate::metrics::auth_failure("store_unavailable");
+                    crate::identity::oidc::BindError::Store(e) => {
+                        crate::infra::metrics::auth_failure("store_unavailable");
                         tracing::warn!(error = %e, "cannot check which account a user name belongs to; refused");
                     }
                 }
@@ -264,7 +268,7 @@ async fn provider_token(gw: &Gateway, keys: &crate::auth::jwks::Jwks, token: &st
             .filter(|s| !s.trim().is_empty())
             .map(String::from)
             .ok_or_else(|| {
-                crate::metrics::auth_failure("missing_claim");
+                crate::infra::metrics::auth_failure("missing_claim");
                 Unauthorized
             })?,
     };

@@ -11,8 +11,8 @@ use axum::routing::get;
 use axum::{Json, Router};
 use serde_json::{Value, json};
 
-use crate::config::DEFAULT_AGENT;
 use crate::gateway::Gateway;
+use crate::infra::config::DEFAULT_AGENT;
 use crate::tenancy::Confinement;
 
 pub(super) fn router() -> Router<Arc<Gateway>> {
@@ -164,7 +164,7 @@ fn bearer_matches(headers: &HeaderMap, token: &secrecy::SecretString) -> bool {
 /// for its bearer: anything that reaches the port (an agent on this host) would otherwise read
 /// every agent's and user's counts.
 async fn metrics(State(gw): State<Arc<Gateway>>, headers: HeaderMap) -> Response {
-    use crate::metrics::{AGENT_PROCESSES, SESSIONS_IN_MEMORY, SESSIONS_LIVE};
+    use crate::infra::metrics::{AGENT_PROCESSES, SESSIONS_IN_MEMORY, SESSIONS_LIVE};
     if let Some(token) = &gw.config.metrics_token
         && !bearer_matches(&headers, token)
     {
@@ -191,7 +191,7 @@ async fn metrics(State(gw): State<Arc<Gateway>>, headers: HeaderMap) -> Response
     metrics::gauge!(SESSIONS_LIVE).set(live as f64);
     (
         [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
-        crate::telemetry::render_metrics(),
+        crate::infra::telemetry::render_metrics(),
     )
         .into_response()
 }

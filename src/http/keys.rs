@@ -1,5 +1,5 @@
 //! `PUT`/`DELETE /api/agents/{agent}/keys`: a user signs their own agent in with the keys its
-//! `env_var` methods ask for, or out again. Values are sealed at rest ([`crate::secrets`]),
+//! `env_var` methods ask for, or out again. Values are sealed at rest ([`crate::settings::secrets`]),
 //! given only to that user's processes of that agent (which are recycled so they take effect),
 //! never logged and never returned: `/api/agents` shows only their names and when they were set.
 
@@ -16,9 +16,9 @@ use serde::Deserialize;
 
 use super::auth::{Caller, audit};
 use super::error::refuse;
+use crate::agents::pool::AgentPool;
+use crate::agents::pool::user_env::user_may_set;
 use crate::gateway::Gateway;
-use crate::pool::AgentPool;
-use crate::pool::user_env::user_may_set;
 
 /// Longest value a user may give (API keys are a few hundred bytes).
 const MAX_VALUE_BYTES: usize = 8 * 1024;
@@ -137,13 +137,13 @@ async fn set_keys(
     }
     if let Err(e) = gw.keys.set(&who.user, &agent, &vars).await {
         tracing::error!(user = %who.user, agent = %agent, error = %e, "cannot store the user's agent keys");
-        crate::metrics::signin(&agent, "env_var", "error");
+        crate::infra::metrics::signin(&agent, "env_var", "error");
         return refuse(
             StatusCode::SERVICE_UNAVAILABLE,
             "the keys could not be stored; try again",
         );
     }
-    crate::metrics::signin(&agent, "env_var", "ok");
+    crate::infra::metrics::signin(&agent, "env_var", "ok");
     let recycled = pool.recycle_user(&who.user);
     let names: Vec<&str> = vars.iter().map(|(n, _)| n.as_str()).collect();
     tracing::info!(user = %who.user, agent = %agent, method = %body.method_id, method_type = "env_var", vars = ?names, recycled, outcome = "ok", "agent sign-in");

@@ -1,4 +1,4 @@
-//! `/api/mcp-servers`: a user's own HTTP/SSE MCP servers (see [`crate::user_mcp`]).
+//! `/api/mcp-servers`: a user's own HTTP/SSE MCP servers (see [`crate::settings::user_mcp`]).
 //!
 //! - `GET` → `{"enabled", "allowedHosts", "servers": [{"name", "type", "url", "headers": [NAME]}]}`:
 //!   header names, never their values.

@@ -21,7 +21,7 @@ use serde_json::json;
 use super::auth::{audit, cookie_named, is_https, own_cookie_identity, request_origin};
 use super::server::Peer;
 use crate::gateway::Gateway;
-use crate::oidc::login::{LOGIN_TTL_SECS, LoginError};
+use crate::identity::oidc::login::{LOGIN_TTL_SECS, LoginError};
 
 /// The login state cookie over plain HTTP.
 const STATE_COOKIE: &str = "acp_gateway_oidc";

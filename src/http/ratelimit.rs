@@ -74,7 +74,7 @@ pub(super) async fn client_address(State(limit): State<Arc<AuthLimit>>, mut req:
         && req.uri().path().starts_with("/auth/")
         && let Err(wait) = limit.check(ip)
     {
-        crate::metrics::connection_refused("auth_rate");
+        crate::infra::metrics::connection_refused("auth_rate");
         tracing::info!(client = %ip, path = req.uri().path(), "too many sign-in requests from one address");
         let body = axum::Json(serde_json::json!({
             "error": format!("too many sign-in requests from your address; try again in {wait} s")

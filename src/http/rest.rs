@@ -16,9 +16,9 @@ use serde_json::json;
 use super::auth::{COOKIE, Caller, NoOrigin, SECURE_COOKIE, audit, is_https, same_origin};
 use super::error::HttpError;
 use super::server::Peer;
-use crate::auth::now_secs;
-use crate::config::DEFAULT_AGENT;
 use crate::gateway::Gateway;
+use crate::infra::clock::now_secs;
+use crate::infra::config::DEFAULT_AGENT;
 use crate::session::list::ListParams;
 
 pub(super) fn router() -> Router<Arc<Gateway>> {
@@ -161,7 +161,7 @@ async fn login_with_code(
 ) -> Response {
     let peer = peer.as_deref();
     if headers.get("sec-fetch-site").is_some_and(|v| v == "cross-site") {
-        crate::metrics::auth_failure("cross_origin");
+        crate::infra::metrics::auth_failure("cross_origin");
         tracing::warn!("login link followed from another site refused");
         return refusal(
             &headers,
@@ -170,7 +170,7 @@ async fn login_with_code(
         );
     }
     let Some(user) = q.code.as_deref().and_then(|code| gw.login_codes.redeem(code)) else {
-        crate::metrics::auth_failure("bad_login_code");
+        crate::infra::metrics::auth_failure("bad_login_code");
         audit(
             &gw,
             peer,
@@ -226,7 +226,7 @@ async fn login_with_token(
 ) -> Response {
     let peer = peer.as_deref();
     if !same_origin(&headers, NoOrigin::SameOriginOnly) {
-        crate::metrics::auth_failure("cross_origin");
+        crate::infra::metrics::auth_failure("cross_origin");
         tracing::warn!("sign-in from another origin refused");
         return refusal(&headers, StatusCode::FORBIDDEN, "Sign in from this gateway's own page.");
     }
@@ -255,7 +255,7 @@ async fn login_with_token(
             signed_in(&headers, cookie.as_deref().unwrap_or(form.token.trim()), ttl)
         }
         Err(e) => {
-            crate::metrics::auth_failure(e.reason());
+            crate::infra::metrics::auth_failure(e.reason());
             tracing::info!(error = %e, "sign-in token refused");
             audit(
                 &gw,

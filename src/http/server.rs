@@ -24,8 +24,8 @@ use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::config::Limits;
-use crate::quota::{Counted, Slot};
+use crate::infra::config::Limits;
+use crate::usage::quota::{Counted, Slot};
 
 /// Open connections per client address.
 type PeerCounts = Arc<Counted<IpAddr>>;
@@ -129,7 +129,7 @@ fn parse_node(v: &str) -> Option<IpAddr> {
 }
 
 fn refused(reason: &'static str) {
-    crate::metrics::connection_refused(reason);
+    crate::infra::metrics::connection_refused(reason);
 }
 
 /// Serves `router` on `listener` until `stop` fires, then lets open HTTP connections finish for

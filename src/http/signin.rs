@@ -30,8 +30,8 @@ use serde_json::{Value, json};
 
 use super::auth::Caller;
 use super::error::refuse;
+use crate::agents::pool::AgentPool;
 use crate::gateway::Gateway;
-use crate::pool::AgentPool;
 use crate::signin::Held;
 use crate::signin::terminal::{self, Exit, Terminal, TerminalMethod};
 
@@ -210,7 +210,7 @@ async fn run(
     let Signer { user, peer, expires_at } = *signer;
     let started = Instant::now();
     let limit = Duration::from_secs(gw.config.signin.terminal_timeout_secs.max(1));
-    let until_expiry = Duration::from_secs(expires_at.saturating_sub(crate::auth::now_secs()));
+    let until_expiry = Duration::from_secs(expires_at.saturating_sub(crate::infra::clock::now_secs()));
     let deadline = tokio::time::Instant::now() + limit.min(until_expiry);
     let size = terminal::size(INITIAL_SIZE.0, INITIAL_SIZE.1);
     let spawned = Terminal::spawn(&gw.tenancy, pool.config(), method, user, size, &gw.tracker);
@@ -235,7 +235,7 @@ async fn run(
     if outcome == "ok" {
         crate::signin::remember(&**gw.sessions.store(), user, &pool.name, &method.id).await;
     }
-    crate::metrics::signin(&pool.name, METHOD_TYPE, outcome);
+    crate::infra::metrics::signin(&pool.name, METHOD_TYPE, outcome);
     let code = match &ending {
         Ending::Exited(exit) => Some(exit.code),
         _ => None,

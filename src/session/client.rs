@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use super::requests::AgentRequest;
-use crate::outbox::Outbox;
+use crate::infra::outbox::Outbox;
 
 /// One connected client.
 pub struct Client {

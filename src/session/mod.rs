@@ -1,5 +1,5 @@
 //! Sessions: in memory (sequence, attached clients, agent process) and as the agent process
-//! sees them ([`crate::pool::SessionRoute`]).
+//! sees them ([`crate::agents::pool::SessionRoute`]).
 //!
 //! - [`live`]: one session and its publish path (stored before it is visible).
 //! - [`client`]: a connected client as sessions see it.

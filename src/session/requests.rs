@@ -19,7 +19,7 @@ use tokio_util::sync::CancellationToken;
 use super::LiveSession;
 use super::asks::Asks;
 use super::client::Client;
-use crate::pool::AgentProcess;
+use crate::agents::pool::AgentProcess;
 use crate::protocol::{self, RpcError};
 
 /// Who asked, so where the answer goes.
@@ -213,7 +213,7 @@ impl AgentRequest {
         client
             .outbox
             .push(Utf8Bytes::from(protocol::request(out_id, &self.method, &self.params)));
-        crate::metrics::message_out(crate::metrics::Peer::Client, &self.method, 1);
+        crate::infra::metrics::message_out(crate::infra::metrics::Peer::Client, &self.method, 1);
     }
 
     /// Marks it settled; `false` if it already was.
@@ -288,7 +288,7 @@ impl AgentRequest {
             client
                 .outbox
                 .push(Utf8Bytes::from(protocol::notification("$/cancel_request", &params)));
-            crate::metrics::message_out(crate::metrics::Peer::Client, "$/cancel_request", 1);
+            crate::infra::metrics::message_out(crate::infra::metrics::Peer::Client, "$/cancel_request", 1);
         }
     }
 

@@ -29,8 +29,8 @@ use tokio::sync::oneshot;
 use tokio_util::sync::{CancellationToken, DropGuard};
 use tokio_util::task::TaskTracker;
 
-use crate::config::AgentConfig;
-use crate::pool::GroupGuard;
+use crate::agents::pool::GroupGuard;
+use crate::infra::config::AgentConfig;
 use crate::tenancy::{Program, Ready, Tenancy};
 
 /// Largest terminal a client may ask for, either way.

@@ -114,15 +114,6 @@ fn sqlite_code_is_transient(code: i32) -> bool {
     matches!(code & 0xff, 5..=10 | 13..=15) || code == 1811
 }
 
-/// What a client sees when the store fails: a generic internal error. The detail is logged here,
-/// once, so callers can use `?` where they answer a client.
-impl From<StoreError> for crate::protocol::RpcError {
-    fn from(e: StoreError) -> Self {
-        tracing::error!(error = %e, "session store failed");
-        Self::internal("session store unavailable")
-    }
-}
-
 /// A session as stored.
 #[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
 pub struct SessionRecord {
@@ -515,14 +506,6 @@ mod tests {
         for bad in ["", "yesterday", "2026-13-01", "2026-11-21T25:00:00Z", "1700000000"] {
             assert_eq!(at(bad), None, "{bad:?}");
         }
-    }
-
-    #[test]
-    fn store_errors_reach_clients_without_their_detail() {
-        let e = crate::protocol::RpcError::from(StoreError::UnsupportedUrl("mysql://secret@host".into()));
-        assert_eq!(e.code, crate::protocol::codes::INTERNAL_ERROR);
-        assert_eq!(e.message, "session store unavailable");
-        assert_eq!(e.data, None);
     }
 
     #[test]

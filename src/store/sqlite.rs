@@ -106,7 +106,7 @@ const ADVANCE_SESSIONS_BEHIND: &str = concat!(
 fn private_files(db: &Path) -> std::io::Result<()> {
     use std::os::unix::fs::OpenOptionsExt;
     if let Some(dir) = db.parent().filter(|d| !d.as_os_str().is_empty()) {
-        crate::files::private_dir(dir)?;
+        crate::infra::files::private_dir(dir)?;
     }
     match std::fs::OpenOptions::new()
         .write(true)
@@ -121,7 +121,7 @@ fn private_files(db: &Path) -> std::io::Result<()> {
     for suffix in ["", "-wal", "-shm"] {
         let mut name = db.as_os_str().to_owned();
         name.push(suffix);
-        crate::files::private_file(Path::new(&name))?;
+        crate::infra::files::private_file(Path::new(&name))?;
     }
     Ok(())
 }
@@ -287,11 +287,11 @@ impl Store for SqliteStore {
     }
 
     async fn revoke_web_session(&self, id: &str, reason: &str) -> Result<(), StoreError> {
-        Ok(Sqlite::revoke_web_session(&self.pool, id, crate::auth::now_secs() as i64, reason).await?)
+        Ok(Sqlite::revoke_web_session(&self.pool, id, crate::infra::clock::now_secs() as i64, reason).await?)
     }
 
     async fn due_web_sessions(&self, checked_before: i64, limit: i64) -> Result<Vec<WebSession>, StoreError> {
-        let now = crate::auth::now_secs() as i64;
+        let now = crate::infra::clock::now_secs() as i64;
         Sqlite::prune_web_sessions(&self.pool, now - WEB_SESSIONS_KEPT_SECS).await?;
         Ok(Sqlite::due_web_sessions(&self.pool, checked_before, now, limit).await?)
     }
@@ -301,7 +301,7 @@ impl Store for SqliteStore {
     }
 
     async fn bind_identity(&self, user: &str, issuer: &str, subject: &str) -> Result<(String, String), StoreError> {
-        let now = crate::auth::now_secs() as i64;
+        let now = crate::infra::clock::now_secs() as i64;
         Ok(Sqlite::bind_identity(&self.pool, user, issuer, subject, now).await?)
     }
 

@@ -3,7 +3,7 @@
 
 use agent_client_protocol_schema::v1::McpServer;
 
-use crate::config::AgentConfig;
+use crate::infra::config::AgentConfig;
 
 /// What kinds of MCP server an agent said it can connect to (`mcpCapabilities`).
 #[derive(Debug, Clone, Copy, Default)]

@@ -45,8 +45,8 @@ use paths::{checked_user, fill, resolve_existing, user_base};
 pub use sight::Sight;
 use single_user::SingleUser;
 
-use crate::config::{Config, SandboxMode};
-use crate::files::{named, private_dir};
+use crate::infra::config::{Config, SandboxMode};
+use crate::infra::files::{named, private_dir};
 
 /// The home of processes that serve several users (`share_between_users`).
 pub const SHARED_HOME: &str = "_shared";
@@ -138,7 +138,7 @@ impl Tenancy {
             .data_dir
             .canonicalize()
             .map_err(|e| setting(named(e, "cannot resolve", &config.data_dir)))?;
-        if crate::files::is_open_to_others(&data_dir) {
+        if crate::infra::files::is_open_to_others(&data_dir) {
             tracing::warn!(
                 data_dir = %data_dir.display(),
                 "the data directory can be entered by other users of this host (it was not created by the gateway, so its mode is left as it is); `chmod 700` it"

@@ -54,7 +54,7 @@ use tokio::net::unix::pipe;
 use tokio_util::sync::CancellationToken;
 
 use super::launch::{Launch, Purpose, Ready};
-use crate::config::{Config, NetworkMode, SandboxMode};
+use crate::infra::config::{Config, NetworkMode, SandboxMode};
 
 /// The setting, for messages.
 pub(super) const SETTING: &str = "network = \"egress-only\"";
@@ -444,7 +444,7 @@ impl Namespaces {
         use std::os::unix::fs::MetadataExt;
         let path = format!("/proc/{pid}/ns/net");
         let net = OwnedFd::from(
-            std::fs::File::open(&path).map_err(|e| crate::files::named(e, "cannot open", Path::new(&path)))?,
+            std::fs::File::open(&path).map_err(|e| crate::infra::files::named(e, "cannot open", Path::new(&path)))?,
         );
         let owner = owning_user_namespace(&net)?;
         let mine = std::fs::metadata("/proc/self/ns/user")?;
@@ -527,7 +527,7 @@ async fn in_namespace(tools: &Tools, ns: &Namespaces, batch: &str) -> io::Result
         .kill_on_drop(true);
     let mut child = command
         .spawn()
-        .map_err(|e| crate::files::named(e, "cannot run", &tools.nsenter))?;
+        .map_err(|e| crate::infra::files::named(e, "cannot run", &tools.nsenter))?;
     if let Some(mut stdin) = child.stdin.take() {
         stdin.write_all(batch.as_bytes()).await?;
     }
@@ -585,7 +585,7 @@ async fn start_slirp(tools: &Tools, pid: i32, ns: &Namespaces) -> io::Result<Egr
     let spawned = command.spawn();
     // Its copies only: the ready pipe's end of file is its death.
     drop((exit_child, ready_child));
-    let mut slirp = spawned.map_err(|e| crate::files::named(e, "cannot run", &tools.slirp4netns))?;
+    let mut slirp = spawned.map_err(|e| crate::infra::files::named(e, "cannot run", &tools.slirp4netns))?;
     let pgid = slirp
         .id()
         .and_then(|id| i32::try_from(id).ok())

@@ -23,7 +23,7 @@ use std::path::{Path, PathBuf};
 
 use super::launch::Purpose;
 use super::paths::resolve_existing;
-use crate::config::AgentConfig;
+use crate::infra::config::AgentConfig;
 
 /// What every sandbox starts with: death with the gateway, its own PID and IPC namespaces, no
 /// capabilities (the gateway may run as root, and bubblewrap keeps a root caller's capabilities

@@ -48,8 +48,8 @@ impl SingleUser {
             Some(one) => Err(one.to_string()),
             None => {
                 // Written before anyone is served: if it cannot be, nobody is.
-                if let Err(e) = crate::files::write_new_private(&self.file, format!("{user}\n").as_bytes()) {
-                    let e = crate::files::named(e, "cannot write", &self.file);
+                if let Err(e) = crate::infra::files::write_new_private(&self.file, format!("{user}\n").as_bytes()) {
+                    let e = crate::infra::files::named(e, "cannot write", &self.file);
                     tracing::error!(error = %e, "cannot remember the one user of unsandboxed agents");
                     return Err(format!("(nobody: {e})"));
                 }

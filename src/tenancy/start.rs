@@ -12,8 +12,8 @@ use super::{
     CWD_SETTING, HOMES_SETTING, INHERITED_ENV, Launch, Program, Purpose, SHARED_HOME, Tenancy, escape_user,
     for_setting, network, sandbox, usable_dir,
 };
-use crate::config::{AgentConfig, NetworkMode};
-use crate::files::private_dir;
+use crate::infra::config::{AgentConfig, NetworkMode};
+use crate::infra::files::private_dir;
 
 impl Tenancy {
     /// The command that starts one process of `agent` for `user` (`None`: a shared process).

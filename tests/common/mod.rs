@@ -33,7 +33,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use acp_gateway::app::{Application, Gateway};
-use acp_gateway::config::{AgentConfig, CliOverrides, Config, DEFAULT_AGENT};
+use acp_gateway::infra::config::{AgentConfig, CliOverrides, Config, DEFAULT_AGENT};
 pub use data_dir::DataDir;
 use futures_util::{SinkExt, StreamExt};
 use serde_json::{Value, json};
@@ -118,7 +118,7 @@ impl TestGateway {
     /// Starts a gateway in an existing directory.
     pub async fn start_in(dir: Arc<DataDir>, db: Db, tweak: impl FnOnce(&mut Config)) -> Self {
         if std::env::var_os("TEST_LOG").is_some() {
-            acp_gateway::telemetry::init_logs("info");
+            acp_gateway::infra::telemetry::init_logs("info");
         }
         let db_url = match db {
             Db::Sqlite => format!("sqlite://{}/gw.db", dir.path().display()),
@@ -465,7 +465,7 @@ pub async fn wait_until(limit: Duration, mut cond: impl FnMut() -> bool) -> Opti
 
 /// The sum of a metric's series in this process (the in-process gateway's recorder).
 pub fn metric_sum(name: &str) -> f64 {
-    acp_gateway::telemetry::render_metrics()
+    acp_gateway::infra::telemetry::render_metrics()
         .lines()
         .filter(|l| l.starts_with(name))
         .filter_map(|l| l.split_whitespace().last()?.parse::<f64>().ok())

@@ -137,8 +137,8 @@ impl ServeProcess {
 
     /// A token for `user`, minted with the gateway's secret.
     pub fn token(&self, user: &str) -> String {
-        let auth = acp_gateway::auth::Authenticator::from_config(
-            &acp_gateway::config::JwtConfig {
+        let auth = acp_gateway::identity::auth::Authenticator::from_config(
+            &acp_gateway::infra::config::JwtConfig {
                 secret: Some(self.secret.clone().into()),
                 ..Default::default()
             },

@@ -17,7 +17,7 @@ use std::collections::HashMap;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use acp_gateway::config::DEFAULT_AGENT;
+use acp_gateway::infra::config::DEFAULT_AGENT;
 use common::procfs::{self, TcpSocket};
 use common::serve_process::{ServeProcess, marked_gateway_bin};
 use common::{Client, Db, TestGateway, WAIT, seq, wait_until};

@@ -168,7 +168,7 @@ common::both_backends!(
 
 /// `acp_gateway_audit_dropped_total`, as this process counts it.
 fn audit_dropped() -> f64 {
-    acp_gateway::telemetry::render_metrics()
+    acp_gateway::infra::telemetry::render_metrics()
         .lines()
         .filter(|l| l.starts_with("acp_gateway_audit_dropped_total"))
         .filter_map(|l| l.split_whitespace().last()?.parse::<f64>().ok())

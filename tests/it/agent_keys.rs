@@ -8,7 +8,7 @@ use crate::common;
 
 use std::path::Path;
 
-use acp_gateway::config::{AgentConfig, Config, SandboxMode};
+use acp_gateway::infra::config::{AgentConfig, Config, SandboxMode};
 use common::{Client, Db, TestGateway};
 use reqwest::StatusCode;
 use serde_json::{Value, json};

@@ -34,14 +34,15 @@ fn token_mints_a_jwt_for_the_configured_secret() {
         .expect("runs");
     assert!(out.status.success());
     let token = String::from_utf8(out.stdout).expect("utf8");
-    let cfg = acp_gateway::config::JwtConfig {
+    let cfg = acp_gateway::infra::config::JwtConfig {
         secret: Some(SECRET.to_string().into()),
         ..Default::default()
     };
-    let auth = acp_gateway::auth::Authenticator::from_config(&cfg, std::path::Path::new("/nonexistent")).expect("auth");
+    let auth = acp_gateway::identity::auth::Authenticator::from_config(&cfg, std::path::Path::new("/nonexistent"))
+        .expect("auth");
     let who = auth.verify(token.trim()).expect("verifies");
     assert_eq!(who.user, "alice");
-    assert!(who.expires_at <= acp_gateway::auth::now_secs() + 60);
+    assert!(who.expires_at <= acp_gateway::infra::clock::now_secs() + 60);
 
     let out = bin()
         .args(["token", "--sub", "alice"])
@@ -140,8 +141,8 @@ async fn serve_with_no_configuration_prints_a_one_time_login_url_and_keeps_its_s
     // The generated secret is kept in ./data and `token` (same directory) agrees with it.
     assert!(dir.path().join("data/jwt-secret").exists());
     assert!(dir.path().join("data/acp-gateway.db").exists());
-    let cfg = acp_gateway::config::JwtConfig::default();
-    let auth = acp_gateway::auth::Authenticator::from_config(&cfg, &dir.path().join("data")).expect("auth");
+    let cfg = acp_gateway::infra::config::JwtConfig::default();
+    let auth = acp_gateway::identity::auth::Authenticator::from_config(&cfg, &dir.path().join("data")).expect("auth");
     assert_eq!(auth.verify(&token).expect("valid").user, "local");
 }
 

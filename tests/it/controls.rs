@@ -6,7 +6,7 @@ use crate::common;
 
 use std::path::Path;
 
-use acp_gateway::config::{AgentConfig, Config, DEFAULT_AGENT};
+use acp_gateway::infra::config::{AgentConfig, Config, DEFAULT_AGENT};
 use common::serve_process::ServeProcess;
 use common::{Client, Db, TestGateway};
 use serde_json::{Value, json};

@@ -6,7 +6,7 @@
 
 use crate::common;
 
-use acp_gateway::config::AgentConfig;
+use acp_gateway::infra::config::AgentConfig;
 use common::{Db, TestGateway};
 use serde_json::{Value, json};
 

@@ -161,7 +161,10 @@ async fn fork_at_a_seq_then_both_branches_postgres() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_agent_without_fork_gets_the_history_with_the_first_prompt() {
     let gw = TestGateway::start(Db::Sqlite, |c| {
-        let demo = c.agents.get_mut(acp_gateway::config::DEFAULT_AGENT).expect("demo");
+        let demo = c
+            .agents
+            .get_mut(acp_gateway::infra::config::DEFAULT_AGENT)
+            .expect("demo");
         demo.args.extend(["--fork".to_string(), "false".to_string()]);
     })
     .await;

@@ -105,7 +105,7 @@ async fn a_login_code_signs_in_once() {
     assert_eq!(who.user, "alice");
     let ttl = gw.gw.config.jwt.default_ttl_secs;
     assert!(
-        who.expires_at + 60 >= acp_gateway::auth::now_secs() + ttl,
+        who.expires_at + 60 >= acp_gateway::infra::clock::now_secs() + ttl,
         "minted with jwt.default_ttl_secs"
     );
     let (status, me) = me_with_cookie(&gw, &format!("acp_gateway_token={token}"), &[]).await;

@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
-use acp_gateway::config::{AgentConfig, SandboxMode};
+use acp_gateway::infra::config::{AgentConfig, SandboxMode};
 use common::serve_process::ServeProcess;
 use common::{Client, Db, TestGateway};
 use serde_json::{Value, json};

@@ -227,7 +227,7 @@ async fn every_jwt_failure_gets_401() {
         c.jwt.audience = Some("acp-gateway".into());
     })
     .await;
-    let now = acp_gateway::auth::now_secs();
+    let now = acp_gateway::infra::clock::now_secs();
     let key = EncodingKey::from_secret(common::SECRET.as_bytes());
     let good = json!({"sub": "alice", "exp": now + 600, "iss": "https://issuer.example", "aud": "acp-gateway"});
     assert_eq!(status_of(&gw, &forge(good.clone(), Algorithm::HS256, &key)).await, 200);
@@ -325,7 +325,7 @@ async fn public_keys_pin_their_algorithm() {
             _ => EncodingKey::from_ed_pem(&pem),
         }
         .expect("private key");
-        let claims = json!({"sub": "alice", "exp": acp_gateway::auth::now_secs() + 600, "aud": "acp-gateway"});
+        let claims = json!({"sub": "alice", "exp": acp_gateway::infra::clock::now_secs() + 600, "aud": "acp-gateway"});
         assert_eq!(status_of(&gw, &forge(claims.clone(), alg, &key)).await, 200, "{name}");
         // The identity provider's tokens for other applications are not ours.
         let mut other_app = claims.clone();

@@ -160,7 +160,10 @@ async fn retention_deletes_the_stale_sessions_in_batches(db: Db) {
         c.retention.days = 30;
         c.retention.batch_size = 10;
         c.retention.interval_secs = 1;
-        let demo = c.agents.get_mut(acp_gateway::config::DEFAULT_AGENT).expect("demo");
+        let demo = c
+            .agents
+            .get_mut(acp_gateway::infra::config::DEFAULT_AGENT)
+            .expect("demo");
         demo.args = ["demo-agent", "--delay-us", "1000", "--chunks", "3"]
             .map(String::from)
             .to_vec();
@@ -188,8 +191,8 @@ async fn retention_deletes_the_stale_sessions_in_batches(db: Db) {
         .await;
     let mut updates = c.updates_until(&s, |_| true).await; // it streams
 
-    let batches_before = metric_sum(acp_gateway::metrics::RETENTION_BATCHES);
-    let deleted_before = metric_sum(acp_gateway::metrics::RETENTION_SESSIONS);
+    let batches_before = metric_sum(acp_gateway::infra::metrics::RETENTION_BATCHES);
+    let deleted_before = metric_sum(acp_gateway::infra::metrics::RETENTION_SESSIONS);
     let mut stale = Vec::new();
     for i in 0..25 {
         let (id, owner) = (format!("stale-{i:02}"), if i % 2 == 0 { "alice" } else { "bob" });
@@ -232,8 +235,8 @@ async fn retention_deletes_the_stale_sessions_in_batches(db: Db) {
     for (id, owner) in &stale {
         assert_eq!(store.read_events(owner, id, 0, 10).await.expect("read"), []);
     }
-    assert!(metric_sum(acp_gateway::metrics::RETENTION_SESSIONS) - deleted_before >= 25.0);
-    assert!(metric_sum(acp_gateway::metrics::RETENTION_BATCHES) - batches_before >= 3.0);
+    assert!(metric_sum(acp_gateway::infra::metrics::RETENTION_SESSIONS) - deleted_before >= 25.0);
+    assert!(metric_sum(acp_gateway::infra::metrics::RETENTION_BATCHES) - batches_before >= 3.0);
 
     // The prompt that ran meanwhile: every update once, in order, then its answer.
     let answer = c.answer(turn).await;

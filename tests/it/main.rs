@@ -28,6 +28,7 @@ mod front_door;
 mod gateway;
 mod host_safety;
 mod isolation;
+mod layering;
 mod lifecycle;
 mod oidc;
 mod push;

@@ -9,7 +9,7 @@ use crate::common;
 
 use std::net::SocketAddr;
 
-use acp_gateway::config::Config;
+use acp_gateway::infra::config::Config;
 use common::oidc_provider::{ClientReg, Provider, browser, walk};
 use common::{Client, Db, TestGateway, WAIT};
 use jsonwebtoken::{Algorithm, EncodingKey, Header};
@@ -192,7 +192,7 @@ async fn claims_kept_out_of_the_id_token_are_read_at_userinfo() {
     .await;
     // Only this test's provider sends anyone to userinfo.
     let userinfo_answers = || {
-        acp_gateway::telemetry::render_metrics()
+        acp_gateway::infra::telemetry::render_metrics()
             .lines()
             .filter(|l| {
                 l.starts_with("acp_gateway_oidc_provider_requests_total")
@@ -337,7 +337,7 @@ fn provider_token(provider: &Provider, kid: &str, claims: Value) -> String {
 }
 
 fn claims(s: &Setup, sub: &str, tweak: impl FnOnce(&mut Value)) -> Value {
-    let now = acp_gateway::auth::now_secs();
+    let now = acp_gateway::infra::clock::now_secs();
     let mut c = json!({
         "iss": s.provider.issuer, "aud": CLIENT_ID, "sub": sub, "groups": ["devs"],
         "iat": now, "exp": now + 300,
@@ -367,7 +367,9 @@ async fn provider_tokens_on_the_api_are_verified_against_its_keys() {
         ),
         (
             "expired",
-            claims(&s, "alice", |c| c["exp"] = json!(acp_gateway::auth::now_secs() - 600)),
+            claims(&s, "alice", |c| {
+                c["exp"] = json!(acp_gateway::infra::clock::now_secs() - 600)
+            }),
         ),
         ("group", claims(&s, "carol", |c| c["groups"] = json!(["sales"]))),
         (
@@ -509,7 +511,7 @@ async fn with_the_provider_down_signed_in_people_keep_working() {
         page.contains("cannot be reached") && page.contains("already signed in are not affected"),
         "{page}"
     );
-    let metrics = acp_gateway::telemetry::render_metrics();
+    let metrics = acp_gateway::infra::telemetry::render_metrics();
     assert!(
         metrics
             .lines()
@@ -560,7 +562,7 @@ async fn a_key_set_url_alone_is_checked_by_readyz() {
         c.jwt.audience = Some(CLIENT_ID.into());
     })
     .await;
-    let now = acp_gateway::auth::now_secs();
+    let now = acp_gateway::infra::clock::now_secs();
     let claims = json!({"iss": provider.issuer, "aud": CLIENT_ID, "sub": "alice", "iat": now, "exp": now + 300});
     let token = provider_token(&provider, &provider.kid, claims);
     let me = reqwest::Client::new()
@@ -632,7 +634,7 @@ async fn a_pem_key_keeps_working_beside_the_provider() {
     );
     // A PEM-signed token (no kid, the gateway's audience) works as before, and its `acp_sid` and
     // `acp_adm` claims mean nothing.
-    let now = acp_gateway::auth::now_secs();
+    let now = acp_gateway::infra::clock::now_secs();
     let key = EncodingKey::from_rsa_pem(&s.provider.private_pem(&kid)).expect("key");
     let pem_token = jsonwebtoken::encode(
         &Header::new(Algorithm::RS256),

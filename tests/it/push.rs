@@ -383,7 +383,7 @@ async fn a_question_is_pushed_and_the_device_that_opens_the_session_is_asked_it_
         c.push.endpoint_hosts = vec!["127.0.0.1".into()];
         c.agents.insert(
             "default".into(),
-            acp_gateway::config::AgentConfig {
+            acp_gateway::infra::config::AgentConfig {
                 command: "/usr/bin/python3".into(),
                 args: vec![concat!(env!("CARGO_MANIFEST_DIR"), "/tests/agents/elicit_agent.py").into()],
                 ..Default::default()
@@ -438,7 +438,7 @@ async fn a_device_opted_in_on_one_replica_is_pushed_by_another() {
     const KEY: &str = "c2hhcmVkIHNlY3JldHMga2V5IGZvciB0d28gcmVwbGk=";
     let (base, mut pushes) = push_service().await;
     let url = common::pg::fresh_database().await;
-    let tweak = |c: &mut acp_gateway::config::Config| {
+    let tweak = |c: &mut acp_gateway::infra::config::Config| {
         c.push.allow_http_endpoints = true;
         c.push.endpoint_hosts = vec!["127.0.0.1".into()];
         c.secrets_key = Some(KEY.to_string().into());

@@ -242,7 +242,10 @@ async fn a_message_queued_while_idle_goes_at_once_and_bad_requests_say_what_is_w
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_agent_that_queues_prompts_itself_gets_the_message_at_once() {
     let gw = TestGateway::start(Db::Sqlite, |c| {
-        let demo = c.agents.get_mut(acp_gateway::config::DEFAULT_AGENT).expect("demo");
+        let demo = c
+            .agents
+            .get_mut(acp_gateway::infra::config::DEFAULT_AGENT)
+            .expect("demo");
         demo.args.push("--prompt-queueing".into());
     })
     .await;

@@ -133,7 +133,10 @@ async fn a_user_at_the_agent_process_cap_is_told_which_cap_and_others_are_not() 
     let gw = TestGateway::start(Db::Sqlite, |c| {
         c.limits.max_agent_processes_per_user = 2;
         // One session per process: each session needs a process of its own.
-        let agent = c.agents.get_mut(acp_gateway::config::DEFAULT_AGENT).expect("agent");
+        let agent = c
+            .agents
+            .get_mut(acp_gateway::infra::config::DEFAULT_AGENT)
+            .expect("agent");
         agent.pool.max_sessions_per_process = 1;
         agent.pool.min_idle = 0;
     })

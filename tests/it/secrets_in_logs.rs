@@ -62,8 +62,8 @@ async fn no_secret_reaches_the_log_or_the_audit_table() {
     .expect("address in time");
     let drain = tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
 
-    let mint = acp_gateway::auth::Authenticator::from_config(
-        &acp_gateway::config::JwtConfig {
+    let mint = acp_gateway::identity::auth::Authenticator::from_config(
+        &acp_gateway::infra::config::JwtConfig {
             secret: Some(JWT_SECRET.to_string().into()),
             ..Default::default()
         },

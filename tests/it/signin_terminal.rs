@@ -8,7 +8,7 @@ use crate::common;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use acp_gateway::config::{AgentConfig, Config, NetworkMode, SandboxMode};
+use acp_gateway::infra::config::{AgentConfig, Config, NetworkMode, SandboxMode};
 use common::{Db, TestGateway, WAIT, eventually, processes_matching};
 use futures_util::{SinkExt, StreamExt};
 use serde_json::{Value, json};

@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
-use acp_gateway::config::{AgentConfig, Config, NetworkMode, SandboxMode};
+use acp_gateway::infra::config::{AgentConfig, Config, NetworkMode, SandboxMode};
 use common::{Client, Db, TestGateway, eventually};
 use serde_json::{Value, json};
 
@@ -409,7 +409,7 @@ async fn authenticate_logs_in_the_users_own_agent_only() {
     assert!(gw.dir().path().join("homes/alice/.acp-demo-agent/login").exists());
     assert!(!gw.dir().path().join("homes/bob/.acp-demo-agent/login").exists());
     // Both sign-ins are counted, by outcome.
-    let metrics = acp_gateway::telemetry::render_metrics();
+    let metrics = acp_gateway::infra::telemetry::render_metrics();
     for outcome in ["ok", "failed"] {
         let series =
             format!(r#"acp_gateway_agent_signins_total{{agent="default",method_type="agent",outcome="{outcome}"}} "#);
@@ -475,8 +475,8 @@ async fn agent_under_an_operators_terminal(sandbox: &str) {
     })
     .await
     .expect("address in time");
-    let auth = acp_gateway::auth::Authenticator::from_config(
-        &acp_gateway::config::JwtConfig {
+    let auth = acp_gateway::identity::auth::Authenticator::from_config(
+        &acp_gateway::infra::config::JwtConfig {
             secret: Some(secret.clone().into()),
             ..Default::default()
         },

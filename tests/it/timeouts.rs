@@ -11,7 +11,9 @@ use common::{Client, Db, TestGateway, agent, eventually};
 use serde_json::json;
 
 /// The gateway's config with the default agent's pool edited by `tweak`.
-fn pool(tweak: impl FnOnce(&mut acp_gateway::config::PoolConfig)) -> impl FnOnce(&mut acp_gateway::config::Config) {
+fn pool(
+    tweak: impl FnOnce(&mut acp_gateway::infra::config::PoolConfig),
+) -> impl FnOnce(&mut acp_gateway::infra::config::Config) {
     move |c| tweak(&mut c.agents.get_mut("default").expect("default agent").pool)
 }
 

@@ -7,7 +7,7 @@ use crate::common;
 
 use std::sync::Arc;
 
-use acp_gateway::config::{Config, DEFAULT_AGENT};
+use acp_gateway::infra::config::{Config, DEFAULT_AGENT};
 use common::{Client, Db, TestGateway, WAIT};
 use reqwest::StatusCode;
 use serde_json::{Value, json};

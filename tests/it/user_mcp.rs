@@ -9,7 +9,7 @@ use crate::common;
 
 use std::path::{Path, PathBuf};
 
-use acp_gateway::config::{AgentConfig, Config};
+use acp_gateway::infra::config::{AgentConfig, Config};
 use common::{Db, TestGateway};
 use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};

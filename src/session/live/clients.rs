@@ -10,7 +10,7 @@ use serde_json::value::RawValue;
 
 use super::fanout::{Deferred, Held, Subscriber, feed_id};
 use super::{LiveSession, REPLAY_PAGE_CHUNKS};
-use crate::outbox::{CLOSE_TOO_SLOW, Outbox};
+use crate::infra::outbox::{CLOSE_TOO_SLOW, Outbox};
 use crate::protocol::{self, RpcError};
 use crate::session::client::Client;
 use crate::session::requests::AgentRequest;
@@ -98,7 +98,8 @@ impl LiveSession {
             let started = std::time::Instant::now();
             match self.feed(client, feed, store).await {
                 Ok(()) => {
-                    metrics::histogram!(crate::metrics::REPLAY_SECONDS).record(crate::metrics::seconds_since(started));
+                    metrics::histogram!(crate::infra::metrics::REPLAY_SECONDS)
+                        .record(crate::infra::metrics::seconds_since(started));
                 }
                 Err(end) => {
                     self.detach(client);
@@ -241,7 +242,7 @@ impl LiveSession {
             if !run.is_empty() {
                 self.give_run(client, feed, &mut run, cursor).await?;
             }
-            crate::metrics::message_out(crate::metrics::Peer::Client, "session/update", cursor - from);
+            crate::infra::metrics::message_out(crate::infra::metrics::Peer::Client, "session/update", cursor - from);
             if cursor > from {
                 missing_since = None;
             } else {

@@ -15,7 +15,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use axum::extract::ws::Utf8Bytes;
 use serde_json::value::RawValue;
 
-use crate::outbox::Outbox;
+use crate::infra::outbox::Outbox;
 use crate::session::client::Client;
 use crate::session::requests::AgentRequest;
 
@@ -138,7 +138,7 @@ impl Fanout {
             }
             if sub.client.outbox.offer(frame.clone()) {
                 sub.sent_up_to = seq;
-                crate::metrics::message_out(crate::metrics::Peer::Client, "session/update", 1);
+                crate::infra::metrics::message_out(crate::infra::metrics::Peer::Client, "session/update", 1);
                 return true;
             }
             if sub.client.is_closed() {
@@ -147,7 +147,7 @@ impl Fanout {
             let id = feed_id();
             sub.feed = Some(id);
             fell.push((sub.client.clone(), id));
-            metrics::counter!(crate::metrics::CLIENT_CATCH_UPS).increment(1);
+            metrics::counter!(crate::infra::metrics::CLIENT_CATCH_UPS).increment(1);
             true
         });
     }
@@ -175,7 +175,7 @@ mod tests {
     use super::*;
 
     fn client(queue: usize) -> Arc<Client> {
-        let (outbox, rx) = crate::outbox::outbox(queue, 1 << 20);
+        let (outbox, rx) = crate::infra::outbox::outbox(queue, 1 << 20);
         std::mem::forget(rx);
         Client::new(Arc::from("c"), Arc::from("u"), None, outbox)
     }

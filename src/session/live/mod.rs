@@ -37,8 +37,8 @@ use self::fanout::{Deferred, Fanout};
 use super::controls::Controls;
 use super::queue::PromptQueue;
 use super::requests::AgentRequest;
-use crate::outbox::Outbox;
-use crate::pool::{AgentProcess, SessionRoute};
+use crate::agents::pool::{AgentProcess, SessionRoute};
+use crate::infra::outbox::Outbox;
 use crate::protocol::{self, RpcError};
 use crate::store::persister::{Committed, Persister};
 use crate::store::{SessionRecord, Store, now_micros};
@@ -79,7 +79,7 @@ pub struct LiveSession {
     /// `acp_gateway_updates_total`, looked up once.
     updates_total: metrics::Counter,
     /// Time from a prompt to the agent's first update (`acp_gateway_prompt_first_update_seconds`).
-    first_update: crate::metrics::FirstUpdate,
+    first_update: crate::infra::metrics::FirstUpdate,
     /// The transcript writer.
     persister: Persister,
     /// How long an agent's request may wait for an answer.
@@ -87,7 +87,7 @@ pub struct LiveSession {
     /// Where `usage_update` costs are recorded.
     usage: Option<Arc<crate::usage::Usage>>,
     /// Users' own MCP servers (see [`SessionOptions::user_mcp`]).
-    user_mcp: Option<Arc<crate::user_mcp::UserMcp>>,
+    user_mcp: Option<Arc<crate::settings::user_mcp::UserMcp>>,
     /// Pushes to the owner's devices.
     push: Option<Arc<crate::push::Push>>,
     /// Agent requests asked across replicas, when several share the database.
@@ -165,7 +165,7 @@ pub struct SessionOptions {
     /// What each person spends (`usage_update` costs).
     pub usage: Option<Arc<crate::usage::Usage>>,
     /// Users' own MCP servers, given to the agent again when a session is restored.
-    pub user_mcp: Option<Arc<crate::user_mcp::UserMcp>>,
+    pub user_mcp: Option<Arc<crate::settings::user_mcp::UserMcp>>,
     /// Pushes to users' devices.
     pub push: Option<Arc<crate::push::Push>>,
 }
@@ -182,8 +182,8 @@ impl LiveSession {
         let last_seq = u64::try_from(r.last_seq).unwrap_or(0);
         Arc::new_cyclic(|me| Self {
             id_json: id_json.into(),
-            updates_total: metrics::counter!(crate::metrics::UPDATES),
-            first_update: crate::metrics::FirstUpdate::new(&r.agent),
+            updates_total: metrics::counter!(crate::infra::metrics::UPDATES),
+            first_update: crate::infra::metrics::FirstUpdate::new(&r.agent),
             id: Arc::from(r.id.as_str()),
             owner: Arc::from(r.owner.as_str()),
             agent: Arc::from(r.agent.as_str()),

@@ -23,8 +23,13 @@ impl LiveSession {
         let _numbering = self.numbering.lock().await;
         let seq = self.assigned.load(Ordering::Acquire) + 1;
         self.assigned.store(seq, Ordering::Release);
-        self.enqueue(seq, update, agent_meta, crate::pool::process::more_lines_follow())
-            .await;
+        self.enqueue(
+            seq,
+            update,
+            agent_meta,
+            crate::agents::pool::process::more_lines_follow(),
+        )
+        .await;
     }
 
     /// Numbers a burst of updates the agent wrote at once and queues them for the writer;
@@ -87,7 +92,8 @@ impl LiveSession {
         let Some(me) = self.me.upgrade() else { return };
         let mut frames = Vec::with_capacity(updates.len());
         let mut items = Vec::with_capacity(updates.len());
-        for (seq, ((update, meta), follows)) in (first..).zip(crate::pool::process::with_follows(updates, more)) {
+        for (seq, ((update, meta), follows)) in (first..).zip(crate::agents::pool::process::with_follows(updates, more))
+        {
             let update = update.get();
             if changes_session(update) {
                 // What it changes is queued after the updates before it, as one by one.

@@ -8,7 +8,7 @@ use agent_client_protocol_schema::v1::McpServer;
 use serde_json::value::RawValue;
 
 use super::{Binding, LiveSession, id_in_use};
-use crate::pool::{AgentProcess, Pools, SessionRoute};
+use crate::agents::pool::{AgentProcess, Pools, SessionRoute};
 use crate::protocol::RpcError;
 use crate::session::controls::Controls;
 use crate::store::now_micros;
@@ -91,7 +91,9 @@ impl LiveSession {
         // The owner's own servers, as they are now (never stored with the session), and never
         // to a process shared between users (their headers are the owner's secrets).
         if let Some(user_mcp) = self.user_mcp.as_ref().filter(|_| !pool.is_shared()) {
-            match crate::user_mcp::with_users_servers(user_mcp, &self.owner, info.mcp_transports(), &servers).await {
+            match crate::settings::user_mcp::with_users_servers(user_mcp, &self.owner, info.mcp_transports(), &servers)
+                .await
+            {
                 Ok(all) => servers = all,
                 Err(e) => {
                     process.release();
@@ -100,7 +102,7 @@ impl LiveSession {
             }
         }
         // Set before it is sent: a teammate's prompt is checked against it from now on.
-        self.set_mcp_secrets_given(crate::user_mcp::carry_secrets(&servers));
+        self.set_mcp_secrets_given(crate::settings::user_mcp::carry_secrets(&servers));
         let params = format!(
             r#"{{"sessionId":{},"cwd":{},"additionalDirectories":{},"mcpServers":{servers}}}"#,
             serde_json::to_string(&*agent_sid).unwrap_or_default(),
@@ -113,7 +115,7 @@ impl LiveSession {
                 .await;
         }
         let outcome = if restored.is_ok() { "ok" } else { "error" };
-        metrics::counter!(crate::metrics::SESSION_RESTORES, "agent" => self.agent.to_string(), "method" => method, "outcome" => outcome)
+        metrics::counter!(crate::infra::metrics::SESSION_RESTORES, "agent" => self.agent.to_string(), "method" => method, "outcome" => outcome)
             .increment(1);
         if let Err(e) = restored {
             process.release();

@@ -40,7 +40,7 @@ use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
 use super::{SessionWrite, Store, StoreError, now_micros};
-use crate::budget::ByteBudget;
+use crate::infra::budget::ByteBudget;
 
 /// Most items written in one transaction: a round trip queued behind a stream waits for the
 /// commit of at most this many (see the queue's bound, `app::PERSIST_QUEUE`). A burst of a few
@@ -284,8 +284,8 @@ async fn run(
     // any more (a later commit would release the lost ones with it).
     let mut lost: HashSet<Arc<str>> = HashSet::new();
     // Looked up once: recorded per batch and per session in it.
-    let batch_updates = metrics::histogram!(crate::metrics::TRANSCRIPT_BATCH_UPDATES);
-    let commit_lag = metrics::histogram!(crate::metrics::TRANSCRIPT_COMMIT_LAG_SECONDS);
+    let batch_updates = metrics::histogram!(crate::infra::metrics::TRANSCRIPT_BATCH_UPDATES);
+    let commit_lag = metrics::histogram!(crate::infra::metrics::TRANSCRIPT_COMMIT_LAG_SECONDS);
     let w = Writer::new(&*store, &cancel, &health, holder.as_deref(), direct);
     // Since when metadata has been held back.
     let mut metadata_since: Option<Instant> = None;
@@ -406,7 +406,7 @@ async fn run(
             match updates {
                 Some(u) if lost.contains(&u.session_id) => {
                     let n = u.chunk.as_ref().map_or(0, |c| c.seq_to - c.seq_from + 1);
-                    metrics::counter!(crate::metrics::TRANSCRIPT_UPDATES_DROPPED).increment(n as u64);
+                    metrics::counter!(crate::infra::metrics::TRANSCRIPT_UPDATES_DROPPED).increment(n as u64);
                     tracing::error!(session = %u.session_id, updates = n, "session's transcript cannot be stored; update dropped, never shown");
                 }
                 u => chunks.extend(u),

@@ -42,7 +42,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::batch::{Batch, Item, awaits_answer, awaits_answer_after, burst_goes_on, coalesce, item_bytes, split};
 use super::{Health, SessionWrite, take_waiting};
-use crate::budget::ByteBudget;
+use crate::infra::budget::ByteBudget;
 use crate::store::now_micros;
 use crate::store::sqlite_writer::BatchWriter;
 
@@ -522,10 +522,10 @@ impl Stage {
             return false;
         }
         self.health.succeeded();
-        metrics::histogram!(crate::metrics::TRANSCRIPT_COMMIT_SECONDS).record(started.elapsed().as_secs_f64());
-        metrics::counter!(crate::metrics::TRANSCRIPT_UPDATES_STORED).increment(updates);
-        metrics::histogram!(crate::metrics::TRANSCRIPT_BATCH_UPDATES).record(updates as f64);
-        let commit_lag = metrics::histogram!(crate::metrics::TRANSCRIPT_COMMIT_LAG_SECONDS);
+        metrics::histogram!(crate::infra::metrics::TRANSCRIPT_COMMIT_SECONDS).record(started.elapsed().as_secs_f64());
+        metrics::counter!(crate::infra::metrics::TRANSCRIPT_UPDATES_STORED).increment(updates);
+        metrics::histogram!(crate::infra::metrics::TRANSCRIPT_BATCH_UPDATES).record(updates as f64);
+        let commit_lag = metrics::histogram!(crate::infra::metrics::TRANSCRIPT_COMMIT_LAG_SECONDS);
         let now = now_micros();
         for ((_, notify, seq), received) in stored_up_to.into_iter().zip(oldest) {
             commit_lag.record((now - received).max(0) as f64 / 1e6);

@@ -214,8 +214,8 @@ impl<'a> Writer<'a> {
                         },
                     };
                     self.health.dropped.fetch_add(1, Ordering::Relaxed);
-                    metrics::counter!(crate::metrics::TRANSCRIPT_WRITES_DROPPED).increment(1);
-                    metrics::counter!(crate::metrics::TRANSCRIPT_UPDATES_DROPPED).increment(n);
+                    metrics::counter!(crate::infra::metrics::TRANSCRIPT_WRITES_DROPPED).increment(1);
+                    metrics::counter!(crate::infra::metrics::TRANSCRIPT_UPDATES_DROPPED).increment(n);
                     tracing::error!(
                         session = %session,
                         error = %failed,
@@ -228,7 +228,7 @@ impl<'a> Writer<'a> {
                 self.health.succeeded();
             }
         }
-        metrics::histogram!(crate::metrics::TRANSCRIPT_COMMIT_SECONDS).record(started.elapsed().as_secs_f64());
+        metrics::histogram!(crate::infra::metrics::TRANSCRIPT_COMMIT_SECONDS).record(started.elapsed().as_secs_f64());
         Some(dropped)
     }
 
@@ -251,13 +251,13 @@ impl<'a> Writer<'a> {
             let e = match result {
                 Ok(()) => {
                     self.health.succeeded();
-                    metrics::counter!(crate::metrics::TRANSCRIPT_UPDATES_STORED).increment(updates);
+                    metrics::counter!(crate::infra::metrics::TRANSCRIPT_UPDATES_STORED).increment(updates);
                     return Attempt::Stored;
                 }
                 Err(e) => e,
             };
             self.health.failed(&e);
-            metrics::counter!(crate::metrics::TRANSCRIPT_WRITE_ERRORS).increment(1);
+            metrics::counter!(crate::infra::metrics::TRANSCRIPT_WRITE_ERRORS).increment(1);
             if self.cancel.is_cancelled() {
                 tracing::error!(error = %e, updates, "shutting down with the database unreachable: not stored");
                 return Attempt::GaveUp;

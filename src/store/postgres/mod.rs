@@ -247,11 +247,11 @@ impl Store for PgStore {
     }
 
     async fn revoke_web_session(&self, id: &str, reason: &str) -> Result<(), StoreError> {
-        Ok(Postgres::revoke_web_session(&self.pool, id, crate::auth::now_secs() as i64, reason).await?)
+        Ok(Postgres::revoke_web_session(&self.pool, id, crate::infra::clock::now_secs() as i64, reason).await?)
     }
 
     async fn due_web_sessions(&self, checked_before: i64, limit: i64) -> Result<Vec<WebSession>, StoreError> {
-        let now = crate::auth::now_secs() as i64;
+        let now = crate::infra::clock::now_secs() as i64;
         Postgres::prune_web_sessions(&self.pool, now - WEB_SESSIONS_KEPT_SECS).await?;
         Ok(Postgres::due_web_sessions(&self.pool, checked_before, now, limit).await?)
     }
@@ -261,7 +261,7 @@ impl Store for PgStore {
     }
 
     async fn bind_identity(&self, user: &str, issuer: &str, subject: &str) -> Result<(String, String), StoreError> {
-        let now = crate::auth::now_secs() as i64;
+        let now = crate::infra::clock::now_secs() as i64;
         Ok(Postgres::bind_identity(&self.pool, user, issuer, subject, now).await?)
     }
 

@@ -17,7 +17,7 @@ use std::collections::HashMap;
 use std::sync::{Mutex, Once};
 use std::time::{Duration, Instant};
 
-use acp_gateway::config::Config;
+use acp_gateway::infra::config::Config;
 use common::{Client, Db, TestGateway, WAIT, agent, eventually, seq};
 use futures_util::{SinkExt, StreamExt};
 use proptest::prelude::*;

@@ -11,7 +11,7 @@ async fn updates_sent_right_after_session_new_reach_the_client_and_the_transcrip
     let gw = TestGateway::start(Db::Sqlite, |c| {
         let demo = c
             .agents
-            .get_mut(acp_gateway::config::DEFAULT_AGENT)
+            .get_mut(acp_gateway::infra::config::DEFAULT_AGENT)
             .expect("default agent");
         demo.args = ["demo-agent", "--showcase", "--delay-us", "0"]
             .map(String::from)

@@ -1,0 +1,372 @@
+//! The WebSocket bridge: one task pair per connection. The reader parses each frame once and
+//! dispatches it ([`methods`]); the writer drains the client's [`Outbox`], batching frames into
+//! one flush, and sends keepalive pings. When the outbox closes (overflow, shutdown, expiry) the
+//! writer stops at once, tries the close frame for a moment, and both halves of the socket are
+//! dropped: the file descriptor and the queued frames are released.
+//!
+//! Protocol errors (bad JSON, batches, unknown methods, bad params) are answered and the
+//! connection lives; transport errors, a keepalive timeout, an expired token or shutdown end it.
+
+mod attachments;
+mod errors;
+mod methods;
+mod quiet_sink;
+pub mod remote;
+mod request;
+mod signin;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::extract::ws::{CloseFrame, Message, Utf8Bytes, WebSocket};
+use futures_util::{SinkExt, StreamExt};
+
+use crate::agents::pool::AgentPool;
+use crate::gateway::Gateway;
+use crate::identity::auth::Identity;
+use crate::infra::clock::now_secs;
+use crate::infra::outbox::{CLOSE_TOO_SLOW, Outbox, OutboxReceiver};
+use crate::protocol::{self, Incoming, Kind, ParseFailure, RpcError, codes};
+use crate::session::Client;
+use quiet_sink::QuietSink;
+
+/// Close code when the token expires (RFC 6455 1008, policy violation).
+const CLOSE_TOKEN_EXPIRED: u16 = 1008;
+/// Close code for a frame over the size cap (1009, message too big).
+const CLOSE_TOO_BIG: u16 = 1009;
+/// Close code for a text frame that is not UTF-8 (1007, invalid frame payload data).
+const CLOSE_INVALID_DATA: u16 = 1007;
+/// Close code on shutdown (1001, going away).
+const CLOSE_GOING_AWAY: u16 = 1001;
+/// How long a closing connection's writer tries to deliver its close frame (a peer that does not
+/// read may never take it) before the socket is dropped.
+const CLOSE_FRAME_WAIT: Duration = Duration::from_millis(500);
+/// The same for a client closed because it read nothing: what its socket already holds (up to
+/// the kernel's send buffer, megabytes) goes first, so it gets long enough for a client that
+/// reads again to drain that and get the 1013. Its queue and sessions are released at once;
+/// only the socket waits.
+const SLOW_CLOSE_FRAME_WAIT: Duration = Duration::from_secs(30);
+/// After the close frame, how long the peer has to answer with its own before the socket is
+/// dropped (dropping a socket with unread input resets it, and the peer may lose the close frame).
+const CLOSE_REPLY_WAIT: Duration = Duration::from_secs(1);
+/// The same for a client closed for reading nothing, once its close frame is written: it may
+/// still be reading a send buffer's worth (megabytes) before it gets there.
+const SLOW_CLOSE_REPLY_WAIT: Duration = Duration::from_secs(10);
+/// Most bytes written between two checks that the peer is reading.
+const WRITE_CHUNK_BYTES: usize = 256 << 10;
+
+/// Closes a client that reads nothing with 1013 and counts it, when this close is the one that
+/// wins; whether it was.
+fn close_not_reading(outbox: &Outbox) -> bool {
+    let closed = outbox.close(
+        CLOSE_TOO_SLOW,
+        "client read nothing; reconnect and resume with afterSeq",
+    );
+    if closed {
+        metrics::counter!(crate::infra::metrics::SLOW_CLIENTS_DROPPED).increment(1);
+    }
+    closed
+}
+
+/// Serves one upgraded connection until it ends.
+pub async fn serve(
+    socket: WebSocket,
+    gw: Arc<Gateway>,
+    identity: Identity,
+    conn_id: Arc<str>,
+    addr: Option<Arc<str>>,
+    pool: Arc<AgentPool>,
+) {
+    let limits = &gw.config.limits;
+    let (outbox, rx) = crate::infra::outbox::outbox(limits.client_queue, limits.client_queue_bytes);
+    let client = Client::new(conn_id.clone(), Arc::from(identity.user.as_str()), addr, outbox.clone());
+    let (sink, mut stream) = socket.split();
+    let ping_every = Duration::from_secs(limits.ping_interval_secs.max(1));
+    let slow_after = Duration::from_secs(limits.slow_client_timeout_secs.max(1));
+    let writer = tokio::spawn(write_frames(
+        QuietSink::new(sink),
+        rx,
+        outbox.clone(),
+        ping_every,
+        slow_after,
+    ));
+    metrics::gauge!(crate::infra::metrics::CONNECTIONS).increment(1.0);
+    metrics::counter!(crate::infra::metrics::CONNECTIONS_OPENED).increment(1);
+    tracing::info!(connection = %conn_id, user = %identity.user, agent = %pool.name, "client connected");
+
+    let mut conn = methods::Connection::new(gw.clone(), client.clone(), pool);
+    let now = tokio::time::Instant::now();
+    let expires = now
+        .checked_add(Duration::from_secs(identity.expires_at.saturating_sub(now_secs())))
+        .unwrap_or_else(|| now + Duration::from_secs(10 * 365 * 24 * 3600));
+    let expiry = tokio::time::sleep_until(expires);
+    tokio::pin!(expiry);
+    // A sign-in through the identity provider that ends (sign-out on any replica, or the provider
+    // no longer lets the person in) closes its WebSockets as an expired token does.
+    let watch = identity
+        .session
+        .as_deref()
+        .and_then(|sid| gw.oidc.as_ref().map(|o| o.watched.watch(sid)));
+    let signed_out = async {
+        match &watch {
+            Some(w) => w.ended.cancelled().await,
+            None => std::future::pending().await,
+        }
+    };
+    tokio::pin!(signed_out);
+    // While the gateway drains: resolves once nothing this client asked is in flight.
+    let drained = conn.drained();
+    tokio::pin!(drained);
+    let mut draining = false;
+    // A client that sends nothing, not even a pong, for two ping intervals is gone or reads
+    // nothing; in the second case the contract closes it only after `slow_client_timeout_secs`
+    // and with 1013, whatever the writer had to send it.
+    let silent_after = (ping_every * 2).max(slow_after);
+    loop {
+        let frame = tokio::select! {
+            frame = tokio::time::timeout(silent_after, stream.next()) => frame,
+            () = outbox.closed() => break,
+            () = &mut expiry => {
+                tracing::info!(connection = %conn_id, user = %identity.user, "token expired; closing connection");
+                outbox.close(CLOSE_TOKEN_EXPIRED, "token expired");
+                break;
+            }
+            () = &mut signed_out => {
+                tracing::info!(connection = %conn_id, user = %identity.user, "sign-in ended; closing connection");
+                outbox.close(CLOSE_TOKEN_EXPIRED, "signed out");
+                break;
+            }
+            () = &mut drained => {
+                draining = true;
+                break;
+            }
+            () = gw.shutdown.cancelled() => {
+                outbox.close(CLOSE_GOING_AWAY, "gateway shutting down");
+                break;
+            }
+        };
+        match frame {
+            // A client that does not read gets no pings to answer: the writer's slow-client
+            // timer decides about it.
+            Err(_) if outbox.write_stalled_for().is_some() => {}
+            Err(_) => {
+                tracing::info!(connection = %conn_id, silent_secs = silent_after.as_secs(), "no traffic or pong from the client; closed with 1013");
+                close_not_reading(&outbox);
+                break;
+            }
+            Ok(Some(Err(e))) => {
+                // Read errors worth answering (RFC 6455 7.4.1): a frame over the cap (1009,
+                // message too big) and a text frame that is not UTF-8 (1007, invalid data).
+                // axum hides tungstenite's error type: its messages are what is left to tell.
+                let e = e.to_string();
+                if e.contains("too long") {
+                    tracing::info!(connection = %conn_id, "frame over max_frame_bytes; closing");
+                    outbox.close(CLOSE_TOO_BIG, "message too big");
+                } else if e.contains("UTF-8") {
+                    tracing::info!(connection = %conn_id, "text frame is not UTF-8; closing");
+                    outbox.close(CLOSE_INVALID_DATA, "text frame is not UTF-8");
+                }
+                break;
+            }
+            Ok(None) | Ok(Some(Ok(Message::Close(_)))) => break,
+            Ok(Some(Ok(Message::Text(text)))) => conn.on_text(text.as_str()).await,
+            // Binary frames are ignored (transport RFD); pings are answered by the library.
+            Ok(Some(Ok(_))) => {}
+        }
+    }
+    if draining {
+        // The client gets what was queued for it (its prompt's answer), then 1001; one that
+        // does not read is cut when shutdown comes.
+        tracing::info!(connection = %conn_id, user = %identity.user, "gateway draining; closing the connection (1001)");
+        let written = async {
+            outbox
+                .close_when_written(CLOSE_GOING_AWAY, "gateway shutting down")
+                .await;
+            outbox.closed().await;
+        };
+        tokio::select! {
+            () = written => {}
+            () = gw.shutdown.cancelled() => {
+                outbox.close(CLOSE_GOING_AWAY, "gateway shutting down");
+            }
+        }
+    }
+    outbox.close(1000, "");
+    conn.finish();
+    // The closing handshake: the writer sends the close frame while the peer's input is read
+    // (and dropped) until its own close frame, so the socket is not reset under the peer's
+    // feet; then the peer has a moment to answer.
+    let peer_closed = async {
+        while let Some(Ok(message)) = stream.next().await {
+            if matches!(message, Message::Close(_)) {
+                break;
+            }
+        }
+    };
+    tokio::pin!(peer_closed);
+    let mut writer = writer;
+    let replied = tokio::select! {
+        _ = &mut writer => false,
+        () = &mut peer_closed => true,
+    };
+    if replied {
+        let _ = writer.await;
+    } else {
+        // A client closed for reading nothing may still be draining megabytes before it reaches
+        // the close frame: dropping the socket under it (with its pongs unread here) would reset
+        // the connection and wipe what it has not read yet.
+        // Its close frame is in the kernel's hands now, behind at most a send buffer's worth.
+        let slow = outbox.close_reason().is_some_and(|r| r.code == CLOSE_TOO_SLOW);
+        let until = tokio::time::Instant::now() + if slow { SLOW_CLOSE_REPLY_WAIT } else { CLOSE_REPLY_WAIT };
+        let _ = tokio::time::timeout_at(until, peer_closed).await;
+    }
+    drop(stream);
+    metrics::gauge!(crate::infra::metrics::CONNECTIONS).decrement(1.0);
+    tracing::info!(connection = %conn_id, user = %identity.user, "client disconnected");
+}
+
+/// Writes queued frames, several per flush, and pings every `ping_every`. A peer that takes
+/// nothing for `slow_after` is closed with `1013`. When the outbox closes, sends the close frame
+/// if the peer takes it in time, and returns (dropping its half of the socket and whatever was
+/// still queued).
+async fn write_frames(
+    mut sink: QuietSink<futures_util::stream::SplitSink<WebSocket, Message>>,
+    mut rx: OutboxReceiver,
+    outbox: Outbox,
+    ping_every: Duration,
+    slow_after: Duration,
+) {
+    let mut ping = tokio::time::interval_at(tokio::time::Instant::now() + ping_every, ping_every);
+    // Grows to what the busiest burst needed; an idle connection holds none.
+    let mut batch = Vec::new();
+    let sent = async {
+        loop {
+            tokio::select! {
+                n = rx.recv_many(&mut batch, 512) => {
+                    if n == 0 {
+                        return Written::Stopped;
+                    }
+                    outbox.writing(true);
+                    let mut start = 0;
+                    while start < batch.len() {
+                        // Up to a chunk's worth of the peer's reading under one timer (not
+                        // one per frame: a stream's frames are small and many), or up to
+                        // `Outbox::close_when_written`'s mark (an empty frame).
+                        let (mut end, mut bytes) = (start, 0);
+                        while end < batch.len() && bytes < WRITE_CHUNK_BYTES && !batch[end].is_empty() {
+                            bytes += batch[end].len();
+                            end += 1;
+                        }
+                        let frames = &batch[start..end];
+                        let written = tokio::time::timeout(slow_after, async {
+                            for text in frames {
+                                sink.feed(Message::Text(text.clone())).await?;
+                            }
+                            sink.flush().await
+                        });
+                        match written.await {
+                            Ok(Ok(())) => {}
+                            Ok(Err(_)) => return Written::Stopped,
+                            Err(_) => return Written::PeerStuck,
+                        }
+                        if batch.get(end).is_some_and(|text| text.is_empty()) {
+                            // What came before the mark is out.
+                            outbox.close_at_mark();
+                            return Written::Stopped;
+                        }
+                        start = end;
+                    }
+                    outbox.writing(false);
+                    rx.written(&batch);
+                    batch.clear();
+                }
+                _ = ping.tick() => {
+                    outbox.writing(true);
+                    match tokio::time::timeout(slow_after, sink.send(Message::Ping(bytes::Bytes::new()))).await {
+                        Ok(Ok(())) => outbox.writing(false),
+                        Ok(Err(_)) => return Written::Stopped,
+                        Err(_) => return Written::PeerStuck,
+                    }
+                }
+            }
+        }
+    };
+    // A write blocked on a peer that does not read ends as soon as the outbox closes.
+    let stuck = tokio::select! {
+        written = sent => written == Written::PeerStuck,
+        () = outbox.closed() => false,
+    };
+    if stuck && close_not_reading(&outbox) {
+        tracing::warn!(
+            after_secs = slow_after.as_secs(),
+            "a client took nothing written to it for slow_client_timeout_secs; closed with 1013"
+        );
+    }
+    // Its queue goes at once, whatever the close frame does.
+    drop(rx);
+    drop(batch);
+    outbox.close(1000, "");
+    if let Some(reason) = outbox.close_reason() {
+        let frame = CloseFrame {
+            code: reason.code,
+            reason: Utf8Bytes::from_static(reason.reason),
+        };
+        let wait = if reason.code == CLOSE_TOO_SLOW {
+            SLOW_CLOSE_FRAME_WAIT
+        } else {
+            CLOSE_FRAME_WAIT
+        };
+        let delivered = tokio::time::timeout(wait, async {
+            // When the client closed first, the library has queued the reply to its close frame
+            // and refuses a second one: closing the sink flushes that reply.
+            if sink.send(Message::Close(Some(frame))).await.is_err() {
+                let _ = sink.close().await;
+            }
+        })
+        .await;
+        if delivered.is_err() && reason.code == CLOSE_TOO_SLOW {
+            tracing::info!(
+                wait_secs = wait.as_secs(),
+                "a client closed for reading nothing did not take what its socket held within the wait; dropped without its close frame"
+            );
+        }
+    }
+}
+
+/// How the writing loop ended.
+#[derive(Debug, PartialEq, Eq)]
+enum Written {
+    /// The outbox closed, or the socket failed.
+    Stopped,
+    /// The peer took nothing for the slow-client timeout.
+    PeerStuck,
+}
+
+/// The error frame for a frame that is not a usable JSON-RPC message.
+fn parse_failure_frame(failure: ParseFailure) -> String {
+    match failure {
+        ParseFailure::NotJson(detail) => protocol::error(
+            None,
+            &RpcError::new(codes::PARSE_ERROR, format!("parse error: {detail}")),
+        ),
+        ParseFailure::Batch => protocol::error(
+            None,
+            &RpcError::new(codes::INVALID_REQUEST, "batch requests are not supported"),
+        ),
+        ParseFailure::Invalid(id, why) => protocol::error(
+            id.as_deref().map(|i| i.get()),
+            &RpcError::new(codes::INVALID_REQUEST, why),
+        ),
+    }
+}
+
+/// Reads the message kind, answering the client directly when the frame is unusable.
+async fn parse_or_answer<'a>(client: &Client, text: &'a str) -> Option<(Incoming<'a>, Kind)> {
+    match Incoming::parse(text) {
+        Ok(parsed) => Some(parsed),
+        Err(failure) => {
+            client.outbox.send(Utf8Bytes::from(parse_failure_frame(failure))).await;
+            None
+        }
+    }
+}

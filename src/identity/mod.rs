@@ -1,0 +1,4 @@
+//! Who a request is: tokens ([`auth`]) and team sign-in through an OpenID provider ([`oidc`]).
+
+pub mod auth;
+pub mod oidc;

@@ -46,6 +46,24 @@ async fn changed(tx: &mut Transaction<'_, Postgres>, sql: &str) -> Result<u64, s
     Ok(done?.rows_affected())
 }
 
+/// A new login role `{prefix}_<uuid>` (password `pw`, no superuser, no BYPASSRLS, plus
+/// `attributes`), then `grants` run with `{role}` naming it, as a superuser of the test server on
+/// `database`; the role and that superuser's connection.
+async fn new_role(database: &str, prefix: &str, attributes: &str, grants: &str) -> (String, PgConnection) {
+    let role = format!("{prefix}_{}", uuid::Uuid::new_v4().simple());
+    let mut admin = PgConnection::connect(&common::pg::admin_url(database).await)
+        .await
+        .expect("admin");
+    let grants = grants.replace("{role}", &role);
+    admin
+        .execute(
+            format!("CREATE ROLE {role} LOGIN {attributes} NOSUPERUSER NOBYPASSRLS PASSWORD 'pw'; {grants}").as_str(),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("create role {role}: {e}"));
+    (role, admin)
+}
+
 /// A statement of request work that acts for Alice, with her properly signed identity, sees and
 /// changes her rows and never Bob's, whatever else it sets: `acp_gateway.system`, Bob's name
 /// unsigned, Bob's name with a forged signature, `row_security = off`. The settings, key and
@@ -260,20 +278,13 @@ async fn a_request_statement_cannot_reach_another_users_rows() {
 
     // A role granted the tables outright, but not the request role, sees nothing (no policy is
     // for it) and cannot check signatures.
-    let other = format!("rls_other_{}", uuid::Uuid::new_v4().simple());
-    let mut admin = PgConnection::connect(&common::pg::admin_url(&database).await)
-        .await
-        .expect("admin");
-    admin
-        .execute(
-            format!(
-                "CREATE ROLE {other} LOGIN NOSUPERUSER NOBYPASSRLS PASSWORD 'pw';
-                 GRANT SELECT, INSERT, UPDATE, DELETE ON sessions, session_events TO {other}"
-            )
-            .as_str(),
-        )
-        .await
-        .expect("create the other role");
+    let (other, mut admin) = new_role(
+        &database,
+        "rls_other",
+        "",
+        "GRANT SELECT, INSERT, UPDATE, DELETE ON sessions, session_events TO {role}",
+    )
+    .await;
     let mut o = PgConnection::connect(&common::pg::url_as(&other, "pw", &database).await)
         .await
         .expect("connect as the other role");
@@ -448,20 +459,7 @@ async fn request_work_on_a_login_of_its_own_cannot_reset_its_way_to_the_owner() 
         "{msg}"
     );
 
-    let web = format!("rls_web_{}", uuid::Uuid::new_v4().simple());
-    let mut admin = PgConnection::connect(&common::pg::admin_url(&database).await)
-        .await
-        .expect("admin");
-    admin
-        .execute(
-            format!(
-                "CREATE ROLE {web} LOGIN NOINHERIT NOSUPERUSER NOBYPASSRLS PASSWORD 'pw';
-                 GRANT acp_gateway_request TO {web}"
-            )
-            .as_str(),
-        )
-        .await
-        .expect("create the request login");
+    let (web, mut admin) = new_role(&database, "rls_web", "NOINHERIT", "GRANT acp_gateway_request TO {role}").await;
     let web_url = common::pg::url_as(&web, "pw", &database).await;
     let s = store::connect_with(&url, Some(&web_url))
         .await

@@ -203,10 +203,15 @@ async fn every_series_is_there_from_the_start_and_moves_with_the_load() {
             &[("agent", agent), ("method", "initialize")],
         );
     }
+    // Every method the gateway serves has its own label, from the one list parsing uses
+    // (fork, attach and detach were counted as `other`).
     for method in [
         "initialize",
         "session/prompt",
         "session/load",
+        "session/fork",
+        "session/attach",
+        "session/detach",
         "session/cancel",
         "other",
     ] {

@@ -2,6 +2,7 @@
 //! them: the official ACP schema types (`agent-client-protocol-schema`) where the gateway
 //! interprets params, raw JSON where it only forwards them. A prompt is never re-serialized.
 
+use crate::protocol::method::ClientMethod;
 use std::borrow::Cow;
 
 use agent_client_protocol_schema::v1::{AuthenticateRequest, NewSessionRequest};
@@ -9,14 +10,6 @@ use serde::Deserialize;
 use serde_json::value::RawValue;
 
 use crate::protocol::{RpcError, codes};
-
-/// Session methods the gateway forwards to the session's agent.
-pub(super) const FORWARDED: [&str; 4] = [
-    "session/prompt",
-    "session/set_mode",
-    "session/set_config_option",
-    "session/set_model",
-];
 
 /// One request from a client, parsed.
 #[derive(Debug)]
@@ -170,24 +163,32 @@ fn typed<'a, T: Deserialize<'a>>(params: Option<&'a RawValue>, method: &str) -> 
 pub(super) fn parse(method: &str, params: Option<&RawValue>) -> Result<ClientRequest, RpcError> {
     let owned = || params.map_or_else(|| RawValue::from_string("{}".into()), |p| Ok(p.to_owned()));
     let owned = || owned().map_err(|e| RpcError::invalid_params(format!("invalid params: {e}")));
-    Ok(match method {
-        "initialize" => ClientRequest::Initialize,
-        "authenticate" => {
+    use ClientMethod as M;
+    let Some(known) = ClientMethod::parse(method).filter(|m| !matches!(m, M::SessionCancel | M::CancelRequest)) else {
+        return if method.starts_with('_') {
+            forward(method, params, owned()?)
+        } else {
+            Err(RpcError::method_not_found(method))
+        };
+    };
+    Ok(match known {
+        M::Initialize => ClientRequest::Initialize,
+        M::Authenticate => {
             typed::<AuthenticateRequest>(params, method)?;
             ClientRequest::Authenticate(owned()?)
         }
-        "auth/status" => {
+        M::AuthStatus => {
             if params.is_some_and(|p| !p.get().starts_with('{')) {
                 return Err(RpcError::invalid_params("auth/status params must be an object"));
             }
             ClientRequest::AuthStatus(owned()?)
         }
-        "session/new" => ClientRequest::New(Box::new(typed(params, method)?)),
-        "session/fork" => {
+        M::SessionNew => ClientRequest::New(Box::new(typed(params, method)?)),
+        M::SessionFork => {
             typed::<SessionOnly<'_>>(params, method)?;
             ClientRequest::Fork(owned()?)
         }
-        "session/load" | "session/resume" => {
+        M::SessionLoad | M::SessionResume => {
             let p: LoadParams<'_> = typed(params, method)?;
             ClientRequest::Load {
                 session_id: p.session_id.into_owned(),
@@ -197,7 +198,7 @@ pub(super) fn parse(method: &str, params: Option<&RawValue>) -> Result<ClientReq
                 replay: method == "session/load",
             }
         }
-        "session/attach" => {
+        M::SessionAttach => {
             let p: AttachParams<'_> = typed(params, method)?;
             let role = match p.role.as_deref() {
                 None => None,
@@ -222,40 +223,44 @@ pub(super) fn parse(method: &str, params: Option<&RawValue>) -> Result<ClientReq
                 after_seq: p.meta.and_then(|m| m.gateway).and_then(|g| g.after_seq).unwrap_or(0),
             }
         }
-        "session/detach" => {
+        M::SessionDetach => {
             let p: SessionOnly<'_> = typed(params, method)?;
             ClientRequest::Detach {
                 session_id: p.session_id.into_owned(),
             }
         }
-        "session/list" => ClientRequest::List(params.map(RawValue::to_owned)),
-        "session/close" | "session/delete" => {
+        M::SessionList => ClientRequest::List(params.map(RawValue::to_owned)),
+        M::SessionClose | M::SessionDelete => {
             let p: SessionOnly<'_> = typed(params, method)?;
             ClientRequest::Close {
                 session_id: p.session_id.into_owned(),
-                delete: method == "session/delete",
+                delete: known == M::SessionDelete,
             }
         }
-        m if FORWARDED.contains(&m) || m.starts_with('_') => {
-            let p: Forwarded<'_> = match typed(params, method) {
-                Ok(p) => p,
-                // An extension method without a session is not ours to forward.
-                Err(_) if m.starts_with('_') => return Err(RpcError::method_not_found(m)),
-                Err(e) => return Err(e),
-            };
-            if m == "session/prompt" && p.prompt.is_none() {
-                return Err(RpcError::invalid_params(
-                    "invalid session/prompt params: missing field `prompt`",
-                ));
-            }
-            ClientRequest::Forward {
-                method: m.to_string(),
-                session_id: p.session_id.into_owned(),
-                prompt: p.prompt.map(RawValue::to_owned),
-                params: owned()?,
-            }
-        }
-        m => return Err(RpcError::method_not_found(m)),
+        M::SessionPrompt | M::SetMode | M::SetConfigOption | M::SetModel => forward(method, params, owned()?)?,
+        M::SessionCancel | M::CancelRequest => return Err(RpcError::method_not_found(method)),
+    })
+}
+
+/// A request the gateway forwards to the session's agent as the client sent it: a prompt, a
+/// control, or an extension method (`_…`) that names a session.
+fn forward(method: &str, params: Option<&RawValue>, owned: Box<RawValue>) -> Result<ClientRequest, RpcError> {
+    let p: Forwarded<'_> = match typed(params, method) {
+        Ok(p) => p,
+        // An extension method without a session is not ours to forward.
+        Err(_) if method.starts_with('_') => return Err(RpcError::method_not_found(method)),
+        Err(e) => return Err(e),
+    };
+    if method == ClientMethod::SessionPrompt.name() && p.prompt.is_none() {
+        return Err(RpcError::invalid_params(
+            "invalid session/prompt params: missing field `prompt`",
+        ));
+    }
+    Ok(ClientRequest::Forward {
+        method: method.to_string(),
+        session_id: p.session_id.into_owned(),
+        prompt: p.prompt.map(RawValue::to_owned),
+        params: owned,
     })
 }
 

@@ -5,6 +5,7 @@
 //! payloads are never re-serialized (an agent's `session/update` reaches the browser byte for byte).
 
 pub mod frames;
+pub mod method;
 
 use std::borrow::Cow;
 

@@ -2,10 +2,7 @@
 
 use super::*;
 
-/// The methods whose successful answers change a session's controls.
-pub(super) const CONTROL_METHODS: [&str; 3] = ["session/set_mode", "session/set_config_option", "session/set_model"];
-
-/// Where the agent's answer to a [`CONTROL_METHODS`] request goes: the session's controls take
+/// Where the agent's answer to a control request ([`ClientMethod::is_control`]) goes: the session's controls take
 /// what it changed (before the client sees the answer, so a `session/load` right after it
 /// answers with them), they are stored, and the answer goes on as any other. When other replicas
 /// share the database, the answer waits until they are written: a client of another replica

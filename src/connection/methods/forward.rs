@@ -106,7 +106,7 @@ impl Ctx {
         }
         let rewritten = protocol::rewrite_params(params, Some(&binding.agent_session_id), Some(&cfg.forward_meta))
             .ok_or_else(|| RpcError::invalid_params("params must be an object"))?;
-        let route: Arc<dyn SessionRoute> = if CONTROL_METHODS.contains(&method) {
+        let route: Arc<dyn SessionRoute> = if ClientMethod::parse(method).is_some_and(ClientMethod::is_control) {
             Arc::new(ControlsAnswer {
                 session: session.clone(),
                 method: method.into(),

@@ -32,7 +32,8 @@ mod lifecycle;
 mod queue;
 mod withheld;
 
-use controls::{CONTROL_METHODS, ControlsAnswer};
+use crate::protocol::method::ClientMethod;
+use controls::ControlsAnswer;
 
 /// Per-connection dispatch state.
 pub struct Connection {

@@ -12,6 +12,7 @@
 //!
 //! A leaf: it imports nothing of the crate.
 
+use crate::protocol::method::labels_then;
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
@@ -174,25 +175,9 @@ pub const SIGNIN_OUTCOMES: &[&str] = &[
     "error",
 ];
 
-/// What a client sends the gateway (`peer="client"` of [`MESSAGES_IN`]); the rest is `other`.
-pub const FROM_CLIENT: &[&str] = &[
-    "initialize",
-    "authenticate",
-    "auth/status",
-    "session/new",
-    "session/load",
-    "session/resume",
-    "session/list",
-    "session/close",
-    "session/delete",
-    "session/prompt",
-    "session/set_mode",
-    "session/set_config_option",
-    "session/set_model",
-    "session/cancel",
-    "$/cancel_request",
-    OTHER,
-];
+/// What a client sends the gateway (`peer="client"` of [`MESSAGES_IN`]): every method it may send
+/// ([`ClientMethod::ALL`](crate::protocol::method::ClientMethod::ALL)), then `other`.
+pub const FROM_CLIENT: &[&str] = &labels_then(OTHER);
 
 /// What an agent sends the gateway besides answers (`peer="agent"` of [`MESSAGES_IN`]), and
 /// what the gateway passes on to clients (`peer="client"` of [`MESSAGES_OUT`]). `session/update`

@@ -164,7 +164,7 @@ pub(super) fn parse(method: &str, params: Option<&RawValue>) -> Result<ClientReq
     let owned = || params.map_or_else(|| RawValue::from_string("{}".into()), |p| Ok(p.to_owned()));
     let owned = || owned().map_err(|e| RpcError::invalid_params(format!("invalid params: {e}")));
     use ClientMethod as M;
-    let Some(known) = ClientMethod::parse(method).filter(|m| !matches!(m, M::SessionCancel | M::CancelRequest)) else {
+    let Some(known) = ClientMethod::parse(method) else {
         return if method.starts_with('_') {
             forward(method, params, owned()?)
         } else {
@@ -238,6 +238,7 @@ pub(super) fn parse(method: &str, params: Option<&RawValue>) -> Result<ClientReq
             }
         }
         M::SessionPrompt | M::SetMode | M::SetConfigOption | M::SetModel => forward(method, params, owned()?)?,
+        // Notifications, never requests.
         M::SessionCancel | M::CancelRequest => return Err(RpcError::method_not_found(method)),
     })
 }

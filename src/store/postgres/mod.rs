@@ -52,10 +52,10 @@ pub struct PgStore {
     /// System work's connections, as the login role (the tables' owner): each method borrows one
     /// for one transaction.
     pool: PgPool,
-    /// Request work's connections: a login of its own when `request_database_url` is set (a
-    /// member of `acp_gateway_request` and nothing more), else the same pool as `pool`. Each
+    /// Request work's connections when `request_database_url` gives it a login of its own (a
+    /// member of `acp_gateway_request` and nothing more); else request work uses `pool`. Each
     /// transaction's role and identity end with it.
-    requests: PgPool,
+    requests: Option<PgPool>,
     /// The transcript writer's connections: taken without the ping the request pool makes
     /// before handing one out (a round trip, ~150 µs on a busy 2-core machine, on the commit
     /// every update waits for). A connection that died meanwhile fails the write with an error
@@ -88,12 +88,12 @@ impl PgStore {
         let pool = options().connect(url).await?;
         sqlx::migrate!("./migrations/postgres").run(&pool).await?;
         let requests = match request_url {
-            Some(r) => options().connect(r).await.map_err(|e| {
+            Some(r) => Some(options().connect(r).await.map_err(|e| {
                 StoreError::Roles(format!(
                     "cannot log in through request_database_url (ACP_GATEWAY_REQUEST_DATABASE_URL): {e}"
                 ))
-            })?,
-            None => pool.clone(),
+            })?),
+            None => None,
         };
         // Opened on the first write: a store that only reads (the CLI's admin commands) opens none.
         let writes = PgPoolOptions::new()
@@ -101,7 +101,7 @@ impl PgStore {
             .acquire_timeout(ACQUIRE_TIMEOUT)
             .test_before_acquire(false)
             .connect_lazy(url)?;
-        let identity = check_roles(&pool, request_url.map(|_| &requests)).await?;
+        let identity = check_roles(&pool, requests.as_ref()).await?;
         let behind = sqlx::query(SETTLE_ALL_BEHIND).execute(&pool).await?.rows_affected();
         if behind > 0 {
             tracing::info!(
@@ -136,7 +136,7 @@ impl PgStore {
     /// A transaction of request work: as the request role, row-level security shows it only
     /// `owner`'s rows.
     async fn as_user(&self, owner: &str) -> Result<Transaction<'static, Postgres>, StoreError> {
-        let mut tx = self.requests.begin().await?;
+        let mut tx = self.requests.as_ref().unwrap_or(&self.pool).begin().await?;
         sqlx::query(ACT_FOR_USER)
             .bind(self.identity.sign(owner))
             .execute(&mut *tx)
@@ -172,7 +172,9 @@ impl RunList for PgConnection {
 impl Store for PgStore {
     async fn ping(&self) -> Result<(), StoreError> {
         sqlx::query("SELECT 1").execute(&self.pool).await?;
-        sqlx::query("SELECT 1").execute(&self.requests).await?;
+        if let Some(requests) = &self.requests {
+            sqlx::query("SELECT 1").execute(requests).await?;
+        }
         Ok(())
     }
 

@@ -2,7 +2,15 @@
 //!
 //! Streams one prompt of `REPLAY_UPDATES` (default 100,000) agent updates through a gateway with a
 //! SQLite (or `DATABASE_URL` Postgres) store, then replays the whole transcript to a fresh client
-//! several times, printing the time per replay, the rate, and the process's resident memory.
+//! several times, and then to four clients at once, printing the time per replay, the rate, and
+//! the process's resident memory.
+//!
+//! `REPLAY_PROMPTS=400 REPLAY_UPDATES=35 REPLAY_DELAY_US=2000` builds the transcript a person
+//! makes instead: 400 prompts of 35 updates, each update stored on its own (about one chunk per
+//! update), which is what a replay reads slowest.
+
+// Tests and benchmarks spawn freely: their runtime ends with them.
+#![allow(clippy::disallowed_methods)]
 
 use std::time::{Duration, Instant};
 
@@ -41,8 +49,11 @@ async fn call(ws: &mut Ws, id: u64, method: &str, params: serde_json::Value) -> 
     ws.send(Message::text(msg.to_string())).await.expect("send");
     let mut updates = 0;
     loop {
-        let Some(Ok(Message::Text(t))) = ws.next().await else {
-            panic!("socket closed")
+        let t = match ws.next().await {
+            Some(Ok(Message::Text(t))) => t,
+            Some(Ok(Message::Close(why))) => panic!("the gateway closed the socket: {why:?}"),
+            Some(Ok(_)) => continue,
+            other => panic!("socket closed: {other:?}"),
         };
         // Cheap classification: updates are notifications; only answers are parsed.
         if t.as_str().starts_with(r#"{"jsonrpc":"2.0","method":"session/update""#) {
@@ -58,10 +69,11 @@ async fn call(ws: &mut Ws, id: u64, method: &str, params: serde_json::Value) -> 
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
-    let n: u64 = std::env::var("REPLAY_UPDATES")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(100_000);
+    let setting =
+        |name: &str, default: u64| -> u64 { std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default) };
+    let n = setting("REPLAY_UPDATES", 100_000);
+    let prompts = setting("REPLAY_PROMPTS", 1);
+    let delay_us = setting("REPLAY_DELAY_US", 0);
     let dir = tempfile::tempdir().expect("tmp");
     let mut config = Config::load_with_env(&CliOverrides::default(), |_| None).expect("config");
     config.listen = "127.0.0.1:0".parse().expect("addr");
@@ -91,16 +103,38 @@ async fn main() {
     let (r, _) = call(&mut ws, 1, "session/new", json!({"cwd": "/tmp", "mcpServers": []})).await;
     let sid = r["result"]["sessionId"].as_str().expect("session").to_string();
     let started = Instant::now();
-    let prompt = json!({"sessionId": sid, "prompt": [{"type": "text", "text": format!("[chunks={n}] [delay_us=0]")}]});
-    let (_, live) = call(&mut ws, 2, "session/prompt", prompt).await;
+    let mut live = 0;
+    for i in 0..prompts {
+        let text = format!("[chunks={n}] [delay_us={delay_us}]");
+        let prompt = json!({"sessionId": sid, "prompt": [{"type": "text", "text": text}]});
+        live += call(&mut ws, 2 + i, "session/prompt", prompt).await.1;
+    }
     let stream_time = started.elapsed();
     gw.sessions.flush().await;
     let stored_after = started.elapsed();
     println!(
-        "backend: {backend}; transcript: {live} updates streamed live in {stream_time:.2?} ({:.0}/s), all stored after {stored_after:.2?}",
+        "backend: {backend}; transcript: {live} updates from {prompts} prompts streamed live in {stream_time:.2?} \
+         ({:.0}/s), all stored after {stored_after:.2?}",
         live as f64 / stream_time.as_secs_f64()
     );
 
+    let mut chunks = 0;
+    let mut after = 0;
+    loop {
+        let page = gw
+            .sessions
+            .store()
+            .read_events("bench", &sid, after, 1024)
+            .await
+            .expect("read");
+        let Some(last) = page.last() else { break };
+        after = last.seq_to;
+        chunks += page.len();
+    }
+    println!(
+        "stored as {chunks} chunks ({:.2} updates per chunk)",
+        live as f64 / chunks.max(1) as f64
+    );
     println!(
         "{:>6} {:>10} {:>12} {:>12} {:>10}",
         "run", "updates", "time", "updates/s", "RSS MiB"
@@ -135,6 +169,25 @@ async fn main() {
         );
         let _ = c.close(None).await;
     }
+    // Four replays at once, each on its own socket.
+    let t = Instant::now();
+    let together = futures_util::future::join_all((0..4).map(|_| async {
+        let mut c = connect(&url, &token).await;
+        let started = Instant::now();
+        let load = json!({"sessionId": sid, "cwd": "/tmp", "mcpServers": []});
+        let (r, replayed) = call(&mut c, 1, "session/load", load).await;
+        assert!(r.get("result").is_some(), "load failed: {r}");
+        assert_eq!(replayed, live, "replay must return every update");
+        started.elapsed()
+    }))
+    .await;
+    let slowest = together.iter().max().copied().unwrap_or_default();
+    println!(
+        "four at once: slowest {slowest:.2?} ({:.0} updates/s each), all done in {:.2?}, RSS {:.1} MiB",
+        live as f64 / slowest.as_secs_f64(),
+        t.elapsed(),
+        rss_mib()
+    );
     times.sort();
     let median = times[times.len() / 2];
     println!(

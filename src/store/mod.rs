@@ -12,6 +12,7 @@ mod bounded;
 pub(crate) mod cursor;
 mod identities;
 mod lifecycle;
+mod list_sql;
 pub mod persister;
 mod pg_roles;
 pub(crate) mod postgres;
@@ -31,8 +32,8 @@ pub use admin::UserOverview;
 pub use audit::{AuditEntry, AuditFilter};
 pub use bounded::Bounded;
 pub use lifecycle::StaleSession;
+pub use list_sql::{SEARCH_PROBE, SearchBy, SearchIndex, list_query};
 pub use shares::{ACCESS_PAIRS_PER_STATEMENT, MemberAccess, NewShare, ShareAccess, ShareRow, SharedSession};
-pub use sql::{SEARCH_PROBE, SearchBy, SearchIndex, list_query};
 pub use usage::{UsageRow, UsageSample};
 pub use user_secrets::{StoredLogin, StoredSecret};
 pub use web_sessions::WebSession;
@@ -40,6 +41,10 @@ pub use web_sessions::WebSession;
 /// How long an ended sign-in through the identity provider is kept (seconds), so that every
 /// replica sees it ended before it is forgotten.
 pub const WEB_SESSIONS_KEPT_SECS: i64 = 7 * 24 * 3600;
+
+/// About how many bytes of transcript one [`Store::read_events`] page holds (one chunk more at
+/// most): a replay's memory stays flat whatever the size of its chunks.
+pub const READ_PAGE_BYTES: i64 = 256 << 10;
 
 /// Longest wait for a pooled connection: a database that does not answer fails a request well
 /// within the contract's 5 s, and pools open new connections once it is back.
@@ -274,7 +279,10 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     async fn delete_session(&self, owner: &str, id: &str) -> Result<bool, StoreError>;
     /// Writes one flush, atomically. Writes for sessions deleted meanwhile are dropped.
     async fn write_batch(&self, writes: &[SessionWrite]) -> Result<(), StoreError>;
-    /// Up to `max_chunks` chunks of `owner`'s session holding updates after `after_seq`, in order.
+    /// Up to `max_chunks` chunks of `owner`'s session holding updates after `after_seq`, in order,
+    /// and no more than [`READ_PAGE_BYTES`] of payload past the first chunk: one query reads many
+    /// small chunks (a session of human-paced prompts stores about one update per chunk) and few
+    /// large ones.
     async fn read_events(
         &self,
         owner: &str,

@@ -10,6 +10,7 @@
 use sqlx::database::HasStatementCache;
 use sqlx::{Database, Decode, Encode, Executor, FromRow, IntoArguments, Postgres, Sqlite, Type};
 
+use super::list_sql::{RunList, SEARCH_PROBE, SESSION_COLUMNS, SearchBy, SearchIndex, fts5_phrase, like_pattern};
 use super::{EventChunk, ListFilter, NewSession, Position, SessionRecord, SessionWrite};
 
 /// SQLite's key of the chunk of session `$s` (a `sessions` row's name in the statement) from seq
@@ -47,8 +48,57 @@ macro_rules! pg_insert_chunks {
 }
 pub(crate) use pg_insert_chunks;
 
-/// Every column of `sessions`, in [`SessionRecord`] order.
-const SESSION_COLUMNS: &str = "id, owner, agent, agent_session_id, cwd, additional_dirs, title, meta, message_count, last_seq, created_at, updated_at, archived_at";
+/// SQLite: `$cols` of the chunks `$2`'s session `$1` holds after seq `$3`, `$4` at most, in order
+/// (see [`Sql::READ_EVENTS`]).
+macro_rules! sqlite_chunks_after {
+    ($cols:literal) => {
+        concat!(
+            "SELECT ",
+            $cols,
+            " FROM sessions s JOIN session_events e ON e.key >= ",
+            chunk_key!(
+                "s",
+                concat!(
+                    "COALESCE((SELECT b.seq_from FROM session_events b WHERE b.key BETWEEN s.num << 32 AND ",
+                    chunk_key!("s", "?3"),
+                    " ORDER BY b.key DESC LIMIT 1), 0)"
+                )
+            ),
+            " AND e.key <= ",
+            chunk_key!("s", last),
+            " WHERE s.id = ?1 AND s.owner = ?2 AND e.seq_to > ?3 ORDER BY e.key LIMIT ?4"
+        )
+    };
+}
+
+/// Postgres: the same as [`sqlite_chunks_after`].
+macro_rules! pg_chunks_after {
+    ($cols:literal) => {
+        concat!(
+            "SELECT ",
+            $cols,
+            " FROM session_events e JOIN sessions s ON s.id = e.session_id
+             WHERE e.session_id = $1 AND s.owner = $2 AND e.seq_to > $3
+               AND e.seq_from >= COALESCE((SELECT b.seq_from FROM session_events b
+                   WHERE b.session_id = $1 AND b.seq_from <= $3 ORDER BY b.seq_from DESC LIMIT 1), 0)
+             ORDER BY e.seq_from LIMIT $4"
+        )
+    };
+}
+
+/// How many of the chunks of `sizes` (in order) a page takes: up to the first that starts past
+/// `budget` bytes, and one at least.
+fn page_len(sizes: &[i64], budget: i64) -> usize {
+    let mut total = 0;
+    sizes
+        .iter()
+        .take_while(|&&size| {
+            let starts_within = total < budget;
+            total += size;
+            starts_within
+        })
+        .count()
+}
 
 /// The statements of the [`super::Store`] contract, for any database that can run them.
 ///
@@ -91,6 +141,9 @@ where
     /// before it (a session caught up page by page deep into a long transcript read it all again
     /// for each page).
     const READ_EVENTS: &'static str;
+    /// The payload sizes of the chunks [`Sql::READ_EVENTS`] would read, in order: `octet_length`
+    /// reads a value's size from its header, not the value, so a page is chosen before it is read.
+    const CHUNK_SIZES: &'static str;
 
     /// How many rows a statement changed (sqlx's result types share no trait for it).
     fn rows_affected(done: &Self::QueryResult) -> u64;
@@ -222,19 +275,31 @@ where
     }
 
     /// Up to `max_chunks` chunks of `owner`'s session `id` holding updates after `after_seq`.
-    async fn read_events<'c>(
-        e: impl Executor<'c, Database = Self>,
+    async fn read_events(
+        conn: &mut Self::Connection,
         owner: &str,
         id: &str,
         after_seq: i64,
         max_chunks: u32,
     ) -> Result<Vec<EventChunk>, sqlx::Error> {
-        sqlx::query_as(Self::READ_EVENTS)
+        let sizes: Vec<i64> = sqlx::query_scalar(Self::CHUNK_SIZES)
             .bind(id)
             .bind(owner)
             .bind(after_seq)
             .bind(i64::from(max_chunks))
-            .fetch_all(e)
+            .fetch_all(&mut *conn)
+            .await?;
+        let take = page_len(&sizes, super::READ_PAGE_BYTES);
+        if take == 0 {
+            return Ok(Vec::new());
+        }
+        // The same first chunks: chunks are only ever added after the last one.
+        sqlx::query_as(Self::READ_EVENTS)
+            .bind(id)
+            .bind(owner)
+            .bind(after_seq)
+            .bind(take as i64)
+            .fetch_all(conn)
             .await
     }
 
@@ -345,23 +410,9 @@ impl Sql for Sqlite {
         ", ?1, ?2, ?3, ?4, ?5 FROM sessions s WHERE s.id = ?1
          ON CONFLICT DO NOTHING"
     );
-    const READ_EVENTS: &'static str = concat!(
-        "SELECT e.seq_from, e.seq_to, e.payload, e.created_at AS stored_at
-         FROM sessions s JOIN session_events e
-           ON e.key >= ",
-        chunk_key!(
-            "s",
-            concat!(
-                "COALESCE((SELECT b.seq_from FROM session_events b WHERE b.key BETWEEN s.num << 32 AND ",
-                chunk_key!("s", "?3"),
-                " ORDER BY b.key DESC LIMIT 1), 0)"
-            )
-        ),
-        " AND e.key <= ",
-        chunk_key!("s", last),
-        " WHERE s.id = ?1 AND s.owner = ?2 AND e.seq_to > ?3
-         ORDER BY e.key LIMIT ?4"
-    );
+    const READ_EVENTS: &'static str =
+        sqlite_chunks_after!("e.seq_from, e.seq_to, e.payload, e.created_at AS stored_at");
+    const CHUNK_SIZES: &'static str = sqlite_chunks_after!("octet_length(e.payload)");
 
     fn rows_affected(done: &Self::QueryResult) -> u64 {
         done.rows_affected()
@@ -376,184 +427,11 @@ impl Sql for Postgres {
         WHERE e.session_id = sessions.id ORDER BY seq_from DESC LIMIT 1), 0)) AS last_seq";
     const INSERT_CHUNK: &'static str =
         pg_insert_chunks!("SELECT $1, $2, $3, $4, $5 WHERE EXISTS (SELECT 1 FROM sessions WHERE id = $1)");
-    const READ_EVENTS: &'static str =
-        "SELECT e.seq_from, e.seq_to, e.payload, e.created_at AS stored_at FROM session_events e
-         JOIN sessions s ON s.id = e.session_id
-         WHERE e.session_id = $1 AND s.owner = $2 AND e.seq_to > $3
-           AND e.seq_from >= COALESCE((SELECT b.seq_from FROM session_events b
-               WHERE b.session_id = $1 AND b.seq_from <= $3 ORDER BY b.seq_from DESC LIMIT 1), 0)
-         ORDER BY e.seq_from LIMIT $4";
+    const READ_EVENTS: &'static str = pg_chunks_after!("e.seq_from, e.seq_to, e.payload, e.created_at AS stored_at");
+    const CHUNK_SIZES: &'static str = pg_chunks_after!("CAST(octet_length(e.payload) AS BIGINT)");
 
     fn rows_affected(done: &Self::QueryResult) -> u64 {
         done.rows_affected()
-    }
-}
-
-/// Runs the list query built by [`list_query`] on a connection: a backend does it, as sqlx's
-/// query builder cannot be run from code generic over the database. No search is kept as a
-/// prepared statement, so that Postgres plans each for the values bound, never with a plan cached
-/// for another search (which would read all of `session_search` for a rare one).
-pub(crate) trait RunList {
-    /// [`list_query`]'s rows.
-    async fn run_list(
-        &mut self,
-        owner: &str,
-        filter: &ListFilter,
-        after: Option<Position<'_>>,
-        limit: u32,
-        by: SearchBy,
-    ) -> Result<Vec<SessionRecord>, sqlx::Error>;
-}
-
-/// The text index of a database that `session/list` searches can start from (migration
-/// `…_session_search`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum SearchIndex {
-    /// SQLite: the FTS5 trigram table `session_search`, whose rowids are the sessions'. It finds
-    /// a superset (its case folding covers more than `LIKE`'s ASCII-only one), so the `LIKE`
-    /// stays as the exact test.
-    Fts5,
-    /// Postgres: `session_search`, a copy of the sessions' titles and metadata with pg_trgm
-    /// indexes (row-level security keeps `ILIKE` from using an index on `sessions` itself; see
-    /// the migration). The copy is exact: it is kept by triggers in the same transaction.
-    Trigram,
-}
-
-impl SearchIndex {
-    /// Whether the index can find `search` at all. Trigram indexes need three characters: FTS5
-    /// matches nothing shorter (a NUL would end its query string early), and pg_trgm takes
-    /// trigrams only from runs of letters and digits (`e_c` would read the whole index).
-    pub fn can_find(self, search: &str) -> bool {
-        match self {
-            SearchIndex::Fts5 => search.chars().count() >= 3 && !search.contains('\0'),
-            SearchIndex::Trigram => {
-                let mut run = 0;
-                search.chars().any(|c| {
-                    run = if c.is_alphanumeric() { run + 1 } else { 0 };
-                    run >= 3
-                })
-            }
-        }
-    }
-}
-
-/// How [`list_query`] answers a search.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum SearchBy {
-    /// Test each of the owner's sessions (`LIKE`), in whatever order the database likes: SQLite
-    /// walks them in list order, Postgres mostly reads them all and sorts the matches.
-    Scan,
-    /// Test only the owner's newest this many sessions (after the cursor, within the filters),
-    /// in list order; nothing is found when there are fewer.
-    Newest(i64),
-    /// Start from the index: only the sessions it finds are read. A search it cannot take (see
-    /// [`SearchIndex::can_find`]) is scanned.
-    Index(SearchIndex),
-}
-
-/// The counts [`Sql::list_sessions`] goes up to before it decides how to search: the owner's
-/// sessions (fewer are scanned; more, and the newest this many are tried first) and the sessions
-/// of all owners the index finds (fewer are read from it). Reading from the index costs about
-/// 3 µs per session it finds on SQLite and 10-25 µs on Postgres (rows scattered over the table);
-/// testing the owner's sessions 2-3 µs each; counting to the cap 1-5 ms.
-pub const SEARCH_PROBE: i64 = 2_000;
-
-/// The `session/list` query, the same on both backends but for `like`, the backend's
-/// case-insensitive `LIKE` operator, and for how a search is answered (`by`). `prefix` goes before
-/// `SELECT` (`EXPLAIN` in the benchmark, which shows the plan of exactly this query; empty
-/// otherwise).
-pub fn list_query<'a, DB>(
-    prefix: &str,
-    owner: &'a str,
-    filter: &'a ListFilter,
-    after: Option<Position<'a>>,
-    limit: u32,
-    like: &str,
-    by: SearchBy,
-) -> sqlx::QueryBuilder<'a, DB>
-where
-    DB: sqlx::Database,
-    &'a str: sqlx::Encode<'a, DB> + sqlx::Type<DB>,
-    String: sqlx::Encode<'a, DB> + sqlx::Type<DB>,
-    i64: sqlx::Encode<'a, DB> + sqlx::Type<DB>,
-{
-    let by = match (by, filter.search.as_deref()) {
-        (SearchBy::Index(index), Some(s)) if !index.can_find(s) => SearchBy::Scan,
-        (by, _) => by,
-    };
-    let mut q = sqlx::QueryBuilder::new(format!("{prefix}SELECT {SESSION_COLUMNS} FROM sessions WHERE "));
-    push_list_conditions(&mut q, owner, filter, after);
-    if let (SearchBy::Newest(n), Some(_)) = (by, &filter.search) {
-        // Bounded by the n-th newest row (none when there are fewer: then nothing is found, and
-        // the caller goes on another way). A range of the list index, walked in order, that
-        // stops at a full page: SQLite would sort a LIMITed subquery's rows again.
-        q.push(" AND (updated_at, id) >= (SELECT updated_at, id FROM sessions WHERE ");
-        push_list_conditions(&mut q, owner, filter, after);
-        q.push(" ORDER BY updated_at DESC, id DESC LIMIT 1 OFFSET ")
-            .push_bind(n - 1)
-            .push(")");
-    }
-    if let Some(s) = &filter.search {
-        let pattern = like_pattern(s);
-        if by == SearchBy::Index(SearchIndex::Trigram) {
-            // Exact on its own: no second test on `sessions`, which would also make the planner
-            // count the search's selectivity twice.
-            q.push(format!(" AND id IN (SELECT id FROM session_search WHERE title {like} "))
-                .push_bind(pattern.clone());
-        } else {
-            q.push(format!(" AND (title {like} ")).push_bind(pattern.clone());
-        }
-        q.push(format!(" ESCAPE '\\' OR meta {like} "))
-            .push_bind(pattern)
-            .push(" ESCAPE '\\')");
-        if by == SearchBy::Index(SearchIndex::Fts5) {
-            q.push(" AND rowid IN (SELECT rowid FROM session_search WHERE session_search MATCH ")
-                .push_bind(fts5_phrase(s))
-                .push(")");
-        }
-    }
-    q.push(" ORDER BY updated_at DESC, id DESC LIMIT ")
-        .push_bind(i64::from(limit));
-    q
-}
-
-/// The conditions of [`list_query`] besides the search: the owner's, the filters', the cursor's.
-fn push_list_conditions<'a, DB>(
-    q: &mut sqlx::QueryBuilder<'a, DB>,
-    owner: &'a str,
-    filter: &'a ListFilter,
-    after: Option<Position<'a>>,
-) where
-    DB: sqlx::Database,
-    &'a str: sqlx::Encode<'a, DB> + sqlx::Type<DB>,
-    i64: sqlx::Encode<'a, DB> + sqlx::Type<DB>,
-{
-    q.push("owner = ").push_bind(owner);
-    match filter.archived {
-        super::Archived::Hidden => q.push(" AND archived_at IS NULL"),
-        super::Archived::Only => q.push(" AND archived_at IS NOT NULL"),
-        super::Archived::Any => q,
-    };
-    if let Some(cwd) = &filter.cwd {
-        q.push(" AND cwd = ").push_bind(cwd.as_str());
-    }
-    if let Some(t) = filter.created_after {
-        q.push(" AND created_at > ").push_bind(t);
-    }
-    if let Some(t) = filter.created_before {
-        q.push(" AND created_at < ").push_bind(t);
-    }
-    if let Some(t) = filter.updated_after {
-        q.push(" AND updated_at > ").push_bind(t);
-    }
-    if let Some(pos) = after {
-        // A row-value comparison: both databases start the index scan at the cursor with it
-        // (the equivalent OR form makes them filter every row before it).
-        q.push(" AND (updated_at, id) < (")
-            .push_bind(pos.updated_at)
-            .push(", ")
-            .push_bind(pos.id)
-            .push(")");
     }
 }
 
@@ -570,46 +448,16 @@ pub(super) fn note_unstored(session: &str, chunk: &EventChunk, rows: u64) {
     }
 }
 
-/// Escapes `%`, `_` and `\` for a `LIKE ... ESCAPE '\'` pattern and wraps it in `%`.
-fn like_pattern(s: &str) -> String {
-    let mut out = String::with_capacity(s.len() + 2);
-    out.push('%');
-    for c in s.chars() {
-        if matches!(c, '%' | '_' | '\\') {
-            out.push('\\');
-        }
-        out.push(c);
-    }
-    out.push('%');
-    out
-}
-
-/// `s` as an FTS5 phrase: quoted, quotes doubled. With the trigram tokenizer a phrase matches
-/// the rows that contain it as a substring (case-folded), whatever characters it holds.
-fn fts5_phrase(s: &str) -> String {
-    format!("\"{}\"", s.replace('"', "\"\""))
-}
-
 #[cfg(test)]
 mod tests {
-    use super::*;
+    use super::page_len;
 
     #[test]
-    fn like_escapes_wildcards() {
-        assert_eq!(like_pattern("a%b_c\\"), "%a\\%b\\_c\\\\%");
-    }
-
-    #[test]
-    fn fts5_phrases_quote_everything() {
-        assert_eq!(fts5_phrase(r#"say "hi" OR x*"#), r#""say ""hi"" OR x*""#);
-    }
-
-    #[test]
-    fn what_an_index_can_find() {
-        use SearchIndex::*;
-        assert!(Fts5.can_find("abc") && Fts5.can_find("%_%") && Fts5.can_find("äöü"));
-        assert!(!Fts5.can_find("ab") && !Fts5.can_find("äö") && !Fts5.can_find("ab\0cd"));
-        assert!(Trigram.can_find("100%") && Trigram.can_find("a-bcd") && Trigram.can_find("äöü"));
-        assert!(!Trigram.can_find("e_c") && !Trigram.can_find("%_%") && !Trigram.can_find("ab cd"));
+    fn a_page_ends_at_the_first_chunk_past_the_budget() {
+        assert_eq!(page_len(&[], 100), 0);
+        assert_eq!(page_len(&[500], 100), 1, "one chunk at least, however large");
+        assert_eq!(page_len(&[40, 40, 40, 40], 100), 3, "the third starts at 80, within");
+        assert_eq!(page_len(&[60, 40, 10], 100), 2, "the third starts at 100, past");
+        assert_eq!(page_len(&[1; 10], 100), 10);
     }
 }

@@ -14,8 +14,9 @@ use super::admin::AdminSql;
 use super::audit::AuditSql;
 use super::identities::IdentitySql;
 use super::lifecycle::LifecycleSql;
+use super::list_sql::{RunList, SearchBy};
 use super::shares::ShareSql;
-use super::sql::{RunList, SearchBy, Sql, chunk_key, chunk_of};
+use super::sql::{Sql, chunk_key, chunk_of};
 use super::usage::UsageSql;
 use super::user_secrets::SecretSql;
 use super::web_sessions::WebSessionSql;
@@ -234,7 +235,8 @@ impl Store for SqliteStore {
         after_seq: i64,
         max_chunks: u32,
     ) -> Result<Vec<EventChunk>, StoreError> {
-        Ok(Sqlite::read_events(&self.pool, owner, id, after_seq, max_chunks).await?)
+        let mut conn = self.pool.acquire().await?;
+        Ok(Sqlite::read_events(&mut conn, owner, id, after_seq, max_chunks).await?)
     }
 
     async fn cursor_key(&self) -> Result<Vec<u8>, StoreError> {

@@ -10,6 +10,7 @@ pub mod pg;
 pub mod procfs;
 pub mod serve_process;
 pub mod slow_client;
+pub mod tcp_proxy;
 
 /// Defines a test per backend, each calling `$body(Db)`: one on a SQLite file, one on Postgres.
 #[allow(unused_macros, reason = "only the backend-parametrized test binaries use it")]

@@ -416,3 +416,69 @@ async fn a_session_whose_writes_fail_for_good_answers_its_prompt_with_an_error()
     assert_all_stored(&seen, &replay);
     gw.stop().await;
 }
+
+/// `url` with its host and port replaced by `addr`'s; and the address it named.
+fn through(url: &str, addr: std::net::SocketAddr) -> (String, std::net::SocketAddr) {
+    let (head, rest) = url.split_once('@').expect("a URL with user@host");
+    let (host_port, tail) = rest.split_once('/').expect("a URL with a database");
+    let upstream = host_port.replace("localhost", "127.0.0.1").parse().expect("host:port");
+    (format!("{head}@{addr}/{tail}"), upstream)
+}
+
+/// After a Postgres restart the pool finds its connections dead, and the first new one may be
+/// reset while the server comes up: sqlx gives that error back at once (it waits out a refused
+/// connect, not a reset one). The store takes one more connection then, since nothing was
+/// written yet, and only once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_connections_reset_under_the_store_are_replaced_and_the_work_retried_once() {
+    let url = common::pg::fresh_database().await;
+    let (_, upstream) = through(&url, "127.0.0.1:1".parse().expect("addr"));
+    let proxy = common::tcp_proxy::TcpProxy::start(upstream).await;
+    let (proxied, _) = through(&url, proxy.addr());
+    let store = acp_gateway::store::connect(&proxied)
+        .await
+        .expect("store through the proxy");
+    common::fixtures::create_session(&*store, "s1", "alice", 1).await;
+
+    // Request work (a transaction as the user).
+    proxy.reset_all(1);
+    let found = store.get_session("alice", "s1").await.expect("read after a reset");
+    assert!(found.is_some());
+    // A statement of its own (system work).
+    proxy.reset_all(1);
+    let none = store.web_session("nobody").await.expect("read after a reset");
+    assert!(none.is_none());
+    // Once: two resets in a row are the caller's error, named.
+    proxy.reset_all(2);
+    let e = store.get_session("alice", "s1").await.expect_err("two resets in a row");
+    assert!(e.is_transient(), "{e}");
+    // And it goes on.
+    assert!(store.get_session("alice", "s1").await.expect("read").is_some());
+}
+
+/// The same seen by a user: a list and a prompt sent right after every connection to the
+/// database was reset are answered, and everything the prompt streamed is stored.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_prompt_right_after_postgres_connections_reset_is_answered() {
+    let url = common::pg::fresh_database().await;
+    let (_, upstream) = through(&url, "127.0.0.1:1".parse().expect("addr"));
+    let proxy = common::tcp_proxy::TcpProxy::start(upstream).await;
+    let (proxied, _) = through(&url, proxy.addr());
+    let gw = TestGateway::start(Db::Url(proxied), |_| {}).await;
+    let mut c = gw.client("alice").await;
+    let s = c.new_session().await;
+    let r = c.prompt(&s, "before").await;
+    assert!(r.get("result").is_some(), "{r}");
+    let mut seen = c.take_updates(&s);
+    proxy.reset_all(1);
+    let r = c.request("session/list", json!({})).await;
+    assert_eq!(r["result"]["sessions"].as_array().map(Vec::len), Some(1), "{r}");
+    proxy.reset_all(1);
+    let r = c.prompt(&s, "after").await;
+    assert!(r.get("result").is_some(), "the prompt after the reset: {r}");
+    seen.extend(c.take_updates(&s));
+    let replay = replay_all(&gw, "alice", &s).await;
+    assert_eq!(replay.len(), seen.len());
+    assert_all_stored(&seen, &replay);
+    gw.stop().await;
+}

@@ -15,8 +15,9 @@ use super::lifecycle::Adopt;
 use super::*;
 use crate::store::{EventChunk, SessionRecord, SessionWrite};
 
-/// Chunks read from the original per page while copying.
-const COPY_PAGE_CHUNKS: u32 = 64;
+/// Chunks read from the original per page while copying at most (the store also ends a page at
+/// about [`crate::store::READ_PAGE_BYTES`]).
+const COPY_PAGE_CHUNKS: u32 = 1024;
 
 /// Most Markdown a handoff carries (the newest part of the conversation is kept).
 pub(super) const HANDOFF_MAX_BYTES: usize = 256 * 1024;

@@ -21,6 +21,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use sqlx::pool::PoolConnection;
 use sqlx::postgres::{PgConnection, PgPool, PgPoolOptions};
 use sqlx::{Postgres, Transaction};
 
@@ -28,9 +29,10 @@ use super::admin::AdminSql;
 use super::audit::AuditSql;
 use super::identities::IdentitySql;
 use super::lifecycle::LifecycleSql;
+use super::list_sql::{RunList, SearchBy};
 use super::pg_roles::{ACT_FOR_USER, RequestIdentity, check_roles};
 use super::shares::ShareSql;
-use super::sql::{RunList, SearchBy, Sql};
+use super::sql::Sql;
 use super::usage::UsageSql;
 use super::user_secrets::SecretSql;
 use super::web_sessions::WebSessionSql;
@@ -70,6 +72,24 @@ pub struct PgStore {
     search_index: bool,
     /// Signs the user a request transaction acts for.
     identity: RequestIdentity,
+}
+
+/// Awaits `$start` (taking a connection, beginning a transaction on it) once more when it failed
+/// because the connection was dead: after Postgres restarts, the pool finds its old connections
+/// dead and opens a new one, and that first connect may be reset while the server comes up
+/// (sqlx retries a refused connect within the pool's wait, not a reset one). Nothing has been
+/// written at this point, so running it again is safe; a connection lost later, mid-statement,
+/// is the caller's error, since a write may or may not have happened.
+macro_rules! once_more_if_dead {
+    ($start:expr) => {
+        match $start.await {
+            Err(e) if connection_lost(&e) => {
+                tracing::info!(error = %e, "a Postgres connection was found dead; trying a new one");
+                $start.await
+            }
+            done => done,
+        }
+    };
 }
 
 impl PgStore {
@@ -136,18 +156,37 @@ impl PgStore {
     /// A transaction of request work: as the request role, row-level security shows it only
     /// `owner`'s rows.
     async fn as_user(&self, owner: &str) -> Result<Transaction<'static, Postgres>, StoreError> {
-        let mut tx = self.requests.as_ref().unwrap_or(&self.pool).begin().await?;
-        sqlx::query(ACT_FOR_USER)
-            .bind(self.identity.sign(owner))
-            .execute(&mut *tx)
-            .await?;
-        Ok(tx)
+        let pool = self.requests.as_ref().unwrap_or(&self.pool);
+        let identity = self.identity.sign(owner);
+        let begin = async || -> Result<_, sqlx::Error> {
+            let mut tx = pool.begin().await?;
+            sqlx::query(ACT_FOR_USER).bind(&identity).execute(&mut *tx).await?;
+            Ok(tx)
+        };
+        Ok(once_more_if_dead!(begin())?)
     }
 
     /// A transaction of system work, done for every user (transcript writes, the cursor key): as
     /// the login role, the tables' owner, which row-level security does not apply to.
     async fn as_system(&self) -> Result<Transaction<'static, Postgres>, StoreError> {
-        Ok(self.pool.begin().await?)
+        Ok(once_more_if_dead!(self.pool.begin())?)
+    }
+
+    /// A connection of system work for statements that run on their own.
+    async fn conn(&self) -> Result<PoolConnection<Postgres>, StoreError> {
+        Ok(once_more_if_dead!(self.pool.acquire())?)
+    }
+}
+
+/// Whether `e` says the connection is gone: reset or closed under it, or the server shutting
+/// down or starting up (SQLSTATE class 08, and 57P01, 57P02, 57P03).
+fn connection_lost(e: &sqlx::Error) -> bool {
+    match e {
+        sqlx::Error::Io(_) => true,
+        sqlx::Error::Database(db) => db
+            .code()
+            .is_some_and(|c| c.starts_with("08") || matches!(&*c, "57P01" | "57P02" | "57P03")),
+        _ => false,
     }
 }
 
@@ -241,25 +280,31 @@ impl Store for PgStore {
     }
 
     async fn put_web_session(&self, s: &WebSession) -> Result<(), StoreError> {
-        Ok(Postgres::put_web_session(&self.pool, s).await?)
+        Ok(Postgres::put_web_session(&mut *self.conn().await?, s).await?)
     }
 
     async fn web_session(&self, id: &str) -> Result<Option<WebSession>, StoreError> {
-        Ok(Postgres::web_session(&self.pool, id).await?)
+        Ok(Postgres::web_session(&mut *self.conn().await?, id).await?)
     }
 
     async fn revoke_web_session(&self, id: &str, reason: &str) -> Result<(), StoreError> {
-        Ok(Postgres::revoke_web_session(&self.pool, id, crate::infra::clock::now_secs() as i64, reason).await?)
+        Ok(Postgres::revoke_web_session(
+            &mut *self.conn().await?,
+            id,
+            crate::infra::clock::now_secs() as i64,
+            reason,
+        )
+        .await?)
     }
 
     async fn due_web_sessions(&self, checked_before: i64, limit: i64) -> Result<Vec<WebSession>, StoreError> {
         let now = crate::infra::clock::now_secs() as i64;
-        Postgres::prune_web_sessions(&self.pool, now - WEB_SESSIONS_KEPT_SECS).await?;
-        Ok(Postgres::due_web_sessions(&self.pool, checked_before, now, limit).await?)
+        Postgres::prune_web_sessions(&mut *self.conn().await?, now - WEB_SESSIONS_KEPT_SECS).await?;
+        Ok(Postgres::due_web_sessions(&mut *self.conn().await?, checked_before, now, limit).await?)
     }
 
     async fn claim_web_session(&self, id: &str, seen: i64, now: i64) -> Result<bool, StoreError> {
-        Ok(Postgres::claim_web_session(&self.pool, id, seen, now).await?)
+        Ok(Postgres::claim_web_session(&mut *self.conn().await?, id, seen, now).await?)
     }
 
     async fn bind_identity(&self, user: &str, issuer: &str, subject: &str) -> Result<(String, String), StoreError> {
@@ -272,7 +317,7 @@ impl Store for PgStore {
     }
 
     async fn audit_page(&self, filter: &AuditFilter) -> Result<Vec<AuditEntry>, StoreError> {
-        Ok(Postgres::audit_page(&self.pool, filter).await?)
+        Ok(Postgres::audit_page(&mut *self.conn().await?, filter).await?)
     }
 
     async fn users_overview(&self, limit: i64) -> Result<Vec<super::UserOverview>, StoreError> {
@@ -283,7 +328,7 @@ impl Store for PgStore {
     }
 
     async fn last_sign_ins(&self) -> Result<Vec<(String, i64)>, StoreError> {
-        Ok(Postgres::last_sign_ins(&self.pool).await?)
+        Ok(Postgres::last_sign_ins(&mut *self.conn().await?).await?)
     }
 
     async fn record_usage(&self, s: &super::UsageSample) -> Result<(), StoreError> {
@@ -302,15 +347,15 @@ impl Store for PgStore {
     }
 
     async fn usage(&self, owner: Option<&str>, since: &str) -> Result<Vec<super::UsageRow>, StoreError> {
-        Ok(Postgres::usage_rows(&self.pool, owner, since).await?)
+        Ok(Postgres::usage_rows(&mut *self.conn().await?, owner, since).await?)
     }
 
     async fn cost_since(&self, owner: &str, since: &str, currency: &str) -> Result<f64, StoreError> {
-        Ok(Postgres::cost_since(&self.pool, owner, since, currency).await?)
+        Ok(Postgres::cost_since(&mut *self.conn().await?, owner, since, currency).await?)
     }
 
     async fn prune_audit(&self, before: i64) -> Result<(), StoreError> {
-        Ok(Postgres::prune_audit(&self.pool, before).await?)
+        Ok(Postgres::prune_audit(&mut *self.conn().await?, before).await?)
     }
 
     async fn create_share(&self, s: &super::NewShare<'_>, max: i64) -> Result<bool, StoreError> {
@@ -318,7 +363,7 @@ impl Store for PgStore {
         // other has not committed yet, and both pass the cap: a lock per session serializes them
         // (an advisory one, which the transcript writer's updates of the session row do not wait
         // for). The second counts in a snapshot taken after the first committed.
-        let mut tx = self.pool.begin().await?;
+        let mut tx = self.as_system().await?;
         sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended('session_shares:' || $1, 0))")
             .bind(s.session_id)
             .execute(&mut *tx)
@@ -330,35 +375,35 @@ impl Store for PgStore {
     }
 
     async fn purge_expired_shares(&self, now: i64, limit: i64) -> Result<u64, StoreError> {
-        Ok(Postgres::purge_expired_shares(&self.pool, now, limit).await?)
+        Ok(Postgres::purge_expired_shares(&mut *self.conn().await?, now, limit).await?)
     }
 
     async fn shares(&self, owner: &str, session_id: &str, now: i64) -> Result<Vec<super::ShareRow>, StoreError> {
-        Ok(Postgres::shares(&self.pool, owner, session_id, now).await?)
+        Ok(Postgres::shares(&mut *self.conn().await?, owner, session_id, now).await?)
     }
 
     async fn delete_share(&self, owner: &str, session_id: &str, id: &str) -> Result<bool, StoreError> {
-        Ok(Postgres::delete_share(&self.pool, owner, session_id, id).await?)
+        Ok(Postgres::delete_share(&mut *self.conn().await?, owner, session_id, id).await?)
     }
 
     async fn link_share(&self, hash: &[u8], now: i64) -> Result<Option<super::ShareRow>, StoreError> {
-        Ok(Postgres::link_share(&self.pool, hash, now).await?)
+        Ok(Postgres::link_share(&mut *self.conn().await?, hash, now).await?)
     }
 
     async fn join_share(&self, id: &str, member: &str, now: i64) -> Result<(), StoreError> {
-        Ok(Postgres::join_share(&self.pool, id, member, now).await?)
+        Ok(Postgres::join_share(&mut *self.conn().await?, id, member, now).await?)
     }
 
     async fn share_access(&self, user: &str, sid: &str, now: i64) -> Result<Option<super::ShareAccess>, StoreError> {
-        Ok(Postgres::share_access(&self.pool, user, sid, now).await?)
+        Ok(Postgres::share_access(&mut *self.conn().await?, user, sid, now).await?)
     }
 
     async fn share_accesses(&self, pairs: &[(&str, &str)], now: i64) -> Result<Vec<super::MemberAccess>, StoreError> {
-        Ok(Postgres::share_accesses(&self.pool, pairs, now).await?)
+        Ok(Postgres::share_accesses(&mut *self.conn().await?, pairs, now).await?)
     }
 
     async fn shared_with(&self, user: &str, now: i64, limit: i64) -> Result<Vec<super::SharedSession>, StoreError> {
-        Ok(Postgres::shared_with(&self.pool, user, now, limit).await?)
+        Ok(Postgres::shared_with(&mut *self.conn().await?, user, now, limit).await?)
     }
 
     async fn list_sessions(
@@ -399,7 +444,7 @@ impl Store for PgStore {
         after: Option<(i64, &str)>,
         limit: i64,
     ) -> Result<Vec<super::StaleSession>, StoreError> {
-        Ok(Postgres::stale_sessions(&self.pool, before, after, limit).await?)
+        Ok(Postgres::stale_sessions(&mut *self.conn().await?, before, after, limit).await?)
     }
 
     async fn delete_stale(

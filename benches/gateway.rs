@@ -25,6 +25,9 @@
 //! for every path. The client only parses messages that are not notifications, so its cost
 //! stays small and equal on every side. websocketd is skipped (and said so) when not installed.
 
+// Tests and benchmarks spawn freely: their runtime ends with them.
+#![allow(clippy::disallowed_methods)]
+
 #[cfg(feature = "bench-peers")]
 #[path = "gateway/rust_sdk.rs"]
 mod rust_sdk;

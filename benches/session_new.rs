@@ -6,6 +6,9 @@
 //! the demo agent); the warm cases use `min_idle = 1`, which starts a process for a user when
 //! they connect, and wait for it before timing `session/new`.
 
+// Tests and benchmarks spawn freely: their runtime ends with them.
+#![allow(clippy::disallowed_methods)]
+
 use std::time::{Duration, Instant};
 
 use acp_gateway::app::Application;

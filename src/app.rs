@@ -117,7 +117,7 @@ impl Application {
             sealer.clone(),
             tracker.clone(),
         ));
-        let (oidc, jwks) = crate::identity::oidc::build(&config, &auth, sealer, &store).map_err(anyhow::Error::msg)?;
+        let (oidc, jwks) = crate::identity::oidc::build(&config, &auth, sealer, &store)?;
         let pools = Arc::new(Pools::new(
             &config,
             tenancy.clone(),
@@ -136,7 +136,9 @@ impl Application {
             permission_wait: Duration::from_secs(config.limits.permission_wait_secs),
             store: None,
             tracker: tracker.clone(),
-            asks: shared.clone().map(crate::session::asks::Asks::new),
+            asks: shared
+                .clone()
+                .map(|replica| crate::session::asks::Asks::new(replica, tracker.clone())),
             replica: shared,
             user_mcp: Some(user_mcp.clone()),
             push: Some(push.clone()),
@@ -200,6 +202,7 @@ impl Application {
         stop: impl std::future::Future<Output = ()> + Send + 'static,
     ) -> anyhow::Result<()> {
         let gw = self.gateway.clone();
+        #[expect(clippy::disallowed_methods, reason = "awaited at the end of shutdown")]
         let maintenance = tokio::spawn(
             gw.pools
                 .clone()
@@ -207,6 +210,7 @@ impl Application {
         );
         // The bus and lease renewals outlive the connections: they stop after the last flush.
         let replica_stop = CancellationToken::new();
+        #[expect(clippy::disallowed_methods, reason = "awaited after the last flush")]
         let replica_tasks = gw.sessions.replica().cloned().map(|replica| {
             let handler: Arc<dyn crate::replica::Handler> = crate::connection::remote::BusHandler::new(&gw);
             (
@@ -215,6 +219,7 @@ impl Application {
                 tokio::spawn(replica.run_renewals(handler, replica_stop.clone())),
             )
         });
+        #[expect(clippy::disallowed_methods, reason = "awaited at the end of shutdown")]
         let sweeper = {
             let gw = gw.clone();
             tokio::spawn(async move {
@@ -247,6 +252,10 @@ impl Application {
         let signal_gw = gw.clone();
         let grace = Duration::from_secs(gw.config.limits.shutdown_grace_secs);
         // Drains on the signal, then says when the rest of shutdown must be done.
+        #[expect(
+            clippy::disallowed_methods,
+            reason = "awaited: it says when the rest of shutdown must be done"
+        )]
         let signal = tokio::spawn(async move {
             tokio::select! {
                 () = stop => {

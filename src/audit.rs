@@ -16,8 +16,9 @@
 //! minute, the others share one count. These rows go through a queue of their own
 //! ([`ANONYMOUS_QUEUE`]), so anonymous noise can never push out what a signed-in person did.
 
+use parking_lot::Mutex;
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
 use tokio::sync::mpsc;
@@ -105,6 +106,10 @@ impl Audit {
             caps: Mutex::default(),
             anonymous: Mutex::default(),
         });
+        #[expect(
+            clippy::disallowed_methods,
+            reason = "returned: the application awaits it at shutdown"
+        )]
         let task = tokio::spawn(write(
             store,
             Queues {
@@ -142,7 +147,7 @@ impl Audit {
         let now = Instant::now();
         let mut summaries = Vec::new();
         let first = {
-            let mut open = self.anonymous.lock().unwrap_or_else(|e| e.into_inner());
+            let mut open = self.anonymous.lock();
             let mut key = (e.client.clone(), e.action, e.outcome, method);
             if !open.contains_key(&key) && open.len() >= ANONYMOUS_KEYS {
                 summaries = close_windows(&mut open, now);
@@ -183,7 +188,7 @@ impl Audit {
     /// Sums up the anonymous windows that are over (`all`: every one, at shutdown).
     fn sum_up_windows(&self, all: bool) {
         let closed = {
-            let mut open = self.anonymous.lock().unwrap_or_else(|e| e.into_inner());
+            let mut open = self.anonymous.lock();
             if all {
                 open.drain().collect()
             } else {
@@ -254,7 +259,7 @@ impl Audit {
     /// `connection` from the address `client`.
     pub fn cap_refused(&self, user: &str, cap: &'static str, connection: Option<&str>, client: Option<String>) {
         {
-            let mut seen = self.caps.lock().unwrap_or_else(|e| e.into_inner());
+            let mut seen = self.caps.lock();
             let now = Instant::now();
             if seen.len() > 10_000 {
                 seen.retain(|_, at| now.duration_since(*at) < CAP_EVERY);

@@ -31,6 +31,9 @@
 //! [`gateway`] (the state handlers reach), `http` (the routes), [`app`] (builds every part,
 //! serves, shuts down in order) and [`cli`] (the commands; `main.rs` only calls it).
 
+// Unit tests spawn freely: their runtime ends with each test.
+#![cfg_attr(test, allow(clippy::disallowed_methods))]
+
 /// jemalloc instead of glibc's malloc, for every binary built on this crate (the server, its
 /// tests and benchmarks, so that what they measure is what runs). The gateway's threads hand
 /// buffers to each other (an agent's reader allocates an update, the transcript writer and a

@@ -7,6 +7,9 @@
 //! The recorder is the test process's own (one per process), so this binary has one test and
 //! one gateway; the checks are on differences between scrapes all the same.
 
+// Tests and benchmarks spawn freely: their runtime ends with them.
+#![allow(clippy::disallowed_methods)]
+
 mod common;
 
 use std::time::Duration;

@@ -2,6 +2,9 @@
 //! process) exporting over OTLP/HTTP to a receiver inside the test, a probe agent that records
 //! every line it gets, and a client that sends its own W3C `traceparent`.
 
+// Tests and benchmarks spawn freely: their runtime ends with them.
+#![allow(clippy::disallowed_methods)]
+
 mod common;
 
 use std::path::Path;

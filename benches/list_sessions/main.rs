@@ -26,6 +26,9 @@
 //! work runs as the request role, so the timings include row-level security where the gateway has
 //! it.
 
+// Tests and benchmarks spawn freely: their runtime ends with them.
+#![allow(clippy::disallowed_methods)]
+
 #[allow(dead_code, reason = "shared with the tests; the bench uses part of it")]
 #[path = "../../tests/common/pg.rs"]
 mod pg;

@@ -27,6 +27,9 @@
 //! under `sh -c 'ulimit -n …'`: the crate's `nix` has no `resource` feature) and inherited by
 //! the gateway.
 
+// Tests and benchmarks spawn freely: their runtime ends with them.
+#![allow(clippy::disallowed_methods)]
+
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};

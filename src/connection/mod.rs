@@ -83,6 +83,10 @@ pub async fn serve(
     let (sink, mut stream) = socket.split();
     let ping_every = Duration::from_secs(limits.ping_interval_secs.max(1));
     let slow_after = Duration::from_secs(limits.slow_client_timeout_secs.max(1));
+    #[expect(
+        clippy::disallowed_methods,
+        reason = "the connection awaits its writer before it ends"
+    )]
     let writer = tokio::spawn(write_frames(
         QuietSink::new(sink),
         rx,

@@ -88,7 +88,7 @@ impl Replica {
                 .execute(&self.pool)
                 .await?;
             }
-            let mut held = self.held.lock().unwrap_or_else(|e| e.into_inner());
+            let mut held = self.held.lock();
             let lease = held.entry(Arc::from(session)).or_insert(Held {
                 taken: sent,
                 confirmed: sent,
@@ -138,14 +138,13 @@ impl Replica {
     pub fn holds(&self, session: &str) -> bool {
         self.held
             .lock()
-            .unwrap_or_else(|e| e.into_inner())
             .get(session)
             .is_some_and(|h| h.confirmed.elapsed() < self.ttl)
     }
 
     /// Gives up `session`'s lease.
     pub async fn release(&self, session: &str) -> Result<(), StoreError> {
-        self.held.lock().unwrap_or_else(|e| e.into_inner()).remove(session);
+        self.held.lock().remove(session);
         sqlx::query("DELETE FROM session_leases WHERE session_id = $1 AND replica = $2")
             .bind(session)
             .bind(&*self.id)
@@ -156,7 +155,7 @@ impl Replica {
 
     /// Gives up every lease (shutdown: the others may take them at once).
     pub async fn release_all(&self) -> Result<(), StoreError> {
-        self.held.lock().unwrap_or_else(|e| e.into_inner()).clear();
+        self.held.lock().clear();
         sqlx::query("DELETE FROM session_leases WHERE replica = $1")
             .bind(&*self.id)
             .execute(&self.pool)
@@ -169,7 +168,7 @@ impl Replica {
     /// replica has taken is reported lost.
     async fn renew(&self, handler: &dyn Handler) -> Result<(), StoreError> {
         let (keep, drop): (Vec<Arc<str>>, Vec<Arc<str>>) = {
-            let held = self.held.lock().unwrap_or_else(|e| e.into_inner());
+            let held = self.held.lock();
             held.iter()
                 .map(|(s, h)| (s.clone(), h.taken.elapsed() < self.ttl || handler.serving(s)))
                 .fold((Vec::new(), Vec::new()), |(mut k, mut d), (s, serving)| {
@@ -199,7 +198,7 @@ impl Replica {
         .fetch_all(&self.pool)
         .await?;
         {
-            let mut held = self.held.lock().unwrap_or_else(|e| e.into_inner());
+            let mut held = self.held.lock();
             for s in &renewed {
                 if let Some(h) = held.get_mut(s.as_str()) {
                     h.confirmed = sent;
@@ -208,7 +207,7 @@ impl Replica {
         }
         for s in keep.iter().filter(|s| !renewed.iter().any(|r| **r == ***s)) {
             tracing::warn!(session = %s, "another replica took this session's lease; it is no longer served here");
-            self.held.lock().unwrap_or_else(|e| e.into_inner()).remove(&**s);
+            self.held.lock().remove(&**s);
             handler.lease_lost(s);
         }
         Ok(())

@@ -23,9 +23,10 @@ pub mod follow;
 pub mod lease;
 pub mod watchers;
 
+use parking_lot::Mutex;
 use std::collections::{HashMap, HashSet};
 use std::str::FromStr;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
@@ -214,8 +215,8 @@ impl Noted {
         self.set().contains(session)
     }
 
-    fn set(&self) -> std::sync::MutexGuard<'_, HashSet<Arc<str>>> {
-        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    fn set(&self) -> parking_lot::MutexGuard<'_, HashSet<Arc<str>>> {
+        self.0.lock()
     }
 }
 
@@ -264,18 +265,18 @@ impl Replica {
     pub fn expect_answer(&self) -> (u64, oneshot::Receiver<Answer>) {
         let reply = self.next_reply.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let (tx, rx) = oneshot::channel();
-        self.waiting.lock().unwrap_or_else(|e| e.into_inner()).insert(reply, tx);
+        self.waiting.lock().insert(reply, tx);
         (reply, rx)
     }
 
     /// Forgets a request given up on.
     pub fn forget_answer(&self, reply: u64) {
-        self.waiting.lock().unwrap_or_else(|e| e.into_inner()).remove(&reply);
+        self.waiting.lock().remove(&reply);
     }
 
     /// Hands an arrived answer to whoever waits for it.
     fn answered(&self, reply: u64, answer: Answer) {
-        if let Some(tx) = self.waiting.lock().unwrap_or_else(|e| e.into_inner()).remove(&reply) {
+        if let Some(tx) = self.waiting.lock().remove(&reply) {
             let _ = tx.send(answer);
         }
     }

@@ -4,11 +4,13 @@
 //! ids; the first answer anywhere comes back and settles it; every other replica asked is told,
 //! and tells its clients `$/cancel_request`. The deadline stays with the serving replica.
 
+use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Weak};
 
 use serde_json::value::RawValue;
+use tokio_util::task::TaskTracker;
 
 use super::requests::AgentRequest;
 use crate::replica::{Message, Replica};
@@ -21,6 +23,8 @@ type Proxies = HashMap<(Arc<str>, u64), Weak<AgentRequest>>;
 pub struct Asks {
     /// The bus.
     replica: Arc<Replica>,
+    /// Where sending on the bus runs, so shutdown waits for it.
+    tracker: TaskTracker,
     /// Next number for a published request.
     next_key: AtomicU64,
     /// This replica's agents' requests published to other replicas, by number.
@@ -43,22 +47,23 @@ struct Published {
 }
 
 impl Asks {
-    /// Requests across replicas over `replica`'s bus.
-    pub fn new(replica: Arc<Replica>) -> Arc<Self> {
+    /// Requests across replicas over `replica`'s bus; its messages are sent by tasks of `tracker`.
+    pub fn new(replica: Arc<Replica>, tracker: TaskTracker) -> Arc<Self> {
         Arc::new(Self {
             replica,
+            tracker,
             next_key: AtomicU64::new(1),
             published: Mutex::new(HashMap::new()),
             proxies: Mutex::new(HashMap::new()),
         })
     }
 
-    fn published(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Published>> {
-        self.published.lock().unwrap_or_else(|e| e.into_inner())
+    fn published(&self) -> parking_lot::MutexGuard<'_, HashMap<u64, Published>> {
+        self.published.lock()
     }
 
-    fn proxies(&self) -> std::sync::MutexGuard<'_, Proxies> {
-        self.proxies.lock().unwrap_or_else(|e| e.into_inner())
+    fn proxies(&self) -> parking_lot::MutexGuard<'_, Proxies> {
+        self.proxies.lock()
     }
 
     /// Publishes this replica's agent's `request` of `session` (once) to the other replicas
@@ -90,7 +95,7 @@ impl Asks {
         let me = self.clone();
         let session = session.clone();
         let everyone = request.asks_everyone();
-        tokio::spawn(async move {
+        self.tracker.spawn(async move {
             let watchers = match me.replica.watchers(&session).await {
                 Ok(w) => w,
                 Err(e) => {
@@ -160,7 +165,7 @@ impl Asks {
         }
         let me = self.clone();
         let from = from.to_string();
-        tokio::spawn(async move {
+        self.tracker.spawn(async move {
             for key in keys {
                 me.ask_replica(key, &from).await;
             }
@@ -173,7 +178,8 @@ impl Asks {
         if let Some(request) = request {
             let (result, error) = (result.map(ToOwned::to_owned), error.map(ToOwned::to_owned));
             let from = from.to_string();
-            tokio::spawn(async move { request.answer_remote(&from, result.as_deref(), error.as_deref()).await });
+            self.tracker
+                .spawn(async move { request.answer_remote(&from, result.as_deref(), error.as_deref()).await });
         }
     }
 
@@ -185,7 +191,7 @@ impl Asks {
             return;
         }
         let me = self.clone();
-        tokio::spawn(async move {
+        self.tracker.spawn(async move {
             let message = Message::Settled {
                 from: me.replica.id.to_string(),
                 key,

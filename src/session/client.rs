@@ -2,9 +2,10 @@
 //! been asked (each under an id of its own connection). The WebSocket bridge creates it and
 //! keeps the rest of the connection's bookkeeping itself.
 
+use parking_lot::Mutex;
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
 
 use super::requests::AgentRequest;
 use crate::infra::outbox::Outbox;
@@ -58,16 +59,12 @@ impl Client {
 
     /// The client says its page shows `session` in a visible tab (`None`: nothing, or hidden).
     pub fn show(&self, session: Option<&str>) {
-        *self.shown.lock().unwrap_or_else(|e| e.into_inner()) = session.map(Arc::from);
+        *self.shown.lock() = session.map(Arc::from);
     }
 
     /// Whether its page shows `session` in a visible tab.
     pub fn shows(&self, session: &str) -> bool {
-        self.shown
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .as_deref()
-            .is_some_and(|s| s == session)
+        self.shown.lock().as_deref().is_some_and(|s| s == session)
     }
 
     /// Whether its connection is closing.
@@ -78,27 +75,22 @@ impl Client {
     /// Records an agent request asked of it; returns the id to ask it under.
     pub(crate) fn ask(&self, request: Arc<AgentRequest>) -> u64 {
         let id = self.next_out_id.fetch_add(1, Ordering::Relaxed);
-        self.asked.lock().unwrap_or_else(|e| e.into_inner()).insert(id, request);
+        self.asked.lock().insert(id, request);
         id
     }
 
     /// Takes the agent request it was asked under `id` (it is answering it).
     pub fn take_asked(&self, id: u64) -> Option<Arc<AgentRequest>> {
-        self.asked.lock().unwrap_or_else(|e| e.into_inner()).remove(&id)
+        self.asked.lock().remove(&id)
     }
 
     /// Forgets a request settled elsewhere.
     pub(crate) fn forget_asked(&self, id: u64) {
-        self.asked.lock().unwrap_or_else(|e| e.into_inner()).remove(&id);
+        self.asked.lock().remove(&id);
     }
 
     /// Everything it was asked and did not answer (its connection is ending).
     pub fn take_all_asked(&self) -> Vec<Arc<AgentRequest>> {
-        self.asked
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .drain()
-            .map(|(_, r)| r)
-            .collect()
+        self.asked.lock().drain().map(|(_, r)| r).collect()
     }
 }

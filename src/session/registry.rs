@@ -1,8 +1,9 @@
 //! The sessions this gateway process has in memory, by id; dormant ones are swept (they are
 //! loaded again from the store when next used).
 
+use parking_lot::Mutex;
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use super::LiveSession;
 
@@ -16,37 +17,28 @@ pub struct Registry {
 impl Registry {
     /// The session with `id`, if in memory (ownership is the caller's to check).
     pub fn get(&self, id: &str) -> Option<Arc<LiveSession>> {
-        self.map.lock().unwrap_or_else(|e| e.into_inner()).get(id).cloned()
+        self.map.lock().get(id).cloned()
     }
 
     /// Adds `session`, or returns the one already there under its id.
     pub fn insert(&self, session: Arc<LiveSession>) -> Arc<LiveSession> {
-        self.map
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .entry(session.id.clone())
-            .or_insert(session)
-            .clone()
+        self.map.lock().entry(session.id.clone()).or_insert(session).clone()
     }
 
     /// Forgets a session.
     pub fn remove(&self, id: &str) -> Option<Arc<LiveSession>> {
-        self.map.lock().unwrap_or_else(|e| e.into_inner()).remove(id)
+        self.map.lock().remove(id)
     }
 
     /// Drops sessions nobody uses (they are reloaded from the store when needed).
     pub fn sweep(&self) {
-        self.map
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .retain(|_, s| !s.is_dormant());
+        self.map.lock().retain(|_, s| !s.is_dormant());
     }
 
     /// Sessions of `user` on a live agent process right now.
     pub fn live_of(&self, user: &str) -> usize {
         self.map
             .lock()
-            .unwrap_or_else(|e| e.into_inner())
             .values()
             .filter(|s| &*s.owner == user && s.is_bound_now())
             .count()
@@ -54,17 +46,12 @@ impl Registry {
 
     /// Every session in memory.
     pub fn all(&self) -> Vec<Arc<LiveSession>> {
-        self.map
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .values()
-            .cloned()
-            .collect()
+        self.map.lock().values().cloned().collect()
     }
 
     /// Sessions in memory.
     pub fn len(&self) -> usize {
-        self.map.lock().unwrap_or_else(|e| e.into_inner()).len()
+        self.map.lock().len()
     }
 
     /// Whether none are.

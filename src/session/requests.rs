@@ -8,8 +8,9 @@
 //! With several replicas, the serving replica's request is also asked of clients on the others
 //! ([`super::asks`]); there it is a stand-in whose answer goes back to the serving replica.
 
+use parking_lot::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, OnceLock, Weak};
+use std::sync::{Arc, OnceLock, Weak};
 use std::time::Duration;
 
 use axum::extract::ws::Utf8Bytes;
@@ -111,7 +112,13 @@ impl AgentRequest {
         });
         let weak = Arc::downgrade(&request);
         let settled = request.settled.clone();
-        // Ends when the request is settled or gives up: one short-lived timer per request.
+        // Ends when the request is settled or gives up: one short-lived timer per request. Not
+        // tracked: it holds the request weakly and does nothing at shutdown but wait, and a
+        // question nobody answers must not hold shutdown for its whole wait.
+        #[expect(
+            clippy::disallowed_methods,
+            reason = "a timer that only holds the request weakly; see above"
+        )]
         tokio::spawn(async move {
             tokio::select! {
                 () = tokio::time::sleep(wait) => {
@@ -169,11 +176,7 @@ impl AgentRequest {
 
     /// Whether `client` has been asked it.
     pub(crate) fn was_asked(&self, client: &Client) -> bool {
-        self.asked
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .iter()
-            .any(|(c, _)| std::ptr::eq(c.as_ptr(), client))
+        self.asked.lock().iter().any(|(c, _)| std::ptr::eq(c.as_ptr(), client))
     }
 
     /// Whether it has been answered or given up on.
@@ -197,10 +200,7 @@ impl AgentRequest {
     /// like any other asked one.
     pub(crate) fn assign(self: &Arc<Self>, client: &Arc<Client>) -> u64 {
         let out_id = client.ask(self.clone());
-        self.asked
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .push((Arc::downgrade(client), out_id));
+        self.asked.lock().push((Arc::downgrade(client), out_id));
         out_id
     }
 
@@ -275,7 +275,7 @@ impl AgentRequest {
 
     /// Sends `$/cancel_request` to every client asked (but `except`).
     fn tell_others(&self, except: Option<&Client>) {
-        let asked: Vec<(Weak<Client>, u64)> = self.asked.lock().unwrap_or_else(|e| e.into_inner()).drain(..).collect();
+        let asked: Vec<(Weak<Client>, u64)> = self.asked.lock().drain(..).collect();
         for (client, out_id) in asked {
             let Some(client) = client.upgrade() else {
                 continue;
@@ -298,7 +298,7 @@ impl AgentRequest {
             return;
         }
         let anyone_left = {
-            let mut asked = self.asked.lock().unwrap_or_else(|e| e.into_inner());
+            let mut asked = self.asked.lock();
             asked.retain(|(c, _)| c.upgrade().is_some_and(|c| !std::ptr::eq(&*c, gone) && !c.is_closed()));
             !asked.is_empty()
         };

@@ -10,8 +10,9 @@
 //! controller link ends after [`CONTROLLER_LINK_SECS`] unless the owner says when, and what the
 //! owner stored as secrets is withheld (see [`withheld`]).
 
+use parking_lot::Mutex;
 use std::collections::{HashMap, HashSet};
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Weak};
 
 use base64::Engine as _;
 use serde_json::{Value, json};
@@ -406,8 +407,8 @@ impl Shares {
         });
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<Watched>> {
-        self.watched.lock().unwrap_or_else(|e| e.into_inner())
+    fn lock(&self) -> parking_lot::MutexGuard<'_, Vec<Watched>> {
+        self.watched.lock()
     }
 
     /// Of the watched clients, those whose share no longer lets them in: expired by the clock,

@@ -6,8 +6,9 @@
 
 pub mod terminal;
 
+use parking_lot::Mutex;
 use std::collections::HashSet;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use crate::store::{Store, StoredLogin, now_micros};
 
@@ -44,7 +45,7 @@ impl Running {
     /// Holds (user, agent), or `None` when a sign-in of that user to that agent is under way.
     pub fn try_hold(self: &Arc<Self>, user: &str, agent: &str) -> Option<Held> {
         let key = (user.to_string(), agent.to_string());
-        let fresh = self.held.lock().unwrap_or_else(|e| e.into_inner()).insert(key.clone());
+        let fresh = self.held.lock().insert(key.clone());
         fresh.then(|| Held {
             running: self.clone(),
             key,
@@ -54,11 +55,7 @@ impl Running {
 
 impl Drop for Held {
     fn drop(&mut self) {
-        self.running
-            .held
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(&self.key);
+        self.running.held.lock().remove(&self.key);
     }
 }
 

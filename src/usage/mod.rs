@@ -10,7 +10,8 @@
 
 pub mod quota;
 
-use std::sync::{Arc, RwLock};
+use parking_lot::RwLock;
+use std::sync::Arc;
 
 use chrono::{DateTime, Datelike, Duration as Days, NaiveDate, Utc};
 use tokio::sync::mpsc;
@@ -50,6 +51,10 @@ impl Usage {
         stop: CancellationToken,
     ) -> (Arc<Self>, tokio::task::JoinHandle<()>) {
         let (tx, rx) = mpsc::channel(QUEUE);
+        #[expect(
+            clippy::disallowed_methods,
+            reason = "returned: the application awaits it at shutdown"
+        )]
         let task = tokio::spawn(write(store.clone(), rx, stop));
         let clock: Clock = Arc::new(Utc::now);
         let usage = Arc::new(Self {
@@ -63,11 +68,11 @@ impl Usage {
 
     /// Sets the clock (tests: a day boundary without waiting for one).
     pub fn set_clock(&self, clock: Clock) {
-        *self.clock.write().unwrap_or_else(|e| e.into_inner()) = clock;
+        *self.clock.write() = clock;
     }
 
     fn now(&self) -> DateTime<Utc> {
-        (self.clock.read().unwrap_or_else(|e| e.into_inner()))()
+        (self.clock.read())()
     }
 
     /// Takes note of an update of `owner`'s session: a `usage_update` with a cost is recorded.

@@ -1,10 +1,11 @@
 //! Per-user caps: what one user may hold of the gateway at once, so that one user at a cap never
 //! slows another. Each refusal names the cap and its limit.
 
+use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::hash::Hash;
 use std::num::NonZeroU32;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use governor::{DefaultKeyedRateLimiter, Quota, RateLimiter};
 
@@ -82,7 +83,7 @@ impl<K: Hash + Eq + Clone> Counted<K> {
 
     /// One of `key`'s slots, or `None` when it holds `max` already.
     pub(crate) fn take(self: &Arc<Self>, key: &K) -> Option<Slot<K>> {
-        let mut held = self.held.lock().unwrap_or_else(|e| e.into_inner());
+        let mut held = self.held.lock();
         let n = held.entry(key.clone()).or_insert(0);
         if *n >= self.max {
             return None;
@@ -112,7 +113,7 @@ impl<K: Hash + Eq> Slot<K> {
 
 impl<K: Hash + Eq> Drop for Slot<K> {
     fn drop(&mut self) {
-        let mut held = self.of.held.lock().unwrap_or_else(|e| e.into_inner());
+        let mut held = self.of.held.lock();
         if let Some(n) = held.get_mut(&self.key) {
             *n -= 1;
             if *n == 0 {

@@ -7,6 +7,9 @@
 //! Figures are printed; see them with `cargo test --test durability -- --nocapture`.
 //! `DURABILITY_SEED=N` replays the kill points of an earlier run.
 
+// Tests and benchmarks spawn freely: their runtime ends with them.
+#![allow(clippy::disallowed_methods)]
+
 mod agent_children;
 #[path = "../common/mod.rs"]
 mod common;

@@ -9,6 +9,9 @@
 //! slow clients dropped must stay still), `tests/metrics.rs` (every series of the process-wide
 //! recorder at zero before the load) and `tests/traces.rs` (the process-wide trace switch).
 
+// Tests and benchmarks spawn freely: their runtime ends with them.
+#![allow(clippy::disallowed_methods)]
+
 #[path = "../common/mod.rs"]
 mod common;
 

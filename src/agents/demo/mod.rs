@@ -27,11 +27,12 @@
 //! `session/cancel` cancels every prompt of that session received before the cancel (running or
 //! queued), each answering `{"stopReason":"cancelled"}`.
 
+use parking_lot::{Mutex, MutexGuard};
 use std::collections::HashMap;
 use std::io;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use serde_json::{Value, json};
@@ -163,7 +164,7 @@ fn error(id: Value, code: i64, message: &str) -> Value {
 
 /// Locks a std mutex, ignoring poisoning (no invariant here can be left half-updated).
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
+    m.lock()
 }
 
 /// Shared state of one agent process.

@@ -1,8 +1,8 @@
 //! One demo session: its replayable history, its cwd and its prompts' turn-taking.
 
+use parking_lot::Mutex;
 use std::collections::VecDeque;
 use std::path::PathBuf;
-use std::sync::Mutex;
 
 use serde_json::Value;
 use tokio::sync::oneshot;

@@ -3,9 +3,10 @@
 //! whole group (TERM, then KILL) and kills whatever is left of it once the leader is gone, and its
 //! stderr logged with the last lines kept for the report of how it ended.
 
+use parking_lot::{Mutex, MutexGuard};
 use std::collections::VecDeque;
 use std::process::Stdio;
-use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use bytes::BytesMut;
@@ -27,7 +28,7 @@ const STDERR_LINE_MAX: usize = 8 * 1024;
 /// Locks `m`, also after a panic elsewhere left it poisoned: what the pool keeps under its locks
 /// (maps, a name, a few lines) is whole after every statement, so a panic cannot leave it torn.
 pub(super) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
+    m.lock()
 }
 
 /// A child just started, with its pipes taken out, for the tasks that serve it.

@@ -102,7 +102,7 @@ impl AgentInfo {
 impl super::AgentPool {
     /// What a live process of `user`'s own said in `initialize`, if they have one.
     pub(super) fn own_cached_info(&self, user: &str) -> Option<Arc<AgentInfo>> {
-        let procs = self.procs.lock().unwrap_or_else(|e| e.into_inner());
+        let procs = self.procs.lock();
         procs
             .iter()
             .filter(|p| !p.is_dead() && p.owner().as_deref() == Some(user))

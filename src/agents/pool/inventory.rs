@@ -22,12 +22,7 @@ pub struct ProcessStates {
 impl AgentPool {
     /// Live processes (for tests and metrics).
     pub fn process_count(&self) -> usize {
-        self.procs
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .iter()
-            .filter(|p| !p.is_dead())
-            .count()
+        self.procs.lock().iter().filter(|p| !p.is_dead()).count()
     }
 
     /// How many processes are in each state (for metrics, at each scrape).
@@ -36,7 +31,7 @@ impl AgentPool {
             starting: self.starting.load(Ordering::Relaxed),
             ..ProcessStates::default()
         };
-        for p in self.procs.lock().unwrap_or_else(|e| e.into_inner()).iter() {
+        for p in self.procs.lock().iter() {
             if p.is_dead() {
                 continue;
             }
@@ -55,7 +50,6 @@ impl AgentPool {
     pub fn owners(&self) -> Vec<Arc<str>> {
         self.procs
             .lock()
-            .unwrap_or_else(|e| e.into_inner())
             .iter()
             .filter(|p| !p.is_dead())
             .filter_map(|p| p.owner())
@@ -66,7 +60,6 @@ impl AgentPool {
     pub fn pids(&self) -> Vec<u32> {
         self.procs
             .lock()
-            .unwrap_or_else(|e| e.into_inner())
             .iter()
             .filter(|p| !p.is_dead())
             .map(|p| p.pid)

@@ -17,9 +17,10 @@ mod rpc;
 pub mod signin_watch;
 pub mod user_env;
 
+use parking_lot::Mutex;
 use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio_util::task::TaskTracker;
@@ -29,7 +30,7 @@ pub use info::AgentInfo;
 pub use inventory::ProcessStates;
 pub use process::{AgentProcess, EarlyUpdates, Pending, PipeLimits};
 pub use route::SessionRoute;
-pub use user_env::UserEnv;
+pub use user_env::{UserEnv, UserEnvError};
 
 use crate::infra::config::{AgentConfig, Config};
 use crate::protocol::RpcError;
@@ -195,7 +196,6 @@ impl AgentPool {
     fn live_process_of(&self, user: &Arc<str>) -> Option<Arc<AgentProcess>> {
         self.procs
             .lock()
-            .unwrap_or_else(|e| e.into_inner())
             .iter()
             .find(|p| !p.is_dead() && p.owner().as_ref() == Some(user))
             .cloned()
@@ -206,15 +206,12 @@ impl AgentPool {
     }
 
     fn forget(&self, process: &Arc<AgentProcess>) {
-        self.procs
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .retain(|p| !Arc::ptr_eq(p, process));
+        self.procs.lock().retain(|p| !Arc::ptr_eq(p, process));
     }
 
     /// The capabilities, if a process has reported them.
     pub fn cached_info(&self) -> Option<Arc<AgentInfo>> {
-        self.info.lock().unwrap_or_else(|e| e.into_inner()).clone()
+        self.info.lock().clone()
     }
 
     /// A process for a new (or restored) session of `user`, with a session slot reserved.
@@ -241,7 +238,7 @@ impl AgentPool {
     fn pick(&self, user: &Arc<str>) -> Option<Arc<AgentProcess>> {
         let max = self.cfg.pool.max_sessions_per_process;
         let share = self.cfg.pool.share_between_users;
-        let procs = self.procs.lock().unwrap_or_else(|e| e.into_inner());
+        let procs = self.procs.lock();
         // The user's own processes (any assigned process when sharing), least loaded first.
         let mut usable: Vec<&Arc<AgentProcess>> = procs
             .iter()
@@ -271,7 +268,7 @@ impl AgentPool {
     /// process is kept only by a shared agent). Caller holds `spawn_gate`.
     async fn spawn_locked(&self, user: Option<&Arc<str>>) -> Result<Arc<AgentProcess>, RpcError> {
         self.sweep();
-        let count = self.procs.lock().unwrap_or_else(|e| e.into_inner()).len();
+        let count = self.procs.lock().len();
         if count >= self.cfg.pool.max_processes {
             return Err(RpcError::internal(format!(
                 "agent {} has reached max_processes ({}); try again later",
@@ -370,18 +367,15 @@ impl AgentPool {
         // ([`Self::info_for`], [`Self::own_info`]): its `HOME` (an `npx` cache, site-packages)
         // is theirs to change.
         if user.is_none() {
-            *self.info.lock().unwrap_or_else(|e| e.into_inner()) = Some(info);
+            *self.info.lock() = Some(info);
         }
-        self.procs.lock().unwrap_or_else(|e| e.into_inner()).push(p.clone());
+        self.procs.lock().push(p.clone());
         Ok(p)
     }
 
     /// Drops dead processes from the pool.
     fn sweep(&self) {
-        self.procs
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .retain(|p| !p.is_dead());
+        self.procs.lock().retain(|p| !p.is_dead());
     }
 
     /// Periodic upkeep: time out processes that went silent with a prompt waiting and clients'
@@ -395,7 +389,7 @@ impl AgentPool {
         // Warm, unassigned processes exist only for shared agents (see `prewarm` for the rest).
         let min_idle = if self.is_shared() { self.cfg.pool.min_idle } else { 0 };
         let warm = {
-            let procs = self.procs.lock().unwrap_or_else(|e| e.into_inner());
+            let procs = self.procs.lock();
             let mut warm = procs.iter().filter(|p| p.owner().is_none()).count();
             for p in procs.iter() {
                 // Keep unassigned processes up to min_idle; stop everything else that is idle.
@@ -430,7 +424,6 @@ impl AgentPool {
         let silent: Vec<(Arc<AgentProcess>, Duration)> = self
             .procs
             .lock()
-            .unwrap_or_else(|e| e.into_inner())
             .iter()
             .filter(|p| !p.is_dead())
             .filter_map(|p| p.prompt_silence().filter(|s| *s >= limit).map(|s| (p.clone(), s)))
@@ -442,13 +435,7 @@ impl AgentPool {
 
     /// The processes not known to be dead.
     fn live_processes(&self) -> Vec<Arc<AgentProcess>> {
-        self.procs
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .iter()
-            .filter(|p| !p.is_dead())
-            .cloned()
-            .collect()
+        self.procs.lock().iter().filter(|p| !p.is_dead()).cloned().collect()
     }
 
     /// Every client request but a prompt that an agent has left unanswered for
@@ -463,7 +450,7 @@ impl AgentPool {
 
     /// Stops every process.
     pub fn stop_all(&self) {
-        for p in self.procs.lock().unwrap_or_else(|e| e.into_inner()).iter() {
+        for p in self.procs.lock().iter() {
             p.stop();
         }
     }

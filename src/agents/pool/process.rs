@@ -15,9 +15,10 @@
 //! never dropped: with no room left to hold one, the reader waits until a claim ends, as it
 //! waits for the transcript writer's queue once the session is bound.
 
+use parking_lot::Mutex;
 use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use serde_json::value::RawValue;

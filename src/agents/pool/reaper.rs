@@ -6,11 +6,11 @@
 //! `/proc/<pid>/stat`): a group is killed at start only if its leader is gone or is still the
 //! same process, never a stranger that reused the id.
 
+use parking_lot::Mutex;
 use std::collections::BTreeMap;
 use std::io::Write;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
 
 use nix::sys::signal::{Signal, killpg};
 use nix::unistd::Pid;
@@ -79,14 +79,14 @@ impl GroupRecord {
     /// Records a group just started (its leader is `pgid`).
     pub fn add(&self, pgid: i32) {
         let Some((start, _)) = stat(pgid) else { return };
-        let mut live = self.live.lock().unwrap_or_else(|e| e.into_inner());
+        let mut live = self.live.lock();
         live.insert(pgid, start);
         self.save(&live);
     }
 
     /// Forgets a group that has been killed.
     pub fn remove(&self, pgid: i32) {
-        let mut live = self.live.lock().unwrap_or_else(|e| e.into_inner());
+        let mut live = self.live.lock();
         if live.remove(&pgid).is_some() {
             self.save(&live);
         }

@@ -5,9 +5,10 @@
 //! It knows nothing of the process behind it: whatever drains the queue [`Rpc::new`] hands back
 //! and feeds the agent's answers to [`Rpc::on_response`] will do (the tests use an in-memory pipe).
 
+use parking_lot::Mutex;
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use axum::extract::ws::Utf8Bytes;

@@ -8,7 +8,7 @@
 //! only stderr lines that hold a URL or a code are passed on: the rest of stderr stays in the
 //! logs. Bounded: [`NOTES_MAX`] notes of at most [`NOTE_BYTES_MAX`] bytes per sign-in.
 
-use std::sync::Mutex;
+use parking_lot::Mutex;
 
 use serde_json::value::RawValue;
 use tokio::sync::mpsc;

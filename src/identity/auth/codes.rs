@@ -5,8 +5,8 @@
 //! UI's cookie. Codes are kept by their SHA-256, so the table holds nothing a memory dump could
 //! replay, and lookups do not compare secret strings byte by byte.
 
+use parking_lot::Mutex;
 use std::collections::HashMap;
-use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use base64::Engine;
@@ -83,8 +83,8 @@ impl LoginCodes {
         (entry.expires > now).then_some(entry.user)
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<[u8; 32], Entry>> {
-        self.codes.lock().unwrap_or_else(|e| e.into_inner())
+    fn lock(&self) -> parking_lot::MutexGuard<'_, HashMap<[u8; 32], Entry>> {
+        self.codes.lock()
     }
 }
 

@@ -13,8 +13,8 @@
 //! name to a provider account by taking it out of that list; its next sign-in through the
 //! provider binds it.
 
+use parking_lot::Mutex;
 use std::collections::HashMap;
-use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use serde_json::{Map, Value};
@@ -96,13 +96,13 @@ impl Oidc {
 impl Bindings {
     /// Whether `user` was seen bound to `(issuer, subject)` lately.
     fn holds(&self, user: &str, issuer: &str, subject: &str) -> bool {
-        let seen = self.seen.lock().unwrap_or_else(|e| e.into_inner());
+        let seen = self.seen.lock();
         seen.get(user)
             .is_some_and(|(i, s, at)| i == issuer && s == subject && at.elapsed() < KEEP)
     }
 
     fn keep(&self, user: &str, issuer: String, subject: String) {
-        let mut seen = self.seen.lock().unwrap_or_else(|e| e.into_inner());
+        let mut seen = self.seen.lock();
         if seen.len() >= KEEP_MAX {
             seen.clear();
         }

@@ -2,7 +2,7 @@
 //! `session/load` answers with, when the store's copy must be read instead (another replica may
 //! serve the session), and how changes reach the store in the order they were made.
 
-use std::sync::MutexGuard;
+use parking_lot::MutexGuard;
 use std::sync::atomic::Ordering;
 
 use super::LiveSession;
@@ -11,7 +11,7 @@ use crate::store::persister::Item;
 
 impl LiveSession {
     pub(super) fn lock_controls(&self) -> MutexGuard<'_, Controls> {
-        self.controls.lock().unwrap_or_else(|e| e.into_inner())
+        self.controls.lock()
     }
 
     /// The agent's controls as `session/load` answers them (a JSON object). Current while the

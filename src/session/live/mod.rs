@@ -26,8 +26,9 @@ mod follow;
 mod publish;
 mod restore;
 
+use parking_lot::{Mutex, MutexGuard};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use axum::extract::ws::Utf8Bytes;
@@ -225,11 +226,11 @@ impl LiveSession {
     }
 
     fn fanout(&self) -> MutexGuard<'_, Fanout> {
-        self.fanout.lock().unwrap_or_else(|e| e.into_inner())
+        self.fanout.lock()
     }
 
     fn lock_binding(&self) -> MutexGuard<'_, Option<Binding>> {
-        self.binding.lock().unwrap_or_else(|e| e.into_inner())
+        self.binding.lock()
     }
 
     /// Records whether the MCP servers its agent was just given (at its start or restore) carry
@@ -246,22 +247,22 @@ impl LiveSession {
     /// A fork whose agent started afresh: its first prompt takes the copied history, up to
     /// `through`, to the agent.
     pub fn set_handoff(&self, through: i64) {
-        *self.handoff.lock().unwrap_or_else(|e| e.into_inner()) = Some(through);
+        *self.handoff.lock() = Some(through);
     }
 
     /// Whether a fork's first prompt has yet to take its history to the agent.
     pub fn has_handoff(&self) -> bool {
-        self.handoff.lock().unwrap_or_else(|e| e.into_inner()).is_some()
+        self.handoff.lock().is_some()
     }
 
     /// The history a fork's first prompt must take to its agent, once.
     pub fn take_handoff(&self) -> Option<i64> {
-        self.handoff.lock().unwrap_or_else(|e| e.into_inner()).take()
+        self.handoff.lock().take()
     }
 
     /// The session's queued messages (see [`crate::session::queue`]).
     pub fn queue(&self) -> MutexGuard<'_, PromptQueue> {
-        self.queue.lock().unwrap_or_else(|e| e.into_inner())
+        self.queue.lock()
     }
 
     /// Tells every attached client what the queue holds now.
@@ -297,7 +298,7 @@ impl LiveSession {
         if !process.bind_session(agent_session_id.clone(), route) {
             return Err(id_in_use());
         }
-        *self.agent_session_id.lock().unwrap_or_else(|e| e.into_inner()) = Some(agent_session_id.clone());
+        *self.agent_session_id.lock() = Some(agent_session_id.clone());
         *self.lock_binding() = Some(Binding {
             process,
             agent_session_id,

@@ -51,7 +51,7 @@ impl LiveSession {
         let pool = pools
             .get(&self.agent)
             .ok_or_else(|| RpcError::internal(format!("agent {} is no longer configured", self.agent)))?;
-        let agent_sid = self.agent_session_id.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        let agent_sid = self.agent_session_id.lock().clone();
         let Some(agent_sid) = agent_sid else {
             return Err(RpcError::internal("session has no agent-side id to restore"));
         };

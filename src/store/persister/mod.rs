@@ -31,9 +31,10 @@
 //! answer waits on a [`stage`], and the agent's reader that completes it commits it on its own
 //! thread: a round trip does not hop to the writer's thread and back.
 
+use parking_lot::Mutex;
 use std::collections::HashSet;
+use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use tokio::sync::{mpsc, oneshot};
@@ -67,6 +68,7 @@ pub const FLUSH_TIMEOUT: Duration = Duration::from_secs(4);
 /// A write waiting on the database longer than this makes the writer unhealthy.
 const STALLED_AFTER: Duration = Duration::from_secs(5);
 
+pub use health::WriterTrouble;
 mod batch;
 mod health;
 mod stage;
@@ -136,6 +138,10 @@ impl Persister {
         if let Some(stage) = &stage {
             stage.start_ticker();
         }
+        #[expect(
+            clippy::disallowed_methods,
+            reason = "returned: the application awaits the writer at shutdown"
+        )]
         let task = match stage.clone() {
             Some(stage) => {
                 let (done, finished) = oneshot::channel::<()>();
@@ -170,7 +176,7 @@ impl Persister {
 
     /// `Ok` while the writer's writes succeed; otherwise what is wrong: its writes have failed
     /// since some time (with the last error), or one has waited on the database too long.
-    pub fn health(&self) -> Result<(), String> {
+    pub fn health(&self) -> Result<(), WriterTrouble> {
         self.health.report()
     }
 

@@ -32,8 +32,9 @@
 //! that came before. While a sender commits, the writer waits for it before writing anything,
 //! so no later update of a session can be committed (and release this one) first.
 
+use parking_lot::{Mutex, MutexGuard};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::sync::{Arc, Weak};
 use std::time::Instant;
 
 use tokio::sync::{Notify, mpsc};
@@ -202,7 +203,7 @@ async fn run_ticker(stage: Weak<Stage>, arm: Arc<Notify>) {
 
 impl Drop for Stage {
     fn drop(&mut self) {
-        if let Some(task) = self.ticker.task.lock().unwrap_or_else(|e| e.into_inner()).take() {
+        if let Some(task) = self.ticker.task.lock().take() {
             task.abort();
         }
     }
@@ -248,7 +249,7 @@ impl Stage {
     }
 
     fn state(&self) -> MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
+        self.state.lock()
     }
 
     /// A sender's item: held with the batch if one is held (committed here if it completes it),
@@ -334,8 +335,12 @@ impl Stage {
 
     /// Starts the ticker ([`Stage::tick_for_holds`]); it ends with the stage.
     pub(super) fn start_ticker(self: &Arc<Self>) {
+        #[expect(
+            clippy::disallowed_methods,
+            reason = "aborted with the stage (its handle is kept), and ends when the stage is gone"
+        )]
         let task = tokio::spawn(run_ticker(Arc::downgrade(self), self.ticker.arm.clone()));
-        *self.ticker.task.lock().unwrap_or_else(|e| e.into_inner()) = Some(task.abort_handle());
+        *self.ticker.task.lock() = Some(task.abort_handle());
     }
 
     /// Until something is handed back to the writer, or it is told of a commit.
@@ -508,10 +513,7 @@ impl Stage {
         let written = if chunks.is_empty() {
             Ok(())
         } else {
-            self.direct
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .write_batch(&chunks)
+            self.direct.lock().write_batch(&chunks)
         };
         if let Err(e) = written {
             tracing::debug!(error = %e, "a held batch's commit failed; the writer takes it with its retries");

@@ -2,9 +2,10 @@
 //! when it fails for good, and the writes put off until the queue is quiet (held-back metadata,
 //! session rows left behind their stored chunks).
 
+use parking_lot::Mutex;
 use std::collections::HashSet;
+use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use tokio_util::sync::CancellationToken;
@@ -80,20 +81,17 @@ impl<'a> Writer<'a> {
 
     /// The sessions the store refused since the last call (their lease is another replica's).
     pub(super) fn take_refused(&self) -> HashSet<Arc<str>> {
-        std::mem::take(&mut *self.refused.lock().unwrap_or_else(|e| e.into_inner()))
+        std::mem::take(&mut *self.refused.lock())
     }
 
     /// Since when writes were put off (the store's own connection's, the sessions left for
     /// [`Store::settle_sessions`]), if any are.
     pub(super) fn unsettled_since(&self) -> Option<Instant> {
         let own = {
-            let u = self.unsettled.lock().unwrap_or_else(|e| e.into_inner());
+            let u = self.unsettled.lock();
             u.since.filter(|_| u.not_before.is_none_or(|t| Instant::now() >= t))
         };
-        let direct = self
-            .direct
-            .as_ref()
-            .and_then(|d| d.lock().unwrap_or_else(|e| e.into_inner()).unsettled_since());
+        let direct = self.direct.as_ref().and_then(|d| d.lock().unsettled_since());
         own.into_iter().chain(direct).min()
     }
 
@@ -103,7 +101,7 @@ impl<'a> Writer<'a> {
     fn stored(&self, writes: &[SessionWrite], stored: ChunksStored) {
         let ChunksStored { refused, rows_behind } = stored;
         if rows_behind {
-            let mut u = self.unsettled.lock().unwrap_or_else(|e| e.into_inner());
+            let mut u = self.unsettled.lock();
             for w in writes
                 .iter()
                 .filter(|w| w.chunk.is_some() && !refused.contains(&w.session_id))
@@ -121,10 +119,7 @@ impl<'a> Writer<'a> {
         // Only sessions whose updates were in this batch are told they were fenced (a refused
         // controls-only write has no update waiting on it).
         let with_updates = |s: &Arc<str>| writes.iter().any(|w| w.session_id == *s && w.chunk.is_some());
-        self.refused
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .extend(refused.into_iter().filter(with_updates));
+        self.refused.lock().extend(refused.into_iter().filter(with_updates));
     }
 
     /// Makes the writes nobody waits on: the held-back metadata, and the session rows put off
@@ -136,12 +131,12 @@ impl<'a> Writer<'a> {
             self.write(&merged, 0).await;
         }
         if let Some(direct) = &self.direct
-            && let Err(e) = direct.lock().unwrap_or_else(|e| e.into_inner()).settle()
+            && let Err(e) = direct.lock().settle()
         {
             tracing::warn!(error = %e, "sessions not advanced past their stored chunks yet; trying again when the queue is quiet");
         }
         let sessions: Vec<Arc<str>> = {
-            let mut u = self.unsettled.lock().unwrap_or_else(|e| e.into_inner());
+            let mut u = self.unsettled.lock();
             u.sessions.drain().collect()
         };
         if sessions.is_empty() {
@@ -156,7 +151,7 @@ impl<'a> Writer<'a> {
             Ok(()) => self.health.succeeded(),
             Err(e) => self.health.failed(e),
         }
-        let mut u = self.unsettled.lock().unwrap_or_else(|e| e.into_inner());
+        let mut u = self.unsettled.lock();
         match settled {
             Ok(()) => {
                 if u.sessions.is_empty() {
@@ -240,7 +235,7 @@ impl<'a> Writer<'a> {
         loop {
             self.health.writing_since.store(now_micros(), Ordering::Release);
             let result = match &self.direct {
-                Some(direct) => direct.lock().unwrap_or_else(|e| e.into_inner()).write_batch(writes),
+                Some(direct) => direct.lock().write_batch(writes),
                 None => self
                     .store
                     .write_chunks_unsettled(writes, self.holder)

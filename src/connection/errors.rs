@@ -1,7 +1,23 @@
-//! Domain errors as the ACP edge answers them: the store's, mapped once to JSON-RPC.
+//! Domain errors as the ACP edge answers them: the store's and a refused path's, mapped once to
+//! JSON-RPC.
 
 use crate::protocol::RpcError;
 use crate::store::StoreError;
+use crate::tenancy::{McpRefused, PathRefused};
+
+/// A client's MCP server refused: `-32602`, naming the entry.
+impl From<McpRefused> for RpcError {
+    fn from(e: McpRefused) -> Self {
+        Self::invalid_params(e.to_string())
+    }
+}
+
+/// A client's path refused: `-32602`, saying why and naming the roots allowed.
+impl From<PathRefused> for RpcError {
+    fn from(e: PathRefused) -> Self {
+        Self::invalid_params(e.to_string())
+    }
+}
 
 /// What a client sees when the store fails: a generic internal error. The detail is logged here,
 /// once, so callers can use `?` where they answer a client.

@@ -14,8 +14,9 @@ pub use markdown::Markdown;
 
 use crate::store::{SessionRecord, Store, StoreError};
 
-/// Chunks read from the store per page (a chunk is one flush's run of updates, a few KiB).
-const PAGE_CHUNKS: u32 = 32;
+/// Chunks read from the store per page at most (a chunk is one flush's run of updates; the store
+/// also ends a page at about [`crate::store::READ_PAGE_BYTES`]).
+const PAGE_CHUNKS: u32 = 1024;
 
 /// What an export is written as.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -26,13 +27,18 @@ pub enum Format {
     Markdown,
 }
 
+/// An export format asked for that there is not.
+#[derive(Debug, PartialEq, Eq, thiserror::Error)]
+#[error("unknown export format {0:?}: expected jsonl or markdown")]
+pub struct UnknownFormat(pub String);
+
 impl Format {
     /// `jsonl` (also the default) or `markdown`/`md`; anything else is named in the error.
-    pub fn parse(s: Option<&str>) -> Result<Self, String> {
+    pub fn parse(s: Option<&str>) -> Result<Self, UnknownFormat> {
         match s.unwrap_or("jsonl") {
             "jsonl" | "ndjson" => Ok(Self::Jsonl),
             "markdown" | "md" => Ok(Self::Markdown),
-            other => Err(format!("unknown export format {other:?}: expected jsonl or markdown")),
+            other => Err(UnknownFormat(other.to_string())),
         }
     }
 
@@ -202,8 +208,8 @@ mod tests {
     fn formats_and_their_refusal() {
         assert_eq!(Format::parse(None), Ok(Format::Jsonl));
         assert_eq!(Format::parse(Some("markdown")), Ok(Format::Markdown));
-        let e = Format::parse(Some("pdf")).unwrap_err();
-        assert!(e.contains("\"pdf\"") && e.contains("jsonl or markdown"), "{e}");
+        let e = Format::parse(Some("pdf")).unwrap_err().to_string();
+        assert_eq!(e, "unknown export format \"pdf\": expected jsonl or markdown");
     }
 
     #[test]

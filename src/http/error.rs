@@ -45,9 +45,9 @@ pub(super) fn list_refusal(user: &str, e: crate::settings::sealed_list::ListErro
     match e {
         ListError::Invalid(m) => refuse(StatusCode::BAD_REQUEST, m),
         ListError::Off(m) => refuse(StatusCode::FORBIDDEN, m),
-        ListError::Unavailable(m) => {
-            tracing::error!(user, error = %m, "a user's sealed list");
-            refuse(StatusCode::SERVICE_UNAVAILABLE, m)
+        ListError::Unavailable(e) => {
+            tracing::error!(user, error = %e, "a user's sealed list");
+            refuse(StatusCode::SERVICE_UNAVAILABLE, e.what_failed())
         }
     }
 }

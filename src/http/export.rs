@@ -36,7 +36,7 @@ async fn export_session(
     Path(id): Path<String>,
     Query(q): Query<ExportQuery>,
 ) -> Result<Response, HttpError> {
-    let format = Format::parse(q.format.as_deref()).map_err(RpcError::invalid_params)?;
+    let format = Format::parse(q.format.as_deref()).map_err(|e| RpcError::invalid_params(e.to_string()))?;
     let record = gw.sessions.stored(&who.user, &id).await?;
     audit(
         &gw,

@@ -141,7 +141,7 @@ impl Resolved {
         if !Path::new(path).is_absolute() {
             return Err(FsError::BadRequest(String::from("path must be absolute")));
         }
-        crate::tenancy::check_length(path).map_err(FsError::BadRequest)?;
+        crate::tenancy::check_length(path).map_err(|e| FsError::BadRequest(e.to_string()))?;
         // Every refusal of the resolver (outside, hidden, or not resolvable: a dangling link, a
         // file in the middle) is the same answer, so nothing outside the roots can be probed.
         // The roots and sight this request already holds, not read again.

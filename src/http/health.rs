@@ -88,10 +88,12 @@ async fn readyz(State(gw): State<Arc<Gateway>>) -> impl IntoResponse {
     let draining = gw.is_draining();
     let oidc = identity_provider(&gw).await;
     let ready = database.is_ok() && writer.is_ok() && agent.is_ok() && !draining;
-    let check = |r: &Result<(), String>| match r {
-        Ok(()) => json!("ok"),
-        Err(e) => json!(format!("error: {e}")),
-    };
+    fn check(r: &Result<(), impl std::fmt::Display>) -> Value {
+        match r {
+            Ok(()) => json!("ok"),
+            Err(e) => json!(format!("error: {e}")),
+        }
+    }
     // Not failures, but never silent: agents without a sandbox, a configuration file whose
     // secrets something can read, roots that cannot be used (skipped, never stopping the others).
     let warnings: Vec<String> = gw.tenancy.warnings(&gw.config);

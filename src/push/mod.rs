@@ -13,8 +13,9 @@
 //! any replica can push. Subscriptions are kept per user, sealed like agent keys
 //! ([`crate::settings::sealed_list`]).
 
+use parking_lot::Mutex;
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use base64::Engine as _;
@@ -27,6 +28,9 @@ use crate::infra::config::PushConfig;
 use crate::settings::sealed_list::SealedList;
 use crate::settings::secrets::Sealer;
 use crate::store::Store;
+use service::device_keys;
+
+mod service;
 
 /// Most devices one user opts in.
 pub const MAX_DEVICES: usize = 10;
@@ -250,7 +254,7 @@ impl Push {
                 self.config.endpoint_hosts
             )));
         }
-        device_keys(p256dh, auth).map_err(PushError::Invalid)?;
+        device_keys(p256dh, auth).map_err(|e| PushError::Invalid(e.to_string()))?;
         let label: String = label.chars().filter(|c| !c.is_control()).take(80).collect();
         let mut list = self.subscriptions(owner).await?;
         list.retain(|s| s.endpoint != endpoint);
@@ -308,7 +312,7 @@ impl Push {
     fn due(&self, owner: &Arc<str>, session: &Arc<str>, event: Event) -> bool {
         let now = Instant::now();
         let every = Duration::from_secs(self.config.min_interval_secs);
-        let mut last = self.last.lock().unwrap_or_else(|e| e.into_inner());
+        let mut last = self.last.lock();
         if last.len() >= LIMITER_PRUNE_AT {
             last.retain(|_, at| now.duration_since(*at) < every);
         }
@@ -400,35 +404,6 @@ impl Push {
             }
         }
     }
-
-    /// One push; the push service's status.
-    async fn send(&self, sub: &Subscription, payload: Vec<u8>, topic: &str, urgent: bool) -> Result<u16, String> {
-        let (public, auth) = device_keys(&sub.p256dh, &sub.auth)?;
-        let endpoint: http::Uri = sub.endpoint.parse().map_err(|e| format!("endpoint: {e}"))?;
-        let request = web_push_native::WebPushBuilder::new(endpoint, public, auth)
-            .with_valid_duration(TTL)
-            .build(payload)
-            .map_err(|e| format!("cannot build the push: {e}"))?;
-        let (parts, body) = request.into_parts();
-        let mut headers = parts.headers;
-        headers.insert(http::header::AUTHORIZATION, self.vapid(&sub.endpoint)?);
-        if let Ok(topic) = http::HeaderValue::from_str(topic) {
-            headers.insert("Topic", topic);
-        }
-        headers.insert(
-            "Urgency",
-            http::HeaderValue::from_static(if urgent { "high" } else { "normal" }),
-        );
-        let res = self
-            .http
-            .post(sub.endpoint.as_str())
-            .headers(headers)
-            .body(body)
-            .send()
-            .await
-            .map_err(|e| e.without_url().to_string())?;
-        Ok(res.status().as_u16())
-    }
 }
 
 /// What one event pushes: without the session's title, and with it (for devices that chose it).
@@ -437,26 +412,6 @@ struct Payloads {
     plain: Vec<u8>,
     /// For devices that did.
     titled: Vec<u8>,
-}
-
-impl Push {
-    /// The VAPID `Authorization` for `endpoint` (RFC 8292): a JWT whose `aud` is the push
-    /// service's origin, with its port when not the scheme's default (web-push-native's own drops
-    /// the port, so a push service on a port of its own refused every push), `sub` the operator's
-    /// contact, signed with the gateway's key, and that key.
-    fn vapid(&self, endpoint: &str) -> Result<http::HeaderValue, String> {
-        use web_push_native::jwt_simple::algorithms::ECDSAP256KeyPairLike as _;
-        let url = url::Url::parse(endpoint).map_err(|e| format!("endpoint: {e}"))?;
-        let claims = web_push_native::jwt_simple::claims::Claims::create(TTL.into())
-            .with_audience(url.origin().ascii_serialization())
-            .with_subject(&self.config.contact);
-        let token = self
-            .keypair
-            .sign(claims)
-            .map_err(|e| format!("cannot sign the VAPID token: {e}"))?;
-        http::HeaderValue::try_from(format!("vapid t={token}, k={}", self.public_key))
-            .map_err(|e| format!("VAPID header: {e}"))
-    }
 }
 
 /// Whether `url` names this host or a private network by address (or `localhost`).
@@ -492,22 +447,6 @@ fn is_internal(url: &url::Url) -> bool {
     }
 }
 
-/// A device's public key and auth secret, from their base64url forms.
-fn device_keys(p256dh: &str, auth: &str) -> Result<(p256::PublicKey, web_push_native::Auth), String> {
-    let key = B64
-        .decode(p256dh.trim_end_matches('='))
-        .map_err(|_| String::from("keys.p256dh is not base64url"))?;
-    let public =
-        p256::PublicKey::from_sec1_bytes(&key).map_err(|_| String::from("keys.p256dh is not a P-256 public key"))?;
-    let auth = B64
-        .decode(auth.trim_end_matches('='))
-        .map_err(|_| String::from("keys.auth is not base64url"))?;
-    let auth: [u8; 16] = auth
-        .try_into()
-        .map_err(|_| String::from("keys.auth must be 16 bytes"))?;
-    Ok((public, web_push_native::Auth::from(auth)))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -534,21 +473,6 @@ mod tests {
         ] {
             assert!(!is_internal(&url::Url::parse(public).expect("url")), "{public}");
         }
-    }
-
-    #[test]
-    fn device_keys_are_checked_before_use() {
-        let secret = p256::SecretKey::from_slice(&[9u8; 32]).expect("scalar");
-        let public = B64.encode(secret.public_key().to_encoded_point(false).as_bytes());
-        let auth = B64.encode([1u8; 16]);
-        assert!(device_keys(&public, &auth).is_ok());
-        assert!(
-            device_keys(&public, &B64.encode([1u8; 15]))
-                .unwrap_err()
-                .contains("16 bytes")
-        );
-        assert!(device_keys("AAAA", &auth).unwrap_err().contains("P-256"));
-        assert!(device_keys("*", &auth).unwrap_err().contains("base64url"));
     }
 
     #[test]

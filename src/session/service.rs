@@ -51,7 +51,7 @@ pub struct Sessions {
     /// How sessions are set up in memory.
     pub(super) options: SessionOptions,
     /// Each user's stored transcript bytes, as last read (see [`Sessions::check_stored_bytes`]).
-    usage: std::sync::Mutex<std::collections::HashMap<Arc<str>, (u64, Instant)>>,
+    usage: parking_lot::Mutex<std::collections::HashMap<Arc<str>, (u64, Instant)>>,
 }
 
 /// How long a user's stored byte count is trusted before it is read again: the cap may be
@@ -103,8 +103,8 @@ impl Sessions {
         Ok(())
     }
 
-    fn lock_usage(&self) -> std::sync::MutexGuard<'_, std::collections::HashMap<Arc<str>, (u64, Instant)>> {
-        self.usage.lock().unwrap_or_else(|e| e.into_inner())
+    fn lock_usage(&self) -> parking_lot::MutexGuard<'_, std::collections::HashMap<Arc<str>, (u64, Instant)>> {
+        self.usage.lock()
     }
 
     /// The store, each call but transcript writes bounded in time (for `/readyz`, replays,
@@ -114,7 +114,7 @@ impl Sessions {
     }
 
     /// How the transcript writer is doing (for `/readyz`): `Err` says what is wrong.
-    pub fn writer_health(&self) -> Result<(), String> {
+    pub fn writer_health(&self) -> Result<(), crate::store::persister::WriterTrouble> {
         self.persister.health()
     }
 

@@ -9,8 +9,8 @@ use secrecy::ExposeSecret;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
-use crate::settings::secrets::{Sealed, Sealer};
-use crate::store::{Store, StoredSecret};
+use crate::settings::secrets::{Sealed, Sealer, SecretsError};
+use crate::store::{Store, StoreError, StoredSecret};
 
 /// Why a request about a user's list failed; the message says what.
 #[derive(Debug, thiserror::Error)]
@@ -21,9 +21,67 @@ pub enum ListError {
     /// The operator turned the feature off (the message names the setting).
     #[error("{0}")]
     Off(&'static str),
-    /// The store failed.
-    #[error("{0}")]
-    Unavailable(String),
+    /// The list could not be read or stored.
+    #[error(transparent)]
+    Unavailable(#[from] SealedError),
+}
+
+/// Why a sealed list could not be read or stored; each names the list ("your MCP servers").
+#[derive(Debug, thiserror::Error)]
+pub enum SealedError {
+    /// The store failed to read it.
+    #[error("{what} cannot be read now: {source}")]
+    Read {
+        /// The list.
+        what: &'static str,
+        /// What the store said.
+        source: StoreError,
+    },
+    /// Its ciphertext does not open (another key, another owner, tampered).
+    #[error("{what} cannot be opened: {source}")]
+    Open {
+        /// The list.
+        what: &'static str,
+        /// Why it did not open.
+        source: SecretsError,
+    },
+    /// It opened but is not a list of what it holds.
+    #[error("{what} as stored cannot be read: {source}")]
+    Decode {
+        /// The list.
+        what: &'static str,
+        /// What the JSON parser said.
+        source: serde_json::Error,
+    },
+    /// It could not be written as JSON.
+    #[error("{what} could not be written down: {source}")]
+    Encode {
+        /// The list.
+        what: &'static str,
+        /// What the JSON writer said.
+        source: serde_json::Error,
+    },
+    /// The store failed to keep it.
+    #[error("{what} could not be stored: {source}")]
+    Write {
+        /// The list.
+        what: &'static str,
+        /// What the store said.
+        source: StoreError,
+    },
+}
+
+impl SealedError {
+    /// What failed, without why: what a client is told (the why, the store's own words, goes to
+    /// the log).
+    pub fn what_failed(&self) -> String {
+        match self {
+            Self::Read { what, .. } => format!("{what} cannot be read now"),
+            Self::Open { what, .. } => format!("{what} cannot be opened"),
+            Self::Decode { what, .. } => format!("{what} as stored cannot be read"),
+            Self::Encode { what, .. } | Self::Write { what, .. } => format!("{what} could not be stored"),
+        }
+    }
 }
 
 /// One user's list of `T`, under `user_secrets (owner, agent, name)`.
@@ -59,13 +117,13 @@ impl SealedList {
     }
 
     /// `owner`'s list (empty when they have none); the error says what failed.
-    pub async fn read<T: DeserializeOwned>(&self, owner: &str) -> Result<Vec<T>, String> {
+    pub async fn read<T: DeserializeOwned>(&self, owner: &str) -> Result<Vec<T>, SealedError> {
         let what = self.what;
         let rows = self
             .store
             .secrets(owner, Some(self.agent))
             .await
-            .map_err(|e| format!("{what} cannot be read now: {e}"))?;
+            .map_err(|source| SealedError::Read { what, source })?;
         let Some(row) = rows.into_iter().find(|r| r.name == self.name) else {
             return Ok(Vec::new());
         };
@@ -77,19 +135,19 @@ impl SealedList {
         let plain = self
             .sealer
             .open(owner, self.agent, self.name, &sealed)
-            .map_err(|e| format!("{what} cannot be opened: {e}"))?;
-        serde_json::from_str(plain.expose_secret()).map_err(|e| format!("{what} as stored cannot be read: {e}"))
+            .map_err(|source| SealedError::Open { what, source })?;
+        serde_json::from_str(plain.expose_secret()).map_err(|source| SealedError::Decode { what, source })
     }
 
     /// Replaces `owner`'s list (an empty one removes the row).
-    pub async fn write<T: Serialize>(&self, owner: &str, items: &[T]) -> Result<(), String> {
+    pub async fn write<T: Serialize>(&self, owner: &str, items: &[T]) -> Result<(), SealedError> {
         let what = self.what;
-        let failed = |e: crate::store::StoreError| format!("{what} could not be stored: {e}");
+        let failed = |source: StoreError| SealedError::Write { what, source };
         if items.is_empty() {
             self.store.delete_secrets(owner, self.agent).await.map_err(failed)?;
             return Ok(());
         }
-        let plain = serde_json::to_string(items).map_err(|e| e.to_string())?;
+        let plain = serde_json::to_string(items).map_err(|source| SealedError::Encode { what, source })?;
         let sealed = self.sealer.seal(owner, self.agent, self.name, &plain);
         let row = StoredSecret {
             agent: self.agent.to_string(),

@@ -18,7 +18,7 @@ use chacha20poly1305::{XChaCha20Poly1305, XNonce};
 use secrecy::{ExposeSecret, SecretString};
 use sha2::{Digest, Sha256};
 
-use crate::agents::pool::UserEnv;
+use crate::agents::pool::{UserEnv, UserEnvError};
 use crate::store::{Store, StoreError, StoredSecret};
 
 /// The file the generated key is kept in, inside the data directory.
@@ -244,10 +244,10 @@ impl Keys {
 
 #[async_trait::async_trait]
 impl UserEnv for Keys {
-    async fn env(&self, user: &str, agent: &str) -> Result<Vec<(String, SecretString)>, String> {
+    async fn env(&self, user: &str, agent: &str) -> Result<Vec<(String, SecretString)>, UserEnvError> {
         let stored = self.store.secrets(user, Some(agent)).await.map_err(|e| {
             tracing::error!(user, agent, error = %e, "cannot read the user's agent keys");
-            String::from("your keys for this agent cannot be read now; try again later")
+            UserEnvError::Unreadable
         })?;
         stored
             .into_iter()
@@ -261,7 +261,11 @@ impl UserEnv for Keys {
                     Ok(value) => Ok((s.name, value)),
                     Err(e) => {
                         tracing::error!(user, agent, name = %s.name, error = %e, "cannot open a user's agent key");
-                        Err(format!("your key {} for agent {agent} cannot be used: {e}", s.name))
+                        Err(UserEnvError::Unusable {
+                            name: s.name,
+                            agent: agent.to_string(),
+                            source: Box::new(e),
+                        })
                     }
                 }
             })

@@ -332,7 +332,12 @@ pub async fn with_users_servers(
         return Ok(accepted.to_string());
     }
     all.extend(mine);
-    serde_json::to_string(&all).map_err(|e| UserMcpError::Unavailable(e.to_string()))
+    serde_json::to_string(&all).map_err(|source| {
+        UserMcpError::Unavailable(crate::settings::sealed_list::SealedError::Encode {
+            what: "your MCP servers",
+            source,
+        })
+    })
 }
 
 #[cfg(test)]

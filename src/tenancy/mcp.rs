@@ -17,40 +17,75 @@ pub struct McpTransports {
 /// Checks a client's `mcpServers` before they reach `agent`: a `stdio` entry is a command the
 /// agent runs on this host, so only commands in `allowed_stdio_mcp` pass; `http`/`sse` entries
 /// pass when the agent advertises that transport. The error names the refused entry.
-pub fn check_mcp_servers(servers: &[McpServer], agent: &AgentConfig, can: McpTransports) -> Result<(), String> {
-    for (i, server) in servers.iter().enumerate() {
+pub fn check_mcp_servers(servers: &[McpServer], agent: &AgentConfig, can: McpTransports) -> Result<(), McpRefused> {
+    for (index, server) in servers.iter().enumerate() {
         match server {
             McpServer::Stdio(stdio) => {
                 let command = stdio.command.to_string_lossy();
                 if !agent.allowed_stdio_mcp.iter().any(|c| *c == command) {
-                    return Err(format!(
-                        "mcpServers[{i}] ({:?}): stdio MCP server {command:?} is not allowed on this gateway (allowed: {:?})",
-                        stdio.name, agent.allowed_stdio_mcp
-                    ));
+                    return Err(McpRefused::Stdio {
+                        index,
+                        name: stdio.name.clone(),
+                        command: command.into_owned(),
+                        allowed: agent.allowed_stdio_mcp.clone(),
+                    });
                 }
             }
             McpServer::Http(_) if can.http => {}
             McpServer::Sse(_) if can.sse => {}
             McpServer::Http(http) => {
-                return Err(format!(
-                    "mcpServers[{i}] ({:?}): this agent does not support http MCP servers",
-                    http.name
-                ));
+                return Err(McpRefused::Transport {
+                    index,
+                    name: http.name.clone(),
+                    transport: "http",
+                });
             }
             McpServer::Sse(sse) => {
-                return Err(format!(
-                    "mcpServers[{i}] ({:?}): this agent does not support sse MCP servers",
-                    sse.name
-                ));
+                return Err(McpRefused::Transport {
+                    index,
+                    name: sse.name.clone(),
+                    transport: "sse",
+                });
             }
-            _ => {
-                return Err(format!(
-                    "mcpServers[{i}]: an MCP transport this gateway does not pass on"
-                ));
-            }
+            _ => return Err(McpRefused::Unknown { index }),
         }
     }
     Ok(())
+}
+
+/// Why an entry of a client's `mcpServers` does not reach the agent; the message names it.
+#[derive(Debug, thiserror::Error)]
+pub enum McpRefused {
+    /// A command not in `allowed_stdio_mcp`.
+    #[error(
+        "mcpServers[{index}] ({name:?}): stdio MCP server {command:?} is not allowed on this gateway (allowed: {allowed:?})"
+    )]
+    Stdio {
+        /// Its place in the list.
+        index: usize,
+        /// Its name.
+        name: String,
+        /// The command it would run.
+        command: String,
+        /// The commands allowed.
+        allowed: Vec<String>,
+    },
+    /// A transport the agent did not say it can use.
+    #[error("mcpServers[{index}] ({name:?}): this agent does not support {transport} MCP servers")]
+    Transport {
+        /// Its place in the list.
+        index: usize,
+        /// Its name.
+        name: String,
+        /// `http` or `sse`.
+        transport: &'static str,
+    },
+    /// A transport this gateway does not know.
+    #[error("mcpServers[{index}]: an MCP transport this gateway does not pass on")]
+    Unknown {
+        /// Its place in the list.
+        index: usize,
+    },
 }
 
 #[cfg(test)]
@@ -64,8 +99,16 @@ mod tests {
         let http = serde_json::json!([{"type":"http","name":"h","url":"http://127.0.0.1:1/","headers":[]}]);
         let servers = |v: &serde_json::Value| -> Vec<McpServer> { serde_json::from_value(v.clone()).expect("schema") };
         let none = McpTransports::default();
-        assert!(check_mcp_servers(&servers(&stdio), &agent, none).is_err());
-        assert!(check_mcp_servers(&servers(&http), &agent, none).is_err());
+        let refused = check_mcp_servers(&servers(&stdio), &agent, none).expect_err("not allowed");
+        assert_eq!(
+            refused.to_string(),
+            "mcpServers[0] (\"x\"): stdio MCP server \"/bin/sh\" is not allowed on this gateway (allowed: [])"
+        );
+        let refused = check_mcp_servers(&servers(&http), &agent, none).expect_err("no http");
+        assert_eq!(
+            refused.to_string(),
+            "mcpServers[0] (\"h\"): this agent does not support http MCP servers"
+        );
         assert!(check_mcp_servers(&servers(&http), &agent, McpTransports { http: true, sse: false }).is_ok());
         agent.allowed_stdio_mcp = vec!["/bin/sh".into()];
         assert!(check_mcp_servers(&servers(&stdio), &agent, none).is_ok());

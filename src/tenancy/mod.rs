@@ -20,6 +20,7 @@
 //!   the cloud metadata endpoint, private ranges or the host's own addresses; that needs the
 //!   sandbox and its tools, or the gateway does not start.
 
+mod client_path;
 mod config_file;
 mod env;
 mod launch;
@@ -31,14 +32,16 @@ mod sight;
 mod single_user;
 mod start;
 
+use parking_lot::Mutex;
 use std::collections::BTreeMap;
 use std::io;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
+pub use client_path::{MAX_PATH_BYTES, MAX_PATH_DEPTH, PathRefused, check_length, resolve_within};
 pub use env::user_may_set;
 pub use launch::{Launch, Purpose, Ready};
-pub use mcp::{McpTransports, check_mcp_servers};
+pub use mcp::{McpRefused, McpTransports, check_mcp_servers};
 pub use network::{Egress, Pending};
 pub use paths::escape_user;
 use paths::{checked_user, fill, resolve_existing, user_base};
@@ -269,7 +272,7 @@ impl Tenancy {
             io::Error::new(
                 io::ErrorKind::PermissionDenied,
                 format!(
-                    "agent {agent} runs without a sandbox here (bubblewrap does not work on this host), so it serves one user only, and that is {owner:?}; the operator can install bubblewrap, or set agents.{agent}.sandbox = \"none\" to let several users share an unsandboxed host"
+                    "agent {agent} runs without a sandbox here (bubblewrap does not work on this host), so it serves one user only, and that is {owner}; the operator can install bubblewrap, or set agents.{agent}.sandbox = \"none\" to let several users share an unsandboxed host"
                 ),
             )
         })
@@ -301,7 +304,6 @@ impl Tenancy {
         let _ = self.shared_roots();
         self.unusable
             .lock()
-            .unwrap_or_else(|e| e.into_inner())
             .iter()
             .map(|(template, why)| format!("workspace root {template} is skipped: {why} ({ROOTS_SETTING})"))
             .collect()
@@ -380,7 +382,7 @@ impl Tenancy {
 
     /// Records whether the root of `template` can be used, logging a change once.
     fn noted(&self, template: &str, usable: io::Result<PathBuf>) -> io::Result<PathBuf> {
-        let mut unusable = self.unusable.lock().unwrap_or_else(|e| e.into_inner());
+        let mut unusable = self.unusable.lock();
         match &usable {
             Ok(_) => {
                 if unusable.remove(template).is_some() {
@@ -402,10 +404,8 @@ impl Tenancy {
     /// in sight of their agents ([`Sight`]); else a message naming the roots (the same for a
     /// path outside the roots and a hidden one). A path that does not exist yet is resolved as
     /// far as it exists, the rest taken as written (after `..` is folded).
-    pub fn resolve(&self, user: &str, path: &str) -> Result<PathBuf, String> {
-        let roots = self
-            .roots(user)
-            .map_err(|e| format!("your workspace roots are not available: {e}"))?;
+    pub fn resolve(&self, user: &str, path: &str) -> Result<PathBuf, PathRefused> {
+        let roots = self.roots(user).map_err(PathRefused::NoRoots)?;
         resolve_within(&roots, &self.sight(Some(user)), path)
     }
 
@@ -429,53 +429,6 @@ impl Tenancy {
     /// The gateway's data directory (absolute).
     pub fn data_dir(&self) -> &Path {
         &self.data_dir
-    }
-}
-
-/// Longest path a client may name, in bytes (Linux's `PATH_MAX`).
-pub const MAX_PATH_BYTES: usize = 4096;
-/// Most components a client's path may have.
-pub const MAX_PATH_DEPTH: usize = 256;
-
-/// Refuses a path longer or deeper than any the kernel would take: resolving it costs the
-/// gateway work for each component, and nothing real is that long.
-pub fn check_length(path: &str) -> Result<(), String> {
-    if path.len() > MAX_PATH_BYTES || Path::new(path).components().nth(MAX_PATH_DEPTH).is_some() {
-        return Err(format!(
-            "the path is longer than {MAX_PATH_BYTES} bytes or {MAX_PATH_DEPTH} components"
-        ));
-    }
-    Ok(())
-}
-
-/// `path` resolved (`.`, `..`, symlinks) if it is absolute, inside one of `roots` and in `sight`;
-/// else a message naming the roots (the same for a path outside them and a hidden one): the rule
-/// of [`Tenancy::resolve`], for a caller that holds the user's roots and sight already.
-pub fn resolve_within(roots: &[PathBuf], sight: &Sight, path: &str) -> Result<PathBuf, String> {
-    let allowed = || {
-        roots
-            .iter()
-            .map(|r| r.display().to_string())
-            .collect::<Vec<_>>()
-            .join(", ")
-    };
-    let requested = Path::new(path);
-    check_length(path).map_err(|e| format!("{e}; allowed roots: {}", allowed()))?;
-    if !requested.is_absolute() {
-        return Err(format!(
-            "{path:?} is not an absolute path; allowed roots: {}",
-            allowed()
-        ));
-    }
-    let resolved = resolve_existing(requested)
-        .map_err(|e| format!("cannot resolve {path:?}: {e}; allowed roots: {}", allowed()))?;
-    if roots.iter().any(|r| resolved.starts_with(r)) && sight.sees(&resolved) {
-        Ok(resolved)
-    } else {
-        Err(format!(
-            "{path:?} is outside your workspace roots; allowed roots: {}",
-            allowed()
-        ))
     }
 }
 

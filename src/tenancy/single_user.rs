@@ -5,8 +5,8 @@
 //! the host to someone else; an operator who means several users removes the file after setting
 //! `sandbox = "none"` or installing bubblewrap.
 
+use parking_lot::Mutex;
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
 
 /// The file in the data directory that names the one user.
 const FILE: &str = "single-user";
@@ -37,21 +37,21 @@ impl SingleUser {
     /// The one user, if known.
     #[cfg(test)]
     fn current(&self) -> Option<String> {
-        self.user.lock().unwrap_or_else(|e| e.into_inner()).clone()
+        self.user.lock().clone()
     }
 
-    /// `Ok` when `user` is the one user (becoming it if there is none yet); else the one user.
-    pub(super) fn admit(&self, user: &str) -> Result<(), String> {
-        let mut current = self.user.lock().unwrap_or_else(|e| e.into_inner());
+    /// `Ok` when `user` is the one user (becoming it if there is none yet); else who is.
+    pub(super) fn admit(&self, user: &str) -> Result<(), TheOneUser> {
+        let mut current = self.user.lock();
         match current.as_deref() {
             Some(one) if one == user => Ok(()),
-            Some(one) => Err(one.to_string()),
+            Some(one) => Err(TheOneUser::Is(one.to_string())),
             None => {
                 // Written before anyone is served: if it cannot be, nobody is.
                 if let Err(e) = crate::infra::files::write_new_private(&self.file, format!("{user}\n").as_bytes()) {
                     let e = crate::infra::files::named(e, "cannot write", &self.file);
                     tracing::error!(error = %e, "cannot remember the one user of unsandboxed agents");
-                    return Err(format!("(nobody: {e})"));
+                    return Err(TheOneUser::Unwritten(e));
                 }
                 tracing::warn!(user = %user, file = %self.file.display(), "unsandboxed agents now serve this user only");
                 *current = Some(user.to_string());
@@ -59,6 +59,17 @@ impl SingleUser {
             }
         }
     }
+}
+
+/// Who the one user is, when someone else asks.
+#[derive(Debug, thiserror::Error)]
+pub(super) enum TheOneUser {
+    /// This user.
+    #[error("{0:?}")]
+    Is(String),
+    /// Nobody can be, since the file remembering them cannot be written.
+    #[error("nobody: {0}")]
+    Unwritten(std::io::Error),
 }
 
 #[cfg(test)]
@@ -72,8 +83,9 @@ mod tests {
         assert_eq!(one.current(), None);
         one.admit("alice").expect("the first");
         one.admit("alice").expect("again");
-        assert_eq!(one.admit("bob"), Err(String::from("alice")));
+        assert_eq!(one.admit("bob").expect_err("another").to_string(), "\"alice\"");
         let again = SingleUser::new(dir.path());
-        assert_eq!(again.admit("bob"), Err(String::from("alice")), "after a restart too");
+        let refused = again.admit("bob").expect_err("after a restart too");
+        assert!(matches!(&refused, TheOneUser::Is(one) if one == "alice"), "{refused}");
     }
 }

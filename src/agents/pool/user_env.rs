@@ -11,14 +11,32 @@ pub use crate::tenancy::user_may_set;
 #[async_trait]
 pub trait UserEnv: Send + Sync + std::fmt::Debug {
     /// `user`'s variables for `agent`; an error says what the user should do (it reaches them).
-    async fn env(&self, user: &str, agent: &str) -> Result<Vec<(String, SecretString)>, String>;
+    async fn env(&self, user: &str, agent: &str) -> Result<Vec<(String, SecretString)>, UserEnvError>;
+}
+
+/// Why a user's variables for an agent cannot be had; the message is for the user.
+#[derive(Debug, thiserror::Error)]
+pub enum UserEnvError {
+    /// They could not be read (the detail is logged where it happened).
+    #[error("your keys for this agent cannot be read now; try again later")]
+    Unreadable,
+    /// One of them does not open.
+    #[error("your key {name} for agent {agent} cannot be used: {source}")]
+    Unusable {
+        /// The variable.
+        name: String,
+        /// The agent.
+        agent: String,
+        /// Why it does not open.
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
 }
 
 impl super::AgentPool {
     /// Stops `user`'s processes of this agent so that new credentials take effect (their
     /// sessions are restored on a new process at their next request). How many were stopped.
     pub fn recycle_user(&self, user: &str) -> usize {
-        let procs = self.procs.lock().unwrap_or_else(|e| e.into_inner());
+        let procs = self.procs.lock();
         let mine: Vec<_> = procs
             .iter()
             .filter(|p| !p.is_dead() && p.owner().as_deref() == Some(user))

@@ -110,8 +110,7 @@ impl Ctx {
         cwd: &str,
         dirs: &[String],
     ) -> Result<(String, String, bool), RpcError> {
-        crate::tenancy::check_mcp_servers(servers, pool.config(), info.mcp_transports())
-            .map_err(RpcError::invalid_params)?;
+        crate::tenancy::check_mcp_servers(servers, pool.config(), info.mcp_transports())?;
         let mcp = serde_json::to_string(servers).map_err(|e| RpcError::internal(e.to_string()))?;
         // A user's own servers carry secret headers: only for that user's own processes, never
         // a process shared between users.

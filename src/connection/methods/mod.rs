@@ -4,8 +4,9 @@
 //! lifecycle methods are in [`lifecycle`], the handling of answers that change a session's
 //! controls in [`controls`].
 
+use parking_lot::Mutex;
 use std::collections::{HashMap, HashSet};
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Weak};
 
 use axum::extract::ws::Utf8Bytes;
 use serde::Deserialize;
@@ -72,7 +73,7 @@ const FORWARDED_PRUNE_AT: usize = 64;
 
 impl Tracked {
     fn remember_forwarded(&self, client_id: &str, process: &Arc<AgentProcess>, agent_id: u64) {
-        let mut map = self.forwarded.lock().unwrap_or_else(|e| e.into_inner());
+        let mut map = self.forwarded.lock();
         if map.len() >= FORWARDED_PRUNE_AT {
             map.retain(|_, (p, id)| p.upgrade().is_some_and(|p| p.is_pending(*id)));
         }
@@ -80,27 +81,21 @@ impl Tracked {
     }
 
     fn forwarded(&self, client_id: &str) -> Option<(Arc<AgentProcess>, u64)> {
-        let map = self.forwarded.lock().unwrap_or_else(|e| e.into_inner());
+        let map = self.forwarded.lock();
         let (process, id) = map.get(client_id)?;
         process.upgrade().filter(|p| p.is_pending(*id)).map(|p| (p, *id))
     }
 
     fn attached(&self, session: &Arc<str>) {
-        self.sessions
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(session.clone());
+        self.sessions.lock().insert(session.clone());
     }
 
     fn is_attached(&self, session: &str) -> bool {
-        self.sessions
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .contains(session)
+        self.sessions.lock().contains(session)
     }
 
     fn left(&self, session: &str) {
-        self.sessions.lock().unwrap_or_else(|e| e.into_inner()).remove(session);
+        self.sessions.lock().remove(session);
     }
 }
 
@@ -179,13 +174,7 @@ impl Connection {
     /// Cleans up after the connection: detaches its sessions, hands its unanswered agent requests
     /// to other clients (or keeps them waiting).
     pub fn finish(&mut self) {
-        let sessions: Vec<Arc<str>> = self
-            .tracked
-            .sessions
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .drain()
-            .collect();
+        let sessions: Vec<Arc<str>> = self.tracked.sessions.lock().drain().collect();
         for id in sessions {
             // Only sessions it was let into are tracked (its own, or shared with it).
             if let Some(s) = self.gw.sessions.any_live(&id) {
@@ -530,8 +519,7 @@ impl Ctx {
         let resolve = |path: &str| {
             self.gw
                 .tenancy
-                .resolve(&self.client.user, path)
-                .map_err(RpcError::invalid_params)?
+                .resolve(&self.client.user, path)?
                 .into_os_string()
                 .into_string()
                 .map_err(|_| RpcError::invalid_params(format!("{path:?} resolves to a path that is not UTF-8")))

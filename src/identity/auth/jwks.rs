@@ -218,16 +218,17 @@ impl Jwks {
         }
     }
 
-    async fn download(&self) -> Result<(HashMap<String, Key>, Duration), String> {
+    async fn download(&self) -> Result<(HashMap<String, Key>, Duration), FetchError> {
+        let url = || self.url.clone();
         let response = self
             .http
             .get(&self.url)
             .send()
             .await
-            .map_err(|e| format!("GET {}: {e}", self.url))?;
+            .map_err(|source| FetchError::Request { url: url(), source })?;
         let status = response.status();
         if !status.is_success() {
-            return Err(format!("GET {}: HTTP {status}", self.url));
+            return Err(FetchError::Status { url: url(), status });
         }
         let ttl = response
             .headers()
@@ -236,12 +237,45 @@ impl Jwks {
             .and_then(max_age)
             .unwrap_or(DEFAULT_TTL)
             .clamp(MIN_TTL, MAX_TTL);
-        let body = response.bytes().await.map_err(|e| format!("GET {}: {e}", self.url))?;
+        let body = response
+            .bytes()
+            .await
+            .map_err(|source| FetchError::Request { url: url(), source })?;
         if body.len() > MAX_JWKS_BYTES {
-            return Err(format!("GET {}: key set over {MAX_JWKS_BYTES} bytes", self.url));
+            return Err(FetchError::TooLarge { url: url() });
         }
         Ok((parse_keys(&body)?, ttl))
     }
+}
+
+/// Why the provider's key set could not be had.
+#[derive(Debug, thiserror::Error)]
+enum FetchError {
+    /// No answer, or the answer broke off.
+    #[error("GET {url}: {source}")]
+    Request {
+        /// The key set's URL.
+        url: String,
+        /// What the client said.
+        source: reqwest::Error,
+    },
+    /// An answer other than success.
+    #[error("GET {url}: HTTP {status}")]
+    Status {
+        /// The key set's URL.
+        url: String,
+        /// Its status.
+        status: reqwest::StatusCode,
+    },
+    /// Larger than any key set.
+    #[error("GET {url}: key set over {MAX_JWKS_BYTES} bytes")]
+    TooLarge {
+        /// The key set's URL.
+        url: String,
+    },
+    /// Not a JWKS document.
+    #[error("not a JWKS document: {0}")]
+    NotJwks(#[from] serde_json::Error),
 }
 
 /// `max-age` of a `Cache-Control` value (`no-store`/`no-cache` mean as short as allowed).
@@ -261,12 +295,12 @@ fn max_age(value: &str) -> Option<Duration> {
 
 /// The signing keys of a JWKS document, by `kid` (keys without one are named by position).
 /// A key that cannot be read, or is not for signatures, is skipped, not fatal.
-fn parse_keys(body: &[u8]) -> Result<HashMap<String, Key>, String> {
+fn parse_keys(body: &[u8]) -> Result<HashMap<String, Key>, FetchError> {
     #[derive(serde::Deserialize)]
     struct Set {
         keys: Vec<serde_json::Value>,
     }
-    let set: Set = serde_json::from_slice(body).map_err(|e| format!("not a JWKS document: {e}"))?;
+    let set: Set = serde_json::from_slice(body)?;
     let mut keys = HashMap::new();
     for (i, value) in set.keys.into_iter().enumerate() {
         let Ok(jwk) = serde_json::from_value::<Jwk>(value) else {

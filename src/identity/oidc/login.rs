@@ -54,7 +54,7 @@ pub struct ProviderTokens {
 pub enum LoginError {
     /// The provider cannot be reached (discovery or token endpoint).
     #[error("the identity provider cannot be reached: {0}")]
-    Unavailable(String),
+    Unavailable(#[from] super::ProviderDown),
     /// The callback does not belong to a login this browser started (or came twice, or late).
     #[error("this sign-in link is not one this browser started, or it was already used or expired; start again")]
     BadState,
@@ -109,9 +109,9 @@ impl Oidc {
         // With the provider known to be down, look again (at most every few seconds) rather than
         // send the browser to a provider that will not answer.
         let force = self.degraded().await.is_some();
-        let d = self.provider(force).await.map_err(LoginError::Unavailable)?;
+        let d = self.provider(force).await?;
         if force && let Some((_, why)) = self.failure() {
-            return Err(LoginError::Unavailable(why));
+            return Err(super::ProviderDown(why).into());
         }
         let client = self.client(&d)?;
         let (challenge, verifier) = PkceCodeChallenge::new_random_sha256();
@@ -148,7 +148,7 @@ impl Oidc {
         if !self.use_state(&login.state) {
             return Err(LoginError::BadState);
         }
-        let d = self.provider(false).await.map_err(LoginError::Unavailable)?;
+        let d = self.provider(false).await?;
         let client = self.client(&d)?;
         let request = client
             .exchange_code(AuthorizationCode::new(code.to_string()))
@@ -165,7 +165,7 @@ impl Oidc {
             Err(e) => {
                 let why = format!("token endpoint: {}", error_chain(&e));
                 self.failed("token", &why);
-                return Err(LoginError::Unavailable(why));
+                return Err(super::ProviderDown(why).into());
             }
         };
         let id_token = tokens
@@ -221,7 +221,7 @@ impl Oidc {
         };
         if let Err(first) = check(client) {
             // A key the held metadata does not have yet: the provider rotated its keys.
-            let fresh = self.provider(true).await.map_err(LoginError::Unavailable)?;
+            let fresh = self.provider(true).await?;
             if fresh.at == d.at {
                 return Err(LoginError::Invalid(first));
             }
@@ -303,7 +303,7 @@ impl Oidc {
     /// which the provider takes once.
     fn use_state(&self, state: &str) -> bool {
         let max = self.cfg.used_states_max.max(1);
-        let mut used = self.used_states.lock().unwrap_or_else(|e| e.into_inner());
+        let mut used = self.used_states.lock();
         used.insert(state, max)
     }
 }

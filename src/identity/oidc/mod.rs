@@ -19,7 +19,8 @@ pub mod policy;
 pub mod recheck;
 mod userinfo;
 
-use std::sync::{Arc, Mutex, OnceLock};
+use parking_lot::Mutex;
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use openidconnect::IssuerUrl;
@@ -96,7 +97,7 @@ impl Oidc {
         admin_groups: Vec<String>,
         sealer: Sealer,
         store: Arc<dyn Store>,
-    ) -> Result<Self, String> {
+    ) -> Result<Self, BuildError> {
         let http = provider_http()?;
         Ok(Self {
             policy: Policy::from_config(&cfg),
@@ -131,7 +132,7 @@ impl Oidc {
     /// The provider's metadata: what is held when fresh, else fetched now (`force`: fetched now
     /// unless it was a moment ago). While the provider cannot be reached, what is held is used
     /// if there is any.
-    pub async fn provider(&self, force: bool) -> Result<Discovered, String> {
+    pub async fn provider(&self, force: bool) -> Result<Discovered, ProviderDown> {
         if let Some(d) = self.fresh(force).await {
             return Ok(d);
         }
@@ -142,7 +143,7 @@ impl Oidc {
         if let Some((at, why)) = self.failure()
             && at.elapsed() < RETRY_AFTER
         {
-            return self.discovered.read().await.clone().ok_or(why);
+            return self.discovered.read().await.clone().ok_or(ProviderDown(why));
         }
         match self.discover().await {
             Ok(d) => Ok(d),
@@ -161,9 +162,9 @@ impl Oidc {
     }
 
     /// Fetches discovery (and the keys it names) now.
-    pub async fn discover(&self) -> Result<Discovered, String> {
+    pub async fn discover(&self) -> Result<Discovered, ProviderDown> {
         let issuer = self.cfg.issuer().unwrap_or_default().to_string();
-        let url = IssuerUrl::new(issuer.clone()).map_err(|e| format!("oidc.issuer {issuer:?}: {e}"))?;
+        let url = IssuerUrl::new(issuer.clone()).map_err(|e| ProviderDown(format!("oidc.issuer {issuer:?}: {e}")))?;
         match CoreProviderMetadata::discover_async(url, &self.http).await {
             Ok(metadata) => {
                 let end_session_endpoint = self.end_session_endpoint(&issuer).await;
@@ -188,7 +189,7 @@ impl Oidc {
             Err(e) => {
                 let why = format!("cannot read the discovery document of {issuer}: {}", error_chain(&e));
                 self.failed("discovery", &why);
-                Err(why)
+                Err(ProviderDown(why))
             }
         }
     }
@@ -205,19 +206,19 @@ impl Oidc {
     pub fn failed(&self, what: &'static str, why: &str) {
         crate::infra::metrics::oidc_fetch(what, "error");
         tracing::warn!(issuer = ?self.cfg.issuer, what, error = %why, "the identity provider cannot be reached");
-        *self.failure.lock().unwrap_or_else(|e| e.into_inner()) = Some((Instant::now(), why.to_string()));
+        *self.failure.lock() = Some((Instant::now(), why.to_string()));
     }
 
     /// Records that the provider answered.
     pub fn recovered(&self) {
-        let mut failure = self.failure.lock().unwrap_or_else(|e| e.into_inner());
+        let mut failure = self.failure.lock();
         if failure.take().is_some() {
             tracing::info!(issuer = ?self.cfg.issuer, "the identity provider answers again");
         }
     }
 
     pub(crate) fn failure(&self) -> Option<(Instant, String)> {
-        self.failure.lock().unwrap_or_else(|e| e.into_inner()).clone()
+        self.failure.lock().clone()
     }
 
     /// Why the provider is degraded (for `/readyz`), if it is.
@@ -246,13 +247,11 @@ pub fn build(
     auth: &crate::identity::auth::Authenticator,
     sealer: Sealer,
     store: &Arc<dyn Store>,
-) -> Result<(Option<Arc<Oidc>>, Option<Arc<Jwks>>), String> {
+) -> Result<(Option<Arc<Oidc>>, Option<Arc<Jwks>>), BuildError> {
     let oidc = if config.oidc.enabled() {
         auth.use_session_key(&sealer.derive("acp-gateway sign-in cookies v1"));
         if !auth.can_mint_sessions() {
-            return Err(String::from(
-                "oidc: the gateway signs its own cookie after a sign-in, which needs an HS256 secret (jwt.secret / ACP_GATEWAY_JWT_SECRET, or none to generate one); jwt.public_key only verifies. Provider tokens are verified with the provider's keys (jwt.jwks_url or discovery) instead",
-            ));
+            return Err(BuildError::NoSessionKey);
         }
         let oidc = Oidc::new(config.oidc.clone(), config.admin.groups.clone(), sealer, store.clone())?;
         Some(Arc::new(oidc))
@@ -291,13 +290,31 @@ pub fn build(
 
 /// The HTTP client for an identity provider: no redirects followed (an endpoint must answer
 /// itself), every request bounded by [`PROVIDER_TIMEOUT`].
-fn provider_http() -> Result<reqwest::Client, String> {
+fn provider_http() -> Result<reqwest::Client, BuildError> {
     reqwest::Client::builder()
         .redirect(reqwest::redirect::Policy::none())
         .timeout(PROVIDER_TIMEOUT)
         .build()
-        .map_err(|e| format!("cannot build the HTTP client for the identity provider: {e}"))
+        .map_err(BuildError::Http)
 }
+
+/// Why team sign-in cannot be set up; the message names the setting.
+#[derive(Debug, thiserror::Error)]
+pub enum BuildError {
+    /// Only a public key verifies tokens here, so the gateway cannot sign its own cookie.
+    #[error(
+        "oidc: the gateway signs its own cookie after a sign-in, which needs an HS256 secret (jwt.secret / ACP_GATEWAY_JWT_SECRET, or none to generate one); jwt.public_key only verifies. Provider tokens are verified with the provider's keys (jwt.jwks_url or discovery) instead"
+    )]
+    NoSessionKey,
+    /// The HTTP client could not be built (TLS roots).
+    #[error("cannot build the HTTP client for the identity provider: {0}")]
+    Http(#[source] reqwest::Error),
+}
+
+/// The identity provider cannot be reached or read now; says which endpoint and what failed.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("{0}")]
+pub struct ProviderDown(pub String);
 
 /// An error and its sources, on one line.
 pub fn error_chain(e: &dyn std::error::Error) -> String {

@@ -7,15 +7,16 @@
 //! each tick it checks the sign-ins that are due (on any replica: the store is shared), then asks
 //! the store whether the ones watched here have ended.
 
+use parking_lot::Mutex;
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use openidconnect::{OAuth2TokenResponse, RefreshToken, TokenResponse};
 use tokio_util::sync::CancellationToken;
 
 use super::login::{LoginError, ProviderTokens};
-use super::{Oidc, error_chain};
+use super::{Oidc, ProviderDown, error_chain};
 
 /// Sign-ins checked per tick, at most.
 const BATCH: i64 = 100;
@@ -36,7 +37,7 @@ pub struct Watch {
 impl Watched {
     /// Watches `sid` for one more WebSocket.
     pub fn watch(self: &Arc<Self>, sid: &str) -> Watch {
-        let mut map = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        let mut map = self.0.lock();
         let entry = map
             .entry(sid.to_string())
             .or_insert_with(|| (CancellationToken::new(), 0));
@@ -50,24 +51,19 @@ impl Watched {
 
     /// Ends `sid` here: its WebSockets close.
     pub fn end(&self, sid: &str) {
-        if let Some((token, _)) = self.0.lock().unwrap_or_else(|e| e.into_inner()).get(sid) {
+        if let Some((token, _)) = self.0.lock().get(sid) {
             token.cancel();
         }
     }
 
     fn sids(&self) -> Vec<String> {
-        self.0
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .keys()
-            .cloned()
-            .collect()
+        self.0.lock().keys().cloned().collect()
     }
 }
 
 impl Drop for Watch {
     fn drop(&mut self) {
-        let mut map = self.watched.0.lock().unwrap_or_else(|e| e.into_inner());
+        let mut map = self.watched.0.lock();
         if let Some(entry) = map.get_mut(&self.sid) {
             entry.1 -= 1;
             if entry.1 == 0 {
@@ -81,6 +77,7 @@ impl Drop for Watch {
 /// provider never delays a sign-out reaching this replica.
 pub async fn run(oidc: Arc<Oidc>, stop: CancellationToken) {
     let every = Duration::from_secs((oidc.cfg.recheck_secs / 2).clamp(1, 30));
+    #[expect(clippy::disallowed_methods, reason = "awaited before `run` returns")]
     let watcher = {
         let (oidc, stop) = (oidc.clone(), stop.clone());
         tokio::spawn(async move {
@@ -189,13 +186,13 @@ impl Oidc {
     /// One refresh grant: `Ok(Ok((user, tokens)))` when the provider still lets the person in
     /// (`user` as its new ID token names them, when it sent one),
     /// `Ok(Err(why))` when it does not, `Err` when it cannot be reached.
-    async fn refresh(&self, refresh: &str) -> Result<Result<(Option<String>, ProviderTokens), String>, String> {
+    async fn refresh(&self, refresh: &str) -> Result<Result<(Option<String>, ProviderTokens), String>, ProviderDown> {
         let d = self.provider(false).await?;
-        let client = self.client(&d).map_err(|e| e.to_string())?;
+        let client = self.client(&d).map_err(|e| ProviderDown(e.to_string()))?;
         let refresh = RefreshToken::new(refresh.to_string());
         let request = client
             .exchange_refresh_token(&refresh)
-            .map_err(|e| format!("the provider names no token endpoint: {e}"))?;
+            .map_err(|e| ProviderDown(format!("the provider names no token endpoint: {e}")))?;
         let response = match request.request_async(&self.http).await {
             Ok(r) => {
                 self.recovered();
@@ -212,12 +209,12 @@ impl Oidc {
             Err(openidconnect::RequestTokenError::ServerResponse(e)) => {
                 let why = format!("token endpoint: {e}");
                 self.failed("token", &why);
-                return Err(why);
+                return Err(ProviderDown(why));
             }
             Err(e) => {
                 let why = format!("token endpoint: {}", error_chain(&e));
                 self.failed("token", &why);
-                return Err(why);
+                return Err(ProviderDown(why));
             }
         };
         let refresh_token = response.refresh_token().map(|r| r.secret().clone());

@@ -22,7 +22,7 @@ impl Oidc {
         d: &Discovered,
         access_token: &str,
         mut claims: Map<String, Value>,
-    ) -> Result<Map<String, Value>, String> {
+    ) -> Result<Map<String, Value>, super::ProviderDown> {
         if !self.policy.lacks_claims(&claims, &self.admin_groups) {
             return Ok(claims);
         }
@@ -42,7 +42,7 @@ impl Oidc {
             Err(e) => {
                 let why = format!("userinfo endpoint: {}", error_chain(&e));
                 self.failed("userinfo", &why);
-                return Err(why);
+                return Err(super::ProviderDown(why));
             }
         };
         crate::infra::metrics::oidc_fetch("userinfo", if response.status().is_success() { "ok" } else { "error" });

@@ -1,6 +1,6 @@
 //! How the transcript writer is doing, for `/readyz`.
 
-use std::sync::Mutex;
+use parking_lot::Mutex;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 
 use super::STALLED_AFTER;
@@ -25,9 +25,7 @@ impl Health {
     }
 
     pub(super) fn failed(&self, e: &StoreError) {
-        if let Ok(mut last) = self.last_error.lock() {
-            *last = e.to_string();
-        }
+        *self.last_error.lock() = e.to_string();
         let _ = self
             .failing_since
             .compare_exchange(0, now_micros(), Ordering::AcqRel, Ordering::Acquire);
@@ -35,19 +33,38 @@ impl Health {
 
     /// `Ok` while writes succeed; otherwise what is wrong: writes have failed since some time
     /// (with the last error), or one has waited on the database too long.
-    pub(super) fn report(&self) -> Result<(), String> {
+    pub(super) fn report(&self) -> Result<(), WriterTrouble> {
         let now = now_micros();
         let failing_since = self.failing_since.load(Ordering::Acquire);
         if failing_since != 0 {
-            let error = self.last_error.lock().map(|e| e.clone()).unwrap_or_default();
+            let error = self.last_error.lock().clone();
             let secs = (now - failing_since).max(0) as f64 / 1e6;
-            return Err(format!("transcript writes failing for {secs:.1} s: {error}"));
+            return Err(WriterTrouble::Failing { secs, error });
         }
         let writing_since = self.writing_since.load(Ordering::Acquire);
         if writing_since != 0 && now - writing_since > STALLED_AFTER.as_micros() as i64 {
             let secs = (now - writing_since) as f64 / 1e6;
-            return Err(format!("a transcript write has waited {secs:.1} s for the database"));
+            return Err(WriterTrouble::Waiting { secs });
         }
         Ok(())
     }
+}
+
+/// What is wrong with the transcript writer.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum WriterTrouble {
+    /// Its writes have failed for a while.
+    #[error("transcript writes failing for {secs:.1} s: {error}")]
+    Failing {
+        /// Since the first failure of this run.
+        secs: f64,
+        /// The last failure.
+        error: String,
+    },
+    /// One write has waited on the database too long.
+    #[error("a transcript write has waited {secs:.1} s for the database")]
+    Waiting {
+        /// How long.
+        secs: f64,
+    },
 }

@@ -59,7 +59,7 @@ impl Store for Flaky {
         if writes.iter().any(|w| &*w.session_id == "bad") {
             return Err(StoreError::Db(sqlx::Error::Encode("cannot encode".into())));
         }
-        let mut stored = self.stored.lock().expect("lock");
+        let mut stored = self.stored.lock();
         for w in writes {
             if let Some(c) = &w.chunk {
                 stored.push((w.session_id.to_string(), c.seq_to));
@@ -184,7 +184,7 @@ impl Store for Flaky {
 struct Told(Mutex<u64>, std::sync::atomic::AtomicBool);
 impl Committed for Told {
     fn committed(&self, seq: u64) {
-        *self.0.lock().expect("lock") = seq;
+        *self.0.lock() = seq;
     }
     fn lost(&self) {
         self.1.store(true, Ordering::SeqCst);
@@ -230,12 +230,8 @@ async fn a_session_failing_for_good_is_dropped_and_the_others_go_on() {
     p.send(told_upd("bad", &bad, 1)).await;
     store.gate.add_permits(1);
     p.flush_within(Duration::from_secs(20)).await.expect("flushed");
-    assert_eq!(
-        *good.0.lock().expect("lock"),
-        1,
-        "the healthy session is stored and released"
-    );
-    assert_eq!(*bad.0.lock().expect("lock"), 0, "the failing one is never released");
+    assert_eq!(*good.0.lock(), 1, "the healthy session is stored and released");
+    assert_eq!(*bad.0.lock(), 0, "the failing one is never released");
     assert!(bad.1.load(Ordering::SeqCst), "it is told it is lost");
     assert!(!good.1.load(Ordering::SeqCst));
     assert_eq!(p.dropped_writes(), 1);
@@ -244,10 +240,10 @@ async fn a_session_failing_for_good_is_dropped_and_the_others_go_on() {
     p.send(told_upd("bad", &bad, 2)).await;
     p.send(told_upd("good", &good, 2)).await;
     p.flush_within(Duration::from_secs(20)).await.expect("flushed");
-    assert_eq!(*bad.0.lock().expect("lock"), 0);
-    assert_eq!(*good.0.lock().expect("lock"), 2);
+    assert_eq!(*bad.0.lock(), 0);
+    assert_eq!(*good.0.lock(), 2);
     assert_eq!(
-        *store.stored.lock().expect("lock"),
+        *store.stored.lock(),
         vec![
             ("first".to_string(), 1),
             ("good".to_string(), 1),
@@ -273,12 +269,12 @@ async fn an_unreachable_database_makes_the_writer_unhealthy_until_it_is_back() {
     }
     let err = p.flush().await.expect_err("a flush does not wait forever");
     assert!(matches!(err, StoreError::Timeout(_)), "{err}");
-    assert_eq!(*s.0.lock().expect("lock"), 0, "nothing released unstored");
+    assert_eq!(*s.0.lock(), 0, "nothing released unstored");
     store.down.store(false, Ordering::SeqCst);
     p.flush_within(Duration::from_secs(20))
         .await
         .expect("flushed once it is back");
-    assert_eq!(*s.0.lock().expect("lock"), 1);
+    assert_eq!(*s.0.lock(), 1);
     assert_eq!(p.health(), Ok(()));
 }
 
@@ -354,11 +350,7 @@ async fn a_burst_sent_together_waits_for_its_room_and_one_over_the_budget_goes_i
         .await
         .expect("a burst over the budget goes too");
     p.flush_within(Duration::from_secs(20)).await.expect("flushed");
-    assert_eq!(
-        *told.0.lock().expect("lock"),
-        7,
-        "every update stored and released, in order"
-    );
+    assert_eq!(*told.0.lock(), 7, "every update stored and released, in order");
     assert_eq!(p.room.available(), 1000, "every byte given back");
 }
 
@@ -381,15 +373,11 @@ async fn a_prompt_waits_for_the_answer_and_is_committed_with_it() {
     p.send(told_upd("s", &s, 1)).await;
     // This runtime has one thread: the writer takes both now, and is waiting when this goes on.
     tokio::task::yield_now().await;
-    assert!(store.stored.lock().expect("lock").is_empty(), "not written on its own");
+    assert!(store.stored.lock().is_empty(), "not written on its own");
     p.send(told_upd("s", &s, 2)).await;
     p.flush_within(Duration::from_secs(20)).await.expect("flushed");
-    assert_eq!(
-        *store.stored.lock().expect("lock"),
-        vec![("s".to_string(), 2)],
-        "one chunk, 1 to 2"
-    );
-    assert_eq!(*s.0.lock().expect("lock"), 2);
+    assert_eq!(*store.stored.lock(), vec![("s".to_string(), 2)], "one chunk, 1 to 2");
+    assert_eq!(*s.0.lock(), 2);
 }
 
 /// All of the answer the agent wrote at once goes into that one commit: an update with more of
@@ -412,17 +400,10 @@ async fn an_answer_written_at_once_is_one_commit_with_its_prompt() {
     tokio::task::yield_now().await;
     p.send(answer(2, true)).await;
     tokio::task::yield_now().await;
-    assert!(
-        store.stored.lock().expect("lock").is_empty(),
-        "the rest of the burst is awaited"
-    );
+    assert!(store.stored.lock().is_empty(), "the rest of the burst is awaited");
     p.send(answer(3, false)).await;
     p.flush_within(Duration::from_secs(20)).await.expect("flushed");
-    assert_eq!(
-        *store.stored.lock().expect("lock"),
-        vec![("s".to_string(), 3)],
-        "one chunk, 1 to 3"
-    );
+    assert_eq!(*store.stored.lock(), vec![("s".to_string(), 3)], "one chunk, 1 to 3");
 }
 
 /// Says when a session's updates are committed.
@@ -456,5 +437,5 @@ async fn an_unanswered_prompt_is_committed_after_the_linger() {
         .await
         .expect("committed without an answer");
     assert!(started.elapsed() >= LINGER, "after waiting for an answer");
-    assert_eq!(*store.stored.lock().expect("lock"), vec![("s".to_string(), 1)]);
+    assert_eq!(*store.stored.lock(), vec![("s".to_string(), 1)]);
 }

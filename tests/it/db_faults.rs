@@ -77,6 +77,13 @@ async fn replay_all(gw: &TestGateway, user: &str, session: &str) -> Vec<Value> {
     c.take_updates(session)
 }
 
+/// `alice`'s `session` replayed holds exactly what she saw ([`assert_all_stored`]).
+async fn assert_replays_what_was_seen(gw: &TestGateway, session: &str, seen: &[Value]) {
+    let replay = replay_all(gw, "alice", session).await;
+    assert_eq!(replay.len(), seen.len());
+    assert_all_stored(seen, &replay);
+}
+
 /// Every update a client saw is in the replay, the same, and the replay has no gaps.
 fn assert_all_stored(seen: &[Value], replay: &[Value]) {
     let seqs: Vec<u64> = replay.iter().map(seq).collect();
@@ -330,9 +337,7 @@ async fn sqlite_refusing_writes_holds_updates_back_until_they_are_stored() {
     assert_eq!(seq(&more[0]), last + 1, "streaming resumes where it stopped");
     seen.extend(more);
     readyz_until(&gw, 200).await;
-    let replay = replay_all(&gw, "alice", &s).await;
-    assert_eq!(replay.len(), seen.len());
-    assert_all_stored(&seen, &replay);
+    assert_replays_what_was_seen(&gw, &s, &seen).await;
     gw.stop().await;
 }
 
@@ -367,9 +372,7 @@ async fn postgres_restarted_under_a_running_gateway() {
     let r = c.prompt(&s, "after").await;
     assert!(r.get("result").is_some(), "{r}");
     seen.extend(c.take_updates(&s));
-    let replay = replay_all(&gw, "alice", &s).await;
-    assert_eq!(replay.len(), seen.len());
-    assert_all_stored(&seen, &replay);
+    assert_replays_what_was_seen(&gw, &s, &seen).await;
     gw.stop().await;
 }
 
@@ -411,9 +414,7 @@ async fn a_session_whose_writes_fail_for_good_answers_its_prompt_with_an_error()
     let r = c.prompt(&other_session, "still here").await;
     assert!(r.get("result").is_some(), "{r}");
     let seen = c.take_updates(&other_session);
-    let replay = replay_all(&gw, "alice", &other_session).await;
-    assert_eq!(replay.len(), seen.len());
-    assert_all_stored(&seen, &replay);
+    assert_replays_what_was_seen(&gw, &other_session, &seen).await;
     gw.stop().await;
 }
 
@@ -477,8 +478,6 @@ async fn a_prompt_right_after_postgres_connections_reset_is_answered() {
     let r = c.prompt(&s, "after").await;
     assert!(r.get("result").is_some(), "the prompt after the reset: {r}");
     seen.extend(c.take_updates(&s));
-    let replay = replay_all(&gw, "alice", &s).await;
-    assert_eq!(replay.len(), seen.len());
-    assert_all_stored(&seen, &replay);
+    assert_replays_what_was_seen(&gw, &s, &seen).await;
     gw.stop().await;
 }

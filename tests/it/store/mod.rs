@@ -178,6 +178,19 @@ async fn stored(store: &Arc<dyn Store>, owner: &str) -> u64 {
 
 /// Bytes of every stored chunk of `owner`'s session `id`, read back.
 async fn read_back(store: &dyn Store, owner: &str, id: &str) -> u64 {
-    let chunks = store.read_events(owner, id, 0, 100_000).await.expect("read");
+    let chunks = read_all(store, owner, id).await;
     chunks.iter().map(|c| c.payload.len() as u64).sum()
+}
+
+/// Every stored chunk of `owner`'s session `id`, page by page as a replay reads them.
+async fn read_all(store: &dyn Store, owner: &str, id: &str) -> Vec<EventChunk> {
+    let mut all: Vec<EventChunk> = Vec::new();
+    loop {
+        let after = all.last().map_or(0, |c| c.seq_to);
+        let page = store.read_events(owner, id, after, 1024).await.expect("read");
+        if page.is_empty() {
+            return all;
+        }
+        all.extend(page);
+    }
 }

@@ -282,7 +282,7 @@ const OWN_SIGN_IN: &str = "own";
 /// The cookie of a sign-in without the identity provider (a login link, the token form): a
 /// `web_sessions` row like a provider sign-in's, so that sign-out ends it on every replica (a
 /// copied cookie stops working), named by the `sid` the token carries.
-async fn cookie_of_a_sign_in(gw: &Gateway, user: &str, ttl: u64, admin: bool) -> Result<String, String> {
+async fn cookie_of_a_sign_in(gw: &Gateway, user: &str, ttl: u64, admin: bool) -> Result<String, CookieError> {
     let sid = {
         use base64::Engine;
         base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(rand::random::<[u8; 32]>())
@@ -301,16 +301,20 @@ async fn cookie_of_a_sign_in(gw: &Gateway, user: &str, ttl: u64, admin: bool) ->
         checked_at: expires,
         revoked_at: None,
     };
-    let token = gw
-        .auth
-        .mint_session(user, ttl, &sid, admin)
-        .map_err(|e| e.to_string())?;
-    gw.sessions
-        .store()
-        .put_web_session(&row)
-        .await
-        .map_err(|e| e.to_string())?;
+    let token = gw.auth.mint_session(user, ttl, &sid, admin)?;
+    gw.sessions.store().put_web_session(&row).await?;
     Ok(token)
+}
+
+/// Why a sign-in's cookie could not be made.
+#[derive(Debug, thiserror::Error)]
+enum CookieError {
+    /// The token could not be signed.
+    #[error("cannot sign the sign-in's token: {0}")]
+    Sign(#[from] crate::identity::auth::KeyError),
+    /// The sign-in could not be recorded.
+    #[error("cannot record the sign-in: {0}")]
+    Record(#[from] crate::store::StoreError),
 }
 
 /// The web UI's cookie holding `token`: `__Host-` and `Secure` when the browser used HTTPS.

@@ -41,7 +41,7 @@ use std::ffi::OsString;
 use std::io::{self, Write};
 use std::net::Ipv4Addr;
 use std::os::fd::{AsRawFd, OwnedFd};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Stdio;
 use std::sync::Arc;
 use std::time::Duration;
@@ -53,8 +53,10 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::unix::pipe;
 use tokio_util::sync::CancellationToken;
 
-use super::launch::{Launch, Purpose, Ready};
-use crate::infra::config::{Config, NetworkMode, SandboxMode};
+pub use tools::Tools;
+pub(super) use tools::{probe, tools_for};
+
+mod tools;
 
 /// The setting, for messages.
 pub(super) const SETTING: &str = "network = \"egress-only\"";
@@ -91,137 +93,6 @@ const MTU: &str = "65520";
 pub(super) const SET_UP_LIMIT: Duration = Duration::from_secs(10);
 /// Most bytes read of bubblewrap's info (a few namespace ids) and of a helper's error output.
 const READ_CAP: u64 = 16 * 1024;
-
-/// The programs egress-only needs, found at start.
-#[derive(Debug)]
-pub struct Tools {
-    /// The user-mode network stack.
-    slirp4netns: PathBuf,
-    /// To run `ip` in the sandbox's network namespace.
-    nsenter: PathBuf,
-    /// To add the routes.
-    ip: PathBuf,
-}
-
-impl Tools {
-    /// Finds them on `PATH` (and in `/usr/sbin` and `/sbin`, where Debian keeps `ip`); else what
-    /// to install.
-    pub(super) fn find() -> Result<Self, String> {
-        let find = |name: &str, package: &str| {
-            which(name).ok_or_else(|| format!("`{name}` is not installed (Debian package `{package}`)"))
-        };
-        Ok(Self {
-            slirp4netns: find("slirp4netns", "slirp4netns")?,
-            nsenter: find("nsenter", "util-linux")?,
-            ip: find("ip", "iproute2")?,
-        })
-    }
-}
-
-fn which(name: &str) -> Option<PathBuf> {
-    let path = std::env::var_os("PATH").unwrap_or_default();
-    std::env::split_paths(&path)
-        .chain(["/usr/sbin", "/sbin"].map(PathBuf::from))
-        .map(|dir| dir.join(name))
-        .find(|p| p.is_file())
-}
-
-/// The tools of `network = "egress-only"`, when an agent asks for it; an error naming the agent
-/// and the setting when it cannot have it here (no sandbox: fails closed).
-pub(super) fn tools_for(config: &Config, bwrap_works: bool) -> io::Result<Option<Arc<Tools>>> {
-    let mut tools = None;
-    for (name, agent) in config
-        .agents
-        .iter()
-        .filter(|(_, a)| a.network == NetworkMode::EgressOnly)
-    {
-        let setting = format!("agents.{name}.{}", SETTING);
-        if agent.sandbox == SandboxMode::None || !bwrap_works {
-            return Err(io::Error::other(format!(
-                "{setting} needs the bubblewrap sandbox, and {}; install bubblewrap, or set agents.{name}.network = \"open\"",
-                if agent.sandbox == SandboxMode::None {
-                    format!("agents.{name}.sandbox = \"none\"")
-                } else {
-                    String::from("bubblewrap does not work on this host")
-                }
-            )));
-        }
-        if tools.is_none() {
-            tools = Some(Arc::new(
-                Tools::find().map_err(|why| io::Error::other(format!("{setting}: {why}")))?,
-            ));
-        }
-    }
-    Ok(tools)
-}
-
-/// Starts one sandbox with the egress-only network around `true` (the start-up check behind
-/// [`Tenancy::check_network`](super::Tenancy::check_network)); the error names the agents that
-/// asked for it.
-pub(super) async fn probe(bwrap: &Path, tools: &Arc<Tools>, config: &Config) -> io::Result<()> {
-    let names: Vec<String> = config
-        .agents
-        .iter()
-        .filter(|(_, a)| a.network == NetworkMode::EgressOnly)
-        .map(|(n, _)| format!("agents.{n}.{SETTING}"))
-        .collect();
-    let failed = |why: String| {
-        io::Error::other(format!(
-            "{}: a sandbox's network cannot be set up on this host: {why} (slirp4netns needs /dev/net/tun, and bubblewrap needs to make a network namespace)",
-            names.join(", ")
-        ))
-    };
-    let env = std::env::var_os("PATH")
-        .map(|p| (OsString::from("PATH"), p))
-        .into_iter()
-        .collect();
-    let launch = Launch::sandboxed(
-        bwrap.to_path_buf(),
-        super::sandbox::probe_args(),
-        vec!["true".into()],
-        env,
-        Purpose::Agent,
-    )
-    .with_egress(tools.clone());
-    let Ready {
-        mut command,
-        child_fds,
-        network,
-    } = launch.into_tokio().map_err(|e| failed(e.to_string()))?;
-    command
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true);
-    let spawned = command.spawn();
-    drop(child_fds);
-    let mut child = spawned.map_err(|e| failed(format!("cannot run bubblewrap: {e}")))?;
-    let group = child
-        .id()
-        .and_then(|id| i32::try_from(id).ok())
-        .ok_or_else(|| failed("bubblewrap exited at once".into()))?;
-    let started = match network {
-        Some(network) => network.start(group).await,
-        None => Err(io::Error::other("no network was set up")),
-    };
-    // The sandbox runs `true` (when its network came up) and ends; its network goes after.
-    let ended = tokio::time::timeout(SET_UP_LIMIT, async {
-        let mut errors = Vec::new();
-        if let Some(stderr) = child.stderr.take() {
-            let _ = stderr.take(READ_CAP).read_to_end(&mut errors).await;
-        }
-        (child.wait().await, errors)
-    })
-    .await;
-    let (status, errors) = ended.map_err(|_| failed("the sandbox did not end".into()))?;
-    let errors = String::from_utf8_lossy(&errors).trim().to_string();
-    let _egress = started.map_err(|e| failed(format!("{e} {errors}")))?;
-    match status {
-        Ok(s) if s.success() => Ok(()),
-        Ok(s) => Err(failed(format!("the sandbox ended with {s}: {errors}"))),
-        Err(e) => Err(failed(e.to_string())),
-    }
-}
 
 /// bubblewrap's arguments for an egress-only sandbox, the descriptors they name (for the child
 /// only), and the gateway's side of the set-up.

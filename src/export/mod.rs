@@ -14,10 +14,6 @@ pub use markdown::Markdown;
 
 use crate::store::{SessionRecord, Store, StoreError};
 
-/// Chunks read from the store per page at most (a chunk is one flush's run of updates; the store
-/// also ends a page at about [`crate::store::READ_PAGE_BYTES`]).
-const PAGE_CHUNKS: u32 = 1024;
-
 /// What an export is written as.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Format {
@@ -149,7 +145,9 @@ async fn next_page(s: &mut State, out: &mut String) -> Result<(), StoreError> {
     let chunks = if s.after >= s.through {
         Vec::new()
     } else {
-        s.store.read_events(&s.owner, &s.id, s.after, PAGE_CHUNKS).await?
+        s.store
+            .read_events(&s.owner, &s.id, s.after, crate::store::READ_PAGE_CHUNKS)
+            .await?
     };
     for chunk in &chunks {
         for (seq, line) in (chunk.seq_from..).zip(chunk.payload.split('\n')) {

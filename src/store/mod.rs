@@ -42,6 +42,11 @@ pub use web_sessions::WebSession;
 /// replica sees it ended before it is forgotten.
 pub const WEB_SESSIONS_KEPT_SECS: i64 = 7 * 24 * 3600;
 
+/// How many chunks a replay, an export or a fork's copy asks [`Store::read_events`] for at most.
+/// Human-paced prompts store about one update per chunk: pages of a few chunks made a Postgres
+/// replay wait a round trip per handful of updates (2,000 updates/s).
+pub const READ_PAGE_CHUNKS: u32 = 1024;
+
 /// About how many bytes of transcript one [`Store::read_events`] page holds (one chunk more at
 /// most): a replay's memory stays flat whatever the size of its chunks.
 pub const READ_PAGE_BYTES: i64 = 256 << 10;

@@ -15,10 +15,6 @@ use super::lifecycle::Adopt;
 use super::*;
 use crate::store::{EventChunk, SessionRecord, SessionWrite};
 
-/// Chunks read from the original per page while copying at most (the store also ends a page at
-/// about [`crate::store::READ_PAGE_BYTES`]).
-const COPY_PAGE_CHUNKS: u32 = 1024;
-
 /// Most Markdown a handoff carries (the newest part of the conversation is kept).
 pub(super) const HANDOFF_MAX_BYTES: usize = 256 * 1024;
 
@@ -198,7 +194,7 @@ pub(super) async fn copy_transcript(gw: &Gateway, seed: &Seed, to: &SessionRecor
     let mut in_user_turn = false;
     while after < seed.through {
         let chunks = store
-            .read_events(&seed.from.owner, &seed.from.id, after, COPY_PAGE_CHUNKS)
+            .read_events(&seed.from.owner, &seed.from.id, after, crate::store::READ_PAGE_CHUNKS)
             .await?;
         if chunks.is_empty() {
             break;

@@ -8,12 +8,13 @@ use std::time::Duration;
 use axum::extract::ws::Utf8Bytes;
 use serde_json::value::RawValue;
 
+use super::LiveSession;
 use super::fanout::{Deferred, Held, Subscriber, feed_id};
-use super::{LiveSession, REPLAY_PAGE_CHUNKS};
 use crate::infra::outbox::{CLOSE_TOO_SLOW, Outbox};
 use crate::protocol::{self, RpcError};
 use crate::session::client::Client;
 use crate::session::requests::AgentRequest;
+use crate::store::READ_PAGE_CHUNKS;
 use crate::store::Store;
 
 /// How long a feed waits for released updates to show in a read of the store before it gives
@@ -211,7 +212,7 @@ impl LiveSession {
                 continue;
             }
             let chunks = store
-                .read_events(&self.owner, &self.id, from as i64, REPLAY_PAGE_CHUNKS)
+                .read_events(&self.owner, &self.id, from as i64, READ_PAGE_CHUNKS)
                 .await
                 .map_err(|e| {
                     tracing::error!(session = %self.id, error = %e, "cannot read transcript");

@@ -5,9 +5,10 @@ use std::sync::atomic::Ordering;
 
 use axum::extract::ws::Utf8Bytes;
 
+use super::LiveSession;
 use super::fanout::Deferred;
-use super::{LiveSession, REPLAY_PAGE_CHUNKS};
 use crate::protocol::{self, RpcError};
+use crate::store::READ_PAGE_CHUNKS;
 use crate::store::Store;
 
 impl LiveSession {
@@ -44,7 +45,7 @@ impl LiveSession {
                         f.released
                     };
                     let chunks = match store
-                        .read_events(&self.owner, &self.id, from as i64, REPLAY_PAGE_CHUNKS)
+                        .read_events(&self.owner, &self.id, from as i64, READ_PAGE_CHUNKS)
                         .await
                     {
                         Ok(chunks) => chunks,

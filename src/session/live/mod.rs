@@ -44,12 +44,6 @@ use crate::protocol::{self, RpcError};
 use crate::store::persister::{Committed, Persister};
 use crate::store::{SessionRecord, Store, now_micros};
 
-/// How many transcript chunks a replay reads per query at most; the store also ends a page at
-/// about [`crate::store::READ_PAGE_BYTES`], so memory stays flat. Human-paced prompts store about
-/// one update per chunk: pages of a few chunks made a Postgres replay wait a round trip per
-/// handful of updates (2,000 updates/s).
-const REPLAY_PAGE_CHUNKS: u32 = 1024;
-
 /// The agent process a session runs on.
 #[derive(Debug, Clone)]
 pub struct Binding {

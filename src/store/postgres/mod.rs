@@ -299,8 +299,9 @@ impl Store for PgStore {
 
     async fn due_web_sessions(&self, checked_before: i64, limit: i64) -> Result<Vec<WebSession>, StoreError> {
         let now = crate::infra::clock::now_secs() as i64;
-        Postgres::prune_web_sessions(&mut *self.conn().await?, now - WEB_SESSIONS_KEPT_SECS).await?;
-        Ok(Postgres::due_web_sessions(&mut *self.conn().await?, checked_before, now, limit).await?)
+        let mut conn = self.conn().await?;
+        Postgres::prune_web_sessions(&mut *conn, now - WEB_SESSIONS_KEPT_SECS).await?;
+        Ok(Postgres::due_web_sessions(&mut *conn, checked_before, now, limit).await?)
     }
 
     async fn claim_web_session(&self, id: &str, seen: i64, now: i64) -> Result<bool, StoreError> {

@@ -42,7 +42,6 @@ mod transport;
 
 use std::fmt::Write as _;
 use std::net::SocketAddr;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use acp_gateway::app::{Application, Gateway};
@@ -129,7 +128,7 @@ fn main() -> Result<()> {
         .block_on(Application::build(config))
         .context("building the gateway")?;
     let addr = app.local_addr();
-    let gw: Arc<Gateway> = app.gateway().clone();
+    let gw: Gateway = app.gateway().clone();
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
     let serve = gw_rt.spawn(app.run_until_stopped(async move {
         let _ = stop_rx.await;
@@ -189,7 +188,7 @@ impl<T: Transport> Path<T> {
     }
 }
 
-async fn run(gw_rt: &tokio::runtime::Runtime, gw: &Arc<Gateway>, addr: SocketAddr, k: &Knobs) -> Result<()> {
+async fn run(gw_rt: &tokio::runtime::Runtime, gw: &Gateway, addr: SocketAddr, k: &Knobs) -> Result<()> {
     println!(
         "acp-gateway benchmark: agent = `{} {}`",
         gateway_bin(),
@@ -216,7 +215,7 @@ async fn run(gw_rt: &tokio::runtime::Runtime, gw: &Arc<Gateway>, addr: SocketAdd
             "default limits"
         }
     );
-    let token = |user: &str| gw.auth.mint(user, 3600).map_err(|e| anyhow!("mint: {e:?}"));
+    let token = |user: &str| gw.identity.auth.mint(user, 3600).map_err(|e| anyhow!("mint: {e:?}"));
     let websocketd = Websocketd::start().await?;
     if websocketd.is_none() {
         println!("websocketd is not installed (apt install websocketd): its column is left out");
@@ -409,7 +408,7 @@ fn metric_total(name: &str) -> f64 {
 }
 
 /// The session's `last_seq` in the database (queried on the gateway's runtime, which owns the pool).
-async fn stored_last_seq(gw_rt: &tokio::runtime::Runtime, gw: &Arc<Gateway>, session: &str) -> Result<i64> {
+async fn stored_last_seq(gw_rt: &tokio::runtime::Runtime, gw: &Gateway, session: &str) -> Result<i64> {
     let (gw, session) = (gw.clone(), session.to_string());
     let rec = gw_rt
         .spawn(async move { gw.sessions.store().get_session("bench", &session).await })

@@ -96,7 +96,7 @@ async fn main() {
     let app = Application::build(config).await.expect("gateway");
     let url = format!("ws://{}/acp", app.local_addr());
     let gw = app.gateway().clone();
-    let token = gw.auth.mint("bench", 3600).expect("token");
+    let token = gw.identity.auth.mint("bench", 3600).expect("token");
     tokio::spawn(app.run_until_stopped(std::future::pending()));
 
     let mut ws = connect(&url, &token).await;

@@ -61,7 +61,7 @@ async fn case(sandbox: SandboxMode, warm: bool, users: usize) -> (f64, f64) {
     let server = tokio::spawn(app.run_until_stopped(async move {
         let _ = stopped.await;
     }));
-    let pool = gw.pools.get(DEFAULT_AGENT).expect("pool").clone();
+    let pool = gw.agents.pools.get(DEFAULT_AGENT).expect("pool").clone();
     // Learn the agent's capabilities once, so every case times only the user's process.
     pool.info().await.expect("agent starts");
     let mut samples = Vec::with_capacity(users);
@@ -69,7 +69,7 @@ async fn case(sandbox: SandboxMode, warm: bool, users: usize) -> (f64, f64) {
     for i in 0..users {
         let user = format!("user{i}");
         let mut req = url.as_str().into_client_request().expect("request");
-        let token = gw.auth.mint(&user, 600).expect("token");
+        let token = gw.identity.auth.mint(&user, 600).expect("token");
         req.headers_mut()
             .insert("authorization", format!("Bearer {token}").parse().expect("header"));
         let (mut ws, _) = tokio_tungstenite::connect_async(req).await.expect("connect");

@@ -4,14 +4,12 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::AtomicBool;
 
 pub use crate::gateway::Gateway;
 use std::time::Duration;
 
 use anyhow::Context;
 use tokio::net::TcpListener;
-use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
@@ -38,7 +36,7 @@ pub struct Application {
     /// The bound listener.
     listener: TcpListener,
     /// Shared state.
-    gateway: Arc<Gateway>,
+    gateway: Gateway,
     /// The transcript writer's task, awaited at shutdown.
     persister_task: tokio::task::JoinHandle<()>,
     /// Stops the transcript writer at the end of shutdown.
@@ -152,30 +150,35 @@ impl Application {
         let sessions = Sessions::new(store, options, cursors);
         // Shares are checked through the same bounded store as sessions.
         let shares = Arc::new(crate::sharing::Shares::new(sessions.store().clone()));
-        let gateway = Arc::new(Gateway {
-            connection_slots: Arc::new(Semaphore::new(config.limits.max_connections)),
-            quotas,
-            config,
-            auth,
-            login_codes: LoginCodes::default(),
-            sessions,
+        let gateway = Gateway {
+            life: Arc::new(crate::gateway::Life::new(
+                tracker,
+                config.limits.max_connections,
+                replica,
+            )),
+            identity: Arc::new(crate::gateway::Identities {
+                auth,
+                login_codes: LoginCodes::default(),
+                oidc,
+                jwks,
+                admin: config.admin.clone(),
+                store: sessions.store().clone(),
+                audit: audit.clone(),
+            }),
+            sessions: Arc::new(sessions),
+            agents: Arc::new(crate::gateway::Agents {
+                pools,
+                tenancy,
+                quotas,
+                signins: Arc::default(),
+            }),
+            settings: Arc::new(crate::gateway::Settings { keys, user_mcp }),
             shares,
-            pools,
-            tenancy,
-            shutdown: CancellationToken::new(),
-            tracker,
-            draining: AtomicBool::new(false),
-            drain: CancellationToken::new(),
-            replica,
-            keys,
-            user_mcp,
             push,
-            signins: Arc::default(),
-            oidc,
-            jwks,
             audit,
             usage,
-        });
+            config: Arc::new(config),
+        };
         Ok(Self {
             listener,
             gateway,
@@ -192,7 +195,7 @@ impl Application {
     }
 
     /// Shared state (for tests and the CLI).
-    pub fn gateway(&self) -> &Arc<Gateway> {
+    pub fn gateway(&self) -> &Gateway {
         &self.gateway
     }
 
@@ -204,9 +207,10 @@ impl Application {
         let gw = self.gateway.clone();
         #[expect(clippy::disallowed_methods, reason = "awaited at the end of shutdown")]
         let maintenance = tokio::spawn(
-            gw.pools
+            gw.agents
+                .pools
                 .clone()
-                .run_maintenance(Duration::from_secs(1), gw.shutdown.clone()),
+                .run_maintenance(Duration::from_secs(1), gw.life.shutdown.clone()),
         );
         // The bus and lease renewals outlive the connections: they stop after the last flush.
         let replica_stop = CancellationToken::new();
@@ -228,25 +232,43 @@ impl Application {
                     tokio::select! {
                         _ = tick.tick() => {
                             gw.sessions.sweep();
-                            gw.quotas.sweep();
+                            gw.agents.quotas.sweep();
                         }
-                        () = gw.shutdown.cancelled() => return,
+                        () = gw.life.shutdown.cancelled() => return,
                     }
                 }
             })
         };
         if gw.config.retention.enabled() {
-            gw.tracker.spawn(crate::retention::run(gw.clone()));
+            gw.life.tracker.spawn(
+                crate::retention::Retention {
+                    config: gw.config.retention.clone(),
+                    sessions: gw.sessions.clone(),
+                    audit: gw.audit.clone(),
+                    shutdown: gw.life.shutdown.clone(),
+                }
+                .run(),
+            );
         }
-        gw.tracker.spawn(crate::share_watch::run(gw.clone()));
-        if let Some(oidc) = gw.oidc.clone() {
+        gw.life.tracker.spawn(
+            crate::sharing::ShareWatch {
+                sessions: gw.sessions.clone(),
+                shares: gw.shares.clone(),
+                audit: gw.audit.clone(),
+                shutdown: gw.life.shutdown.clone(),
+                tracker: gw.life.tracker.clone(),
+            }
+            .run(),
+        );
+        if let Some(oidc) = gw.identity.oidc.clone() {
             // Discovery now, so that a provider down at start is named in /readyz at once.
             let first = oidc.clone();
-            gw.tracker.spawn(async move {
+            gw.life.tracker.spawn(async move {
                 let _ = first.discover().await;
             });
-            gw.tracker
-                .spawn(crate::identity::oidc::recheck::run(oidc, gw.shutdown.clone()));
+            gw.life
+                .tracker
+                .spawn(crate::identity::oidc::recheck::run(oidc, gw.life.shutdown.clone()));
         }
         let router = crate::http::router(gw.clone());
         let signal_gw = gw.clone();
@@ -261,20 +283,27 @@ impl Application {
                 () = stop => {
                     tracing::info!("shutting down: draining connections");
                     let deadline = drain(&signal_gw).await;
-                    signal_gw.shutdown.cancel();
+                    signal_gw.life.shutdown.cancel();
                     deadline
                 }
-                () = signal_gw.shutdown.cancelled() => tokio::time::Instant::now() + grace,
+                () = signal_gw.life.shutdown.cancelled() => tokio::time::Instant::now() + grace,
             }
         });
         // The listener stays open while draining: `/readyz` answers 503, upgrades are refused.
-        crate::http::serve(self.listener, router, &gw.config.limits, gw.shutdown.clone(), grace).await;
+        crate::http::serve(
+            self.listener,
+            router,
+            &gw.config.limits,
+            gw.life.shutdown.clone(),
+            grace,
+        )
+        .await;
         let deadline = signal.await.unwrap_or_else(|_| tokio::time::Instant::now() + grace);
-        gw.shutdown.cancel();
+        gw.life.shutdown.cancel();
         // WebSocket tasks are ours to wait for (axum's graceful shutdown does not).
-        gw.tracker.close();
-        gw.pools.stop_all();
-        if tokio::time::timeout_at(deadline, gw.tracker.wait()).await.is_err() {
+        gw.life.tracker.close();
+        gw.agents.pools.stop_all();
+        if tokio::time::timeout_at(deadline, gw.life.tracker.wait()).await.is_err() {
             tracing::warn!("some connections or agent processes did not finish within the grace period");
         }
         let _ = maintenance.await;
@@ -310,13 +339,13 @@ impl Application {
 /// of `shutdown_grace_secs` to reach their clients. Returns the deadline for the rest of
 /// shutdown: the end of `shutdown_grace_secs` from then.
 async fn drain(gw: &Gateway) -> tokio::time::Instant {
-    gw.start_draining();
+    gw.life.start_draining();
     let limits = &gw.config.limits;
     let grace = Duration::from_secs(limits.shutdown_grace_secs);
     // Every connection holds one of these slots until its socket is closed.
     let every = u32::try_from(limits.max_connections).unwrap_or(u32::MAX);
     let all_closed = || async {
-        let _ = gw.connection_slots.acquire_many(every).await;
+        let _ = gw.life.connection_slots.acquire_many(every).await;
     };
     let drain_grace = Duration::from_secs(limits.drain_grace_secs);
     if tokio::time::timeout(drain_grace, all_closed()).await.is_ok() {
@@ -325,7 +354,7 @@ async fn drain(gw: &Gateway) -> tokio::time::Instant {
     }
     let deadline = tokio::time::Instant::now() + grace;
     let cancelled = async {
-        let prompts = gw.pools.cancel_prompts().await;
+        let prompts = gw.agents.pools.cancel_prompts().await;
         tracing::info!(
             prompts,
             drain_grace_secs = limits.drain_grace_secs,

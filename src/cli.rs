@@ -93,9 +93,9 @@ async fn serve(config: Config) -> anyhow::Result<()> {
     let addr = app.local_addr();
     tracing::info!(%addr, "acp-gateway listening");
     let gw = app.gateway();
-    if gw.auth.can_mint() {
+    if gw.identity.auth.can_mint() {
         // A one-time code, not a token: it works once, for minutes, and only in this process.
-        let code = gw.login_codes.issue("local");
+        let code = gw.identity.login_codes.issue("local");
         let minutes = crate::identity::auth::codes::DEFAULT_CODE_TTL.as_secs() / 60;
         println!(
             "acp-gateway is running. Web UI, signed in as user `local` (this link works once, within {minutes} minutes):\n  http://{addr}/auth/login?code={code}"

@@ -23,8 +23,8 @@
 //! JSON Lines or Markdown), [`identity`] (tokens; team sign-in through OpenID Connect), [`push`]
 //! (Web Push), [`replica`] (replicas sharing sessions through Postgres), [`retention`] (deleting
 //! sessions past `[retention] days`), [`settings`] (a user's sealed agent keys and MCP servers),
-//! [`sharing`] (sessions shared with a teammate; [`share_watch`] closes the clients of shares that
-//! end), [`signin`] (signing users in to agents in a pseudo-terminal), [`usage`] (spend, and the
+//! [`sharing`] (sessions shared with a teammate, and the watch that closes the clients of shares
+//! that end), [`signin`] (signing users in to agents in a pseudo-terminal), [`usage`] (spend, and the
 //! per-user caps).
 //!
 //! On top: `connection` (one WebSocket connection: reading, writing, what each method does),
@@ -61,7 +61,6 @@ pub mod replica;
 pub mod retention;
 pub mod session;
 pub mod settings;
-pub mod share_watch;
 pub mod sharing;
 pub mod signin;
 pub mod store;

@@ -6,7 +6,11 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::gateway::Gateway;
+use tokio_util::sync::CancellationToken;
+
+use crate::audit::Audit;
+use crate::infra::config::RetentionConfig;
+use crate::session::Sessions;
 use crate::store::{StaleSession, now_micros};
 
 /// Between two batches of one pass.
@@ -18,79 +22,115 @@ const MAX_BATCH_BYTES: i64 = 64 << 20;
 
 const DAY_MICROS: i64 = 24 * 3600 * 1_000_000;
 
-/// Runs passes every `[retention] interval_secs` (the first at once) until shutdown.
-pub async fn run(gw: Arc<Gateway>) {
-    let config = gw.config.retention.clone();
-    if !config.enabled() {
-        return;
-    }
-    tracing::info!(
-        days = config.days,
-        batch_size = config.batch_size,
-        "retention: sessions not updated for {} days are deleted",
-        config.days
-    );
-    let mut tick = tokio::time::interval(Duration::from_secs(config.interval_secs));
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        tokio::select! {
-            _ = tick.tick() => {}
-            () = gw.shutdown.cancelled() => return,
-        }
-        let before = now_micros().saturating_sub(i64::from(config.days).saturating_mul(DAY_MICROS));
-        let deleted = pass(&gw, before, i64::from(config.batch_size)).await;
-        if deleted > 0 {
-            tracing::info!(sessions = deleted, "retention: stale sessions deleted");
-        }
-    }
+/// What retention works with.
+#[derive(Debug)]
+pub struct Retention {
+    /// `[retention]`.
+    pub config: RetentionConfig,
+    /// The sessions it deletes (those in memory are stepped over).
+    pub sessions: Arc<Sessions>,
+    /// Each deleted session is recorded.
+    pub audit: Arc<Audit>,
+    /// Ends the passes.
+    pub shutdown: CancellationToken,
 }
 
-/// Deletes the sessions last updated before `before`, oldest first, at most `batch` sessions
-/// and [`MAX_BATCH_BYTES`] of transcript (or one session) per transaction; how many it deleted.
-/// Sessions in use are stepped over (a later pass takes them). Stops at shutdown, or on a store
-/// failure (logged; the next pass tries again).
-pub async fn pass(gw: &Gateway, before: i64, batch: i64) -> u64 {
-    let store = gw.sessions.store();
-    let mut total = 0;
-    let mut after: Option<(i64, String)> = None;
-    loop {
-        let cursor = after.as_ref().map(|(t, id)| (*t, id.as_str()));
-        let stale = match store.stale_sessions(before, cursor, batch).await {
-            Ok(stale) => stale,
-            Err(e) => {
-                tracing::error!(error = %e, "retention: cannot look for stale sessions");
-                return total;
+impl Retention {
+    /// Runs passes every `[retention] interval_secs` (the first at once) until shutdown.
+    pub async fn run(self) {
+        let config = self.config.clone();
+        if !config.enabled() {
+            return;
+        }
+        tracing::info!(
+            days = config.days,
+            batch_size = config.batch_size,
+            "retention: sessions not updated for {} days are deleted",
+            config.days
+        );
+        let mut tick = tokio::time::interval(Duration::from_secs(config.interval_secs));
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = tick.tick() => {}
+                () = self.shutdown.cancelled() => return,
             }
-        };
-        let Some(last) = stale.last() else {
-            return total;
-        };
-        after = Some((last.updated_at, last.id.clone()));
-        let found = stale.len() as i64;
-        for group in byte_bounded(stale) {
-            // Checked again just before: a session opened meanwhile stays.
-            let idle: Vec<StaleSession> = group
-                .into_iter()
-                .filter(|s| gw.sessions.any_live(&s.id).is_none())
-                .collect();
-            if idle.is_empty() {
-                continue;
+            let before = now_micros().saturating_sub(i64::from(config.days).saturating_mul(DAY_MICROS));
+            let deleted = self.pass(before, i64::from(config.batch_size)).await;
+            if deleted > 0 {
+                tracing::info!(sessions = deleted, "retention: stale sessions deleted");
             }
-            match store.delete_stale(&idle, before).await {
-                Ok(deleted) => total += deleted_batch(gw, &deleted),
+        }
+    }
+
+    /// Deletes the sessions last updated before `before`, oldest first, at most `batch` sessions
+    /// and [`MAX_BATCH_BYTES`] of transcript (or one session) per transaction; how many it deleted.
+    /// Sessions in use are stepped over (a later pass takes them). Stops at shutdown, or on a store
+    /// failure (logged; the next pass tries again).
+    pub async fn pass(&self, before: i64, batch: i64) -> u64 {
+        let store = self.sessions.store();
+        let mut total = 0;
+        let mut after: Option<(i64, String)> = None;
+        loop {
+            let cursor = after.as_ref().map(|(t, id)| (*t, id.as_str()));
+            let stale = match store.stale_sessions(before, cursor, batch).await {
+                Ok(stale) => stale,
                 Err(e) => {
-                    tracing::error!(error = %e, "retention: cannot delete stale sessions");
+                    tracing::error!(error = %e, "retention: cannot look for stale sessions");
                     return total;
                 }
+            };
+            let Some(last) = stale.last() else {
+                return total;
+            };
+            after = Some((last.updated_at, last.id.clone()));
+            let found = stale.len() as i64;
+            for group in byte_bounded(stale) {
+                // Checked again just before: a session opened meanwhile stays.
+                let idle: Vec<StaleSession> = group
+                    .into_iter()
+                    .filter(|s| self.sessions.any_live(&s.id).is_none())
+                    .collect();
+                if idle.is_empty() {
+                    continue;
+                }
+                match store.delete_stale(&idle, before).await {
+                    Ok(deleted) => total += self.deleted_batch(&deleted),
+                    Err(e) => {
+                        tracing::error!(error = %e, "retention: cannot delete stale sessions");
+                        return total;
+                    }
+                }
+                tokio::select! {
+                    () = tokio::time::sleep(BATCH_PAUSE) => {}
+                    () = self.shutdown.cancelled() => return total,
+                }
             }
-            tokio::select! {
-                () = tokio::time::sleep(BATCH_PAUSE) => {}
-                () = gw.shutdown.cancelled() => return total,
+            if found < batch {
+                return total;
             }
         }
-        if found < batch {
-            return total;
+    }
+
+    /// Counts, audits and forgets what one transaction deleted; how many.
+    fn deleted_batch(&self, deleted: &[StaleSession]) -> u64 {
+        metrics::counter!(crate::infra::metrics::RETENTION_BATCHES).increment(1);
+        metrics::counter!(crate::infra::metrics::RETENTION_SESSIONS).increment(deleted.len() as u64);
+        let bytes: i64 = deleted.iter().map(|s| s.stored_bytes).sum();
+        metrics::counter!(crate::infra::metrics::RETENTION_BYTES).increment(u64::try_from(bytes).unwrap_or(0));
+        for s in deleted {
+            self.sessions.forget_stored(&s.owner, &s.id);
+            self.audit.record(crate::audit::Event {
+                actor: "(retention)",
+                action: "session_expire",
+                target: Some(&s.id),
+                outcome: "ok",
+                detail: Some(serde_json::json!({ "owner": s.owner, "storedBytes": s.stored_bytes })),
+                connection: None,
+                client: None,
+            });
         }
+        deleted.len() as u64
     }
 }
 
@@ -111,27 +151,6 @@ fn byte_bounded(stale: Vec<StaleSession>) -> Vec<Vec<StaleSession>> {
         }
     }
     groups
-}
-
-/// Counts, audits and forgets what one transaction deleted; how many.
-fn deleted_batch(gw: &Gateway, deleted: &[StaleSession]) -> u64 {
-    metrics::counter!(crate::infra::metrics::RETENTION_BATCHES).increment(1);
-    metrics::counter!(crate::infra::metrics::RETENTION_SESSIONS).increment(deleted.len() as u64);
-    let bytes: i64 = deleted.iter().map(|s| s.stored_bytes).sum();
-    metrics::counter!(crate::infra::metrics::RETENTION_BYTES).increment(u64::try_from(bytes).unwrap_or(0));
-    for s in deleted {
-        gw.sessions.forget_stored(&s.owner, &s.id);
-        gw.audit.record(crate::audit::Event {
-            actor: "(retention)",
-            action: "session_expire",
-            target: Some(&s.id),
-            outcome: "ok",
-            detail: Some(serde_json::json!({ "owner": s.owner, "storedBytes": s.stored_bytes })),
-            connection: None,
-            client: None,
-        });
-    }
-    deleted.len() as u64
 }
 
 #[cfg(test)]

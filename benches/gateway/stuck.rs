@@ -8,7 +8,6 @@
 //! while another is stuck is at most 50 ms above its usual (p50 before).
 
 use std::fmt::Write as _;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use acp_gateway::app::Gateway;
@@ -35,7 +34,7 @@ const TURN: Duration = Duration::from_micros(1250);
 /// `token(user)` mints a token; `same` is the bench user's tab the latency sections used.
 pub async fn section(
     gw_rt: &tokio::runtime::Runtime,
-    gw: &Arc<Gateway>,
+    gw: &Gateway,
     addr: std::net::SocketAddr,
     token: impl Fn(&str) -> Result<String>,
     same: &mut Path<WsClient>,

@@ -46,7 +46,7 @@ fn rates(runs: &[Throughput]) -> (f64, f64) {
 /// Section 2: one connection streaming as fast as the agent writes; section 3: memory.
 pub(super) async fn throughput(
     gw_rt: &tokio::runtime::Runtime,
-    gw: &Arc<Gateway>,
+    gw: &Gateway,
     direct: &mut Path<AgentPipe>,
     via: &mut Path<WsClient>,
     mut peer: Option<&mut Path<WsClient>>,

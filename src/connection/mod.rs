@@ -71,7 +71,7 @@ fn close_not_reading(outbox: &Outbox) -> bool {
 /// Serves one upgraded connection until it ends.
 pub async fn serve(
     socket: WebSocket,
-    gw: Arc<Gateway>,
+    gw: Gateway,
     identity: Identity,
     conn_id: Arc<str>,
     addr: Option<Arc<str>>,
@@ -110,7 +110,7 @@ pub async fn serve(
     let watch = identity
         .session
         .as_deref()
-        .and_then(|sid| gw.oidc.as_ref().map(|o| o.watched.watch(sid)));
+        .and_then(|sid| gw.identity.oidc.as_ref().map(|o| o.watched.watch(sid)));
     let signed_out = async {
         match &watch {
             Some(w) => w.ended.cancelled().await,
@@ -144,7 +144,7 @@ pub async fn serve(
                 draining = true;
                 break;
             }
-            () = gw.shutdown.cancelled() => {
+            () = gw.life.shutdown.cancelled() => {
                 outbox.close(CLOSE_GOING_AWAY, "gateway shutting down");
                 break;
             }
@@ -190,7 +190,7 @@ pub async fn serve(
         };
         tokio::select! {
             () = written => {}
-            () = gw.shutdown.cancelled() => {
+            () = gw.life.shutdown.cancelled() => {
                 outbox.close(CLOSE_GOING_AWAY, "gateway shutting down");
             }
         }

@@ -3,7 +3,7 @@
 //! serving replica's side, which runs them for a stand-in of that client and sends the answer
 //! back. The answer reaches the client after every update it followed (its `afterSeq`).
 
-use std::sync::{Arc, Weak};
+use std::sync::Arc;
 use std::time::Duration;
 
 use axum::extract::ws::Utf8Bytes;
@@ -24,7 +24,7 @@ const HOLDER_CHECK: Duration = Duration::from_millis(500);
 /// serving the session first (it died, or gave the session up), the client is told to send
 /// the request again (then this replica or another takes the session over).
 pub(super) async fn forward(
-    gw: &Arc<Gateway>,
+    gw: &Gateway,
     client: &Arc<Client>,
     session: &Arc<LiveSession>,
     holder: &str,
@@ -80,7 +80,7 @@ pub(super) async fn forward(
 }
 
 /// Sends `client`'s `session/cancel` for `session` to the replica serving it.
-pub(super) async fn cancel(gw: &Arc<Gateway>, client: &Client, session: &LiveSession, params: &RawValue) {
+pub(super) async fn cancel(gw: &Gateway, client: &Client, session: &LiveSession, params: &RawValue) {
     let Some(replica) = gw.sessions.replica() else { return };
     let Ok(Some(holder)) = replica.holder(&session.id).await else {
         return;
@@ -102,32 +102,28 @@ pub(super) async fn cancel(gw: &Arc<Gateway>, client: &Client, session: &LiveSes
 
 /// What the bus hands this replica, acted on with the whole gateway.
 pub struct BusHandler {
-    /// Weak: the gateway owns the tasks that hold this.
-    gw: Weak<Gateway>,
+    /// Held by the bus and lease tasks, which start-up stops after the last flush.
+    gw: Gateway,
 }
 
 impl BusHandler {
     /// A handler for `gw`.
-    pub fn new(gw: &Arc<Gateway>) -> Arc<Self> {
-        Arc::new(Self { gw: Arc::downgrade(gw) })
+    pub fn new(gw: &Gateway) -> Arc<Self> {
+        Arc::new(Self { gw: gw.clone() })
     }
 }
 
 impl Handler for BusHandler {
     fn committed(&self, session: &str, seq: u64) {
-        if let Some(gw) = self.gw.upgrade() {
-            gw.sessions.committed_elsewhere(session, seq);
-        }
+        self.gw.sessions.committed_elsewhere(session, seq);
     }
 
     fn resync(&self) {
-        if let Some(gw) = self.gw.upgrade() {
-            gw.sessions.resync();
-        }
+        self.gw.sessions.resync();
     }
 
     fn message(&self, message: Message) {
-        let Some(gw) = self.gw.upgrade() else { return };
+        let gw = &self.gw;
         // Agent requests across replicas: handled here, in the order they were sent (a
         // `Settled` must not overtake its `Ask`); none of this waits.
         let message = match message {
@@ -169,18 +165,17 @@ impl Handler for BusHandler {
             }
             other => other,
         };
-        let tracker = gw.tracker.clone();
+        let tracker = gw.life.tracker.clone();
+        let gw = gw.clone();
         tracker.spawn(async move { serve(gw, message).await });
     }
 
     fn serving(&self, session: &str) -> bool {
-        self.gw.upgrade().is_some_and(|gw| gw.sessions.serving(session))
+        self.gw.sessions.serving(session)
     }
 
     fn lease_lost(&self, session: &str) {
-        if let Some(gw) = self.gw.upgrade() {
-            gw.sessions.lease_lost(session);
-        }
+        self.gw.sessions.lease_lost(session);
     }
 }
 
@@ -192,7 +187,7 @@ struct Caller<'a> {
 }
 
 /// Runs another replica's request (or notification) here, where the session is served.
-async fn serve(gw: Arc<Gateway>, message: Message) {
+async fn serve(gw: Gateway, message: Message) {
     match message {
         Message::Request {
             from,
@@ -249,7 +244,7 @@ async fn serve(gw: Arc<Gateway>, message: Message) {
             let Ok(params) = RawValue::from_string(params) else {
                 return;
             };
-            let (Some(b), Some(pool)) = (s.binding(), gw.pools.get(&s.agent)) else {
+            let (Some(b), Some(pool)) = (s.binding(), gw.agents.pools.get(&s.agent)) else {
                 return;
             };
             if let Some(params) =
@@ -289,7 +284,7 @@ fn refused(gw: &Gateway, teammate: &str, session: &str, method: &str) {
 /// Forwards another replica's client request to this replica's agent process for a stand-in
 /// client; returns the answer frame and the seq it follows.
 async fn run_request(
-    gw: &Arc<Gateway>,
+    gw: &Gateway,
     sid: &str,
     by: Caller<'_>,
     method: &str,
@@ -313,13 +308,14 @@ async fn run_request(
         return Err(RpcError::invalid_params("not a session request"));
     };
     let pool = gw
+        .agents
         .pools
         .get(&session.agent)
         .cloned()
         .ok_or_else(|| RpcError::internal(format!("agent {} is no longer configured", session.agent)))?;
     let (outbox, mut rx) = crate::infra::outbox::outbox(4, 64 << 20);
     let stand_in = Client::new(
-        Arc::from(format!("{}-remote", gw.replica)),
+        Arc::from(format!("{}-remote", gw.life.replica)),
         Arc::from(by.teammate.unwrap_or(by.owner)),
         None,
         outbox.clone(),

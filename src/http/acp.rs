@@ -25,7 +25,7 @@ pub const CONNECTION_ID_HEADER: &str = "acp-connection-id";
 /// Cookie naming the replica a client was upgraded on (for load balancers' affinity).
 pub const AFFINITY_COOKIE: &str = "acp_replica";
 
-pub(super) fn router() -> Router<Arc<Gateway>> {
+pub(super) fn router() -> Router<Gateway> {
     Router::new().route("/acp", get(upgrade))
 }
 
@@ -39,7 +39,7 @@ fn refuse(status: StatusCode, message: &str) -> Response {
 }
 
 async fn upgrade(
-    State(gw): State<Arc<Gateway>>,
+    State(gw): State<Gateway>,
     peer: Option<axum::Extension<super::server::Peer>>,
     headers: HeaderMap,
     uri: axum::http::Uri,
@@ -47,7 +47,7 @@ async fn upgrade(
     ws: Result<WebSocketUpgrade, WebSocketUpgradeRejection>,
 ) -> Response {
     // Authentication comes first: no token, no upgrade, whatever else is wrong.
-    let identity = match authenticate(&gw, &headers, uri.query()).await {
+    let identity = match authenticate(&gw.identity, &headers, uri.query()).await {
         Ok(identity) => identity,
         Err(unauthorized) => {
             crate::infra::metrics::connection_refused("unauthenticated");
@@ -65,11 +65,11 @@ async fn upgrade(
         );
     };
     let agent = q.agent.as_deref().unwrap_or(DEFAULT_AGENT);
-    let Some(pool) = gw.pools.get(agent).cloned() else {
+    let Some(pool) = gw.agents.pools.get(agent).cloned() else {
         crate::infra::metrics::connection_refused("unknown_agent");
         return refuse(StatusCode::NOT_FOUND, &format!("unknown agent {agent:?}"));
     };
-    if gw.is_draining() {
+    if gw.life.is_draining() {
         crate::infra::metrics::connection_refused("draining");
         return refuse(StatusCode::SERVICE_UNAVAILABLE, "gateway is shutting down");
     }
@@ -83,14 +83,14 @@ async fn upgrade(
         Some(Ok(slot)) => slot,
         None => None,
     };
-    let Ok(slot) = gw.connection_slots.clone().try_acquire_owned() else {
+    let Ok(slot) = gw.life.connection_slots.clone().try_acquire_owned() else {
         crate::infra::metrics::connection_refused("max_connections");
         return refuse(StatusCode::SERVICE_UNAVAILABLE, "too many connections");
     };
     // The client's address, for the audit log.
     let client_addr: Option<Arc<str>> = peer.as_ref().map(|p| Arc::from(p.client.to_string()));
     // Refused before the upgrade: a user at their cap holds no more sockets.
-    let user_slot = match gw.quotas.connect(&identity.user) {
+    let user_slot = match gw.agents.quotas.connect(&identity.user) {
         Ok(user_slot) => user_slot,
         Err(cap) => {
             crate::infra::metrics::connection_refused("per_user");
@@ -102,9 +102,9 @@ async fn upgrade(
             return (StatusCode::TOO_MANY_REQUESTS, axum::Json(body)).into_response();
         }
     };
-    let conn_id: Arc<str> = Arc::from(format!("{}-{}", gw.replica, uuid::Uuid::new_v4().simple()));
+    let conn_id: Arc<str> = Arc::from(format!("{}-{}", gw.life.replica, uuid::Uuid::new_v4().simple()));
     let limits = &gw.config.limits;
-    let tracked = gw.tracker.token();
+    let tracked = gw.life.tracker.token();
     let id = conn_id.clone();
     let state = gw.clone();
     let mut response = ws
@@ -131,7 +131,7 @@ async fn upgrade(
     // RFD asks clients to keep cookies). Nothing depends on it: any replica serves any session.
     if let Ok(v) = HeaderValue::from_str(&format!(
         "{AFFINITY_COOKIE}={}; Path=/acp; HttpOnly; SameSite=Lax",
-        gw.replica
+        gw.life.replica
     )) {
         response.headers_mut().append(axum::http::header::SET_COOKIE, v);
     }

@@ -11,6 +11,12 @@
 //! - `GET /api/admin/audit?actor=&action=&before=&limit=`: the audit log, newest first, a page at
 //!   a time (`before`: the last `id` of the previous page).
 
+use crate::agents::pool::Pools;
+use crate::audit::Audit;
+use crate::gateway::Identities;
+use crate::gateway::Life;
+use crate::session::Sessions;
+use axum::extract::FromRef;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
@@ -34,7 +40,7 @@ use crate::store::{AuditFilter, iso8601};
 /// The notification the owner's clients get when an admin stops their session.
 pub const STOPPED: &str = "_gateway/session_stopped";
 
-pub(super) fn router() -> Router<Arc<Gateway>> {
+pub(super) fn router() -> Router<Gateway> {
     Router::new()
         .route("/api/admin/users", get(users))
         .route("/api/admin/sessions", get(sessions))
@@ -45,14 +51,18 @@ pub(super) fn router() -> Router<Arc<Gateway>> {
 /// An authenticated administrator.
 pub struct Admin(pub Identity);
 
-impl FromRequestParts<Arc<Gateway>> for Admin {
+impl<S> FromRequestParts<S> for Admin
+where
+    Arc<Identities>: FromRef<S>,
+    S: Send + Sync,
+{
     type Rejection = Response;
 
-    async fn from_request_parts(parts: &mut Parts, gw: &Arc<Gateway>) -> Result<Self, Self::Rejection> {
-        let Caller(who) = Caller::from_request_parts(parts, gw)
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Self::Rejection> {
+        let Caller(who) = Caller::from_request_parts(parts, state)
             .await
             .map_err(IntoResponse::into_response)?;
-        if !gw.is_admin(&who) {
+        if !Arc::<Identities>::from_ref(state).is_admin(&who) {
             tracing::info!(user = %who.user, path = %parts.uri.path(), "admin route refused to a non-admin");
             return Err(refuse(
                 StatusCode::FORBIDDEN,
@@ -63,17 +73,22 @@ impl FromRequestParts<Arc<Gateway>> for Admin {
     }
 }
 
-async fn users(State(gw): State<Arc<Gateway>>, Admin(_): Admin) -> Response {
+async fn users(
+    State(sessions): State<Arc<Sessions>>,
+    State(pools): State<Arc<Pools>>,
+    State(life): State<Arc<Life>>,
+    Admin(_): Admin,
+) -> Response {
     // Stored bytes and last activity as of every update stored so far (the transcript writer
     // advances session rows after their chunks, when its queue is quiet).
-    if let Err(e) = gw.sessions.flush_for_request().await {
+    if let Err(e) = sessions.flush_for_request().await {
         tracing::error!(error = %e, "the transcript writer did not flush for the users overview");
         return refuse(
             StatusCode::SERVICE_UNAVAILABLE,
             "the transcript is not written yet; try again",
         );
     }
-    let store = gw.sessions.store();
+    let store = sessions.store();
     let (stored, signins) = match (store.users_overview(10_000).await, store.last_sign_ins().await) {
         (Ok(a), Ok(b)) => (a, b),
         (Err(e), _) | (_, Err(e)) => {
@@ -98,22 +113,26 @@ async fn users(State(gw): State<Arc<Gateway>>, Admin(_): Admin) -> Response {
         );
         entry["lastSignIn"] = json!(iso8601(at));
     }
-    let processes = gw.pools.processes_by_owner();
+    let processes = pools.processes_by_owner();
     let out: Vec<Value> = users
         .into_values()
         .map(|mut u| {
             let name = u["user"].as_str().unwrap_or_default().to_string();
-            u["liveSessions"] = json!(gw.sessions.live_count(&name));
+            u["liveSessions"] = json!(sessions.live_count(&name));
             u["agentProcesses"] = json!(processes.get(name.as_str()).copied().unwrap_or(0));
             u
         })
         .collect();
-    Json(json!({ "users": out, "replica": gw.replica })).into_response()
+    Json(json!({ "users": out, "replica": life.replica })).into_response()
 }
 
-async fn sessions(State(gw): State<Arc<Gateway>>, Admin(_): Admin) -> Json<Value> {
+async fn sessions(
+    State(sessions): State<Arc<Sessions>>,
+    State(life): State<Arc<Life>>,
+    Admin(_): Admin,
+) -> Json<Value> {
     let mut out = Vec::new();
-    for s in gw.sessions.all_bound() {
+    for s in sessions.all_bound() {
         let Some(b) = s.binding() else { continue };
         let prompting = b.process.prompting().iter().any(|p| **p == *s.id);
         out.push(json!({
@@ -122,16 +141,18 @@ async fn sessions(State(gw): State<Arc<Gateway>>, Admin(_): Admin) -> Json<Value
             "since": iso8601(b.since), "process": b.process.pid,
         }));
     }
-    Json(json!({ "sessions": out, "replica": gw.replica }))
+    Json(json!({ "sessions": out, "replica": life.replica }))
 }
 
 async fn stop(
-    State(gw): State<Arc<Gateway>>,
+    State(sessions): State<Arc<Sessions>>,
+    State(pools): State<Arc<Pools>>,
+    State(audit_log): State<Arc<Audit>>,
     Admin(admin): Admin,
     peer: Option<Extension<Peer>>,
     Path(id): Path<String>,
 ) -> Response {
-    let Some(session) = gw.sessions.any_live(&id).filter(|s| s.is_bound_now()) else {
+    let Some(session) = sessions.any_live(&id).filter(|s| s.is_bound_now()) else {
         return refuse(
             StatusCode::NOT_FOUND,
             format!("no session {id:?} is live on this replica"),
@@ -152,9 +173,9 @@ async fn stop(
         "reason": format!("stopped by the administrator {}", admin.user),
     });
     let told = session.tell_clients(&protocol::notification(STOPPED, &notice.to_string()).into());
-    gw.sessions.close_on_agent(&session, &gw.pools).await;
+    sessions.close_on_agent(&session, &pools).await;
     tracing::info!(admin = %admin.user, owner = %session.owner, session = %session.id, told, "session stopped by an admin");
-    gw.audit.record(crate::audit::Event {
+    audit_log.record(crate::audit::Event {
         actor: &admin.user,
         action: "admin_stop",
         target: Some(&session.id),
@@ -174,14 +195,14 @@ struct AuditQuery {
     limit: Option<i64>,
 }
 
-async fn audit(State(gw): State<Arc<Gateway>>, Admin(_): Admin, Query(q): Query<AuditQuery>) -> Response {
+async fn audit(State(sessions): State<Arc<Sessions>>, Admin(_): Admin, Query(q): Query<AuditQuery>) -> Response {
     let filter = AuditFilter {
         actor: q.actor.filter(|a| !a.is_empty()),
         action: q.action.filter(|a| !a.is_empty()),
         before: q.before,
         limit: q.limit.unwrap_or(100).clamp(1, 1000),
     };
-    match gw.sessions.store().audit_page(&filter).await {
+    match sessions.store().audit_page(&filter).await {
         Ok(entries) => {
             let next = (entries.len() as i64 == filter.limit)
                 .then(|| entries.last().map(|e| e.id))

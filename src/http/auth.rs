@@ -10,12 +10,13 @@
 
 use std::sync::Arc;
 
-use axum::extract::FromRequestParts;
+use axum::extract::{FromRef, FromRequestParts};
 use axum::http::request::Parts;
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 
-use crate::gateway::Gateway;
+use crate::audit::Audit;
+use crate::gateway::Identities;
 use crate::identity::auth::Identity;
 
 /// Name of the web UI's cookie over plain HTTP.
@@ -78,8 +79,8 @@ pub fn cookie_named(headers: &HeaderMap, name: &str) -> Option<String> {
 }
 
 /// The web UI's cookie, verified as the gateway's own token (for sign-out).
-pub fn own_cookie_identity(gw: &Gateway, headers: &HeaderMap) -> Option<Identity> {
-    gw.auth.verify(&cookie_token(headers)?).ok()
+pub fn own_cookie_identity(ids: &Identities, headers: &HeaderMap) -> Option<Identity> {
+    ids.auth.verify(&cookie_token(headers)?).ok()
 }
 
 /// The web UI's cookie. Over HTTPS only the `__Host-` one counts (a plain-named cookie there may
@@ -173,7 +174,11 @@ pub fn same_origin(headers: &HeaderMap, no_origin: NoOrigin) -> bool {
 /// cookies) first; a token the gateway's key does not verify may be the identity provider's
 /// (never from the cookie, which only the gateway sets). A cookie from a sign-in through the
 /// provider is good only while that sign-in is.
-pub async fn authenticate(gw: &Gateway, headers: &HeaderMap, query: Option<&str>) -> Result<Identity, Unauthorized> {
+pub async fn authenticate(
+    ids: &Identities,
+    headers: &HeaderMap,
+    query: Option<&str>,
+) -> Result<Identity, Unauthorized> {
     let Some((token, source)) = find_token(headers, query) else {
         crate::infra::metrics::auth_failure("missing");
         return Err(Unauthorized);
@@ -183,14 +188,14 @@ pub async fn authenticate(gw: &Gateway, headers: &HeaderMap, query: Option<&str>
         tracing::warn!("cookie-authenticated request from another origin refused");
         return Err(Unauthorized);
     }
-    let own = match gw.auth.verify(&token) {
-        Ok(who) => return still_signed_in(gw, who).await,
+    let own = match ids.auth.verify(&token) {
+        Ok(who) => return still_signed_in(ids, who).await,
         Err(e) => e,
     };
     if source != Source::Cookie
-        && let Some(keys) = provider_keys(gw).await
+        && let Some(keys) = provider_keys(ids).await
     {
-        return provider_token(gw, &keys, &token).await;
+        return provider_token(ids, &keys, &token).await;
     }
     crate::infra::metrics::auth_failure(own.reason());
     tracing::info!(error = %own, source = ?source, "token refused");
@@ -199,9 +204,9 @@ pub async fn authenticate(gw: &Gateway, headers: &HeaderMap, query: Option<&str>
 
 /// `who`, unless their cookie is a sign-in's (through the provider, or a login link or token
 /// form) and that sign-in has ended.
-async fn still_signed_in(gw: &Gateway, who: Identity) -> Result<Identity, Unauthorized> {
+async fn still_signed_in(ids: &Identities, who: Identity) -> Result<Identity, Unauthorized> {
     let Some(sid) = &who.session else { return Ok(who) };
-    let live = crate::identity::oidc::is_live(&**gw.sessions.store(), sid, &who.user).await;
+    let live = crate::identity::oidc::is_live(&*ids.store, sid, &who.user).await;
     if live {
         Ok(who)
     } else {
@@ -212,11 +217,11 @@ async fn still_signed_in(gw: &Gateway, who: Identity) -> Result<Identity, Unauth
 }
 
 /// The identity provider's keys, asking discovery for them if it has not named them yet.
-async fn provider_keys(gw: &Gateway) -> Option<Arc<crate::identity::auth::jwks::Jwks>> {
-    if let Some(keys) = gw.provider_keys() {
+async fn provider_keys(ids: &Identities) -> Option<Arc<crate::identity::auth::jwks::Jwks>> {
+    if let Some(keys) = ids.provider_keys() {
         return Some(keys);
     }
-    let oidc = gw.oidc.as_ref()?;
+    let oidc = ids.oidc.as_ref()?;
     let _ = oidc.provider(false).await;
     oidc.api_keys()
 }
@@ -224,7 +229,7 @@ async fn provider_keys(gw: &Gateway) -> Option<Arc<crate::identity::auth::jwks::
 /// A token from the identity provider: verified with its keys, the user its claims name (the
 /// [`Policy`](crate::identity::oidc::Policy) of `[oidc]`, else `sub`).
 async fn provider_token(
-    gw: &Gateway,
+    ids: &Identities,
     keys: &crate::identity::auth::jwks::Jwks,
     token: &str,
 ) -> Result<Identity, Unauthorized> {
@@ -240,7 +245,7 @@ async fn provider_token(
         tracing::info!("an ID token used as a bearer token refused");
         return Err(Unauthorized);
     }
-    let user = match &gw.oidc {
+    let user = match &ids.oidc {
         Some(oidc) => {
             let user = oidc.policy.admit(&claims).map_err(|r| {
                 crate::infra::metrics::auth_failure("not_allowed");
@@ -273,10 +278,10 @@ async fn provider_token(
             })?,
     };
     let expires_at = claims.get("exp").and_then(serde_json::Value::as_u64).unwrap_or(0);
-    let admin = gw
+    let admin = ids
         .oidc
         .as_ref()
-        .is_some_and(|o| o.policy.in_any_group(&claims, &gw.config.admin.groups));
+        .is_some_and(|o| o.policy.in_any_group(&claims, &ids.admin.groups));
     Ok(Identity {
         user,
         expires_at,
@@ -287,7 +292,7 @@ async fn provider_token(
 
 /// Records what a caller of an HTTP route did in the audit log, with their address.
 pub fn audit(
-    gw: &Gateway,
+    log: &Audit,
     peer: Option<&super::server::Peer>,
     actor: &str,
     action: &'static str,
@@ -295,7 +300,7 @@ pub fn audit(
     outcome: &'static str,
     detail: Option<serde_json::Value>,
 ) {
-    gw.audit.record(crate::audit::Event {
+    log.record(crate::audit::Event {
         actor,
         action,
         target,
@@ -321,12 +326,18 @@ impl IntoResponse for Unauthorized {
 #[derive(Debug, Clone)]
 pub struct Caller(pub Identity);
 
-impl FromRequestParts<Arc<Gateway>> for Caller {
+impl<S> FromRequestParts<S> for Caller
+where
+    Arc<Identities>: FromRef<S>,
+    S: Send + Sync,
+{
     type Rejection = Unauthorized;
 
-    async fn from_request_parts(parts: &mut Parts, gw: &Arc<Gateway>) -> Result<Self, Self::Rejection> {
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Self::Rejection> {
         // `?access_token=` is for `/acp` only: tokens in URLs end up in logs.
-        authenticate(gw, &parts.headers, None).await.map(Caller)
+        authenticate(&Arc::<Identities>::from_ref(state), &parts.headers, None)
+            .await
+            .map(Caller)
     }
 }
 

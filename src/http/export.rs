@@ -1,6 +1,8 @@
 //! `GET /api/sessions/{id}/export?format=jsonl|markdown`: a session's stored transcript as a
 //! download, for its owner only, streamed from the store at the client's pace.
 
+use crate::audit::Audit;
+use crate::session::Sessions;
 use std::sync::Arc;
 
 use axum::body::Body;
@@ -19,7 +21,7 @@ use crate::export::{self, Format};
 use crate::gateway::Gateway;
 use crate::protocol::RpcError;
 
-pub(super) fn router() -> Router<Arc<Gateway>> {
+pub(super) fn router() -> Router<Gateway> {
     Router::new().route("/api/sessions/{id}/export", get(export_session))
 }
 
@@ -30,16 +32,17 @@ struct ExportQuery {
 
 /// Another user's session answers as an unknown one does (`404`), before anything is read.
 async fn export_session(
-    State(gw): State<Arc<Gateway>>,
+    State(audit_log): State<Arc<Audit>>,
+    State(sessions): State<Arc<Sessions>>,
     Caller(who): Caller,
     peer: Option<Extension<Peer>>,
     Path(id): Path<String>,
     Query(q): Query<ExportQuery>,
 ) -> Result<Response, HttpError> {
     let format = Format::parse(q.format.as_deref()).map_err(|e| RpcError::invalid_params(e.to_string()))?;
-    let record = gw.sessions.stored(&who.user, &id).await?;
+    let record = sessions.stored(&who.user, &id).await?;
     audit(
-        &gw,
+        &audit_log,
         peer.as_deref(),
         &who.user,
         "session_export",
@@ -48,7 +51,7 @@ async fn export_session(
         Some(json!({ "format": format.extension() })),
     );
     let disposition = format!("attachment; filename=\"{}\"", export::file_name(&record, format));
-    let body = Body::from_stream(export::stream(gw.sessions.store().clone(), record, format));
+    let body = Body::from_stream(export::stream(sessions.store().clone(), record, format));
     Ok((
         [
             (header::CONTENT_TYPE, format.content_type().to_string()),

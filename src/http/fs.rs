@@ -9,6 +9,7 @@
 //! folder is made one component at a time below an opened directory, never following a link.
 //! The filesystem work runs on the blocking pool.
 
+use crate::tenancy::Tenancy;
 use std::collections::BinaryHeap;
 use std::fs::File;
 use std::io::{self, Read as _};
@@ -42,7 +43,7 @@ const MAX_TEXT: usize = 1 << 20;
 /// How much of a file is looked at for a NUL byte (what `git` and `grep` call binary).
 const BINARY_PROBE: usize = 8 << 10;
 
-pub(super) fn router() -> Router<Arc<Gateway>> {
+pub(super) fn router() -> Router<Gateway> {
     Router::new()
         .route("/api/fs/dirs", get(list_dirs).post(make_dir))
         .route("/api/fs/file", get(read_file))
@@ -128,12 +129,12 @@ struct Resolved {
 
 impl Resolved {
     /// `path` (default: the first root) resolved for `user`.
-    fn new(gw: &Gateway, user: &str, path: Option<&str>) -> Result<Self, FsError> {
-        let roots = gw.tenancy.roots(user).map_err(|e| {
+    fn new(tenancy: &Tenancy, user: &str, path: Option<&str>) -> Result<Self, FsError> {
+        let roots = tenancy.roots(user).map_err(|e| {
             tracing::warn!(user = %user, error = %e, "cannot set up the user's workspace roots");
             FsError::Internal
         })?;
-        let sight = gw.tenancy.sight(Some(user));
+        let sight = tenancy.sight(Some(user));
         let Some(path) = path.filter(|p| !p.is_empty()) else {
             let path = roots[0].clone();
             return Ok(Self { roots, sight, path });
@@ -220,13 +221,13 @@ struct DirsQuery {
 /// `GET /api/fs/dirs?path=ABS[&hidden=1]`: the directories inside `path` (default: the first
 /// workspace root), for the cwd picker.
 async fn list_dirs(
-    State(gw): State<Arc<Gateway>>,
+    State(tenancy): State<Arc<Tenancy>>,
     Caller(who): Caller,
     Query(q): Query<DirsQuery>,
 ) -> Result<Json<Value>, FsError> {
     let hidden = q.hidden.as_deref().is_some_and(|h| h == "1" || h == "true");
     blocking(move || {
-        let r = Resolved::new(&gw, &who.user, q.path.as_deref())?;
+        let r = Resolved::new(&tenancy, &who.user, q.path.as_deref())?;
         list(&r, hidden)
     })
     .await
@@ -314,7 +315,7 @@ struct MkdirBody {
 /// `201 {"path"}`, `409` when it exists. Cookie callers pass the same-origin check of every
 /// cookie-authenticated route (`Caller`), and a JSON body is something no cross-site form sends.
 async fn make_dir(
-    State(gw): State<Arc<Gateway>>,
+    State(tenancy): State<Arc<Tenancy>>,
     Caller(who): Caller,
     body: Result<Json<MkdirBody>, JsonRejection>,
 ) -> Result<(StatusCode, Json<Value>), FsError> {
@@ -324,7 +325,7 @@ async fn make_dir(
         if body.path.is_empty() {
             return Err(FsError::BadRequest(String::from("path is required")));
         }
-        let r = Resolved::new(&gw, &user, Some(&body.path))?;
+        let r = Resolved::new(&tenancy, &user, Some(&body.path))?;
         mkdir(&r)
     })
     .await?;
@@ -386,7 +387,7 @@ struct FileQuery {
 /// `GET /api/fs/file?path=ABS`: a text file inside the roots, for the file viewer: at most
 /// [`MAX_TEXT`] bytes of it; `415` for a binary file.
 async fn read_file(
-    State(gw): State<Arc<Gateway>>,
+    State(tenancy): State<Arc<Tenancy>>,
     Caller(who): Caller,
     Query(q): Query<FileQuery>,
 ) -> Result<Json<Value>, FsError> {
@@ -394,7 +395,7 @@ async fn read_file(
         let Some(path) = q.path.filter(|p| !p.is_empty()) else {
             return Err(FsError::BadRequest(String::from("path is required")));
         };
-        let r = Resolved::new(&gw, &who.user, Some(&path))?;
+        let r = Resolved::new(&tenancy, &who.user, Some(&path))?;
         read_text(&r)
     })
     .await

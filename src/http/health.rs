@@ -1,6 +1,12 @@
 //! `/healthz` (the process runs), `/readyz` (it can serve), `/metrics` (Prometheus; behind a
 //! bearer token when `metrics_token` is set).
 
+use crate::agents::pool::Pools;
+use crate::gateway::Identities;
+use crate::gateway::Life;
+use crate::infra::config::Config;
+use crate::session::Sessions;
+use crate::tenancy::Tenancy;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -15,7 +21,7 @@ use crate::gateway::Gateway;
 use crate::infra::config::DEFAULT_AGENT;
 use crate::tenancy::Confinement;
 
-pub(super) fn router() -> Router<Arc<Gateway>> {
+pub(super) fn router() -> Router<Gateway> {
     Router::new()
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
@@ -34,12 +40,12 @@ const PROVIDER_PROBE_WAIT: Duration = Duration::from_secs(3);
 /// Down is degraded, not unready: signed-in people keep working. The provider is asked (its key
 /// set, at most every [`PROVIDER_PROBE_EVERY`], one request at a time) so that an outage shows
 /// without waiting for someone to sign in or a token to need a key, and so does its end.
-async fn identity_provider(gw: &Gateway) -> Option<Value> {
-    if gw.oidc.is_none() && gw.jwks.is_none() {
+async fn identity_provider(ids: &Identities) -> Option<Value> {
+    if ids.oidc.is_none() && ids.jwks.is_none() {
         return None;
     }
     let probe = async {
-        if let Some(oidc) = &gw.oidc {
+        if let Some(oidc) = &ids.oidc {
             // Discovery names the keys; once failed, it is tried again (at most every few
             // seconds) so that its failure ends when the provider is back.
             let failed = oidc.failure().is_some();
@@ -47,7 +53,7 @@ async fn identity_provider(gw: &Gateway) -> Option<Value> {
                 let _ = oidc.provider(failed).await;
             }
         }
-        let keys = gw.provider_keys()?;
+        let keys = ids.provider_keys()?;
         keys.probe(PROVIDER_PROBE_EVERY)
             .await
             .then(|| format!("cannot fetch the provider's keys from {}", keys.url()))
@@ -57,7 +63,7 @@ async fn identity_provider(gw: &Gateway) -> Option<Value> {
             "the identity provider did not answer in {} s",
             PROVIDER_PROBE_WAIT.as_secs()
         )),
-        Ok(keys) => match &gw.oidc {
+        Ok(keys) => match &ids.oidc {
             Some(oidc) => oidc.degraded().await.or(keys),
             None => keys,
         },
@@ -70,14 +76,21 @@ async fn identity_provider(gw: &Gateway) -> Option<Value> {
 
 /// Ready when the database answers, the transcript writer's writes succeed (on SQLite a full disk
 /// still answers `SELECT 1`), the default agent can be started, and we are not draining.
-async fn readyz(State(gw): State<Arc<Gateway>>) -> impl IntoResponse {
-    let database = match tokio::time::timeout(Duration::from_secs(3), gw.sessions.store().ping()).await {
+async fn readyz(
+    State(ids): State<Arc<Identities>>,
+    State(sessions): State<Arc<Sessions>>,
+    State(pools): State<Arc<Pools>>,
+    State(tenancy): State<Arc<Tenancy>>,
+    State(life): State<Arc<Life>>,
+    State(config): State<Arc<Config>>,
+) -> impl IntoResponse {
+    let database = match tokio::time::timeout(Duration::from_secs(3), sessions.store().ping()).await {
         Ok(Ok(())) => Ok(()),
         Ok(Err(e)) => Err(e.to_string()),
         Err(_) => Err(String::from("timed out")),
     };
-    let writer = gw.sessions.writer_health();
-    let agent = match gw.pools.get(DEFAULT_AGENT) {
+    let writer = sessions.writer_health();
+    let agent = match pools.get(DEFAULT_AGENT) {
         Some(pool) => match tokio::time::timeout(Duration::from_secs(30), pool.info()).await {
             Ok(Ok(_)) => Ok(()),
             Ok(Err(e)) => Err(e.message.to_string()),
@@ -85,8 +98,8 @@ async fn readyz(State(gw): State<Arc<Gateway>>) -> impl IntoResponse {
         },
         None => Err(String::from("no default agent configured")),
     };
-    let draining = gw.is_draining();
-    let oidc = identity_provider(&gw).await;
+    let draining = life.is_draining();
+    let oidc = identity_provider(&ids).await;
     let ready = database.is_ok() && writer.is_ok() && agent.is_ok() && !draining;
     fn check(r: &Result<(), impl std::fmt::Display>) -> Value {
         match r {
@@ -96,13 +109,12 @@ async fn readyz(State(gw): State<Arc<Gateway>>) -> impl IntoResponse {
     }
     // Not failures, but never silent: agents without a sandbox, a configuration file whose
     // secrets something can read, roots that cannot be used (skipped, never stopping the others).
-    let warnings: Vec<String> = gw.tenancy.warnings(&gw.config);
-    let sandbox: serde_json::Map<String, Value> = gw
-        .config
+    let warnings: Vec<String> = tenancy.warnings(&config);
+    let sandbox: serde_json::Map<String, Value> = config
         .agents
         .iter()
         .map(|(name, agent)| {
-            let mode = match gw.tenancy.confinement(agent.sandbox) {
+            let mode = match tenancy.confinement(agent.sandbox) {
                 Confinement::Sandboxed => json!("bwrap"),
                 Confinement::NoneByChoice => json!("none (single-tenant)"),
                 // Who that one user is stays off this unauthenticated route.
@@ -112,8 +124,7 @@ async fn readyz(State(gw): State<Arc<Gateway>>) -> impl IntoResponse {
         })
         .collect();
     // What each agent's processes reach on the network (`network`).
-    let network: serde_json::Map<String, Value> = gw
-        .config
+    let network: serde_json::Map<String, Value> = config
         .agents
         .iter()
         .map(|(name, agent)| (name.clone(), json!(agent.network.as_str())))
@@ -165,9 +176,14 @@ fn bearer_matches(headers: &HeaderMap, token: &secrecy::SecretString) -> bool {
 /// sessions themselves (nothing to keep in step on their paths). With `metrics_token` set, only
 /// for its bearer: anything that reaches the port (an agent on this host) would otherwise read
 /// every agent's and user's counts.
-async fn metrics(State(gw): State<Arc<Gateway>>, headers: HeaderMap) -> Response {
+async fn metrics(
+    State(sessions): State<Arc<Sessions>>,
+    State(pools): State<Arc<Pools>>,
+    State(config): State<Arc<Config>>,
+    headers: HeaderMap,
+) -> Response {
     use crate::infra::metrics::{AGENT_PROCESSES, SESSIONS_IN_MEMORY, SESSIONS_LIVE};
-    if let Some(token) = &gw.config.metrics_token
+    if let Some(token) = &config.metrics_token
         && !bearer_matches(&headers, token)
     {
         return (
@@ -177,9 +193,9 @@ async fn metrics(State(gw): State<Arc<Gateway>>, headers: HeaderMap) -> Response
         )
             .into_response();
     }
-    metrics::gauge!(SESSIONS_IN_MEMORY).set(gw.sessions.in_memory() as f64);
+    metrics::gauge!(SESSIONS_IN_MEMORY).set(sessions.in_memory() as f64);
     let mut live = 0;
-    for (name, pool) in gw.pools.iter() {
+    for (name, pool) in pools.iter() {
         let states = pool.process_states();
         live += states.sessions;
         for (state, n) in [

@@ -3,6 +3,9 @@
 //! given only to that user's processes of that agent (which are recycled so they take effect),
 //! never logged and never returned: `/api/agents` shows only their names and when they were set.
 
+use crate::agents::pool::Pools;
+use crate::audit::Audit;
+use crate::settings::secrets::Keys;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
@@ -23,7 +26,7 @@ use crate::gateway::Gateway;
 /// Longest value a user may give (API keys are a few hundred bytes).
 const MAX_VALUE_BYTES: usize = 8 * 1024;
 
-pub(super) fn router() -> Router<Arc<Gateway>> {
+pub(super) fn router() -> Router<Gateway> {
     Router::new().route("/api/agents/{agent}/keys", put(set_keys).delete(sign_out))
 }
 
@@ -40,8 +43,8 @@ struct SetKeys {
 type Refusal = (StatusCode, String);
 
 /// The pool of `agent` when a user may give it keys, else the answer saying why not.
-fn pool_for_user_keys<'a>(gw: &'a Gateway, agent: &str) -> Result<&'a Arc<AgentPool>, Refusal> {
-    let pool = pool_for_user(gw, agent)?;
+fn pool_for_user_keys<'a>(pools: &'a Pools, agent: &str) -> Result<&'a Arc<AgentPool>, Refusal> {
+    let pool = pool_for_user(pools, agent)?;
     if !pool.config().user_keys {
         return Err((
             StatusCode::FORBIDDEN,
@@ -52,9 +55,8 @@ fn pool_for_user_keys<'a>(gw: &'a Gateway, agent: &str) -> Result<&'a Arc<AgentP
 }
 
 /// The pool of `agent` when a user may sign it in or out, else the answer saying why not.
-fn pool_for_user<'a>(gw: &'a Gateway, agent: &str) -> Result<&'a Arc<AgentPool>, Refusal> {
-    let pool = gw
-        .pools
+fn pool_for_user<'a>(pools: &'a Pools, agent: &str) -> Result<&'a Arc<AgentPool>, Refusal> {
+    let pool = pools
         .get(agent)
         .ok_or_else(|| (StatusCode::NOT_FOUND, format!("no agent named {agent:?}")))?;
     if pool.is_shared() {
@@ -84,12 +86,14 @@ fn method_vars(auth_methods: Option<&serde_json::Value>, method_id: &str) -> Opt
 }
 
 async fn set_keys(
-    State(gw): State<Arc<Gateway>>,
+    State(audit_log): State<Arc<Audit>>,
+    State(pools): State<Arc<Pools>>,
+    State(keys): State<Arc<Keys>>,
     Caller(who): Caller,
     Path(agent): Path<String>,
     Json(body): Json<SetKeys>,
 ) -> Response {
-    let pool = match pool_for_user_keys(&gw, &agent) {
+    let pool = match pool_for_user_keys(&pools, &agent) {
         Ok(pool) => pool,
         Err((status, message)) => return refuse(status, message),
     };
@@ -135,7 +139,7 @@ async fn set_keys(
         }
         vars.push((name, value));
     }
-    if let Err(e) = gw.keys.set(&who.user, &agent, &vars).await {
+    if let Err(e) = keys.set(&who.user, &agent, &vars).await {
         tracing::error!(user = %who.user, agent = %agent, error = %e, "cannot store the user's agent keys");
         crate::infra::metrics::signin(&agent, "env_var", "error");
         return refuse(
@@ -148,7 +152,7 @@ async fn set_keys(
     let names: Vec<&str> = vars.iter().map(|(n, _)| n.as_str()).collect();
     tracing::info!(user = %who.user, agent = %agent, method = %body.method_id, method_type = "env_var", vars = ?names, recycled, outcome = "ok", "agent sign-in");
     audit(
-        &gw,
+        &audit_log,
         None,
         &who.user,
         "agent_sign_in",
@@ -161,13 +165,19 @@ async fn set_keys(
 
 /// Sign-out: the agent's own logout runs, the user's keys for the agent and the record of their
 /// login there are removed, and their processes recycled (whether or not they may set keys).
-async fn sign_out(State(gw): State<Arc<Gateway>>, Caller(who): Caller, Path(agent): Path<String>) -> Response {
-    let pool = match pool_for_user(&gw, &agent) {
+async fn sign_out(
+    State(audit_log): State<Arc<Audit>>,
+    State(pools): State<Arc<Pools>>,
+    State(keys): State<Arc<Keys>>,
+    Caller(who): Caller,
+    Path(agent): Path<String>,
+) -> Response {
+    let pool = match pool_for_user(&pools, &agent) {
         Ok(pool) => pool,
         Err((status, message)) => return refuse(status, message),
     };
     logout(pool, &who.user).await;
-    let removed = match gw.keys.remove(&who.user, &agent).await {
+    let removed = match keys.remove(&who.user, &agent).await {
         Ok(n) => n,
         Err(e) => {
             tracing::error!(user = %who.user, agent = %agent, error = %e, "cannot remove the user's agent keys");
@@ -180,7 +190,7 @@ async fn sign_out(State(gw): State<Arc<Gateway>>, Caller(who): Caller, Path(agen
     let recycled = pool.recycle_user(&who.user);
     tracing::info!(user = %who.user, agent = %agent, removed, recycled, outcome = "ok", "agent sign-out");
     audit(
-        &gw,
+        &audit_log,
         None,
         &who.user,
         "agent_sign_out",

@@ -9,6 +9,8 @@
 //!
 //! They take effect for sessions started or restored afterwards.
 
+use crate::audit::Audit;
+use crate::settings::user_mcp::UserMcp;
 use std::sync::Arc;
 
 use axum::extract::{Path, State};
@@ -23,7 +25,7 @@ use super::error::{list_refusal, refuse};
 use super::server::Peer;
 use crate::gateway::Gateway;
 
-pub(super) fn router() -> Router<Arc<Gateway>> {
+pub(super) fn router() -> Router<Gateway> {
     Router::new()
         .route("/api/mcp-servers", get(list))
         .route("/api/mcp-servers/{name}", put(set).delete(remove))
@@ -49,11 +51,11 @@ struct SetHeader {
     value: Option<String>,
 }
 
-async fn list(State(gw): State<Arc<Gateway>>, Caller(who): Caller) -> Response {
-    match gw.user_mcp.list(&who.user).await {
+async fn list(State(user_mcp): State<Arc<UserMcp>>, Caller(who): Caller) -> Response {
+    match user_mcp.list(&who.user).await {
         Ok(servers) => Json(serde_json::json!({
-            "enabled": gw.user_mcp.enabled(),
-            "allowedHosts": gw.user_mcp.allowed_hosts(),
+            "enabled": user_mcp.enabled(),
+            "allowedHosts": user_mcp.allowed_hosts(),
             "servers": servers,
         }))
         .into_response(),
@@ -62,19 +64,20 @@ async fn list(State(gw): State<Arc<Gateway>>, Caller(who): Caller) -> Response {
 }
 
 async fn set(
-    State(gw): State<Arc<Gateway>>,
+    State(audit_log): State<Arc<Audit>>,
+    State(user_mcp): State<Arc<UserMcp>>,
     Caller(who): Caller,
     peer: Option<Extension<Peer>>,
     Path(name): Path<String>,
     Json(body): Json<SetServer>,
 ) -> Response {
     let headers = body.headers.into_iter().map(|h| (h.name, h.value)).collect();
-    if let Err(e) = gw.user_mcp.put(&who.user, &name, body.kind, body.url, headers).await {
+    if let Err(e) = user_mcp.put(&who.user, &name, body.kind, body.url, headers).await {
         return list_refusal(&who.user, e);
     }
     tracing::info!(user = %who.user, server = %name, "MCP server saved");
     audit(
-        &gw,
+        &audit_log,
         peer.as_deref(),
         &who.user,
         "mcp_server_set",
@@ -86,15 +89,16 @@ async fn set(
 }
 
 async fn remove(
-    State(gw): State<Arc<Gateway>>,
+    State(audit_log): State<Arc<Audit>>,
+    State(user_mcp): State<Arc<UserMcp>>,
     Caller(who): Caller,
     peer: Option<Extension<Peer>>,
     Path(name): Path<String>,
 ) -> Response {
-    match gw.user_mcp.remove(&who.user, &name).await {
+    match user_mcp.remove(&who.user, &name).await {
         Ok(true) => {
             audit(
-                &gw,
+                &audit_log,
                 peer.as_deref(),
                 &who.user,
                 "mcp_server_remove",

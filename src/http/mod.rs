@@ -23,8 +23,6 @@ mod usage;
 
 pub(crate) use server::serve;
 
-use std::sync::Arc;
-
 use axum::Router;
 use axum::http::{HeaderValue, header};
 use tower_http::services::{ServeDir, ServeFile};
@@ -47,7 +45,7 @@ const TERMINAL_PAGE_POLICY: &str = "default-src 'self'; script-src 'self'; style
      form-action 'self'; frame-ancestors 'none'";
 
 /// The whole HTTP surface.
-pub fn router(gw: Arc<Gateway>) -> Router {
+pub fn router(gw: Gateway) -> Router {
     let static_files = ServeDir::new(&gw.config.static_dir);
     let terminal_page = axum::routing::get_service(ServeFile::new(gw.config.static_dir.join("signin-terminal.html")))
         .layer(SetResponseHeaderLayer::overriding(

@@ -8,6 +8,8 @@
 //!
 //! Sign-out is `POST /auth/logout` (`rest`), which ends the sign-in through [`sign_out`].
 
+use crate::audit::Audit;
+use crate::gateway::Identities;
 use std::sync::Arc;
 
 use axum::extract::{Query, State};
@@ -38,23 +40,23 @@ fn state_cookie(headers: &HeaderMap, value: &str, max_age: u64) -> String {
     }
 }
 
-pub(super) fn router() -> Router<Arc<Gateway>> {
+pub(super) fn router() -> Router<Gateway> {
     Router::new()
         .route("/auth/oidc", get(about))
         .route("/auth/oidc/login", get(login))
         .route("/auth/oidc/callback", get(callback))
 }
 
-async fn about(State(gw): State<Arc<Gateway>>) -> Json<serde_json::Value> {
+async fn about(State(ids): State<Arc<Identities>>) -> Json<serde_json::Value> {
     // Always 200 (the sign-in page asks on every load): `configured` says whether to offer it.
-    match &gw.oidc {
+    match &ids.oidc {
         Some(oidc) => Json(json!({ "configured": true, "label": oidc.label(), "login": "/auth/oidc/login" })),
         None => Json(json!({ "configured": false })),
     }
 }
 
-async fn login(State(gw): State<Arc<Gateway>>, headers: HeaderMap) -> Response {
-    let Some(oidc) = &gw.oidc else {
+async fn login(State(ids): State<Arc<Identities>>, headers: HeaderMap) -> Response {
+    let Some(oidc) = &ids.oidc else {
         return page(
             StatusCode::NOT_FOUND,
             "Not configured",
@@ -87,13 +89,14 @@ struct Callback {
 }
 
 async fn callback(
-    State(gw): State<Arc<Gateway>>,
+    State(audit_log): State<Arc<Audit>>,
+    State(ids): State<Arc<Identities>>,
     headers: HeaderMap,
     peer: Option<Extension<Peer>>,
     Query(q): Query<Callback>,
 ) -> Response {
     let peer = peer.as_deref();
-    let Some(oidc) = &gw.oidc else {
+    let Some(oidc) = &ids.oidc else {
         return page(
             StatusCode::NOT_FOUND,
             "Not configured",
@@ -126,14 +129,14 @@ async fn callback(
     let clear_state = state_cookie(&headers, "", 0);
     let mut response = match outcome {
         Ok(signed_in) => {
-            match gw
+            match ids
                 .auth
                 .mint_session(&signed_in.user, signed_in.ttl_secs, &signed_in.sid, signed_in.admin)
             {
                 Ok(token) => {
                     tracing::info!(user = %signed_in.user, "signed in through the identity provider");
                     audit(
-                        &gw,
+                        &audit_log,
                         peer,
                         &signed_in.user,
                         "sign_in",
@@ -164,7 +167,7 @@ async fn callback(
                 "failed"
             };
             audit(
-                &gw,
+                &audit_log,
                 peer,
                 &actor,
                 "sign_in",
@@ -183,9 +186,9 @@ async fn callback(
 
 /// Ends the caller's sign-in through the provider, if their cookie is one; the provider's
 /// sign-out URL to send the browser to, when it has one.
-pub(super) async fn sign_out(gw: &Gateway, headers: &HeaderMap) -> Option<String> {
-    let oidc = gw.oidc.as_ref()?;
-    let who = own_cookie_identity(gw, headers)?;
+pub(super) async fn sign_out(ids: &Identities, headers: &HeaderMap) -> Option<String> {
+    let oidc = ids.oidc.as_ref()?;
+    let who = own_cookie_identity(ids, headers)?;
     let sid = who.session?;
     let back = request_origin(headers)
         .map(|o| format!("{o}/"))

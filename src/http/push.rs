@@ -7,6 +7,8 @@
 //!   push is off.
 //! - `DELETE /api/push/subscriptions/{id}` → `204`, `404` when there is none.
 
+use crate::audit::Audit;
+use crate::push::Push;
 use std::sync::Arc;
 
 use axum::extract::{Path, State};
@@ -21,7 +23,7 @@ use super::error::{list_refusal, refuse};
 use super::server::Peer;
 use crate::gateway::Gateway;
 
-pub(super) fn router() -> Router<Arc<Gateway>> {
+pub(super) fn router() -> Router<Gateway> {
     Router::new()
         .route("/api/push", get(state))
         .route("/api/push/subscriptions", post(subscribe))
@@ -48,11 +50,11 @@ struct Subscribe {
     _expiration_time: Option<serde_json::Value>,
 }
 
-async fn state(State(gw): State<Arc<Gateway>>, Caller(who): Caller) -> Response {
-    match gw.push.devices(&who.user).await {
+async fn state(State(push): State<Arc<Push>>, Caller(who): Caller) -> Response {
+    match push.devices(&who.user).await {
         Ok(devices) => Json(serde_json::json!({
-            "enabled": gw.push.enabled(),
-            "publicKey": gw.push.public_key(),
+            "enabled": push.enabled(),
+            "publicKey": push.public_key(),
             "devices": devices,
         }))
         .into_response(),
@@ -61,13 +63,13 @@ async fn state(State(gw): State<Arc<Gateway>>, Caller(who): Caller) -> Response 
 }
 
 async fn subscribe(
-    State(gw): State<Arc<Gateway>>,
+    State(audit_log): State<Arc<Audit>>,
+    State(push): State<Arc<Push>>,
     Caller(who): Caller,
     peer: Option<Extension<Peer>>,
     Json(body): Json<Subscribe>,
 ) -> Response {
-    match gw
-        .push
+    match push
         .subscribe(
             &who.user,
             &body.endpoint,
@@ -79,7 +81,15 @@ async fn subscribe(
         .await
     {
         Ok(id) => {
-            audit(&gw, peer.as_deref(), &who.user, "push_subscribe", Some(&id), "ok", None);
+            audit(
+                &audit_log,
+                peer.as_deref(),
+                &who.user,
+                "push_subscribe",
+                Some(&id),
+                "ok",
+                None,
+            );
             (StatusCode::CREATED, Json(serde_json::json!({ "id": id }))).into_response()
         }
         Err(e) => list_refusal(&who.user, e),
@@ -87,15 +97,16 @@ async fn subscribe(
 }
 
 async fn unsubscribe(
-    State(gw): State<Arc<Gateway>>,
+    State(audit_log): State<Arc<Audit>>,
+    State(push): State<Arc<Push>>,
     Caller(who): Caller,
     peer: Option<Extension<Peer>>,
     Path(id): Path<String>,
 ) -> Response {
-    match gw.push.unsubscribe(&who.user, &id).await {
+    match push.unsubscribe(&who.user, &id).await {
         Ok(true) => {
             audit(
-                &gw,
+                &audit_log,
                 peer.as_deref(),
                 &who.user,
                 "push_unsubscribe",

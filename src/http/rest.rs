@@ -1,5 +1,12 @@
 //! The REST API (`/api/*`) and the web UI's login (`/auth/*`).
 
+use crate::agents::pool::Pools;
+use crate::audit::Audit;
+use crate::gateway::Identities;
+use crate::infra::config::Config;
+use crate::session::Sessions;
+use crate::settings::secrets::Keys;
+use crate::tenancy::Tenancy;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -21,7 +28,7 @@ use crate::infra::clock::now_secs;
 use crate::infra::config::DEFAULT_AGENT;
 use crate::session::list::ListParams;
 
-pub(super) fn router() -> Router<Arc<Gateway>> {
+pub(super) fn router() -> Router<Gateway> {
     Router::new()
         .route("/api/me", get(me))
         .route("/api/agents", get(agents))
@@ -36,9 +43,13 @@ pub(super) fn router() -> Router<Arc<Gateway>> {
 }
 
 /// Who the caller is, and the workspace roots their sessions may use (created on first use).
-async fn me(State(gw): State<Arc<Gateway>>, Caller(who): Caller) -> Json<serde_json::Value> {
-    let admin = gw.is_admin(&who);
-    let roots: Vec<String> = match gw.tenancy.roots(&who.user) {
+async fn me(
+    State(tenancy): State<Arc<Tenancy>>,
+    State(ids): State<Arc<Identities>>,
+    Caller(who): Caller,
+) -> Json<serde_json::Value> {
+    let admin = ids.is_admin(&who);
+    let roots: Vec<String> = match tenancy.roots(&who.user) {
         Ok(roots) => roots.iter().map(|r| r.to_string_lossy().into_owned()).collect(),
         Err(e) => {
             tracing::warn!(user = %who.user, error = %e, "cannot set up the user's workspace roots");
@@ -48,19 +59,24 @@ async fn me(State(gw): State<Arc<Gateway>>, Caller(who): Caller) -> Json<serde_j
     Json(json!({ "user": who.user, "expiresAt": who.expires_at, "workspaceRoots": roots, "admin": admin }))
 }
 
-async fn agents(State(gw): State<Arc<Gateway>>, Caller(who): Caller) -> Json<serde_json::Value> {
+async fn agents(
+    State(sessions): State<Arc<Sessions>>,
+    State(pools): State<Arc<Pools>>,
+    State(keys): State<Arc<Keys>>,
+    Caller(who): Caller,
+) -> Json<serde_json::Value> {
     // Which keys the caller has given each agent: names and times, never values.
-    let keys = gw.keys.list(&who.user).await.unwrap_or_else(|e| {
+    let keys = keys.list(&who.user).await.unwrap_or_else(|e| {
         tracing::error!(user = %who.user, error = %e, "cannot list the user's agent keys");
         Vec::new()
     });
     // Which agents they completed a sign-in on (a terminal login, an accepted `authenticate`).
-    let logins = gw.sessions.store().logins(&who.user).await.unwrap_or_else(|e| {
+    let logins = sessions.store().logins(&who.user).await.unwrap_or_else(|e| {
         tracing::error!(user = %who.user, error = %e, "cannot list the user's agent sign-ins");
         Vec::new()
     });
     let mut out = Vec::new();
-    for (name, pool) in gw.pools.iter() {
+    for (name, pool) in pools.iter() {
         let login = logins
             .iter()
             .find(|l| l.agent == **name)
@@ -88,34 +104,45 @@ async fn agents(State(gw): State<Arc<Gateway>>, Caller(who): Caller) -> Json<ser
 }
 
 async fn sessions(
-    State(gw): State<Arc<Gateway>>,
+    State(sessions): State<Arc<Sessions>>,
     Caller(who): Caller,
     Query(q): Query<ListParams>,
 ) -> Result<Json<serde_json::Value>, HttpError> {
-    Ok(Json(gw.sessions.list(&who.user, q).await?))
+    Ok(Json(sessions.list(&who.user, q).await?))
 }
 
 async fn delete_session(
-    State(gw): State<Arc<Gateway>>,
+    State(audit_log): State<Arc<Audit>>,
+    State(sessions): State<Arc<Sessions>>,
+    State(pools): State<Arc<Pools>>,
     Caller(who): Caller,
     peer: Option<Extension<Peer>>,
     Path(id): Path<String>,
 ) -> Result<StatusCode, HttpError> {
-    gw.sessions.delete(&who.user, &id, &gw.pools).await?;
-    audit(&gw, peer.as_deref(), &who.user, "session_delete", Some(&id), "ok", None);
+    sessions.delete(&who.user, &id, &pools).await?;
+    audit(
+        &audit_log,
+        peer.as_deref(),
+        &who.user,
+        "session_delete",
+        Some(&id),
+        "ok",
+        None,
+    );
     Ok(StatusCode::NO_CONTENT)
 }
 
 /// `PUT /api/sessions/{id}/archived`: hidden from the default list until restored.
 async fn archive_session(
-    State(gw): State<Arc<Gateway>>,
+    State(audit_log): State<Arc<Audit>>,
+    State(sessions): State<Arc<Sessions>>,
     Caller(who): Caller,
     peer: Option<Extension<Peer>>,
     Path(id): Path<String>,
 ) -> Result<StatusCode, HttpError> {
-    gw.sessions.set_archived(&who.user, &id, true).await?;
+    sessions.set_archived(&who.user, &id, true).await?;
     audit(
-        &gw,
+        &audit_log,
         peer.as_deref(),
         &who.user,
         "session_archive",
@@ -128,14 +155,15 @@ async fn archive_session(
 
 /// `DELETE /api/sessions/{id}/archived`: back in the default list.
 async fn restore_session(
-    State(gw): State<Arc<Gateway>>,
+    State(audit_log): State<Arc<Audit>>,
+    State(sessions): State<Arc<Sessions>>,
     Caller(who): Caller,
     peer: Option<Extension<Peer>>,
     Path(id): Path<String>,
 ) -> Result<StatusCode, HttpError> {
-    gw.sessions.set_archived(&who.user, &id, false).await?;
+    sessions.set_archived(&who.user, &id, false).await?;
     audit(
-        &gw,
+        &audit_log,
         peer.as_deref(),
         &who.user,
         "session_restore",
@@ -154,7 +182,9 @@ struct CodeQuery {
 /// `GET /auth/login?code=`: trades a one-time code (the link `serve` prints) for the cookie.
 /// Refused when a page on another site sent the browser here (login CSRF).
 async fn login_with_code(
-    State(gw): State<Arc<Gateway>>,
+    State(audit_log): State<Arc<Audit>>,
+    State(ids): State<Arc<Identities>>,
+    State(config): State<Arc<Config>>,
     headers: HeaderMap,
     peer: Option<Extension<Peer>>,
     Query(q): Query<CodeQuery>,
@@ -169,10 +199,10 @@ async fn login_with_code(
             "A login link only works when you open it yourself, not from another site.",
         );
     }
-    let Some(user) = q.code.as_deref().and_then(|code| gw.login_codes.redeem(code)) else {
+    let Some(user) = q.code.as_deref().and_then(|code| ids.login_codes.redeem(code)) else {
         crate::infra::metrics::auth_failure("bad_login_code");
         audit(
-            &gw,
+            &audit_log,
             peer,
             "",
             "sign_in",
@@ -186,11 +216,11 @@ async fn login_with_code(
             "This login link is unknown, expired or already used. Get a token with `acp-gateway token --sub USER` and sign in with it.",
         );
     };
-    let ttl = gw.config.jwt.default_ttl_secs;
-    match cookie_of_a_sign_in(&gw, &user, ttl, false).await {
+    let ttl = config.jwt.default_ttl_secs;
+    match cookie_of_a_sign_in(&ids, &user, ttl, false).await {
         Ok(token) => {
             audit(
-                &gw,
+                &audit_log,
                 peer,
                 &user,
                 "sign_in",
@@ -219,7 +249,8 @@ struct LoginForm {
 /// `POST /auth/login` (form field `token`): the web UI's sign-in form. Only our own pages may post
 /// it, so no other site can sign a browser in as someone else.
 async fn login_with_token(
-    State(gw): State<Arc<Gateway>>,
+    State(audit_log): State<Arc<Audit>>,
+    State(ids): State<Arc<Identities>>,
     headers: HeaderMap,
     peer: Option<Extension<Peer>>,
     form: Result<Form<LoginForm>, FormRejection>,
@@ -233,10 +264,10 @@ async fn login_with_token(
     let Ok(Form(form)) = form else {
         return refusal(&headers, StatusCode::BAD_REQUEST, "Expected a form with a token field.");
     };
-    match gw.auth.verify(form.token.trim()) {
+    match ids.auth.verify(form.token.trim()) {
         Ok(who) => {
             audit(
-                &gw,
+                &audit_log,
                 peer,
                 &who.user,
                 "sign_in",
@@ -250,7 +281,7 @@ async fn login_with_token(
             // cannot sign a cookie for (a PEM key alone), rides as it is.
             let cookie = match who.session {
                 Some(_) => None,
-                None => cookie_of_a_sign_in(&gw, &who.user, ttl, who.admin).await.ok(),
+                None => cookie_of_a_sign_in(&ids, &who.user, ttl, who.admin).await.ok(),
             };
             signed_in(&headers, cookie.as_deref().unwrap_or(form.token.trim()), ttl)
         }
@@ -258,7 +289,7 @@ async fn login_with_token(
             crate::infra::metrics::auth_failure(e.reason());
             tracing::info!(error = %e, "sign-in token refused");
             audit(
-                &gw,
+                &audit_log,
                 peer,
                 "",
                 "sign_in",
@@ -282,7 +313,7 @@ const OWN_SIGN_IN: &str = "own";
 /// The cookie of a sign-in without the identity provider (a login link, the token form): a
 /// `web_sessions` row like a provider sign-in's, so that sign-out ends it on every replica (a
 /// copied cookie stops working), named by the `sid` the token carries.
-async fn cookie_of_a_sign_in(gw: &Gateway, user: &str, ttl: u64, admin: bool) -> Result<String, CookieError> {
+async fn cookie_of_a_sign_in(ids: &Identities, user: &str, ttl: u64, admin: bool) -> Result<String, CookieError> {
     let sid = {
         use base64::Engine;
         base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(rand::random::<[u8; 32]>())
@@ -301,8 +332,8 @@ async fn cookie_of_a_sign_in(gw: &Gateway, user: &str, ttl: u64, admin: bool) ->
         checked_at: expires,
         revoked_at: None,
     };
-    let token = gw.auth.mint_session(user, ttl, &sid, admin)?;
-    gw.sessions.store().put_web_session(&row).await?;
+    let token = ids.auth.mint_session(user, ttl, &sid, admin)?;
+    ids.store.put_web_session(&row).await?;
     Ok(token)
 }
 
@@ -361,7 +392,13 @@ fn refusal(headers: &HeaderMap, status: StatusCode, message: &'static str) -> Re
 /// Clears both cookie names. Only our own pages may sign a browser out. A sign-in through the
 /// identity provider ends too (on every replica), and where the provider has a sign-out endpoint
 /// the answer is `200 {"redirect": URL}` for the page to go there.
-async fn logout(State(gw): State<Arc<Gateway>>, headers: HeaderMap, peer: Option<Extension<Peer>>) -> Response {
+async fn logout(
+    State(audit_log): State<Arc<Audit>>,
+    State(ids): State<Arc<Identities>>,
+    State(sessions): State<Arc<Sessions>>,
+    headers: HeaderMap,
+    peer: Option<Extension<Peer>>,
+) -> Response {
     if !same_origin(&headers, NoOrigin::SameOriginOnly) {
         return refusal(
             &headers,
@@ -369,28 +406,28 @@ async fn logout(State(gw): State<Arc<Gateway>>, headers: HeaderMap, peer: Option
             "Sign out from this gateway's own page.",
         );
     }
-    let who = super::auth::own_cookie_identity(&gw, &headers);
+    let who = super::auth::own_cookie_identity(&ids, &headers);
     if let Some(who) = &who {
-        audit(&gw, peer.as_deref(), &who.user, "sign_out", None, "ok", None);
+        audit(&audit_log, peer.as_deref(), &who.user, "sign_out", None, "ok", None);
     }
     // A login link's or token form's sign-in ends here; a provider's through the provider.
     let own_sid = match who.and_then(|w| w.session) {
-        Some(sid) if matches!(gw.sessions.store().web_session(&sid).await, Ok(Some(row)) if row.key_id == OWN_SIGN_IN) => {
+        Some(sid) if matches!(sessions.store().web_session(&sid).await, Ok(Some(row)) if row.key_id == OWN_SIGN_IN) => {
             Some(sid)
         }
         _ => None,
     };
     let redirect = match own_sid {
         Some(sid) => {
-            if let Err(e) = gw.sessions.store().revoke_web_session(&sid, "signed out").await {
+            if let Err(e) = sessions.store().revoke_web_session(&sid, "signed out").await {
                 tracing::warn!(error = %e, "cannot record that a sign-in ended");
             }
-            if let Some(oidc) = &gw.oidc {
+            if let Some(oidc) = &ids.oidc {
                 oidc.watched.end(&sid);
             }
             None
         }
-        None => super::oidc::sign_out(&gw, &headers).await,
+        None => super::oidc::sign_out(&ids, &headers).await,
     };
     let plain = format!("{COOKIE}=; Path=/; HttpOnly; SameSite=Strict; Max-Age=0");
     let host = format!("{SECURE_COOKIE}=; Path=/; Secure; HttpOnly; SameSite=Strict; Max-Age=0");

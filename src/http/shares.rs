@@ -16,6 +16,9 @@
 //!
 //! Another user's session, an unknown one and an ended share answer alike (`404`).
 
+use crate::audit::Audit;
+use crate::session::Sessions;
+use crate::sharing::Shares;
 use std::sync::Arc;
 
 use axum::extract::{Path, State};
@@ -33,7 +36,7 @@ use crate::gateway::Gateway;
 use crate::protocol::RpcError;
 use crate::sharing::{self, Role};
 
-pub(super) fn router() -> Router<Arc<Gateway>> {
+pub(super) fn router() -> Router<Gateway> {
     Router::new()
         .route("/api/sessions/{id}/shares", get(list).post(create))
         .route("/api/sessions/{id}/shares/{share}", delete(revoke))
@@ -61,8 +64,8 @@ struct Redeem {
 }
 
 /// The caller's session `id`, or `404` (another user's and unknown ones alike).
-async fn owned(gw: &Gateway, user: &str, id: &str) -> Result<(), HttpError> {
-    match gw.sessions.store().get_session(user, id).await {
+async fn owned(sessions: &Sessions, user: &str, id: &str) -> Result<(), HttpError> {
+    match sessions.store().get_session(user, id).await {
         Ok(Some(_)) => Ok(()),
         Ok(None) => Err(RpcError::session_not_found().into()),
         Err(e) => Err(RpcError::from(e).into()),
@@ -70,18 +73,20 @@ async fn owned(gw: &Gateway, user: &str, id: &str) -> Result<(), HttpError> {
 }
 
 async fn list(
-    State(gw): State<Arc<Gateway>>,
+    State(sessions): State<Arc<Sessions>>,
+    State(shares): State<Arc<Shares>>,
     Caller(who): Caller,
     Path(id): Path<String>,
 ) -> Result<Response, HttpError> {
-    owned(&gw, &who.user, &id).await?;
-    let shares = gw.shares.list(&who.user, &id).await?;
+    owned(&sessions, &who.user, &id).await?;
+    let shares = shares.list(&who.user, &id).await?;
     let shares: Vec<_> = shares.iter().map(sharing::share_json).collect();
     Ok(Json(json!({ "shares": shares })).into_response())
 }
 
 async fn create(
-    State(gw): State<Arc<Gateway>>,
+    State(audit_log): State<Arc<Audit>>,
+    State(shares): State<Arc<Shares>>,
     Caller(who): Caller,
     peer: Option<Extension<Peer>>,
     Path(id): Path<String>,
@@ -100,9 +105,9 @@ async fn create(
         expires_in_secs: body.expires_in_secs,
         owner_keys: body.owner_keys,
     };
-    let made = gw.shares.create(&who.user, &id, &request).await?;
+    let made = shares.create(&who.user, &id, &request).await?;
     audit(
-        &gw,
+        &audit_log,
         peer.as_deref(),
         &who.user,
         "share_create",
@@ -125,14 +130,15 @@ async fn create(
 }
 
 async fn revoke(
-    State(gw): State<Arc<Gateway>>,
+    State(audit_log): State<Arc<Audit>>,
+    State(shares): State<Arc<Shares>>,
     Caller(who): Caller,
     peer: Option<Extension<Peer>>,
     Path((id, share)): Path<(String, String)>,
 ) -> Result<Response, HttpError> {
-    gw.shares.revoke(&who.user, &id, &share).await?;
+    shares.revoke(&who.user, &id, &share).await?;
     audit(
-        &gw,
+        &audit_log,
         peer.as_deref(),
         &who.user,
         "share_revoke",
@@ -144,20 +150,29 @@ async fn revoke(
 }
 
 async fn redeem(
-    State(gw): State<Arc<Gateway>>,
+    State(audit_log): State<Arc<Audit>>,
+    State(shares): State<Arc<Shares>>,
     Caller(who): Caller,
     peer: Option<Extension<Peer>>,
     Json(body): Json<Redeem>,
 ) -> Result<Response, HttpError> {
-    let share = match gw.shares.redeem(&who.user, body.token.trim()).await {
+    let share = match shares.redeem(&who.user, body.token.trim()).await {
         Ok(share) => share,
         Err(e) => {
-            audit(&gw, peer.as_deref(), &who.user, "share_redeem", None, "refused", None);
+            audit(
+                &audit_log,
+                peer.as_deref(),
+                &who.user,
+                "share_redeem",
+                None,
+                "refused",
+                None,
+            );
             return Err(e.into());
         }
     };
     audit(
-        &gw,
+        &audit_log,
         peer.as_deref(),
         &who.user,
         "share_redeem",
@@ -174,8 +189,8 @@ async fn redeem(
     .into_response())
 }
 
-async fn shared_with_me(State(gw): State<Arc<Gateway>>, Caller(who): Caller) -> Result<Response, HttpError> {
-    let sessions = gw.shares.shared_with(&who.user).await?;
+async fn shared_with_me(State(shares): State<Arc<Shares>>, Caller(who): Caller) -> Result<Response, HttpError> {
+    let sessions = shares.shared_with(&who.user).await?;
     let sessions: Vec<_> = sessions.iter().map(sharing::shared_json).collect();
     Ok(Json(json!({ "sessions": sessions })).into_response())
 }

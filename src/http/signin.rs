@@ -52,7 +52,7 @@ const INITIAL_SIZE: (u64, u64) = (80, 24);
 /// `method_type` of this route's sign-ins, for metrics.
 const METHOD_TYPE: &str = "terminal";
 
-pub(super) fn router() -> Router<Arc<Gateway>> {
+pub(super) fn router() -> Router<Gateway> {
     Router::new().route("/api/agents/{agent}/login/terminal", get(upgrade))
 }
 
@@ -66,7 +66,7 @@ fn not_found() -> Response {
 }
 
 async fn upgrade(
-    State(gw): State<Arc<Gateway>>,
+    State(gw): State<Gateway>,
     Caller(who): Caller,
     Path(agent): Path<String>,
     Query(q): Query<LoginQuery>,
@@ -74,10 +74,10 @@ async fn upgrade(
     ws: Result<WebSocketUpgrade, WebSocketUpgradeRejection>,
 ) -> Response {
     let peer = peer.map(|axum::Extension(p)| p);
-    if gw.is_draining() {
+    if gw.life.is_draining() {
         return refuse(StatusCode::SERVICE_UNAVAILABLE, "gateway is shutting down");
     }
-    let (Some(pool), Some(method_id)) = (gw.pools.get(&agent).cloned(), q.method) else {
+    let (Some(pool), Some(method_id)) = (gw.agents.pools.get(&agent).cloned(), q.method) else {
         return not_found();
     };
     if pool.is_shared() {
@@ -88,7 +88,7 @@ async fn upgrade(
             ),
         );
     }
-    if let Err(e) = gw.tenancy.admit(&agent, pool.config().sandbox, &who.user) {
+    if let Err(e) = gw.agents.tenancy.admit(&agent, pool.config().sandbox, &who.user) {
         return refuse(StatusCode::FORBIDDEN, e.to_string());
     }
     let user: Arc<str> = Arc::from(who.user.as_str());
@@ -106,16 +106,16 @@ async fn upgrade(
         Ok(ws) => ws,
         Err(rejection) => return rejection.into_response(),
     };
-    let Some(held) = gw.signins.try_hold(&user, &agent) else {
+    let Some(held) = gw.agents.signins.try_hold(&user, &agent) else {
         return refuse(
             StatusCode::CONFLICT,
             format!("a sign-in to agent {agent:?} is already under way for you"),
         );
     };
-    let Ok(slot) = gw.connection_slots.clone().try_acquire_owned() else {
+    let Ok(slot) = gw.life.connection_slots.clone().try_acquire_owned() else {
         return refuse(StatusCode::SERVICE_UNAVAILABLE, "too many connections");
     };
-    let tracked = gw.tracker.token();
+    let tracked = gw.life.tracker.token();
     let expires_at = who.expires_at;
     ws.max_message_size(MAX_INPUT_FRAME)
         .max_frame_size(MAX_INPUT_FRAME)
@@ -213,7 +213,7 @@ async fn run(
     let until_expiry = Duration::from_secs(expires_at.saturating_sub(crate::infra::clock::now_secs()));
     let deadline = tokio::time::Instant::now() + limit.min(until_expiry);
     let size = terminal::size(INITIAL_SIZE.0, INITIAL_SIZE.1);
-    let spawned = Terminal::spawn(&gw.tenancy, pool.config(), method, user, size, &gw.tracker);
+    let spawned = Terminal::spawn(&gw.agents.tenancy, pool.config(), method, user, size, &gw.life.tracker);
     let mut pgid = None;
     let ending = match spawned {
         Err(e) => Ending::Failed(format!("cannot start the login program: {e}")),
@@ -222,8 +222,8 @@ async fn run(
             let ending = tokio::select! {
                 ending = bridge(&mut socket, &mut terminal) => ending,
                 () = tokio::time::sleep_until(deadline) => Ending::Timeout,
-                () = gw.drain.cancelled() => Ending::Shutdown,
-                () = gw.shutdown.cancelled() => Ending::Shutdown,
+                () = gw.life.drain.cancelled() => Ending::Shutdown,
+                () = gw.life.shutdown.cancelled() => Ending::Shutdown,
             };
             terminal.kill();
             ending
@@ -248,7 +248,7 @@ async fn run(
         tracing::warn!(user = %user, agent = %pool.name, method = %method.id, error = %why, "terminal sign-in failed");
     }
     super::auth::audit(
-        gw,
+        &gw.audit,
         peer,
         user,
         "agent_sign_in",

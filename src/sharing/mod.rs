@@ -10,6 +10,10 @@
 //! controller link ends after [`CONTROLLER_LINK_SECS`] unless the owner says when, and what the
 //! owner stored as secrets is withheld (see [`withheld`]).
 
+mod watch;
+
+pub use watch::ShareWatch;
+
 use parking_lot::Mutex;
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Weak};

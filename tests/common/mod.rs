@@ -99,7 +99,7 @@ pub struct TestGateway {
     /// Where it listens.
     pub addr: SocketAddr,
     /// Its state.
-    pub gw: Arc<Gateway>,
+    pub gw: Gateway,
     /// Its database URL.
     pub db_url: String,
     /// Stops it.
@@ -153,7 +153,7 @@ impl TestGateway {
 
     /// A token for `user`.
     pub fn token(&self, user: &str) -> String {
-        self.gw.auth.mint(user, 3600).expect("mint")
+        self.gw.identity.auth.mint(user, 3600).expect("mint")
     }
 
     /// `ws://.../acp`.

@@ -51,7 +51,7 @@ fn slow_clients_dropped() -> f64 {
 
 /// WebSocket connections the gateway holds a slot for.
 fn open_connections(gw: &TestGateway) -> usize {
-    gw.gw.config.limits.max_connections - gw.gw.connection_slots.available_permits()
+    gw.gw.config.limits.max_connections - gw.gw.life.connection_slots.available_permits()
 }
 
 /// Targets (`socket:[…]`, paths…) this process has more fds on than in `before`, with how many more.
@@ -110,7 +110,7 @@ async fn stuck_tab(shared_process: bool) {
         Client::connect_with_recv_buffer(&gw.ws_url(), gw.addr, &gw.token(stuck_user), STUCK_RECV_BUFFER).await;
     stuck.initialize().await;
     let stuck_session = stuck.new_session().await;
-    let pool = gw.gw.pools.get(DEFAULT_AGENT).expect("pool").clone();
+    let pool = gw.gw.agents.pools.get(DEFAULT_AGENT).expect("pool").clone();
     assert_eq!(
         pool.pids().len(),
         1,

@@ -93,7 +93,7 @@ async fn upgrade_status(gw: &TestGateway, path_and_query: &str, headers: &[(&str
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_login_code_signs_in_once() {
     let gw = TestGateway::start(Db::Sqlite, |_| {}).await;
-    let code = gw.gw.login_codes.issue("alice");
+    let code = gw.gw.identity.login_codes.issue("alice");
     let url = gw.http_url(&format!("/auth/login?code={code}"));
 
     let res = http().get(&url).send().await.expect("login");
@@ -101,7 +101,7 @@ async fn a_login_code_signs_in_once() {
     assert_eq!(res.headers()["location"], "/");
     assert_eq!(res.headers()["cache-control"], "no-store");
     let token = cookie_value(res.headers(), "acp_gateway_token").expect("the cookie");
-    let who = gw.gw.auth.verify(&token).expect("the cookie holds a JWT");
+    let who = gw.gw.identity.auth.verify(&token).expect("the cookie holds a JWT");
     assert_eq!(who.user, "alice");
     let ttl = gw.gw.config.jwt.default_ttl_secs;
     assert!(
@@ -144,7 +144,11 @@ async fn a_login_code_signs_in_once() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_expired_code_is_refused() {
     let gw = TestGateway::start(Db::Sqlite, |_| {}).await;
-    let code = gw.gw.login_codes.issue_at("alice", Duration::ZERO, Instant::now());
+    let code = gw
+        .gw
+        .identity
+        .login_codes
+        .issue_at("alice", Duration::ZERO, Instant::now());
     let res = http()
         .get(gw.http_url(&format!("/auth/login?code={code}")))
         .send()
@@ -157,7 +161,7 @@ async fn an_expired_code_is_refused() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_login_link_from_another_site_is_refused() {
     let gw = TestGateway::start(Db::Sqlite, |_| {}).await;
-    let code = gw.gw.login_codes.issue("mallory");
+    let code = gw.gw.identity.login_codes.issue("mallory");
     let url = gw.http_url(&format!("/auth/login?code={code}"));
     let res = http()
         .get(&url)
@@ -205,7 +209,7 @@ async fn the_sign_in_form_works_only_from_our_own_pages() {
     // The cookie is a sign-in of its own (sign-out ends it), for the token's user.
     let cookie = cookie_value(res.headers(), "acp_gateway_token").expect("the cookie");
     assert_ne!(cookie, mallory);
-    let who = gw.gw.auth.verify(&cookie).expect("the gateway's own token");
+    let who = gw.gw.identity.auth.verify(&cookie).expect("the gateway's own token");
     assert_eq!((who.user.as_str(), who.session.is_some()), ("mallory", true));
 
     let res = post_login(&gw, "not-a-token", &[("origin", &ours)]).await;
@@ -238,7 +242,7 @@ async fn cookie_flags_follow_the_scheme_the_browser_used() {
         &[("origin", &https_origin), ("x-forwarded-proto", "https")],
     )
     .await;
-    let code = gw.gw.login_codes.issue("alice");
+    let code = gw.gw.identity.login_codes.issue("alice");
     let via_forwarded = http()
         .get(gw.http_url(&format!("/auth/login?code={code}")))
         .header("forwarded", "for=192.0.2.60;proto=https")
@@ -599,7 +603,7 @@ async fn sign_in_routes_are_rate_limited_per_client_address() {
 async fn sign_out_ends_a_login_link_or_token_sign_in_for_good() {
     let gw = TestGateway::start(Db::Sqlite, |_| {}).await;
     let ours = format!("http://{}", gw.addr);
-    let code = gw.gw.login_codes.issue("alice");
+    let code = gw.gw.identity.login_codes.issue("alice");
     let res = http()
         .get(gw.http_url(&format!("/auth/login?code={code}")))
         .send()

@@ -116,7 +116,7 @@ async fn shared_roots_keep_their_mode_owner_and_contents() {
     ];
     let gw = TestGateway::start(Db::Sqlite, |c| c.workspace_roots = roots).await;
     assert!(
-        gw.gw.tenancy.sandboxed(SandboxMode::Auto),
+        gw.gw.agents.tenancy.sandboxed(SandboxMode::Auto),
         "bubblewrap must work on the test host"
     );
     let (status, body) = readyz(&gw.addr.to_string()).await;

@@ -369,7 +369,7 @@ async fn public_keys_pin_their_algorithm() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_token_that_expires_ends_its_connection() {
     let gw = TestGateway::start(Db::Sqlite, |_| {}).await;
-    let short = gw.gw.auth.mint("alice", 2).expect("mint");
+    let short = gw.gw.identity.auth.mint("alice", 2).expect("mint");
     let mut c = Client::connect(&gw.ws_url(), &short).await.expect("connect");
     c.request("initialize", json!({"protocolVersion": 1})).await;
     let closed = tokio::time::timeout(Duration::from_secs(10), async {

@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 /// The core's layers, bottom first: each may use those before it.
 const CORE: [&str; 6] = ["protocol", "infra", "store", "tenancy", "agents", "session"];
 /// The features: each may use the core, none another feature or anything on top.
-const FEATURES: [&str; 11] = [
+const FEATURES: [&str; 10] = [
     "audit",
     "export",
     "identity",
@@ -17,7 +17,6 @@ const FEATURES: [&str; 11] = [
     "replica",
     "retention",
     "settings",
-    "share_watch",
     "sharing",
     "signin",
     "usage",
@@ -37,15 +36,11 @@ const DEBT: &[(&str, &str)] = &[
     ("session", "replica"),
     ("session", "settings"),
     ("session", "usage"),
-    // Features that take the whole server state instead of what they use.
-    ("retention", "gateway"),
-    ("share_watch", "gateway"),
     // Features reaching sideways.
     ("identity", "settings"),
     ("push", "settings"),
     ("retention", "audit"),
-    ("share_watch", "audit"),
-    ("share_watch", "sharing"),
+    ("sharing", "audit"),
     ("sharing", "usage"),
 ];
 

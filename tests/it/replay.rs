@@ -96,7 +96,7 @@ async fn killed_agent(db: Db) {
         .await;
     c.wait_for(|m| m["params"]["update"]["sessionUpdate"] == "agent_message_chunk")
         .await;
-    let pool = gw.gw.pools.get("default").expect("pool").clone();
+    let pool = gw.gw.agents.pools.get("default").expect("pool").clone();
     let pids = pool.pids();
     assert_eq!(pids.len(), 1);
     let pid = pids[0];
@@ -296,7 +296,7 @@ async fn an_agent_that_cannot_restore_gets_a_clear_error_and_the_history_stays_r
     let s = c.new_session().await;
     assert_eq!(c.prompt(&s, "remember me").await["result"]["stopReason"], "end_turn");
     let before = c.take_updates(&s);
-    let pool = gw.gw.pools.get("sdk").expect("pool").clone();
+    let pool = gw.gw.agents.pools.get("sdk").expect("pool").clone();
     for pid in pool.pids() {
         nix::sys::signal::kill(
             nix::unistd::Pid::from_raw(pid as i32),

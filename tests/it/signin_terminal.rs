@@ -127,7 +127,7 @@ fn home(data: &Path, user: &str) -> PathBuf {
 async fn signs_in_one_user_in_their_sandbox_and_recycles_their_processes() {
     let mark = marker();
     let (gw, data) = gateway(&mark, |_| {}).await;
-    let pool = gw.gw.pools.get("term").expect("term").clone();
+    let pool = gw.gw.agents.pools.get("term").expect("term").clone();
     let alice: std::sync::Arc<str> = "alice".into();
     let bob: std::sync::Arc<str> = "bob".into();
     let alice_before = pool.process_for(&alice).await.expect("alice's process").pid;
@@ -356,7 +356,7 @@ async fn one_sign_in_at_a_time_per_user_and_agent() {
 async fn no_user_chooses_what_a_sign_in_runs() {
     let mark = marker();
     let (gw, data) = gateway(&mark, |_| {}).await;
-    let pool = gw.gw.pools.get("term").expect("term").clone();
+    let pool = gw.gw.agents.pools.get("term").expect("term").clone();
     let mallory: std::sync::Arc<str> = "mallory".into();
     std::fs::create_dir_all(home(&data, "mallory")).expect("home");
     std::fs::write(home(&data, "mallory").join("login-mode"), "sleep").expect("shape her agent");

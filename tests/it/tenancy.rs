@@ -68,7 +68,7 @@ async fn environment_and_home(sandbox: SandboxMode) {
         dir = use_probe(c, sandbox, &paths);
     })
     .await;
-    let sandboxed = gw.gw.tenancy.sandboxed(sandbox);
+    let sandboxed = gw.gw.agents.tenancy.sandboxed(sandbox);
     assert_eq!(
         sandboxed,
         sandbox != SandboxMode::None,
@@ -337,7 +337,7 @@ async fn an_agent_session_id_bound_to_another_session_is_refused() {
         .await;
     assert_eq!(r["error"]["code"], -32603, "{r}");
     assert_eq!(
-        gw.gw.pools.get("default").expect("pool").process_count(),
+        gw.gw.agents.pools.get("default").expect("pool").process_count(),
         1,
         "one shared process"
     );

@@ -30,7 +30,7 @@ fn process_exists(pid: u32) -> bool {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_silent_prompt_times_out_the_process_is_recycled_and_the_session_carries_on() {
     let gw = TestGateway::start(Db::Sqlite, pool(|p| p.prompt_idle_timeout_secs = 1)).await;
-    let pool = gw.gw.pools.get("default").expect("pool").clone();
+    let pool = gw.gw.agents.pools.get("default").expect("pool").clone();
     let mut c = gw.client("alice").await;
     let s = c.new_session().await;
     let before = pool.pids();
@@ -69,7 +69,7 @@ async fn a_silent_prompt_times_out_the_process_is_recycled_and_the_session_carri
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_slow_prompt_that_keeps_streaming_is_not_cut_off() {
     let gw = TestGateway::start(Db::Sqlite, pool(|p| p.prompt_idle_timeout_secs = 1)).await;
-    let pool = gw.gw.pools.get("default").expect("pool").clone();
+    let pool = gw.gw.agents.pools.get("default").expect("pool").clone();
     let mut c = gw.client("alice").await;
     let s = c.new_session().await;
     let pids = pool.pids();
@@ -92,7 +92,7 @@ async fn a_slow_prompt_that_keeps_streaming_is_not_cut_off() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_agent_waiting_for_a_permission_answer_is_not_idle() {
     let gw = TestGateway::start(Db::Sqlite, pool(|p| p.prompt_idle_timeout_secs = 1)).await;
-    let pool = gw.gw.pools.get("default").expect("pool").clone();
+    let pool = gw.gw.agents.pools.get("default").expect("pool").clone();
     let mut c = gw.client("alice").await;
     let s = c.new_session().await;
     let pids = pool.pids();
@@ -124,7 +124,7 @@ async fn an_agent_that_never_answers_initialize_times_out_and_the_connection_sta
         c.agents.insert("default".into(), mute);
     })
     .await;
-    let pool = gw.gw.pools.get("default").expect("pool").clone();
+    let pool = gw.gw.agents.pools.get("default").expect("pool").clone();
     let mut c = Client::connect(&gw.ws_url(), &gw.token("alice"))
         .await
         .expect("connects");
@@ -154,7 +154,7 @@ async fn a_control_request_the_agent_never_answers_times_out_and_the_process_car
         c.agents.insert("default".into(), mute);
     })
     .await;
-    let pool = gw.gw.pools.get("default").expect("pool").clone();
+    let pool = gw.gw.agents.pools.get("default").expect("pool").clone();
     let mut c = gw.client("alice").await;
     let s = c.new_session().await;
     let pids = pool.pids();

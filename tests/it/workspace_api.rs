@@ -20,7 +20,7 @@ fn http() -> reqwest::Client {
 
 /// `user`'s first workspace root (created).
 fn root(gw: &TestGateway, user: &str) -> PathBuf {
-    gw.gw.tenancy.roots(user).expect("roots").remove(0)
+    gw.gw.agents.tenancy.roots(user).expect("roots").remove(0)
 }
 
 fn p(path: &Path) -> String {
@@ -205,9 +205,9 @@ async fn a_root_above_the_data_directory_serves_nothing_the_sandbox_hides() {
     })
     .await;
     std::fs::write(data.join("secrets-key-planted"), "sealing key").expect("plant");
-    let bob_home = gw.gw.tenancy.home(Some("bob")).expect("bob's home");
+    let bob_home = gw.gw.agents.tenancy.home(Some("bob")).expect("bob's home");
     std::fs::write(bob_home.join("cred.json"), "bob's credentials").expect("plant");
-    let alice_home = gw.gw.tenancy.home(Some("alice")).expect("alice's home");
+    let alice_home = gw.gw.agents.tenancy.home(Some("alice")).expect("alice's home");
     std::fs::write(alice_home.join("mine.txt"), "alice's own").expect("write");
     symlink(data.join("secrets-key-planted"), alice_home.join("to-key")).expect("symlink");
 

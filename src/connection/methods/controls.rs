@@ -13,7 +13,7 @@ pub(super) struct ControlsAnswer {
     pub(super) method: Box<str>,
     pub(super) params: Box<str>,
     /// Tracks the task that stores them.
-    pub(super) gw: Arc<Gateway>,
+    pub(super) gw: Gateway,
 }
 
 #[async_trait::async_trait]
@@ -49,13 +49,14 @@ impl SessionRoute for ControlsAnswer {
             let session = self.session.clone();
             if session.replicated() {
                 let (to, client_id) = (to.clone(), client_id.to_owned());
-                self.gw.tracker.spawn(async move {
+                self.gw.life.tracker.spawn(async move {
                     session.store_controls_now().await;
                     session.respond(&to, &client_id, frame);
                 });
                 return;
             }
             self.gw
+                .life
                 .tracker
                 .spawn(async move { session.store_controls_in_order().await });
         }

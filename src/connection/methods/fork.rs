@@ -64,6 +64,7 @@ impl Ctx {
         };
         let pool = self
             .gw
+            .agents
             .pools
             .get(&from.agent)
             .cloned()
@@ -104,7 +105,7 @@ impl Ctx {
             if !original.is_bound_now() {
                 self.room_for_a_live_session()?;
             }
-            let binding = original.ensure_bound(&self.gw.pools).await?;
+            let binding = original.ensure_bound(&self.gw.agents.pools).await?;
             if binding.process.try_reserve(pool.config().pool.max_sessions_per_process) {
                 let params = format!(r#"{{"sessionId":{},{}"#, json!(&*binding.agent_session_id), &raw[1..]);
                 match binding

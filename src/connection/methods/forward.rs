@@ -98,7 +98,7 @@ impl Ctx {
                 session.stored_controls(&self.controls_in_store(session).await?);
             }
         }
-        let binding = session.ensure_bound(&self.gw.pools).await?;
+        let binding = session.ensure_bound(&self.gw.agents.pools).await?;
         // A teammate whose share ended while the session was restored has been closed by now:
         // nothing of theirs goes to the owner's agent.
         if session.owner != self.client.user && self.client.is_closed() {

@@ -118,7 +118,7 @@ impl Ctx {
             mcp.clone()
         } else {
             crate::settings::user_mcp::with_users_servers(
-                &self.gw.user_mcp,
+                &self.gw.settings.user_mcp,
                 &self.client.user,
                 info.mcp_transports(),
                 &mcp,
@@ -178,7 +178,11 @@ impl Ctx {
             && let Err(e) = super::fork::copy_transcript(&self.gw, seed, &record).await
         {
             process.release();
-            let _ = self.gw.sessions.delete(&self.client.user, &id, &self.gw.pools).await;
+            let _ = self
+                .gw
+                .sessions
+                .delete(&self.client.user, &id, &self.gw.agents.pools)
+                .await;
             return Err(e);
         }
         // The modes, config options and models the agent offers, for session/load to answer with.
@@ -288,10 +292,13 @@ impl Ctx {
         session.detach(&self.client);
         self.tracked.left(sid);
         if delete {
-            self.gw.sessions.delete(&self.client.user, sid, &self.gw.pools).await?;
+            self.gw
+                .sessions
+                .delete(&self.client.user, sid, &self.gw.agents.pools)
+                .await?;
             self.audit("session_delete", Some(sid), "ok", None);
         } else {
-            self.gw.sessions.close_on_agent(&session, &self.gw.pools).await;
+            self.gw.sessions.close_on_agent(&session, &self.gw.agents.pools).await;
         }
         Ok(Reply::Result(String::from("{}")))
     }
@@ -324,7 +331,7 @@ impl Ctx {
     /// more session on an agent process.
     pub(super) fn room_for_a_live_session_of(&self, owner: &str) -> Result<(), RpcError> {
         let live = self.gw.sessions.live_count(owner);
-        self.gw.quotas.live_session(live).map_err(|cap| {
+        self.gw.agents.quotas.live_session(live).map_err(|cap| {
             self.gw
                 .audit
                 .cap_refused(owner, cap.cap, Some(&self.client.id), self.client.addr());

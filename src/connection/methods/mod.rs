@@ -39,7 +39,7 @@ use controls::ControlsAnswer;
 /// Per-connection dispatch state.
 pub struct Connection {
     /// Shared gateway state.
-    gw: Arc<Gateway>,
+    gw: Gateway,
     /// The client, as sessions see it.
     client: Arc<Client>,
     /// The agent this connection talks to (`?agent=`).
@@ -129,7 +129,7 @@ fn check_initialize(params: Option<&RawValue>) -> Result<(), RpcError> {
 
 impl Connection {
     /// Dispatch state for a new connection.
-    pub fn new(gw: Arc<Gateway>, client: Arc<Client>, pool: Arc<AgentPool>) -> Self {
+    pub fn new(gw: Gateway, client: Arc<Client>, pool: Arc<AgentPool>) -> Self {
         let inflight = Arc::new(Semaphore::new(gw.config.limits.max_inflight_per_connection));
         Self {
             gw,
@@ -164,7 +164,7 @@ impl Connection {
         let inflight = self.inflight.clone();
         let every = u32::try_from(gw.config.limits.max_inflight_per_connection).unwrap_or(u32::MAX);
         async move {
-            gw.drain.cancelled().await;
+            gw.life.drain.cancelled().await;
             // Every request holds one of these slots until it is answered.
             let _idle = inflight.acquire_many(every).await;
             gw.sessions.flush().await;
@@ -218,6 +218,7 @@ impl Connection {
                 }
                 let keep = self
                     .gw
+                    .agents
                     .pools
                     .get(&session.agent)
                     .map(|p| p.config().forward_meta.as_slice());
@@ -300,7 +301,7 @@ impl Connection {
         let Some(id) = msg.id else { return };
         // A draining connection only waits for what it has in flight (its answers to the
         // agent's requests are responses, and `session/cancel` a notification: both still pass).
-        if self.gw.is_draining() {
+        if self.gw.life.is_draining() {
             let err = RpcError::internal("the gateway is shutting down; reconnect and resume with session/load")
                 .with_data(json!({ "reason": "shutting_down" }));
             answer(&self.client, id.get(), Err(err)).await;
@@ -320,7 +321,7 @@ impl Connection {
             answer(&self.client, id.get(), reply).await;
             return;
         }
-        if let Err(cap) = self.gw.quotas.request(&self.client.user) {
+        if let Err(cap) = self.gw.agents.quotas.request(&self.client.user) {
             self.gw
                 .audit
                 .cap_refused(&self.client.user, cap.cap, Some(&self.client.id), self.client.addr());
@@ -373,7 +374,7 @@ impl Connection {
         } else {
             tracing::Span::none()
         };
-        self.gw.tracker.spawn(
+        self.gw.life.tracker.spawn(
             async move {
                 let reply = ctx.handle(request, &id, slot).await;
                 answer(&ctx.client, id.get(), reply).await;
@@ -396,6 +397,7 @@ impl Connection {
         self.pool.prewarm(user);
         let roots: Vec<String> = self
             .gw
+            .agents
             .tenancy
             .roots(user)
             .map(|roots| roots.iter().map(|r| r.to_string_lossy().into_owned()).collect())
@@ -444,7 +446,7 @@ async fn answer(client: &Client, id: &str, reply: Handled) {
 
 /// What a handler needs.
 pub(super) struct Ctx {
-    gw: Arc<Gateway>,
+    gw: Gateway,
     client: Arc<Client>,
     pool: Arc<AgentPool>,
     tracked: Arc<Tracked>,
@@ -452,7 +454,7 @@ pub(super) struct Ctx {
 
 impl Ctx {
     /// A handler context for `client` (a stand-in for another replica's client: never attached).
-    pub(super) fn stand_in(gw: Arc<Gateway>, client: Arc<Client>, pool: Arc<AgentPool>) -> Self {
+    pub(super) fn stand_in(gw: Gateway, client: Arc<Client>, pool: Arc<AgentPool>) -> Self {
         Self {
             gw,
             client,
@@ -518,6 +520,7 @@ impl Ctx {
     fn workspace_dirs(&self, cwd: Option<&str>, dirs: &[String]) -> Result<(Option<String>, Vec<String>), RpcError> {
         let resolve = |path: &str| {
             self.gw
+                .agents
                 .tenancy
                 .resolve(&self.client.user, path)?
                 .into_os_string()
@@ -530,6 +533,6 @@ impl Ctx {
     }
 
     fn pool_of(&self, session: &LiveSession) -> Option<Arc<AgentPool>> {
-        self.gw.pools.get(&session.agent).cloned()
+        self.gw.agents.pools.get(&session.agent).cloned()
     }
 }

@@ -109,9 +109,9 @@ impl Ctx {
 
 /// Sends queued message `item` on its own task; it goes back first in line, and the queue holds,
 /// if it cannot be sent.
-pub(super) fn send_queued(gw: &Arc<Gateway>, session: &Arc<LiveSession>, item: Queued) {
+pub(super) fn send_queued(gw: &Gateway, session: &Arc<LiveSession>, item: Queued) {
     let (gw, session) = (gw.clone(), session.clone());
-    gw.tracker.clone().spawn(async move {
+    gw.life.tracker.clone().spawn(async move {
         if let Some(by) = &item.by {
             // Their share ended (revoked or expired, here or on another replica) while it waited,
             // or the agent now carries secrets of the owner's that their share does not lend.
@@ -153,12 +153,13 @@ pub(super) fn send_queued(gw: &Arc<Gateway>, session: &Arc<LiveSession>, item: Q
 /// a process if needed); the answer goes nowhere (clients see the turn end in the queue's
 /// notice). `tag` names it in the request id.
 async fn send_for_owner(
-    gw: &Arc<Gateway>,
+    gw: &Gateway,
     session: &Arc<LiveSession>,
     prompt: &RawValue,
     tag: &str,
 ) -> Result<(), RpcError> {
     let pool = gw
+        .agents
         .pools
         .get(&session.agent)
         .cloned()
@@ -167,7 +168,7 @@ async fn send_for_owner(
     let (outbox, _) = crate::infra::outbox::outbox(1, 1 << 16);
     outbox.close(1000, "queued prompt");
     let stand_in = Client::new(
-        Arc::from(format!("{}-queue", gw.replica)),
+        Arc::from(format!("{}-queue", gw.life.replica)),
         session.owner.clone(),
         None,
         outbox.clone(),
@@ -185,7 +186,7 @@ async fn send_for_owner(
 
 /// A turn of `session` ended (`stopped`: cancelled or failed): the next queued message goes,
 /// and the clients hear of it.
-pub(super) fn turn_over(gw: &Arc<Gateway>, session: &Arc<LiveSession>, stopped: bool) {
+pub(super) fn turn_over(gw: &Gateway, session: &Arc<LiveSession>, stopped: bool) {
     let next = session.queue().turn_ended(stopped);
     session.tell_queue_after_updates();
     if let Some(next) = next {
@@ -197,7 +198,7 @@ pub(super) fn turn_over(gw: &Arc<Gateway>, session: &Arc<LiveSession>, stopped: 
 /// the session's turn is over.
 pub(super) struct PromptAnswer {
     pub(super) session: Arc<LiveSession>,
-    pub(super) gw: Arc<Gateway>,
+    pub(super) gw: Gateway,
 }
 
 /// Whether a prompt's answer ends the turn cancelled or failed.

@@ -23,18 +23,25 @@ struct Carried {
 /// its agent, and MCP servers with secrets (the ones it was given, the ones stored with the
 /// session, and the owner's own as they are now).
 async fn carried(gw: &Gateway, session: &LiveSession) -> Result<Carried, RpcError> {
-    let Some(pool) = gw.pools.get(&session.agent) else {
+    let Some(pool) = gw.agents.pools.get(&session.agent) else {
         return Ok(Carried::default());
     };
     let owner = &session.owner;
     // Only a process of the owner's gets their keys (a shared agent's processes are nobody's).
     let keys = pool.config().user_keys
         && !pool.is_shared()
-        && gw.keys.list(owner).await?.iter().any(|k| *k.agent == *session.agent);
+        && gw
+            .settings
+            .keys
+            .list(owner)
+            .await?
+            .iter()
+            .any(|k| *k.agent == *session.agent);
     let mut mcp = session.mcp_secrets_given() || crate::settings::user_mcp::carry_secrets(&session.mcp_servers);
-    if !mcp && gw.user_mcp.enabled() {
+    if !mcp && gw.settings.user_mcp.enabled() {
         let info = pool.info_for(owner).await?;
         mcp = gw
+            .settings
             .user_mcp
             .has_headers(owner, info.mcp_transports())
             .await

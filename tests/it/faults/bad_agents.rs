@@ -108,7 +108,7 @@ async fn random_agent_lines_never_break_a_session() {
 async fn a_line_over_the_cap_is_skipped_and_the_session_carries_on() {
     watch_panics();
     let gw = with_bad_agent(&[], |_| {}).await;
-    let pool = gw.gw.pools.get("bad").expect("pool").clone();
+    let pool = gw.gw.agents.pools.get("bad").expect("pool").clone();
     let mut c = bad_client(&gw, "alice").await;
     let s = c.new_session().await;
     let other = c.new_session().await;
@@ -206,7 +206,7 @@ async fn updates_and_requests_for_unknown_sessions_go_nowhere() {
 async fn an_agent_that_exits_at_start_fails_initialize_naming_it() {
     watch_panics();
     let gw = with_bad_agent(&["--exit-at-start"], |_| {}).await;
-    let pool = gw.gw.pools.get("bad").expect("pool").clone();
+    let pool = gw.gw.agents.pools.get("bad").expect("pool").clone();
     let mut c = connect_bad(&gw, "alice").await;
     let init = json!({"protocolVersion": 1, "clientCapabilities": {}});
     for _ in 0..2 {
@@ -294,7 +294,7 @@ async fn an_unanswered_permission_request_is_cancelled_after_the_wait() {
 async fn an_agent_writing_invalid_utf8_fails_its_prompt_and_its_sessions_carry_on() {
     watch_panics();
     let gw = with_bad_agent(&[], |_| {}).await;
-    let pool = gw.gw.pools.get("bad").expect("pool").clone();
+    let pool = gw.gw.agents.pools.get("bad").expect("pool").clone();
     let mut c = bad_client(&gw, "alice").await;
     let mut bob = bad_client(&gw, "bob").await;
     let s = c.new_session().await;
@@ -333,7 +333,7 @@ async fn an_agent_writing_invalid_utf8_fails_its_prompt_and_its_sessions_carry_o
 async fn an_agent_that_closes_stdout_but_keeps_running_is_killed_and_its_sessions_carry_on() {
     watch_panics();
     let gw = with_bad_agent(&[], |_| {}).await;
-    let pool = gw.gw.pools.get("bad").expect("pool").clone();
+    let pool = gw.gw.agents.pools.get("bad").expect("pool").clone();
     let mut c = bad_client(&gw, "alice").await;
     let s = c.new_session().await;
     let other = c.new_session().await;
@@ -364,7 +364,7 @@ async fn an_agent_that_closes_stdout_but_keeps_running_is_killed_and_its_session
 async fn a_long_stderr_line_does_not_stop_the_agent() {
     watch_panics();
     let gw = with_bad_agent(&[], |_| {}).await;
-    let pool = gw.gw.pools.get("bad").expect("pool").clone();
+    let pool = gw.gw.agents.pools.get("bad").expect("pool").clone();
     let mut c = bad_client(&gw, "alice").await;
     let s = c.new_session().await;
     let before = pool.pids();

@@ -110,7 +110,7 @@ async fn an_agents_first_burst_is_kept_in_order_and_a_restores_replay_is_not() {
     );
 
     // Restored on a fresh process, the agent replays "replayed 1..3" before answering.
-    let pool = gw.gw.pools.get("early").expect("pool").clone();
+    let pool = gw.gw.agents.pools.get("early").expect("pool").clone();
     let pids = pool.pids();
     assert_eq!(pids.len(), 1, "both sessions share the process");
     nix::sys::signal::kill(

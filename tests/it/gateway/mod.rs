@@ -30,7 +30,7 @@ async fn interleaved_prompts_on_one_process_reach_only_their_own_client() {
     let sa = a.new_session().await;
     let sb = b.new_session().await;
     assert_eq!(
-        gw.gw.pools.get("default").expect("pool").process_count(),
+        gw.gw.agents.pools.get("default").expect("pool").process_count(),
         1,
         "one user's sessions share a process"
     );
@@ -298,14 +298,16 @@ async fn a_client_that_stops_answering_pings_is_closed_with_1013_after_the_slow_
 
 /// WebSocket connections the gateway is serving.
 fn open_connections(gw: &TestGateway) -> usize {
-    gw.gw.config.limits.max_connections - gw.gw.connection_slots.available_permits()
+    gw.gw.config.limits.max_connections - gw.gw.life.connection_slots.available_permits()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_official_python_sdk_client_talks_to_the_gateway() {
     let gw = TestGateway::start(Db::Sqlite, |_| {}).await;
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/agents/sdk_ws_client.py");
-    let root = gw.gw.tenancy.roots("alice").expect("roots")[0].display().to_string();
+    let root = gw.gw.agents.tenancy.roots("alice").expect("roots")[0]
+        .display()
+        .to_string();
     let run = |token: String| {
         let url = gw.ws_url();
         tokio::process::Command::new("python3")

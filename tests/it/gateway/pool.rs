@@ -8,7 +8,7 @@ async fn a_killed_agent_fails_the_pending_prompt_fast_and_the_next_session_gets_
     let gw = TestGateway::start(Db::Sqlite, |_| {}).await;
     let mut c = gw.client("alice").await;
     let s = c.new_session().await;
-    let pool = gw.gw.pools.get("default").expect("pool").clone();
+    let pool = gw.gw.agents.pools.get("default").expect("pool").clone();
     assert_eq!(pool.process_count(), 1);
 
     let id = c
@@ -64,7 +64,7 @@ async fn idle_processes_are_reaped_and_sessions_come_back() {
     let mut c = gw.client("alice").await;
     let s = c.new_session().await;
     assert_eq!(c.prompt(&s, "one").await["result"]["stopReason"], "end_turn");
-    let pool = gw.gw.pools.get("default").expect("pool").clone();
+    let pool = gw.gw.agents.pools.get("default").expect("pool").clone();
     assert_eq!(pool.process_count(), 1);
     eventually("the idle process to be reaped", || pool.process_count() == 0).await;
     // The next prompt restores the session on a new process (the demo agent supports resume).
@@ -127,7 +127,7 @@ async fn warm_processes_start_for_a_user_who_connects_and_serve_only_them() {
         c.agents.get_mut("default").expect("default").pool.min_idle = 1
     })
     .await;
-    let pool = gw.gw.pools.get("default").expect("pool").clone();
+    let pool = gw.gw.agents.pools.get("default").expect("pool").clone();
     // The first connection learns the agent's capabilities on a process of its own user.
     let mut alice = gw.client("alice").await;
     assert_eq!(pool.process_count(), 1);
@@ -153,7 +153,7 @@ async fn a_shared_agent_keeps_generic_warm_processes() {
         pool.max_sessions_per_process = 1;
     })
     .await;
-    let pool = gw.gw.pools.get("default").expect("pool").clone();
+    let pool = gw.gw.agents.pools.get("default").expect("pool").clone();
     eventually("two warm processes", || pool.process_count() == 2).await;
     let mut alice = gw.client("alice").await;
     let a = alice.new_session().await;
@@ -168,7 +168,7 @@ async fn users_share_a_process_only_when_configured() {
         c.agents.get_mut("default").expect("default").pool.share_between_users = true
     })
     .await;
-    let pool = gw.gw.pools.get("default").expect("pool").clone();
+    let pool = gw.gw.agents.pools.get("default").expect("pool").clone();
     let mut alice = gw.client("alice").await;
     let mut bob = gw.client("bob").await;
     let a = alice.new_session().await;

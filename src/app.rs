@@ -101,7 +101,7 @@ impl Application {
         );
         let tracker = TaskTracker::new();
         let quotas = Quotas::new(&config.limits);
-        let sealer = crate::settings::secrets::Sealer::from_config(config.secrets_key.as_ref(), tenancy.data_dir())
+        let sealer = crate::infra::sealing::Sealer::from_config(config.secrets_key.as_ref(), tenancy.data_dir())
             .context("the secrets key (ACP_GATEWAY_SECRETS_KEY)")?;
         let keys = Arc::new(crate::settings::secrets::Keys::new(store.clone(), sealer.clone()));
         let user_mcp = Arc::new(crate::settings::user_mcp::UserMcp::new(

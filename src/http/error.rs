@@ -40,8 +40,8 @@ impl IntoResponse for HttpError {
 
 /// The answer to a failed request about a user's sealed list (MCP servers, push devices): `400`
 /// naming what is wrong, `403` when the operator turned it off, `503` when the store failed.
-pub(super) fn list_refusal(user: &str, e: crate::settings::sealed_list::ListError) -> Response {
-    use crate::settings::sealed_list::ListError;
+pub(super) fn list_refusal(user: &str, e: crate::store::sealed_list::ListError) -> Response {
+    use crate::store::sealed_list::ListError;
     match e {
         ListError::Invalid(m) => refuse(StatusCode::BAD_REQUEST, m),
         ListError::Off(m) => refuse(StatusCode::FORBIDDEN, m),

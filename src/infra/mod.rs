@@ -7,5 +7,6 @@ pub mod config;
 pub(crate) mod files;
 pub mod metrics;
 pub(crate) mod outbox;
+pub mod sealing;
 pub mod telemetry;
 pub mod traces;

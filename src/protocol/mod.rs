@@ -30,6 +30,10 @@ pub mod codes {
     pub const RESOURCE_NOT_FOUND: i64 = -32002;
     /// ACP: authentication required (the agent wants its user signed in first).
     pub const AUTH_REQUIRED: i64 = -32000;
+    /// The gateway's: a per-user cap was reached (connections, sessions, prompts, processes).
+    pub const CAP_REACHED: i64 = -32029;
+    /// The gateway's: a user's cost cap was reached.
+    pub const COST_CAP_REACHED: i64 = -32030;
 }
 
 /// A JSON-RPC error the gateway answers with.

@@ -11,7 +11,7 @@
 //! The VAPID key is derived from the gateway's secrets key (generated once into the data
 //! directory `0600`, or configured), so every replica that shares it signs with the same key and
 //! any replica can push. Subscriptions are kept per user, sealed like agent keys
-//! ([`crate::settings::sealed_list`]).
+//! ([`crate::store::sealed_list`]).
 
 use parking_lot::Mutex;
 use std::collections::HashMap;
@@ -25,9 +25,9 @@ use web_push_native::p256;
 use web_push_native::p256::elliptic_curve::sec1::ToEncodedPoint;
 
 use crate::infra::config::PushConfig;
-use crate::settings::sealed_list::SealedList;
-use crate::settings::secrets::Sealer;
+use crate::infra::sealing::Sealer;
 use crate::store::Store;
+use crate::store::sealed_list::SealedList;
 use service::device_keys;
 
 mod service;
@@ -122,7 +122,7 @@ impl Event {
 }
 
 /// Why a subscription was refused; the message says what is wrong.
-pub type PushError = crate::settings::sealed_list::ListError;
+pub type PushError = crate::store::sealed_list::ListError;
 
 /// What `subscribe` answers when the operator turned push off.
 const OFF: &str = "this gateway does not send push notifications ([push] enabled = false)";

@@ -1,6 +1,5 @@
-//! A user's sealed settings: keys for their agents ([`secrets`]), the sealed list they are kept
-//! in ([`sealed_list`]), and their own MCP servers ([`user_mcp`]).
+//! A user's sealed settings: keys for their agents ([`secrets`]) and their own MCP servers
+//! ([`user_mcp`]), sealed at rest ([`crate::infra::sealing`]).
 
-pub mod sealed_list;
 pub mod secrets;
 pub mod user_mcp;

@@ -2,7 +2,7 @@
 //! (`/api/mcp-servers`), added to `mcpServers` of every session of theirs, new and restored, for
 //! agents that advertise the transport. A client's own entry of the same name wins.
 //!
-//! The list is sealed at rest like agent keys ([`crate::settings::secrets::Sealer`]): one row of
+//! The list is sealed at rest like agent keys ([`crate::infra::sealing::Sealer`]): one row of
 //! `user_secrets` per user, under the pseudo-agent [`ROW_AGENT`] (no agent may be named so), so
 //! URLs and header values are ciphertext in the database, and no route returns a header's value:
 //! the list shows header names only. The values reach only that user's agent processes, in the
@@ -19,9 +19,9 @@ use std::sync::Arc;
 use serde::{Deserialize, Serialize};
 
 use crate::infra::config::McpConfig;
-use crate::settings::sealed_list::SealedList;
-use crate::settings::secrets::Sealer;
+use crate::infra::sealing::Sealer;
 use crate::store::Store;
+use crate::store::sealed_list::SealedList;
 use crate::tenancy::McpTransports;
 
 /// The `user_secrets.agent` of the row that holds a user's list.
@@ -82,7 +82,7 @@ pub struct Listed {
 }
 
 /// Why a request about a user's servers failed.
-pub type UserMcpError = crate::settings::sealed_list::ListError;
+pub type UserMcpError = crate::store::sealed_list::ListError;
 
 /// What `put` answers when the operator turned users' servers off.
 const OFF: &str = "this gateway does not take users' own MCP servers ([mcp] user_servers = false)";
@@ -333,7 +333,7 @@ pub async fn with_users_servers(
     }
     all.extend(mine);
     serde_json::to_string(&all).map_err(|source| {
-        UserMcpError::Unavailable(crate::settings::sealed_list::SealedError::Encode {
+        UserMcpError::Unavailable(crate::store::sealed_list::SealedError::Encode {
             what: "your MCP servers",
             source,
         })

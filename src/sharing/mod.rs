@@ -251,7 +251,7 @@ impl Shares {
                 return Err(RpcError::session_not_found());
             }
             return Err(RpcError::new(
-                crate::usage::quota::CAP_REACHED,
+                codes::CAP_REACHED,
                 format!("a session may have at most {MAX_SHARES_PER_SESSION} shares; revoke one first"),
             )
             .with_data(json!({ "cap": "shares_per_session", "limit": MAX_SHARES_PER_SESSION })));

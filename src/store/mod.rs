@@ -16,6 +16,7 @@ mod list_sql;
 pub mod persister;
 mod pg_roles;
 pub(crate) mod postgres;
+pub mod sealed_list;
 mod shares;
 mod sql;
 pub(crate) mod sqlite;

@@ -1,6 +1,6 @@
 //! The statements behind users' sealed agent keys (`user_secrets`) and their completed agent
 //! logins (`agent_logins`), written once for both databases. The store never sees a value: only
-//! what the gateway's sealer (`secrets::Sealer`) made of it.
+//! what the gateway's sealer (`infra::sealing::Sealer`) made of it.
 
 use sqlx::{Database, Encode, Executor, FromRow, IntoArguments, Postgres, Sqlite, Type};
 

@@ -1,5 +1,5 @@
 //! The statements behind sign-ins through the identity provider (`web_sessions`), written once for
-//! both databases. The provider's tokens are only ever stored sealed (`secrets::Sealer`). This is
+//! both databases. The provider's tokens are only ever stored sealed (`infra::sealing::Sealer`). This is
 //! the gateway's own bookkeeping: on Postgres it runs as the gateway's login role, never as a
 //! user's request.
 

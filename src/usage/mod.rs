@@ -22,7 +22,7 @@ use crate::protocol::RpcError;
 use crate::store::{Store, UsageSample};
 
 /// JSON-RPC code of a refusal at a cost cap (in the implementation-defined `-32000` range).
-pub const COST_CAP_REACHED: i64 = -32030;
+pub use crate::protocol::codes::COST_CAP_REACHED;
 /// Samples queued for the store, at most.
 const QUEUE: usize = 4096;
 

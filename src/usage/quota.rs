@@ -9,11 +9,12 @@ use std::sync::Arc;
 
 use governor::{DefaultKeyedRateLimiter, Quota, RateLimiter};
 
+use crate::agents::pool::{ProcessCaps, ProcessSlot};
 use crate::infra::config::Limits;
 use crate::protocol::RpcError;
 
 /// JSON-RPC code for a per-user cap (in the implementation-defined `-32000` range).
-pub const CAP_REACHED: i64 = -32029;
+pub use crate::protocol::codes::CAP_REACHED;
 
 /// A cap that was reached.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -172,6 +173,13 @@ impl Quotas {
     pub fn sweep(&self) {
         self.requests.retain_recent();
         self.requests.shrink_to_fit();
+    }
+}
+
+impl ProcessCaps for Quotas {
+    fn agent_process(&self, user: &Arc<str>) -> Result<ProcessSlot, RpcError> {
+        let slot = Quotas::agent_process(self, user).map_err(|cap| cap.rpc())?;
+        Ok(ProcessSlot::new(user.clone(), slot))
     }
 }
 

@@ -6,6 +6,7 @@
 //! is dropped from the pool and the next request starts a fresh one. A failed spawn fails only
 //! the request that needed it.
 
+mod caps;
 mod child;
 mod early;
 mod info;
@@ -25,6 +26,7 @@ use std::time::Duration;
 
 use tokio_util::task::TaskTracker;
 
+pub use caps::{ProcessCaps, ProcessSlot};
 pub use child::GroupGuard;
 pub use info::AgentInfo;
 pub use inventory::ProcessStates;
@@ -35,7 +37,6 @@ pub use user_env::{UserEnv, UserEnvError};
 use crate::infra::config::{AgentConfig, Config};
 use crate::protocol::RpcError;
 use crate::tenancy::Tenancy;
-use crate::usage::quota::Quotas;
 
 /// The processes of one configured agent.
 #[derive(Debug)]
@@ -84,7 +85,7 @@ struct Common {
     /// Tracks every process task, so shutdown can wait for them.
     tracker: TaskTracker,
     /// Each user's agent process slots.
-    quotas: Arc<Quotas>,
+    caps: Arc<dyn ProcessCaps>,
     /// Bounds on every process's pipes.
     pipes: PipeLimits,
     /// Users' own variables (their keys), when the gateway keeps any.
@@ -288,7 +289,7 @@ impl AgentPool {
             RpcError::internal(format!("cannot start agent {}: {e}", self.name))
         };
         let slot = match user {
-            Some(user) => Some(self.common.quotas.agent_process(user).map_err(|cap| cap.rpc())?),
+            Some(user) => Some(self.common.caps.agent_process(user)?),
             None => None,
         };
         let _starting = Starting::new(&self.starting);
@@ -479,7 +480,7 @@ impl Pools {
     pub fn new(
         config: &Config,
         tenancy: Arc<Tenancy>,
-        quotas: Arc<Quotas>,
+        caps: Arc<dyn ProcessCaps>,
         tracker: TaskTracker,
         user_env: Option<Arc<dyn UserEnv>>,
     ) -> Self {
@@ -488,7 +489,7 @@ impl Pools {
             groups: Arc::new(reaper::GroupRecord::open(&tenancy.data_dir().join("agent-groups"))),
             tenancy,
             tracker,
-            quotas,
+            caps,
             pipes: PipeLimits {
                 max_line_bytes: config.limits.max_line_bytes,
                 input_queue_bytes: config.limits.agent_queue_bytes,

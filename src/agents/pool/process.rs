@@ -35,7 +35,7 @@ pub use super::rpc::Pending;
 use super::rpc::{self, Rpc};
 use crate::protocol::{self, Incoming, Kind, RpcError};
 use crate::tenancy::Launch;
-use crate::usage::quota::Slot;
+use super::ProcessSlot;
 pub use early_updates::EarlyUpdates;
 use lines::read_stdout;
 pub use lines::{more_lines_follow, with_follows, with_more_lines};
@@ -142,7 +142,7 @@ impl AgentProcess {
     pub fn spawn(
         id: u64,
         agent: Arc<str>,
-        owner: Option<Slot>,
+        owner: Option<ProcessSlot>,
         launch: Launch,
         pipes: PipeLimits,
         groups: &Arc<GroupRecord>,
@@ -156,7 +156,7 @@ impl AgentProcess {
             id,
             agent,
             pid: spawned.pid,
-            owner: Mutex::new(owner.as_ref().map(|slot| slot.key().clone())),
+            owner: Mutex::new(owner.as_ref().map(|slot| slot.user().clone())),
             rpc,
             routes: Mutex::default(),
             handing_early: tokio::sync::Mutex::new(()),
@@ -584,7 +584,7 @@ async fn reap(
     child: tokio::process::Child,
     guard: child::GroupGuard,
     groups: Arc<GroupRecord>,
-    _slot: Option<Slot>,
+    _slot: Option<ProcessSlot>,
 ) {
     let how = child::wait(child, guard, &groups, &process.stop).await;
     // A grandchild may hold stderr open: wait only briefly for the last lines.

@@ -21,7 +21,7 @@ use serde_json::{Map, Value};
 
 use super::policy::Refused;
 use super::{Discovered, Oidc, error_chain};
-use crate::settings::secrets::Sealed;
+use crate::infra::sealing::Sealed;
 use crate::store::WebSession;
 
 /// How long a login may take at the provider.

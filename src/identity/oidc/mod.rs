@@ -28,7 +28,7 @@ use openidconnect::core::CoreProviderMetadata;
 
 use crate::identity::auth::jwks::Jwks;
 use crate::infra::config::OidcConfig;
-use crate::settings::secrets::Sealer;
+use crate::infra::sealing::Sealer;
 use crate::store::Store;
 
 pub use identity::BindError;

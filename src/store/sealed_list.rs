@@ -9,7 +9,7 @@ use secrecy::ExposeSecret;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
-use crate::settings::secrets::{Sealed, Sealer, SecretsError};
+use crate::infra::sealing::{Sealed, Sealer, SecretsError};
 use crate::store::{Store, StoreError, StoredSecret};
 
 /// Why a request about a user's list failed; the message says what.

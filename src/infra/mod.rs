@@ -2,6 +2,7 @@
 //! and the byte-bounded queues.
 
 pub(crate) mod budget;
+pub mod cap;
 pub mod clock;
 pub mod config;
 pub(crate) mod files;

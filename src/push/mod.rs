@@ -93,32 +93,21 @@ pub struct Device {
 }
 
 /// What happened in a session, as a push says it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Event {
-    /// The agent asks for a permission.
-    Permission,
-    /// The agent asks for a form to be filled in.
-    Elicitation,
-    /// A turn ended.
-    TurnEnded,
-    /// A turn failed or was cancelled.
-    TurnFailed,
+pub use crate::session::Attention as Event;
+
+/// Its name in a push's payload.
+fn kind(event: Event) -> &'static str {
+    match event {
+        Event::Permission => "permission",
+        Event::Elicitation => "elicitation",
+        Event::TurnEnded => "turn_ended",
+        Event::TurnFailed => "turn_failed",
+    }
 }
 
-impl Event {
-    fn kind(self) -> &'static str {
-        match self {
-            Self::Permission => "permission",
-            Self::Elicitation => "elicitation",
-            Self::TurnEnded => "turn_ended",
-            Self::TurnFailed => "turn_failed",
-        }
-    }
-
-    /// Whether it always goes, whatever the rate limit.
-    fn urgent(self) -> bool {
-        matches!(self, Self::Permission | Self::Elicitation)
-    }
+/// Whether it always goes, whatever the rate limit.
+fn urgent(event: Event) -> bool {
+    matches!(event, Event::Permission | Event::Elicitation)
 }
 
 /// Why a subscription was refused; the message says what is wrong.
@@ -317,7 +306,7 @@ impl Push {
             last.retain(|_, at| now.duration_since(*at) < every);
         }
         let key = (owner.clone(), session.clone());
-        if !event.urgent() && last.get(&key).is_some_and(|at| now.duration_since(*at) < every) {
+        if !urgent(event) && last.get(&key).is_some_and(|at| now.duration_since(*at) < every) {
             return false;
         }
         last.insert(key, now);
@@ -355,7 +344,7 @@ impl Push {
             let payload = |title: Option<&String>| {
                 serde_json::json!({
                     "sessionId": &*session,
-                    "kind": event.kind(),
+                    "kind": kind(event),
                     "title": title.cloned().map(cut),
                     "asked": asked.clone().map(cut),
                 })
@@ -367,7 +356,7 @@ impl Push {
                 titled: payload(title.as_ref()),
             };
             let topic: String = session.chars().filter(char::is_ascii_alphanumeric).take(32).collect();
-            me.send_all(&owner, &list, &payloads, &topic, event.urgent()).await;
+            me.send_all(&owner, &list, &payloads, &topic, urgent(event)).await;
         });
     }
 
@@ -444,6 +433,12 @@ fn is_internal(url: &url::Url) -> bool {
             name == "localhost" || name.ends_with(".localhost")
         }
         None => true,
+    }
+}
+
+impl crate::session::Notifier for Push {
+    fn notify(self: Arc<Self>, owner: &Arc<str>, session: &Arc<str>, what: Event, asked: Option<String>) {
+        Push::notify(&self, owner, session, what, asked);
     }
 }
 

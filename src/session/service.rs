@@ -17,11 +17,11 @@ use serde_json::Value;
 use super::list::{self, ListParams};
 use super::{LiveSession, Registry, SessionOptions};
 use crate::agents::pool::Pools;
+use crate::infra::cap::CapReached;
 use crate::protocol::RpcError;
 use crate::store::cursor::CursorCodec;
 use crate::store::persister::Persister;
 use crate::store::{Bounded, NewSession, SessionRecord, Store, StoreError};
-use crate::usage::quota::CapReached;
 
 /// Longest a request waits for the database as a whole (the contract says 5 s).
 pub const REQUEST_DEADLINE: Duration = Duration::from_millis(4500);

@@ -215,7 +215,9 @@ impl UserMcp {
     /// sessions would be given now).
     pub async fn has_headers(&self, owner: &str, can: McpTransports) -> Result<bool, UserMcpError> {
         let given = self.for_session(owner, can, &[]).await?;
-        Ok(carry_secrets(&serde_json::Value::Array(given).to_string()))
+        Ok(crate::tenancy::carry_secrets(
+            &serde_json::Value::Array(given).to_string(),
+        ))
     }
 
     /// The ACP `McpServer` entries of `owner`'s servers that an agent with `can` takes, for a
@@ -245,24 +247,6 @@ impl UserMcp {
             })
             .collect())
     }
-}
-
-/// Whether `servers` (an ACP `mcpServers` JSON array, as given to an agent) carry secrets: an
-/// entry with headers (http, sse) or environment variables (stdio). Unreadable: assumed to.
-pub fn carry_secrets(servers: &str) -> bool {
-    if servers.trim().is_empty() {
-        return false;
-    }
-    let Ok(all) = serde_json::from_str::<Vec<serde_json::Value>>(servers) else {
-        return true;
-    };
-    all.iter().any(|s| {
-        ["headers", "env"].iter().any(|k| {
-            s.get(k)
-                .and_then(serde_json::Value::as_array)
-                .is_some_and(|a| !a.is_empty())
-        })
-    })
 }
 
 /// Checks a server as a user gives it against `config`; the error names what is wrong.
@@ -340,6 +324,18 @@ pub async fn with_users_servers(
     })
 }
 
+#[async_trait::async_trait]
+impl crate::session::UserServers for UserMcp {
+    async fn with_users_servers(
+        &self,
+        owner: &str,
+        can: McpTransports,
+        accepted: &str,
+    ) -> Result<String, UserMcpError> {
+        with_users_servers(self, owner, can, accepted).await
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -354,22 +350,6 @@ mod tests {
                 value: "Bearer s3cret".into(),
             }],
         }
-    }
-
-    #[test]
-    fn servers_with_headers_or_env_carry_secrets() {
-        assert!(!carry_secrets("[]"));
-        assert!(!carry_secrets(
-            r#"[{"type":"http","name":"a","url":"https://x","headers":[]}]"#
-        ));
-        assert!(!carry_secrets(r#"[{"name":"a","command":"t","args":[],"env":[]}]"#));
-        assert!(carry_secrets(
-            r#"[{"type":"http","name":"a","url":"https://x","headers":[{"name":"Authorization","value":"s"}]}]"#
-        ));
-        assert!(carry_secrets(
-            r#"[{"name":"a","command":"t","args":[],"env":[{"name":"K","value":"v"}]}]"#
-        ));
-        assert!(carry_secrets("not json"), "unreadable: assumed to");
     }
 
     fn config(allowed: &[&str]) -> McpConfig {

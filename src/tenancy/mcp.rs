@@ -88,6 +88,24 @@ pub enum McpRefused {
     },
 }
 
+/// Whether `servers` (an ACP `mcpServers` JSON array, as given to an agent) carry secrets: an
+/// entry with headers (http, sse) or environment variables (stdio). Unreadable: assumed to.
+pub fn carry_secrets(servers: &str) -> bool {
+    if servers.trim().is_empty() {
+        return false;
+    }
+    let Ok(all) = serde_json::from_str::<Vec<serde_json::Value>>(servers) else {
+        return true;
+    };
+    all.iter().any(|s| {
+        ["headers", "env"].iter().any(|k| {
+            s.get(k)
+                .and_then(serde_json::Value::as_array)
+                .is_some_and(|a| !a.is_empty())
+        })
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -114,5 +132,21 @@ mod tests {
         assert!(check_mcp_servers(&servers(&stdio), &agent, none).is_ok());
         let typed = serde_json::json!([{"type":"stdio","name":"x","command":"/bin/bash","args":[],"env":[]}]);
         assert!(check_mcp_servers(&servers(&typed), &agent, none).is_err());
+    }
+
+    #[test]
+    fn servers_with_headers_or_env_carry_secrets() {
+        assert!(!carry_secrets("[]"));
+        assert!(!carry_secrets(
+            r#"[{"type":"http","name":"a","url":"https://x","headers":[]}]"#
+        ));
+        assert!(!carry_secrets(r#"[{"name":"a","command":"t","args":[],"env":[]}]"#));
+        assert!(carry_secrets(
+            r#"[{"type":"http","name":"a","url":"https://x","headers":[{"name":"Authorization","value":"s"}]}]"#
+        ));
+        assert!(carry_secrets(
+            r#"[{"name":"a","command":"t","args":[],"env":[{"name":"K","value":"v"}]}]"#
+        ));
+        assert!(carry_secrets("not json"), "unreadable: assumed to");
     }
 }

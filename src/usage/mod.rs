@@ -189,6 +189,12 @@ fn next_month(d: NaiveDate) -> NaiveDate {
     NaiveDate::from_ymd_opt(y, m, 1).unwrap_or(d)
 }
 
+impl crate::session::UpdateObserver for Usage {
+    fn update(&self, owner: &str, agent: &str, session: &str, update: &str) {
+        self.observe(owner, agent, session, update);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

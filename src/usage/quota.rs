@@ -16,38 +16,7 @@ use crate::protocol::RpcError;
 /// JSON-RPC code for a per-user cap (in the implementation-defined `-32000` range).
 pub use crate::protocol::codes::CAP_REACHED;
 
-/// A cap that was reached.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct CapReached {
-    /// Which cap (`connections`, `agent_processes`, `requests_per_second`, `live_sessions`,
-    /// `stored_bytes`).
-    pub cap: &'static str,
-    /// Its limit.
-    pub limit: u64,
-}
-
-impl CapReached {
-    /// A refusal at `cap` (one of [`crate::infra::metrics::CAPS`]), counted in
-    /// `acp_gateway_cap_hits_total`.
-    pub fn new(cap: &'static str, limit: u64) -> Self {
-        crate::infra::metrics::cap_hit(cap);
-        Self { cap, limit }
-    }
-
-    /// The message a client gets.
-    pub fn message(&self) -> String {
-        format!(
-            "per-user cap reached: {} (limit {}); try again later",
-            self.cap, self.limit
-        )
-    }
-
-    /// As a JSON-RPC error.
-    pub fn rpc(&self) -> RpcError {
-        RpcError::new(CAP_REACHED, self.message())
-            .with_data(serde_json::json!({ "cap": self.cap, "limit": self.limit }))
-    }
-}
+pub use crate::infra::cap::CapReached;
 
 /// The per-user counters.
 #[derive(Debug)]

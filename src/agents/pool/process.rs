@@ -27,6 +27,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::Instrument;
 
+use super::ProcessSlot;
 use super::child::{self, AgentLines, StderrTail, lock};
 use super::early::Held;
 use super::reaper::GroupRecord;
@@ -35,7 +36,6 @@ pub use super::rpc::Pending;
 use super::rpc::{self, Rpc};
 use crate::protocol::{self, Incoming, Kind, RpcError};
 use crate::tenancy::Launch;
-use super::ProcessSlot;
 pub use early_updates::EarlyUpdates;
 use lines::read_stdout;
 pub use lines::{more_lines_follow, with_follows, with_more_lines};

@@ -130,7 +130,7 @@ impl Ctx {
         if !dirs.is_empty() {
             raw.push_str(&format!(r#","additionalDirectories":{}"#, json!(dirs)));
         }
-        let secrets = crate::settings::user_mcp::carry_secrets(&for_agent);
+        let secrets = crate::tenancy::carry_secrets(&for_agent);
         Ok((mcp, raw, secrets))
     }
 

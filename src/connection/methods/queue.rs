@@ -244,9 +244,9 @@ impl SessionRoute for PromptAnswer {
         self.session.respond(to, client_id, frame);
         turn_over(&self.gw, &self.session, stopped);
         let event = if stopped {
-            crate::push::Event::TurnFailed
+            crate::session::Attention::TurnFailed
         } else {
-            crate::push::Event::TurnEnded
+            crate::session::Attention::TurnEnded
         };
         self.session.push_if_unwatched(event, None);
     }

@@ -433,7 +433,7 @@ fn give(client: &Arc<Client>, what: Held) {
 impl LiveSession {
     /// Pushes `event` to the owner's devices, unless a tab of theirs shows this session (a
     /// teammate's tab, shown a shared session, does not count).
-    pub fn push_if_unwatched(&self, event: crate::push::Event, asked: Option<String>) {
+    pub fn push_if_unwatched(&self, event: crate::session::Attention, asked: Option<String>) {
         let Some(push) = &self.push else { return };
         let watched = self
             .fanout()
@@ -441,7 +441,7 @@ impl LiveSession {
             .iter()
             .any(|s| !s.client.is_closed() && s.client.user == self.owner && s.client.shows(&self.id));
         if !watched {
-            push.notify(&self.owner, &self.id, event, asked);
+            push.clone().notify(&self.owner, &self.id, event, asked);
         }
     }
 
@@ -449,8 +449,8 @@ impl LiveSession {
     /// it is for: the tool call's title) or a form (its message).
     pub(super) fn push_request(&self, method: &str, params: &str) {
         let (event, pointer) = match method {
-            "session/request_permission" => (crate::push::Event::Permission, "/toolCall/title"),
-            "elicitation/create" => (crate::push::Event::Elicitation, "/message"),
+            "session/request_permission" => (crate::session::Attention::Permission, "/toolCall/title"),
+            "elicitation/create" => (crate::session::Attention::Elicitation, "/message"),
             _ => return,
         };
         let asked = serde_json::from_str::<serde_json::Value>(params).ok().and_then(|p| {

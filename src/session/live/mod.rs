@@ -83,11 +83,11 @@ pub struct LiveSession {
     /// How long an agent's request may wait for an answer.
     permission_wait: Duration,
     /// Where `usage_update` costs are recorded.
-    usage: Option<Arc<crate::usage::Usage>>,
+    usage: Option<Arc<dyn crate::session::UpdateObserver>>,
     /// Users' own MCP servers (see [`SessionOptions::user_mcp`]).
-    user_mcp: Option<Arc<crate::settings::user_mcp::UserMcp>>,
+    user_mcp: Option<Arc<dyn crate::session::UserServers>>,
     /// Pushes to the owner's devices.
-    push: Option<Arc<crate::push::Push>>,
+    push: Option<Arc<dyn crate::session::Notifier>>,
     /// Agent requests asked across replicas, when several share the database.
     asks: Option<Arc<super::asks::Asks>>,
     /// Where clients that fell behind are fed from.
@@ -161,11 +161,11 @@ pub struct SessionOptions {
     /// Agent requests asked across replicas (with `replica`).
     pub asks: Option<Arc<super::asks::Asks>>,
     /// What each person spends (`usage_update` costs).
-    pub usage: Option<Arc<crate::usage::Usage>>,
+    pub usage: Option<Arc<dyn crate::session::UpdateObserver>>,
     /// Users' own MCP servers, given to the agent again when a session is restored.
-    pub user_mcp: Option<Arc<crate::settings::user_mcp::UserMcp>>,
+    pub user_mcp: Option<Arc<dyn crate::session::UserServers>>,
     /// Pushes to users' devices.
-    pub push: Option<Arc<crate::push::Push>>,
+    pub push: Option<Arc<dyn crate::session::Notifier>>,
 }
 
 impl LiveSession {

@@ -69,7 +69,7 @@ impl LiveSession {
                 .await;
         }
         if let Some(usage) = &self.usage {
-            usage.observe(&self.owner, &self.agent, &self.id, update);
+            usage.update(&self.owner, &self.agent, &self.id, update);
         }
         if (update.contains("\"current_mode_update\"") || update.contains("\"config_option_update\""))
             && self.controls_known.load(Ordering::Acquire)

@@ -91,7 +91,8 @@ impl LiveSession {
         // The owner's own servers, as they are now (never stored with the session), and never
         // to a process shared between users (their headers are the owner's secrets).
         if let Some(user_mcp) = self.user_mcp.as_ref().filter(|_| !pool.is_shared()) {
-            match crate::settings::user_mcp::with_users_servers(user_mcp, &self.owner, info.mcp_transports(), &servers)
+            match user_mcp
+                .with_users_servers(&self.owner, info.mcp_transports(), &servers)
                 .await
             {
                 Ok(all) => servers = all,
@@ -102,7 +103,7 @@ impl LiveSession {
             }
         }
         // Set before it is sent: a teammate's prompt is checked against it from now on.
-        self.set_mcp_secrets_given(crate::settings::user_mcp::carry_secrets(&servers));
+        self.set_mcp_secrets_given(crate::tenancy::carry_secrets(&servers));
         let params = format!(
             r#"{{"sessionId":{},"cwd":{},"additionalDirectories":{},"mcpServers":{servers}}}"#,
             serde_json::to_string(&*agent_sid).unwrap_or_default(),

@@ -41,24 +41,7 @@ const ANONYMOUS_KEYS: usize = 1024;
 /// How often windows that are over are summed up.
 const SUM_UP_EVERY: Duration = Duration::from_secs(10);
 
-/// What happened.
-#[derive(Debug, Default)]
-pub struct Event<'a> {
-    /// Who acted (`""` when nobody was signed in).
-    pub actor: &'a str,
-    /// What they did.
-    pub action: &'static str,
-    /// What it was done to.
-    pub target: Option<&'a str>,
-    /// `ok`, `refused` or `failed`.
-    pub outcome: &'static str,
-    /// More (never a secret).
-    pub detail: Option<serde_json::Value>,
-    /// The WebSocket connection.
-    pub connection: Option<&'a str>,
-    /// The client's address.
-    pub client: Option<String>,
-}
+pub use crate::infra::auditing::Event;
 
 /// The audit log's front door.
 #[derive(Debug)]
@@ -366,4 +349,9 @@ async fn flush(store: &dyn Store, batch: &mut Vec<AuditEntry>) {
         metrics::counter!(crate::infra::metrics::AUDIT_DROPPED).increment(batch.len() as u64);
     }
     batch.clear();
+}
+impl crate::infra::auditing::Recorder for Audit {
+    fn record(&self, e: Event<'_>) {
+        Audit::record(self, e);
+    }
 }

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
-use crate::audit::Audit;
+use crate::infra::auditing::{Event, Recorder};
 use crate::infra::config::RetentionConfig;
 use crate::session::Sessions;
 use crate::store::{StaleSession, now_micros};
@@ -30,7 +30,7 @@ pub struct Retention {
     /// The sessions it deletes (those in memory are stepped over).
     pub sessions: Arc<Sessions>,
     /// Each deleted session is recorded.
-    pub audit: Arc<Audit>,
+    pub audit: Arc<dyn Recorder>,
     /// Ends the passes.
     pub shutdown: CancellationToken,
 }
@@ -120,7 +120,7 @@ impl Retention {
         metrics::counter!(crate::infra::metrics::RETENTION_BYTES).increment(u64::try_from(bytes).unwrap_or(0));
         for s in deleted {
             self.sessions.forget_stored(&s.owner, &s.id);
-            self.audit.record(crate::audit::Event {
+            self.audit.record(Event {
                 actor: "(retention)",
                 action: "session_expire",
                 target: Some(&s.id),

@@ -1,6 +1,7 @@
 //! What every layer stands on: configuration, the clock, logs and metrics, traces, private files,
 //! and the byte-bounded queues.
 
+pub mod auditing;
 pub(crate) mod budget;
 pub mod cap;
 pub mod clock;

@@ -12,7 +12,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use super::{CLOSE_SHARE_ENDED, Shares, Watched};
-use crate::audit::Audit;
+use crate::infra::auditing::{Event, Recorder};
 use crate::session::Sessions;
 
 /// How often expiries are checked.
@@ -30,7 +30,7 @@ pub struct ShareWatch {
     /// The shares watched.
     pub shares: Arc<Shares>,
     /// Each ended share is recorded.
-    pub audit: Arc<Audit>,
+    pub audit: Arc<dyn Recorder>,
     /// Ends the watch.
     pub shutdown: CancellationToken,
     /// Tracks the purge task.
@@ -101,7 +101,7 @@ impl ShareWatch {
                 },
             );
             tracing::info!(user = %client.user, session = %w.session, share = %w.share, expired, "share ended; client closed");
-            self.audit.record(crate::audit::Event {
+            self.audit.record(Event {
                 actor: &client.user,
                 action: "share_ended",
                 target: Some(&w.session),

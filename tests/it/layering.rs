@@ -30,9 +30,6 @@ const TOP: [&str; 5] = ["gateway", "connection", "http", "app", "cli"];
 const DEBT: &[(&str, &str)] = &[
     // Sessions follow other replicas through the replica bus and leases by name.
     ("session", "replica"),
-    // Features reaching sideways.
-    ("retention", "audit"),
-    ("sharing", "audit"),
 ];
 
 /// The area of a file under `src/`: its top module (`lib.rs` and `main.rs` are none).

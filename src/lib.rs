@@ -14,17 +14,17 @@
 //! - [`infra`]: configuration, the clock, logs and the Prometheus recorder, metrics, traces,
 //!   private files, the byte-bounded queues.
 //! - [`store`]: the `Store` trait (SQLite and Postgres), the batching transcript writer, cursors.
-//! - [`tenancy`]: what a user's agent process can reach: environment, home, workspaces, sandbox.
-//! - [`agents`]: agent processes pooled per agent (`pool`: spawning, routing stdout, reaping),
+//! - `tenancy`: what a user's agent process can reach: environment, home, workspaces, sandbox.
+//! - `agents`: agent processes pooled per agent (`pool`: spawning, routing stdout, reaping),
 //!   and the built-in offline agent (`demo`).
-//! - [`session`]: live sessions: sequence numbers, attached clients, agent requests.
+//! - `session`: live sessions: sequence numbers, attached clients, agent requests.
 //!
-//! The features, each in its own module: [`audit`] (who did what), [`export`] (a transcript as
-//! JSON Lines or Markdown), [`identity`] (tokens; team sign-in through OpenID Connect), [`push`]
-//! (Web Push), [`replica`] (replicas sharing sessions through Postgres), [`retention`] (deleting
-//! sessions past `[retention] days`), [`settings`] (a user's sealed agent keys and MCP servers),
-//! [`sharing`] (sessions shared with a teammate, and the watch that closes the clients of shares
-//! that end), [`signin`] (signing users in to agents in a pseudo-terminal), [`usage`] (spend, and the
+//! The features, each in its own module: `audit` (who did what), [`export`] (a transcript as
+//! JSON Lines or Markdown), [`identity`] (tokens; team sign-in through OpenID Connect), `push`
+//! (Web Push), [`replica`] (replicas sharing sessions through Postgres), `retention` (deleting
+//! sessions past `[retention] days`), `settings` (a user's sealed agent keys and MCP servers),
+//! `sharing` (sessions shared with a teammate, and the watch that closes the clients of shares
+//! that end), `signin` (signing users in to agents in a pseudo-terminal), `usage` (spend, and the
 //! per-user caps).
 //!
 //! On top: `connection` (one WebSocket connection: reading, writing, what each method does),
@@ -45,9 +45,9 @@
 #[global_allocator]
 static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
-pub mod agents;
+pub(crate) mod agents;
 pub mod app;
-pub mod audit;
+pub(crate) mod audit;
 pub mod cli;
 pub(crate) mod connection;
 pub mod export;
@@ -56,13 +56,13 @@ pub(crate) mod http;
 pub mod identity;
 pub mod infra;
 pub(crate) mod protocol;
-pub mod push;
+pub(crate) mod push;
 pub mod replica;
-pub mod retention;
-pub mod session;
-pub mod settings;
-pub mod sharing;
-pub mod signin;
+pub(crate) mod retention;
+pub(crate) mod session;
+pub(crate) mod settings;
+pub(crate) mod sharing;
+pub(crate) mod signin;
 pub mod store;
-pub mod tenancy;
-pub mod usage;
+pub(crate) mod tenancy;
+pub(crate) mod usage;

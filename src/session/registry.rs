@@ -53,9 +53,4 @@ impl Registry {
     pub fn len(&self) -> usize {
         self.map.lock().len()
     }
-
-    /// Whether none are.
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
 }

@@ -38,11 +38,11 @@ use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-pub use client_path::{MAX_PATH_BYTES, MAX_PATH_DEPTH, PathRefused, check_length, resolve_within};
+pub use client_path::{PathRefused, check_length, resolve_within};
 pub use env::user_may_set;
 pub use launch::{Launch, Purpose, Ready};
 pub use mcp::{McpRefused, McpTransports, carry_secrets, check_mcp_servers};
-pub use network::{Egress, Pending};
+pub use network::Pending;
 pub use paths::escape_user;
 use paths::{checked_user, fill, resolve_existing, user_base};
 pub use sight::Sight;

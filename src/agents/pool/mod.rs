@@ -29,8 +29,7 @@ use tokio_util::task::TaskTracker;
 pub use caps::{ProcessCaps, ProcessSlot};
 pub use child::GroupGuard;
 pub use info::AgentInfo;
-pub use inventory::ProcessStates;
-pub use process::{AgentProcess, EarlyUpdates, Pending, PipeLimits};
+pub use process::{AgentProcess, Pending, PipeLimits};
 pub use route::SessionRoute;
 pub use user_env::{UserEnv, UserEnvError};
 

@@ -18,11 +18,13 @@
 //! answer.
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use serde_json::{Value, json};
 
 use super::content::{self, Facts, Outcome};
 use super::modes::{ASK, EFFORTS, MODELS, MODES, PLAN, State, save};
+use super::workspace::FileError;
 use super::{Controls, Decision, ECHO_MAX, Stop, Turn, lock, workspace};
 
 /// Reply pieces when neither `--chunks` nor `[chunks=N]` says.
@@ -153,10 +155,12 @@ fn text_content(text: &str) -> Value {
 }
 
 /// Runs a file operation off the async threads; a panic there becomes an error sentence.
-async fn blocking<T: Send + 'static>(f: impl FnOnce() -> Result<T, String> + Send + 'static) -> Result<T, String> {
+async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> Result<T, FileError> + Send + 'static,
+) -> Result<T, FileError> {
     tokio::task::spawn_blocking(f)
         .await
-        .unwrap_or_else(|e| Err(format!("file task failed: {e}")))
+        .unwrap_or_else(|e| Err(FileError::Task(e.to_string())))
 }
 
 impl Turn<'_> {
@@ -220,9 +224,9 @@ impl Turn<'_> {
         let old = match &cwd {
             Some(cwd) => {
                 let cwd = cwd.clone();
-                blocking(move || workspace::read(&cwd)).await
+                blocking(move || workspace::read(&cwd)).await.map_err(Arc::new)
             }
-            None => Err("the session has no cwd".to_owned()),
+            None => Err(Arc::new(FileError::NoCwd)),
         };
         let next = content::next_hello(old.as_ref().ok().and_then(Option::as_deref), text, model);
         let (mut read, mut edit, mut test) = (Outcome::Skipped, Outcome::Skipped, Outcome::Skipped);
@@ -325,7 +329,7 @@ impl Turn<'_> {
     async fn read_step(
         &mut self,
         path: &Path,
-        old: &Result<Option<String>, String>,
+        old: &Result<Option<String>, Arc<FileError>>,
         ask: bool,
     ) -> Result<Outcome, Stop> {
         let id = call_id();
@@ -352,7 +356,7 @@ impl Turn<'_> {
                 "acp-demo/hello.rs does not exist yet: the edit will create it.".to_owned(),
                 Outcome::Done("not there yet".into()),
             ),
-            Err(e) => ("failed", e.clone(), Outcome::Failed(e.clone())),
+            Err(e) => ("failed", e.to_string(), Outcome::Failed(e.to_string())),
         };
         self.emit_json(
             &json!({"sessionUpdate": "tool_call_update", "toolCallId": id, "status": status,
@@ -367,7 +371,7 @@ impl Turn<'_> {
         &mut self,
         path: &Path,
         cwd: Option<&Path>,
-        old: &Result<Option<String>, String>,
+        old: &Result<Option<String>, Arc<FileError>>,
         next: &str,
         ask: bool,
     ) -> Result<Outcome, Stop> {
@@ -389,10 +393,10 @@ impl Turn<'_> {
             .await?;
         let written = match (old, cwd) {
             (Err(e), _) => Err(e.clone()),
-            (Ok(_), None) => Err("the session has no cwd".to_owned()),
+            (Ok(_), None) => Err(Arc::new(FileError::NoCwd)),
             (Ok(_), Some(cwd)) => {
                 let (cwd, next) = (cwd.to_path_buf(), next.to_owned());
-                blocking(move || workspace::write(&cwd, &next)).await
+                blocking(move || workspace::write(&cwd, &next)).await.map_err(Arc::new)
             }
         };
         match written {
@@ -415,7 +419,7 @@ impl Turn<'_> {
                     "content": text_content(&why)}),
                 )
                 .await?;
-                Ok(Outcome::Failed(e))
+                Ok(Outcome::Failed(e.to_string()))
             }
         }
     }

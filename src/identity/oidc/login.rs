@@ -211,22 +211,22 @@ impl Oidc {
         id_token: &CoreIdToken,
         nonce: Option<&str>,
     ) -> Result<Map<String, Value>, LoginError> {
-        let check = |client: &ProviderClient| -> Result<(), String> {
+        let check = |client: &ProviderClient| -> Result<(), LoginError> {
             let verifier = client.id_token_verifier();
             let result = match nonce {
                 Some(n) => id_token.claims(&verifier, &Nonce::new(n.to_string())).map(|_| ()),
                 None => id_token.claims(&verifier, |_: Option<&Nonce>| Ok(())).map(|_| ()),
             };
-            result.map_err(|e| error_chain(&e))
+            result.map_err(|e| LoginError::Invalid(error_chain(&e)))
         };
         if let Err(first) = check(client) {
             // A key the held metadata does not have yet: the provider rotated its keys.
             let fresh = self.provider(true).await?;
             if fresh.at == d.at {
-                return Err(LoginError::Invalid(first));
+                return Err(first);
             }
             let client = self.client(&fresh)?;
-            check(&client).map_err(LoginError::Invalid)?;
+            check(&client)?;
         }
         // Verified above: its payload may now be read for the claims openidconnect does not type.
         payload(&id_token.to_string()).ok_or_else(|| LoginError::Invalid("unreadable ID token payload".into()))

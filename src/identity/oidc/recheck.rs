@@ -18,6 +18,12 @@ use tokio_util::sync::CancellationToken;
 use super::login::{LoginError, ProviderTokens};
 use super::{Oidc, ProviderDown, error_chain};
 
+/// Why the identity provider no longer lets a person in (it refused the refresh, or the new ID
+/// token does not pass, or the policy no longer admits them).
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+struct NoLongerIn(String);
+
 /// Sign-ins checked per tick, at most.
 const BATCH: i64 = 100;
 
@@ -166,7 +172,7 @@ impl Oidc {
                     let why = format!("the provider now names this account {:?}", user.unwrap_or_default());
                     self.end(&record.id, &why).await;
                 }
-                Ok(Err(why)) => {
+                Ok(Err(NoLongerIn(why))) => {
                     tracing::info!(user = %record.owner, reason = %why, "sign-in ended: the identity provider no longer lets this person in");
                     self.end(&record.id, &why).await;
                 }
@@ -186,7 +192,10 @@ impl Oidc {
     /// One refresh grant: `Ok(Ok((user, tokens)))` when the provider still lets the person in
     /// (`user` as its new ID token names them, when it sent one),
     /// `Ok(Err(why))` when it does not, `Err` when it cannot be reached.
-    async fn refresh(&self, refresh: &str) -> Result<Result<(Option<String>, ProviderTokens), String>, ProviderDown> {
+    async fn refresh(
+        &self,
+        refresh: &str,
+    ) -> Result<Result<(Option<String>, ProviderTokens), NoLongerIn>, ProviderDown> {
         let d = self.provider(false).await?;
         let client = self.client(&d).map_err(|e| ProviderDown(e.to_string()))?;
         let refresh = RefreshToken::new(refresh.to_string());
@@ -204,7 +213,7 @@ impl Oidc {
             Err(openidconnect::RequestTokenError::ServerResponse(e))
                 if *e.error() == openidconnect::core::CoreErrorResponseType::InvalidGrant =>
             {
-                return Ok(Err(format!("the provider refused the refresh: {e}")));
+                return Ok(Err(NoLongerIn(format!("the provider refused the refresh: {e}"))));
             }
             Err(openidconnect::RequestTokenError::ServerResponse(e)) => {
                 let why = format!("token endpoint: {e}");
@@ -232,7 +241,7 @@ impl Oidc {
         let claims = match self.verified_claims(&client, &d, id_token, None).await {
             Ok(c) => c,
             Err(LoginError::Unavailable(why)) => return Err(why),
-            Err(e) => return Ok(Err(e.to_string())),
+            Err(e) => return Ok(Err(NoLongerIn(e.to_string()))),
         };
         let claims = self.with_userinfo(&d, response.access_token().secret(), claims).await?;
         Ok(self
@@ -247,7 +256,7 @@ impl Oidc {
                     },
                 )
             })
-            .map_err(|r| r.why))
+            .map_err(|r| NoLongerIn(r.why)))
     }
 
     /// Ends a sign-in everywhere (the store) and here (its WebSockets).

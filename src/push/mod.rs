@@ -16,10 +16,12 @@
 use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use base64::Engine as _;
+// Tokio's clock, so that tests can pause it and step the rate limit through its interval.
 use serde::{Deserialize, Serialize};
+use tokio::time::Instant;
 use web_push_native::jwt_simple::algorithms::ES256KeyPair;
 use web_push_native::p256;
 use web_push_native::p256::elliptic_curve::sec1::ToEncodedPoint;
@@ -445,6 +447,47 @@ impl crate::session::Notifier for Push {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The rate limit of one session's pushes, stepped through with paused time: a turn's end
+    /// goes at most once per `min_interval_secs` per session, other sessions are counted apart,
+    /// and what needs an answer (a permission, a form) always goes.
+    #[tokio::test]
+    async fn pushes_of_a_session_are_spaced_by_the_interval_but_requests_always_go() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let url = format!("sqlite://{}", dir.path().join("push.db").display());
+        let store = crate::store::connect(&url).await.expect("store");
+        let config = PushConfig {
+            min_interval_secs: 10,
+            ..PushConfig::default()
+        };
+        let push = Push::new(
+            config,
+            store,
+            Sealer::new(&[3; 32]),
+            tokio_util::task::TaskTracker::new(),
+        );
+        // The store is open: from here the clock moves only when the test moves it.
+        tokio::time::pause();
+        let (alice, one, two): (Arc<str>, Arc<str>, Arc<str>) = ("alice".into(), "s1".into(), "s2".into());
+        assert!(push.due(&alice, &one, Event::TurnEnded), "the first goes");
+        assert!(
+            !push.due(&alice, &one, Event::TurnEnded),
+            "the second within the interval does not"
+        );
+        assert!(
+            push.due(&alice, &two, Event::TurnEnded),
+            "another session is counted apart"
+        );
+        assert!(push.due(&alice, &one, Event::Permission), "a permission always goes");
+        tokio::time::advance(Duration::from_millis(9_999)).await;
+        assert!(
+            !push.due(&alice, &one, Event::TurnFailed),
+            "9.999 s after the permission: not yet"
+        );
+        tokio::time::advance(Duration::from_millis(1)).await;
+        assert!(push.due(&alice, &one, Event::TurnFailed), "10 s after: it goes");
+        assert!(push.due(&alice, &one, Event::Elicitation), "a form always goes");
+    }
 
     #[test]
     fn internal_hosts_are_known_by_address() {

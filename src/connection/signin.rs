@@ -19,7 +19,7 @@ use crate::protocol::{self, RpcError, codes};
 use crate::session::Client;
 
 /// The notification that carries what an agent says for its user during a sign-in.
-pub const PROGRESS: &str = "_gateway/authenticate/progress";
+pub const PROGRESS: &str = crate::protocol::method::ext::AUTHENTICATE_PROGRESS;
 
 /// ACP `authenticate`. A shared agent's processes serve several users, so its login is the
 /// operator's to set up, not a client's.

@@ -38,7 +38,7 @@ use crate::protocol;
 use crate::store::{AuditFilter, iso8601};
 
 /// The notification the owner's clients get when an admin stops their session.
-pub const STOPPED: &str = "_gateway/session_stopped";
+pub const STOPPED: &str = protocol::method::ext::SESSION_STOPPED;
 
 pub(super) fn router() -> Router<Gateway> {
     Router::new()

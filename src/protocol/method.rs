@@ -2,6 +2,10 @@
 //! `method` label of the message metrics and the controls a session keeps all take their names
 //! from [`ClientMethod`], so they cannot disagree (they did: `session/fork`, `session/attach` and
 //! `session/detach` were served but counted as `other`).
+//!
+//! The other names the gateway reads are listed here too: what an agent sends that the gateway
+//! reads by name ([`agent`]) and the gateway's own `_gateway/…` extensions ([`ext`]). A test holds
+//! every method name the web UI uses to these lists.
 
 /// A method a client sends: requests, and the two notifications (`session/cancel`,
 /// `$/cancel_request`). Extension methods (`_…`) are not listed: they are forwarded by prefix.
@@ -116,9 +120,106 @@ pub const fn labels_then(other: &'static str) -> [&'static str; ClientMethod::AL
     out
 }
 
+/// What an agent sends a client that the gateway reads by name (everything else an agent sends
+/// passes through as it came).
+pub mod agent {
+    /// A session's update (a notification).
+    pub const SESSION_UPDATE: &str = "session/update";
+    /// A permission the agent asks for.
+    pub const REQUEST_PERMISSION: &str = "session/request_permission";
+    /// A form the agent asks to be filled in.
+    pub const ELICITATION: &str = "elicitation/create";
+}
+
+/// The gateway's own extension methods (`_gateway/…`), both ways.
+pub mod ext {
+    /// Client → gateway (a notification): which session a tab shows, so nothing is pushed for it.
+    pub const VISIBILITY: &str = "_gateway/visibility";
+    /// Client → gateway: the prompt queue's requests, one of [`QUEUE_OPS`] after this.
+    pub const QUEUE_PREFIX: &str = "_gateway/queue/";
+    /// What may follow [`QUEUE_PREFIX`].
+    pub const QUEUE_OPS: [&str; 4] = ["add", "edit", "remove", "send"];
+    /// Gateway → a session's clients: its queue changed.
+    pub const QUEUE: &str = "_gateway/queue";
+    /// Gateway → the owner's clients: an administrator stopped the session.
+    pub const SESSION_STOPPED: &str = "_gateway/session_stopped";
+    /// Gateway → a client: how an agent sign-in in a terminal is going.
+    pub const AUTHENTICATE_PROGRESS: &str = "_gateway/authenticate/progress";
+}
+
 #[cfg(test)]
 mod tests {
-    use super::ClientMethod;
+    use super::{ClientMethod, agent, ext};
+
+    /// Every method name the web UI sends or handles (each quoted `'session/…'`, `'_gateway/…'`,
+    /// … in `static/`) is one the gateway lists: a client method, an agent's method it reads, or
+    /// one of its own extensions. A name the UI made up, or one renamed on one side only, fails.
+    #[test]
+    fn every_method_the_web_ui_names_is_one_the_gateway_lists() {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("static");
+        let mut files = vec![root.join("app.js"), root.join("sw.js")];
+        for entry in std::fs::read_dir(root.join("js")).expect("static/js") {
+            files.push(entry.expect("entry").path());
+        }
+        let mut seen = Vec::new();
+        for file in files.iter().filter(|f| f.extension().is_some_and(|e| e == "js")) {
+            let text = std::fs::read_to_string(file).expect("a UI module");
+            // Every quote opens a candidate up to the next one (the text between two literals
+            // is a candidate too, and never looks like a method name).
+            let mut rest = text.as_str();
+            while let Some(open) = rest.find('\'') {
+                rest = &rest[open + 1..];
+                let Some(close) = rest.find('\'') else { break };
+                let quoted = &rest[..close];
+                let looks_like_a_method = !quoted.is_empty()
+                    && quoted.len() < 64
+                    && ([
+                        "session/",
+                        "auth/",
+                        "fs/",
+                        "terminal/",
+                        "elicitation/",
+                        "_gateway/",
+                        "$/",
+                    ]
+                    .iter()
+                    .any(|p| quoted.starts_with(p))
+                        || ["initialize", "authenticate"].contains(&quoted))
+                    && quoted.chars().all(|c| c.is_ascii_lowercase() || "/_$".contains(c));
+                if looks_like_a_method {
+                    seen.push((file.display().to_string(), quoted.to_string()));
+                }
+            }
+        }
+        assert!(
+            seen.iter().any(|(_, m)| m == "session/prompt") && seen.iter().any(|(_, m)| m == "_gateway/queue/add"),
+            "the scan found the UI's methods: {seen:?}"
+        );
+        let agents = [agent::SESSION_UPDATE, agent::REQUEST_PERMISSION, agent::ELICITATION];
+        let extensions = [
+            ext::VISIBILITY,
+            ext::QUEUE,
+            ext::SESSION_STOPPED,
+            ext::AUTHENTICATE_PROGRESS,
+        ];
+        let queue_op = |m: &str| {
+            m.strip_prefix(ext::QUEUE_PREFIX)
+                .is_some_and(|op| ext::QUEUE_OPS.contains(&op))
+        };
+        let unknown: Vec<_> = seen
+            .iter()
+            .filter(|(_, m)| {
+                ClientMethod::parse(m).is_none()
+                    && !agents.contains(&m.as_str())
+                    && !extensions.contains(&m.as_str())
+                    && !queue_op(m)
+            })
+            .collect();
+        assert!(
+            unknown.is_empty(),
+            "methods the web UI names that the gateway does not list: {unknown:?}"
+        );
+    }
 
     #[test]
     fn every_method_parses_back_from_its_name_and_nothing_else_does() {

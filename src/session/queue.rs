@@ -14,7 +14,7 @@ use serde_json::value::RawValue;
 use crate::protocol::RpcError;
 
 /// The notification that carries a session's queue to its clients.
-pub const NOTICE: &str = "_gateway/queue";
+pub const NOTICE: &str = crate::protocol::method::ext::QUEUE;
 
 /// Most messages one session holds queued.
 pub const MAX_QUEUED: usize = 20;

@@ -135,12 +135,12 @@ impl AgentRequest {
     /// Whether it is asked of every attached client (a permission request, or the agent asking
     /// the user something: `elicitation/create`) or of the newest.
     pub(crate) fn asks_everyone(&self) -> bool {
-        self.method == "session/request_permission" || self.is_elicitation()
+        self.method == crate::protocol::method::agent::REQUEST_PERMISSION || self.is_elicitation()
     }
 
     /// Whether the agent asks the user something (`elicitation/create`).
     fn is_elicitation(&self) -> bool {
-        self.method == "elicitation/create"
+        self.method == crate::protocol::method::agent::ELICITATION
     }
 
     /// The ACP method.
@@ -317,7 +317,10 @@ impl AgentRequest {
         tracing::info!(method = %self.method, "no client answered the agent's request in time");
         self.tell_others(None);
         self.unpublish(None);
-        let (permission, elicitation) = (self.method == "session/request_permission", self.is_elicitation());
+        let (permission, elicitation) = (
+            self.method == crate::protocol::method::agent::REQUEST_PERMISSION,
+            self.is_elicitation(),
+        );
         let sent = self.for_agent(|id| {
             if permission {
                 protocol::response(id, r#"{"outcome":{"outcome":"cancelled"}}"#)

@@ -246,7 +246,7 @@ impl Connection {
                 }
             }
             // The web UI: which session this page shows in a visible tab (no push for it).
-            "_gateway/visibility" => {
+            crate::protocol::method::ext::VISIBILITY => {
                 let shown = msg
                     .params
                     .and_then(|p| serde_json::from_str::<Value>(p.get()).ok())

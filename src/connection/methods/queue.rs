@@ -17,7 +17,7 @@ use super::*;
 use crate::session::queue::Queued;
 
 /// The methods' common prefix.
-pub(super) const PREFIX: &str = "_gateway/queue/";
+pub(super) const PREFIX: &str = crate::protocol::method::ext::QUEUE_PREFIX;
 
 /// The params the queue methods read (besides `sessionId`).
 #[derive(Deserialize)]
@@ -69,7 +69,13 @@ impl Ctx {
                 json!({})
             }
             "send" => json!({}),
-            other => return Err(RpcError::method_not_found(&format!("{PREFIX}{other}"))),
+            other => {
+                let ops = crate::protocol::method::ext::QUEUE_OPS.map(|op| format!("{PREFIX}{op}"));
+                return Err(RpcError::method_not_found(&format!(
+                    "{PREFIX}{other} (the queue takes {})",
+                    ops.join(", ")
+                )));
+            }
         };
         let next = if op == "send" {
             session.queue().release()

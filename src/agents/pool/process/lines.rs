@@ -52,7 +52,7 @@ fn parse_update(line: &str) -> Option<UpdateLine<'_>> {
         return None;
     }
     let u = serde_json::from_str::<UpdateLine<'_>>(line).ok()?;
-    (u.method == "session/update" && u.id.is_none()).then_some(u)
+    (u.method == crate::protocol::method::agent::SESSION_UPDATE && u.id.is_none()).then_some(u)
 }
 
 #[derive(Deserialize)]
@@ -96,7 +96,11 @@ impl AgentProcess {
     /// Hands a run of one session's updates on together when the session is bound (a
     /// streaming session's every burst); otherwise routes each as [`Self::route_update`] does.
     async fn route_run(&self, agent_session_id: &str, run: &[(&RawValue, Option<&RawValue>)], more: bool) {
-        crate::infra::metrics::messages_in(crate::infra::metrics::Peer::Agent, "session/update", run.len() as u64);
+        crate::infra::metrics::messages_in(
+            crate::infra::metrics::Peer::Agent,
+            crate::protocol::method::agent::SESSION_UPDATE,
+            run.len() as u64,
+        );
         match self.bound_session(agent_session_id) {
             Some(session) => {
                 self.handing_on.store(true, Ordering::Release);
@@ -118,7 +122,10 @@ impl AgentProcess {
     async fn on_line(self: &Arc<Self>, line: &str) {
         self.heard();
         if let Some(u) = parse_update(line) {
-            crate::infra::metrics::message_in(crate::infra::metrics::Peer::Agent, "session/update");
+            crate::infra::metrics::message_in(
+                crate::infra::metrics::Peer::Agent,
+                crate::protocol::method::agent::SESSION_UPDATE,
+            );
             self.route_update(&u.params.session_id, u.params.update, u.params.meta)
                 .await;
             return;
@@ -135,7 +142,7 @@ impl AgentProcess {
         }
         match kind {
             Kind::Response => self.rpc.on_response(&msg),
-            Kind::Notification if msg.method() == "session/update" => {
+            Kind::Notification if msg.method() == crate::protocol::method::agent::SESSION_UPDATE => {
                 let Some(params) = msg
                     .params
                     .and_then(|p| serde_json::from_str::<UpdateParams<'_>>(p.get()).ok())

@@ -12,7 +12,7 @@
 //!
 //! A leaf: it imports nothing of the crate.
 
-use crate::protocol::method::labels_then;
+use crate::protocol::method::{agent, labels_then};
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
@@ -183,8 +183,8 @@ pub const FROM_CLIENT: &[&str] = &labels_then(OTHER);
 /// what the gateway passes on to clients (`peer="client"` of [`MESSAGES_OUT`]). `session/update`
 /// first: it is the hot one.
 pub const FROM_AGENT: &[&str] = &[
-    "session/update",
-    "session/request_permission",
+    agent::SESSION_UPDATE,
+    agent::REQUEST_PERMISSION,
     "fs/read_text_file",
     "fs/write_text_file",
     "terminal/create",

@@ -11,6 +11,7 @@ use serde_json::value::RawValue;
 use super::LiveSession;
 use super::fanout::{Deferred, Held, Subscriber, feed_id};
 use crate::infra::outbox::{CLOSE_TOO_SLOW, Outbox};
+use crate::protocol::method::agent;
 use crate::protocol::{self, RpcError};
 use crate::session::client::Client;
 use crate::session::requests::AgentRequest;
@@ -243,7 +244,11 @@ impl LiveSession {
             if !run.is_empty() {
                 self.give_run(client, feed, &mut run, cursor).await?;
             }
-            crate::infra::metrics::message_out(crate::infra::metrics::Peer::Client, "session/update", cursor - from);
+            crate::infra::metrics::message_out(
+                crate::infra::metrics::Peer::Client,
+                agent::SESSION_UPDATE,
+                cursor - from,
+            );
             if cursor > from {
                 missing_since = None;
             } else {
@@ -449,8 +454,8 @@ impl LiveSession {
     /// it is for: the tool call's title) or a form (its message).
     pub(super) fn push_request(&self, method: &str, params: &str) {
         let (event, pointer) = match method {
-            "session/request_permission" => (crate::session::Attention::Permission, "/toolCall/title"),
-            "elicitation/create" => (crate::session::Attention::Elicitation, "/message"),
+            agent::REQUEST_PERMISSION => (crate::session::Attention::Permission, "/toolCall/title"),
+            agent::ELICITATION => (crate::session::Attention::Elicitation, "/message"),
             _ => return,
         };
         let asked = serde_json::from_str::<serde_json::Value>(params).ok().and_then(|p| {

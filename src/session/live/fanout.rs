@@ -138,7 +138,11 @@ impl Fanout {
             }
             if sub.client.outbox.offer(frame.clone()) {
                 sub.sent_up_to = seq;
-                crate::infra::metrics::message_out(crate::infra::metrics::Peer::Client, "session/update", 1);
+                crate::infra::metrics::message_out(
+                    crate::infra::metrics::Peer::Client,
+                    crate::protocol::method::agent::SESSION_UPDATE,
+                    1,
+                );
                 return true;
             }
             if sub.client.is_closed() {

@@ -66,9 +66,12 @@ impl Application {
             .await
             .context("setting up the agents' network")?;
         let auth = Authenticator::from_config(&config.jwt, &config.data_dir).context("setting up JWT verification")?;
-        let store = store::connect_with(&config.database_url, config.request_database_url.as_deref())
-            .await
-            .with_context(|| format!("opening database {}", redact(&config.database_url)))?;
+        let store::Database { sessions: store, db } =
+            store::open(&config.database_url, config.request_database_url.as_deref())
+                .await
+                .with_context(|| format!("opening database {}", redact(&config.database_url)))?;
+        // The features' tables a request waits on answer in time, as sessions' do.
+        let request_db = db.bounded(store::CALL_LIMIT);
         let cursors = CursorCodec::new(store.cursor_key().await.context("loading the cursor key")?);
         let replica = config
             .replica_id
@@ -103,19 +106,22 @@ impl Application {
         let quotas = Quotas::new(&config.limits);
         let sealer = crate::infra::sealing::Sealer::from_config(config.secrets_key.as_ref(), tenancy.data_dir())
             .context("the secrets key (ACP_GATEWAY_SECRETS_KEY)")?;
-        let keys = Arc::new(crate::settings::secrets::Keys::new(store.clone(), sealer.clone()));
+        let rows = store::SealedRows::new(db.clone());
+        let keys = Arc::new(crate::settings::secrets::Keys::new(rows.clone(), sealer.clone()));
         let user_mcp = Arc::new(crate::settings::user_mcp::UserMcp::new(
-            store.clone(),
+            rows.clone(),
             sealer.clone(),
             config.mcp.clone(),
         ));
         let push = Arc::new(crate::push::Push::new(
             config.push.clone(),
             store.clone(),
+            rows,
             sealer.clone(),
             tracker.clone(),
         ));
-        let (oidc, jwks) = crate::identity::oidc::build(&config, &auth, sealer, &store)?;
+        let (oidc, jwks) =
+            crate::identity::oidc::build(&config, &auth, sealer, &crate::identity::WebSessions::new(db.clone()))?;
         let pools = Arc::new(Pools::new(
             &config,
             tenancy.clone(),
@@ -126,8 +132,11 @@ impl Application {
         let listener = TcpListener::bind(config.listen)
             .await
             .with_context(|| format!("binding {}", config.listen))?;
-        let (usage, usage_task) =
-            crate::usage::Usage::spawn(store.clone(), config.usage.clone(), persister_cancel.clone());
+        let (usage, usage_task) = crate::usage::Usage::spawn(
+            crate::usage::UsageLog::new(db.clone()),
+            config.usage.clone(),
+            persister_cancel.clone(),
+        );
         let options = SessionOptions {
             usage: Some(usage.clone()),
             persister,
@@ -142,14 +151,15 @@ impl Application {
             push: Some(push.clone()),
         };
         let (audit, audit_task) = crate::audit::Audit::spawn(
-            store.clone(),
+            crate::audit::AuditLog::new(db.clone()),
             replica.clone(),
             config.audit.retention_days,
             persister_cancel.clone(),
         );
         let sessions = Sessions::new(store, options, cursors);
-        // Shares are checked through the same bounded store as sessions.
-        let shares = Arc::new(crate::sharing::Shares::new(sessions.store().clone()));
+        let shares = Arc::new(crate::sharing::Shares::new(crate::sharing::ShareStore::new(
+            request_db.clone(),
+        )));
         let gateway = Gateway {
             life: Arc::new(crate::gateway::Life::new(
                 tracker,
@@ -162,7 +172,7 @@ impl Application {
                 oidc,
                 jwks,
                 admin: config.admin.clone(),
-                store: sessions.store().clone(),
+                store: crate::identity::WebSessions::new(request_db.clone()),
                 audit: audit.clone(),
             }),
             sessions: Arc::new(sessions),

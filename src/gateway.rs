@@ -26,7 +26,6 @@ use crate::session::Sessions;
 use crate::settings::secrets::Keys;
 use crate::settings::user_mcp::UserMcp;
 use crate::sharing::Shares;
-use crate::store::Store;
 use crate::tenancy::Tenancy;
 use crate::usage::Usage;
 use crate::usage::quota::Quotas;
@@ -113,7 +112,7 @@ pub struct Identities {
     /// Who administers the gateway (`[admin]`).
     pub admin: AdminConfig,
     /// Where sign-ins through the provider are kept (a cookie is good only while its sign-in is).
-    pub store: Arc<dyn Store>,
+    pub store: crate::identity::WebSessions,
     /// Refused tokens are recorded.
     pub audit: Arc<Audit>,
 }

@@ -13,17 +13,18 @@
 //! - `protocol`: JSON-RPC parsing (once, borrowed) and frame building (no re-serialization).
 //! - [`infra`]: configuration, the clock, logs and the Prometheus recorder, metrics, traces,
 //!   private files, the byte-bounded queues.
-//! - [`store`]: the `Store` trait (SQLite and Postgres), the batching transcript writer, cursors.
+//! - [`store`]: the `Store` trait (SQLite and Postgres), the `Db` handle the features' tables are
+//!   reached through, the batching transcript writer, cursors.
 //! - `tenancy`: what a user's agent process can reach: environment, home, workspaces, sandbox.
 //! - `agents`: agent processes pooled per agent (`pool`: spawning, routing stdout, reaping),
 //!   and the built-in offline agent (`demo`).
 //! - `session`: live sessions: sequence numbers, attached clients, agent requests.
 //!
-//! The features, each in its own module: `audit` (who did what), [`export`] (a transcript as
+//! The features, each in its own module: [`audit`] (who did what), [`export`] (a transcript as
 //! JSON Lines or Markdown), [`identity`] (tokens; team sign-in through OpenID Connect), `push`
 //! (Web Push), [`replica`] (replicas sharing sessions through Postgres), `retention` (deleting
 //! sessions past `[retention] days`), `settings` (a user's sealed agent keys and MCP servers),
-//! `sharing` (sessions shared with a teammate, and the watch that closes the clients of shares
+//! [`sharing`] (sessions shared with a teammate, and the watch that closes the clients of shares
 //! that end), `signin` (signing users in to agents in a pseudo-terminal), `usage` (spend, and the
 //! per-user caps).
 //!
@@ -47,7 +48,7 @@ static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
 pub(crate) mod agents;
 pub mod app;
-pub(crate) mod audit;
+pub mod audit;
 pub mod cli;
 pub(crate) mod connection;
 pub mod export;
@@ -61,7 +62,7 @@ pub mod replica;
 pub(crate) mod retention;
 pub(crate) mod session;
 pub(crate) mod settings;
-pub(crate) mod sharing;
+pub mod sharing;
 pub(crate) mod signin;
 pub mod store;
 pub(crate) mod tenancy;

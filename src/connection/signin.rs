@@ -64,7 +64,7 @@ pub(super) async fn authenticate(gw: &Gateway, client: &Client, pool: &Arc<Agent
     // One line and one count per sign-in, whatever the agent answered (never its content).
     let outcome = if result.is_ok() { "ok" } else { "failed" };
     if result.is_ok() {
-        crate::signin::remember(&**gw.sessions.store(), &client.user, &pool.name, &method).await;
+        crate::signin::remember(gw.settings.keys.rows(), &client.user, &pool.name, &method).await;
     }
     crate::infra::metrics::signin(&pool.name, "agent", outcome);
     tracing::info!(connection = %client.id, user = %client.user, agent = %pool.name, method = %method, method_type = "agent", outcome, "agent sign-in");

@@ -32,10 +32,11 @@ use serde_json::{Value, json};
 use super::auth::Caller;
 use super::error::refuse;
 use super::server::Peer;
+use crate::audit::AuditFilter;
 use crate::gateway::Gateway;
 use crate::identity::auth::Identity;
 use crate::protocol;
-use crate::store::{AuditFilter, iso8601};
+use crate::store::iso8601;
 
 /// The notification the owner's clients get when an admin stops their session.
 pub const STOPPED: &str = protocol::method::ext::SESSION_STOPPED;
@@ -75,6 +76,7 @@ where
 
 async fn users(
     State(sessions): State<Arc<Sessions>>,
+    State(audit): State<Arc<Audit>>,
     State(pools): State<Arc<Pools>>,
     State(life): State<Arc<Life>>,
     Admin(_): Admin,
@@ -89,7 +91,7 @@ async fn users(
         );
     }
     let store = sessions.store();
-    let (stored, signins) = match (store.users_overview(10_000).await, store.last_sign_ins().await) {
+    let (stored, signins) = match (store.users_overview(10_000).await, audit.last_sign_ins().await) {
         (Ok(a), Ok(b)) => (a, b),
         (Err(e), _) | (_, Err(e)) => {
             tracing::error!(error = %e, "cannot read the users overview");
@@ -195,14 +197,14 @@ struct AuditQuery {
     limit: Option<i64>,
 }
 
-async fn audit(State(sessions): State<Arc<Sessions>>, Admin(_): Admin, Query(q): Query<AuditQuery>) -> Response {
+async fn audit(State(audit): State<Arc<Audit>>, Admin(_): Admin, Query(q): Query<AuditQuery>) -> Response {
     let filter = AuditFilter {
         actor: q.actor.filter(|a| !a.is_empty()),
         action: q.action.filter(|a| !a.is_empty()),
         before: q.before,
         limit: q.limit.unwrap_or(100).clamp(1, 1000),
     };
-    match sessions.store().audit_page(&filter).await {
+    match audit.page(&filter).await {
         Ok(entries) => {
             let next = (entries.len() as i64 == filter.limit)
                 .then(|| entries.last().map(|e| e.id))

@@ -206,7 +206,7 @@ pub async fn authenticate(
 /// form) and that sign-in has ended.
 async fn still_signed_in(ids: &Identities, who: Identity) -> Result<Identity, Unauthorized> {
     let Some(sid) = &who.session else { return Ok(who) };
-    let live = crate::identity::oidc::is_live(&*ids.store, sid, &who.user).await;
+    let live = crate::identity::oidc::is_live(&ids.store, sid, &who.user).await;
     if live {
         Ok(who)
     } else {

@@ -60,18 +60,18 @@ async fn me(
 }
 
 async fn agents(
-    State(sessions): State<Arc<Sessions>>,
     State(pools): State<Arc<Pools>>,
     State(keys): State<Arc<Keys>>,
     Caller(who): Caller,
 ) -> Json<serde_json::Value> {
+    let rows = keys.rows().bounded(crate::store::CALL_LIMIT);
     // Which keys the caller has given each agent: names and times, never values.
     let keys = keys.list(&who.user).await.unwrap_or_else(|e| {
         tracing::error!(user = %who.user, error = %e, "cannot list the user's agent keys");
         Vec::new()
     });
     // Which agents they completed a sign-in on (a terminal login, an accepted `authenticate`).
-    let logins = sessions.store().logins(&who.user).await.unwrap_or_else(|e| {
+    let logins = rows.logins(&who.user).await.unwrap_or_else(|e| {
         tracing::error!(user = %who.user, error = %e, "cannot list the user's agent sign-ins");
         Vec::new()
     });
@@ -320,7 +320,7 @@ async fn cookie_of_a_sign_in(ids: &Identities, user: &str, ttl: u64, admin: bool
     };
     let now = now_secs() as i64;
     let expires = now.saturating_add(ttl as i64);
-    let row = crate::store::WebSession {
+    let row = crate::identity::WebSession {
         id: sid.clone(),
         owner: user.to_string(),
         key_id: OWN_SIGN_IN.to_string(),
@@ -333,7 +333,7 @@ async fn cookie_of_a_sign_in(ids: &Identities, user: &str, ttl: u64, admin: bool
         revoked_at: None,
     };
     let token = ids.auth.mint_session(user, ttl, &sid, admin)?;
-    ids.store.put_web_session(&row).await?;
+    ids.store.put(&row).await?;
     Ok(token)
 }
 
@@ -395,7 +395,6 @@ fn refusal(headers: &HeaderMap, status: StatusCode, message: &'static str) -> Re
 async fn logout(
     State(audit_log): State<Arc<Audit>>,
     State(ids): State<Arc<Identities>>,
-    State(sessions): State<Arc<Sessions>>,
     headers: HeaderMap,
     peer: Option<Extension<Peer>>,
 ) -> Response {
@@ -412,14 +411,12 @@ async fn logout(
     }
     // A login link's or token form's sign-in ends here; a provider's through the provider.
     let own_sid = match who.and_then(|w| w.session) {
-        Some(sid) if matches!(sessions.store().web_session(&sid).await, Ok(Some(row)) if row.key_id == OWN_SIGN_IN) => {
-            Some(sid)
-        }
+        Some(sid) if matches!(ids.store.get(&sid).await, Ok(Some(row)) if row.key_id == OWN_SIGN_IN) => Some(sid),
         _ => None,
     };
     let redirect = match own_sid {
         Some(sid) => {
-            if let Err(e) = sessions.store().revoke_web_session(&sid, "signed out").await {
+            if let Err(e) = ids.store.revoke(&sid, "signed out").await {
                 tracing::warn!(error = %e, "cannot record that a sign-in ended");
             }
             if let Some(oidc) = &ids.oidc {

@@ -233,7 +233,7 @@ async fn run(
     let outcome = ending.outcome();
     let recycled = if outcome == "ok" { pool.recycle_user(user) } else { 0 };
     if outcome == "ok" {
-        crate::signin::remember(&**gw.sessions.store(), user, &pool.name, &method.id).await;
+        crate::signin::remember(gw.settings.keys.rows(), user, &pool.name, &method.id).await;
     }
     crate::infra::metrics::signin(&pool.name, METHOD_TYPE, outcome);
     let code = match &ending {

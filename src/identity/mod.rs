@@ -2,3 +2,6 @@
 
 pub mod auth;
 pub mod oidc;
+mod store;
+
+pub use store::{WEB_SESSIONS_KEPT_SECS, WebSession, WebSessions};

@@ -28,8 +28,8 @@ use web_push_native::p256::elliptic_curve::sec1::ToEncodedPoint;
 
 use crate::infra::config::PushConfig;
 use crate::infra::sealing::Sealer;
-use crate::store::Store;
 use crate::store::sealed_list::SealedList;
+use crate::store::{SealedRows, Store};
 use service::device_keys;
 
 mod service;
@@ -166,6 +166,7 @@ impl Push {
     pub fn new(
         config: PushConfig,
         store: Arc<dyn Store>,
+        rows: SealedRows,
         sealer: Sealer,
         tracker: tokio_util::task::TaskTracker,
     ) -> Self {
@@ -176,13 +177,7 @@ impl Push {
             .build()
             .unwrap_or_default();
         Self {
-            devices: SealedList::new(
-                store.clone(),
-                sealer,
-                "/push",
-                "subscriptions",
-                "your push subscriptions",
-            ),
+            devices: SealedList::new(rows, sealer, "/push", "subscriptions", "your push subscriptions"),
             store,
             keypair,
             public_key,
@@ -455,14 +450,15 @@ mod tests {
     async fn pushes_of_a_session_are_spaced_by_the_interval_but_requests_always_go() {
         let dir = tempfile::tempdir().expect("tempdir");
         let url = format!("sqlite://{}", dir.path().join("push.db").display());
-        let store = crate::store::connect(&url).await.expect("store");
+        let database = crate::store::open(&url, None).await.expect("store");
         let config = PushConfig {
             min_interval_secs: 10,
             ..PushConfig::default()
         };
         let push = Push::new(
             config,
-            store,
+            database.sessions,
+            SealedRows::new(database.db),
             Sealer::new(&[3; 32]),
             tokio_util::task::TaskTracker::new(),
         );

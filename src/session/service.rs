@@ -21,12 +21,10 @@ use crate::infra::cap::CapReached;
 use crate::protocol::RpcError;
 use crate::store::cursor::CursorCodec;
 use crate::store::persister::Persister;
-use crate::store::{Bounded, NewSession, SessionRecord, Store, StoreError};
+use crate::store::{Bounded, CALL_LIMIT, NewSession, SessionRecord, Store, StoreError};
 
 /// Longest a request waits for the database as a whole (the contract says 5 s).
 pub const REQUEST_DEADLINE: Duration = Duration::from_millis(4500);
-/// Longest one store call on a request's path may take.
-const STORE_CALL_TIMEOUT: Duration = Duration::from_secs(4);
 
 /// Runs `f`, answering [`StoreError::Timeout`] (`-32603`) if it takes longer than
 /// [`REQUEST_DEADLINE`].
@@ -61,7 +59,7 @@ const USAGE_TTL: Duration = Duration::from_secs(5);
 impl Sessions {
     /// The service over `store` (each call bounded), its writer and cursor key.
     pub(crate) fn new(store: Arc<dyn Store>, mut options: SessionOptions, cursors: CursorCodec) -> Self {
-        let store: Arc<dyn Store> = Arc::new(Bounded::new(store, STORE_CALL_TIMEOUT));
+        let store: Arc<dyn Store> = Arc::new(Bounded::new(store, CALL_LIMIT));
         options.store = Some(store.clone());
         Self {
             store,

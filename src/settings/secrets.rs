@@ -3,19 +3,17 @@
 //! data. Values are never logged and never returned by a route: only their names and when they
 //! were set.
 
-use std::sync::Arc;
-
 use secrecy::{ExposeSecret, SecretString};
 
 use crate::agents::pool::{UserEnv, UserEnvError};
 use crate::infra::sealing::{Sealed, Sealer};
-use crate::store::{Store, StoreError, StoredSecret};
+use crate::store::{SealedRows, StoreError, StoredSecret};
 
 /// Users' keys: sealed into the store, opened for their own agent processes only.
 #[derive(Debug)]
 pub struct Keys {
     /// Where they are kept (sealed).
-    store: Arc<dyn Store>,
+    store: SealedRows,
     /// Seals and opens them.
     sealer: Sealer,
 }
@@ -34,8 +32,13 @@ pub struct KeyInfo {
 
 impl Keys {
     /// Keys kept in `store`, sealed by `sealer`.
-    pub fn new(store: Arc<dyn Store>, sealer: Sealer) -> Self {
+    pub fn new(store: SealedRows, sealer: Sealer) -> Self {
         Self { store, sealer }
+    }
+
+    /// Where they are kept (a user's agent logins are kept there too).
+    pub fn rows(&self) -> &SealedRows {
+        &self.store
     }
 
     /// Sets `owner`'s `vars` for `agent` (all or none).
@@ -55,14 +58,14 @@ impl Keys {
                 }
             })
             .collect();
-        self.store.put_secrets(owner, &rows).await
+        self.store.put(owner, &rows).await
     }
 
     /// What `owner` has set, for every agent (names and times only).
     pub async fn list(&self, owner: &str) -> Result<Vec<KeyInfo>, StoreError> {
         Ok(self
             .store
-            .secrets(owner, None)
+            .get(owner, None)
             .await?
             .into_iter()
             .map(|s| KeyInfo {
@@ -75,14 +78,14 @@ impl Keys {
 
     /// Removes `owner`'s keys for `agent` (sign-out); how many there were.
     pub async fn remove(&self, owner: &str, agent: &str) -> Result<u64, StoreError> {
-        self.store.delete_secrets(owner, agent).await
+        self.store.delete(owner, agent).await
     }
 }
 
 #[async_trait::async_trait]
 impl UserEnv for Keys {
     async fn env(&self, user: &str, agent: &str) -> Result<Vec<(String, SecretString)>, UserEnvError> {
-        let stored = self.store.secrets(user, Some(agent)).await.map_err(|e| {
+        let stored = self.store.get(user, Some(agent)).await.map_err(|e| {
             tracing::error!(user, agent, error = %e, "cannot read the user's agent keys");
             UserEnvError::Unreadable
         })?;

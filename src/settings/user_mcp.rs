@@ -14,13 +14,11 @@
 //! before the operator tightened them is no longer given to agents. Stdio servers stay
 //! operator-only (`allowed_stdio_mcp`).
 
-use std::sync::Arc;
-
 use serde::{Deserialize, Serialize};
 
 use crate::infra::config::McpConfig;
 use crate::infra::sealing::Sealer;
-use crate::store::Store;
+use crate::store::SealedRows;
 use crate::store::sealed_list::SealedList;
 use crate::tenancy::McpTransports;
 
@@ -104,7 +102,7 @@ fn is_token(name: &str) -> bool {
 
 impl UserMcp {
     /// Servers kept in `store`, sealed by `sealer`, as `config` allows.
-    pub fn new(store: Arc<dyn Store>, sealer: Sealer, config: McpConfig) -> Self {
+    pub fn new(store: SealedRows, sealer: Sealer, config: McpConfig) -> Self {
         Self {
             list: SealedList::new(store, sealer, ROW_AGENT, ROW_NAME, "your MCP servers"),
             config,

@@ -10,8 +10,10 @@
 //! controller link ends after [`CONTROLLER_LINK_SECS`] unless the owner says when, and what the
 //! owner stored as secrets is withheld (see [`withheld`]).
 
+mod store;
 mod watch;
 
+pub use store::{ACCESS_PAIRS_PER_STATEMENT, MemberAccess, NewShare, ShareAccess, ShareRow, ShareStore, SharedSession};
 pub use watch::ShareWatch;
 
 use parking_lot::Mutex;
@@ -24,7 +26,7 @@ use sha2::{Digest, Sha256};
 
 use crate::protocol::{RpcError, codes};
 use crate::session::Client;
-use crate::store::{ACCESS_PAIRS_PER_STATEMENT, NewShare, ShareAccess, ShareRow, SharedSession, Store, now_micros};
+use crate::store::now_micros;
 
 /// Most shares one session may have.
 pub const MAX_SHARES_PER_SESSION: i64 = 32;
@@ -185,7 +187,7 @@ pub struct Watched {
 /// Shares: made, listed, revoked and opened through the store; the clients they let in, watched.
 #[derive(Debug)]
 pub struct Shares {
-    store: Arc<dyn Store>,
+    store: ShareStore,
     watched: Mutex<Vec<Watched>>,
     /// Wakes the watcher when a share is revoked here.
     pub revoked: tokio::sync::Notify,
@@ -193,7 +195,7 @@ pub struct Shares {
 
 impl Shares {
     /// Shares kept in `store`.
-    pub fn new(store: Arc<dyn Store>) -> Self {
+    pub fn new(store: ShareStore) -> Self {
         Self {
             store,
             watched: Mutex::default(),
@@ -245,9 +247,9 @@ impl Shares {
             expires_at,
             owner_keys: r.owner_keys,
         };
-        if !self.store.create_share(&new, MAX_SHARES_PER_SESSION).await? {
+        if !self.store.create(&new, MAX_SHARES_PER_SESSION).await? {
             // Refused: not a session of theirs (it lists no shares of theirs), or the cap.
-            if self.store.shares(owner, sid, now).await?.is_empty() {
+            if self.store.of_session(owner, sid, now).await?.is_empty() {
                 return Err(RpcError::session_not_found());
             }
             return Err(RpcError::new(
@@ -273,12 +275,12 @@ impl Shares {
 
     /// The shares of `owner`'s session `sid` in force now.
     pub async fn list(&self, owner: &str, sid: &str) -> Result<Vec<ShareRow>, RpcError> {
-        Ok(self.store.shares(owner, sid, now_micros()).await?)
+        Ok(self.store.of_session(owner, sid, now_micros()).await?)
     }
 
     /// Revokes the share `id` of `owner`'s session `sid`: the clients it let in are closed.
     pub async fn revoke(&self, owner: &str, sid: &str, id: &str) -> Result<(), RpcError> {
-        if !self.store.delete_share(owner, sid, id).await? {
+        if !self.store.delete(owner, sid, id).await? {
             return Err(RpcError::new(codes::RESOURCE_NOT_FOUND, "share not found"));
         }
         self.revoked.notify_one();
@@ -294,15 +296,15 @@ impl Shares {
         let now = now_micros();
         let share = self
             .store
-            .link_share(&token_hash(token), now)
+            .link(&token_hash(token), now)
             .await?
             .ok_or_else(|| RpcError::new(codes::RESOURCE_NOT_FOUND, "share link not found"))?;
         // Its owner is not a member: the session is theirs anyway.
         if share.owner != user
-            && let Err(e) = self.store.join_share(&share.id, user, now).await
+            && let Err(e) = self.store.join(&share.id, user, now).await
         {
             // Revoked meanwhile (its row is gone): as unknown as any ended link.
-            if self.store.link_share(&token_hash(token), now).await?.is_none() {
+            if self.store.link(&token_hash(token), now).await?.is_none() {
                 return Err(RpcError::new(codes::RESOURCE_NOT_FOUND, "share link not found"));
             }
             return Err(e.into());
@@ -312,7 +314,7 @@ impl Shares {
 
     /// What lets `user` reach session `sid`, which is not theirs, now.
     pub async fn access(&self, user: &str, sid: &str) -> Result<Option<ShareAccess>, RpcError> {
-        Ok(self.store.share_access(user, sid, now_micros()).await?)
+        Ok(self.store.access(user, sid, now_micros()).await?)
     }
 
     /// Whether a share lets `user` control session `sid` now (asked of the store, where a share
@@ -334,7 +336,7 @@ impl Shares {
         let now = now_micros();
         let mut total = 0;
         loop {
-            match self.store.purge_expired_shares(now, PURGE_BATCH).await {
+            match self.store.purge_expired(now, PURGE_BATCH).await {
                 Ok(n) => {
                     total += n;
                     if n < PURGE_BATCH.unsigned_abs() {
@@ -438,7 +440,7 @@ impl Shares {
         let mut found: HashMap<(String, String), ShareAccess> = HashMap::new();
         let mut unknown: HashSet<(String, String)> = HashSet::new();
         for chunk in pairs.chunks(ACCESS_PAIRS_PER_STATEMENT) {
-            match self.store.share_accesses(chunk, now).await {
+            match self.store.accesses(chunk, now).await {
                 Ok(rows) => {
                     for r in rows {
                         found.insert((r.member, r.access.session_id.clone()), r.access);

@@ -10,11 +10,11 @@ use parking_lot::Mutex;
 use std::collections::HashSet;
 use std::sync::Arc;
 
-use crate::store::{Store, StoredLogin, now_micros};
+use crate::store::{SealedRows, StoredLogin, now_micros};
 
 /// Records that `user` completed a sign-in to `agent` with `method_id` (what `/api/agents` shows
 /// them). A store that cannot record it is logged, not fatal: the credentials are in their `HOME`.
-pub async fn remember(store: &dyn Store, user: &str, agent: &str, method_id: &str) {
+pub async fn remember(store: &SealedRows, user: &str, agent: &str, method_id: &str) {
     let login = StoredLogin {
         agent: agent.to_string(),
         method_id: method_id.to_string(),

@@ -1,5 +1,5 @@
-//! What the admin routes read across users, written once for both databases: each user's
-//! sessions (count, stored bytes, last activity) and their last sign-in. Never a transcript.
+//! What the admin routes read of sessions across users, written once for both databases: each
+//! user's sessions (count, stored bytes, last activity). Never a transcript.
 
 use sqlx::{Database, Encode, Executor, FromRow, IntoArguments, Postgres, Sqlite, Type};
 
@@ -24,7 +24,6 @@ where
     for<'q> &'q str: Encode<'q, Self> + Type<Self>,
     for<'q> i64: Encode<'q, Self> + Type<Self>,
     for<'r> UserOverview: FromRow<'r, Self::Row>,
-    for<'r> (String, i64): FromRow<'r, Self::Row>,
 {
     /// Every user with a stored session, most recently active first (at most `limit`).
     async fn users_overview<'c>(
@@ -38,16 +37,6 @@ where
              FROM sessions GROUP BY owner ORDER BY last_active DESC LIMIT $1",
         )
         .bind(limit)
-        .fetch_all(e)
-        .await
-    }
-
-    /// Each user's last successful sign-in (epoch µs), from the audit log.
-    async fn last_sign_ins<'c>(e: impl Executor<'c, Database = Self>) -> Result<Vec<(String, i64)>, sqlx::Error> {
-        sqlx::query_as(
-            "SELECT actor, CAST(MAX(at) AS BIGINT) FROM audit_log
-             WHERE action = 'sign_in' AND outcome = 'ok' GROUP BY actor",
-        )
         .fetch_all(e)
         .await
     }

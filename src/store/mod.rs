@@ -7,41 +7,32 @@
 //! the first missing update.
 
 mod admin;
-mod audit;
 mod bounded;
 pub(crate) mod cursor;
-mod identities;
+mod db;
 mod lifecycle;
 mod list_sql;
 pub mod persister;
 mod pg_roles;
 pub(crate) mod postgres;
 pub mod sealed_list;
-mod shares;
 mod sql;
 pub(crate) mod sqlite;
 pub mod sqlite_writer;
-mod usage;
 mod user_secrets;
-mod web_sessions;
 
 use std::sync::Arc;
 
 use async_trait::async_trait;
 
 pub use admin::UserOverview;
-pub use audit::{AuditEntry, AuditFilter};
 pub use bounded::Bounded;
+pub(crate) use db::statement;
+pub use db::{Backend, Db};
 pub use lifecycle::StaleSession;
 pub use list_sql::{SEARCH_PROBE, SearchBy, SearchIndex, list_query};
-pub use shares::{ACCESS_PAIRS_PER_STATEMENT, MemberAccess, NewShare, ShareAccess, ShareRow, SharedSession};
-pub use usage::{UsageRow, UsageSample};
-pub use user_secrets::{StoredLogin, StoredSecret};
-pub use web_sessions::WebSession;
-
-/// How long an ended sign-in through the identity provider is kept (seconds), so that every
-/// replica sees it ended before it is forgotten.
-pub const WEB_SESSIONS_KEPT_SECS: i64 = 7 * 24 * 3600;
+pub use postgres::PgDb;
+pub use user_secrets::{SealedRows, StoredLogin, StoredSecret};
 
 /// How many chunks a replay, an export or a fork's copy asks [`Store::read_events`] for at most.
 /// Human-paced prompts store about one update per chunk: pages of a few chunks made a Postgres
@@ -55,6 +46,10 @@ pub const READ_PAGE_BYTES: i64 = 256 << 10;
 /// Longest wait for a pooled connection: a database that does not answer fails a request well
 /// within the contract's 5 s, and pools open new connections once it is back.
 pub const ACQUIRE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(3);
+
+/// Longest one store call on a request's path may take (a request as a whole waits at most
+/// the contract's 5 s).
+pub const CALL_LIMIT: std::time::Duration = std::time::Duration::from_secs(4);
 
 /// A store failure. Callers log the detail and answer clients with a generic error.
 #[derive(Debug, thiserror::Error)]
@@ -361,93 +356,30 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     /// The agent's session controls stored for a session of `owner` (a JSON object, `{}` when
     /// none were), or `None` (unknown and foreign ids alike).
     async fn session_controls(&self, owner: &str, id: &str) -> Result<Option<String>, StoreError>;
-    /// Sets (or replaces) `owner`'s sealed keys, all in one transaction.
-    async fn put_secrets(&self, owner: &str, secrets: &[StoredSecret]) -> Result<(), StoreError>;
-    /// `owner`'s sealed keys for `agent`, or for every agent (`None`).
-    async fn secrets(&self, owner: &str, agent: Option<&str>) -> Result<Vec<StoredSecret>, StoreError>;
-    /// Signs `owner` out of `agent`: removes their keys for it and the record of their login
-    /// there, in one transaction; how many keys there were.
-    async fn delete_secrets(&self, owner: &str, agent: &str) -> Result<u64, StoreError>;
-    /// Records a sign-in `owner` completed on an agent (replacing the agent's earlier one).
-    async fn put_login(&self, owner: &str, login: &StoredLogin) -> Result<(), StoreError>;
-    /// `owner`'s completed logins, by agent.
-    async fn logins(&self, owner: &str) -> Result<Vec<StoredLogin>, StoreError>;
-    /// Stores a sign-in through the identity provider, or what a check changed in it.
-    async fn put_web_session(&self, s: &WebSession) -> Result<(), StoreError>;
-    /// The sign-in `id` (revoked ones too).
-    async fn web_session(&self, id: &str) -> Result<Option<WebSession>, StoreError>;
-    /// Ends the sign-in `id`, saying why.
-    async fn revoke_web_session(&self, id: &str, reason: &str) -> Result<(), StoreError>;
-    /// Live sign-ins last checked before `checked_before` (epoch seconds), oldest first; sign-ins
-    /// that ended long ago are forgotten on the way.
-    async fn due_web_sessions(&self, checked_before: i64, limit: i64) -> Result<Vec<WebSession>, StoreError>;
-    /// Takes the sign-in `id` for a check (`checked_at` from `seen` to `now`); false when another
-    /// replica took it first.
-    async fn claim_web_session(&self, id: &str, seen: i64, now: i64) -> Result<bool, StoreError>;
-    /// Binds the user name `user` to the provider account `(issuer, subject)` unless it is bound
-    /// already; the `(issuer, subject)` it is bound to.
-    async fn bind_identity(&self, user: &str, issuer: &str, subject: &str) -> Result<(String, String), StoreError>;
-    /// Appends entries to the audit log.
-    async fn append_audit(&self, entries: &[AuditEntry]) -> Result<(), StoreError>;
-    /// A page of the audit log, newest first.
-    async fn audit_page(&self, filter: &AuditFilter) -> Result<Vec<AuditEntry>, StoreError>;
-    /// Removes audit entries older than `before` (epoch µs).
-    async fn prune_audit(&self, before: i64) -> Result<(), StoreError>;
     /// Every user with a stored session, most recently active first (the gateway's own work,
     /// across users: for admins; never a transcript).
     async fn users_overview(&self, limit: i64) -> Result<Vec<UserOverview>, StoreError>;
-    /// Each user's last successful sign-in (epoch µs).
-    async fn last_sign_ins(&self) -> Result<Vec<(String, i64)>, StoreError>;
-    /// Adds what a session's cumulative cost grew by to its user's day, in one transaction.
-    async fn record_usage(&self, sample: &UsageSample) -> Result<(), StoreError>;
-    /// Spending per user, agent, day and currency from day `since` on (`owner`'s, or everyone's).
-    async fn usage(&self, owner: Option<&str>, since: &str) -> Result<Vec<UsageRow>, StoreError>;
-    /// What `owner` spent in `currency` from day `since` on.
-    async fn cost_since(&self, owner: &str, since: &str, currency: &str) -> Result<f64, StoreError>;
-    /// Stores a share of its owner's session if it has fewer than `max` shares in force (however
-    /// many are made at once); whether it did. The session's ended shares are forgotten first.
-    async fn create_share(&self, s: &NewShare<'_>, max: i64) -> Result<bool, StoreError>;
-    /// Forgets up to `limit` shares, of any session, that ended by `now`; how many.
-    async fn purge_expired_shares(&self, now: i64, limit: i64) -> Result<u64, StoreError>;
-    /// The shares of `owner`'s session in force at `now` (an ended one lets nobody in; its row
-    /// is forgotten at the session's next share or by the periodic purge).
-    async fn shares(&self, owner: &str, session_id: &str, now: i64) -> Result<Vec<ShareRow>, StoreError>;
-    /// Revokes a share of `owner`'s session; whether there was one.
-    async fn delete_share(&self, owner: &str, session_id: &str, id: &str) -> Result<bool, StoreError>;
-    /// The link share in force at `now` whose token hashes to `token_hash`.
-    async fn link_share(&self, token_hash: &[u8], now: i64) -> Result<Option<ShareRow>, StoreError>;
-    /// Records that `member` opened the link share `id`.
-    async fn join_share(&self, id: &str, member: &str, now: i64) -> Result<(), StoreError>;
-    /// What lets `user` reach another user's session at `now`, if anything does.
-    async fn share_access(&self, user: &str, session_id: &str, now: i64) -> Result<Option<ShareAccess>, StoreError>;
-    /// [`Store::share_access`] for each (user, session) of `pairs` (at most
-    /// [`ACCESS_PAIRS_PER_STATEMENT`]): the pairs a share lets in, with it; one statement where
-    /// the store can.
-    async fn share_accesses(&self, pairs: &[(&str, &str)], now: i64) -> Result<Vec<MemberAccess>, StoreError> {
-        let mut found = Vec::new();
-        for (user, session) in pairs {
-            if let Some(access) = self.share_access(user, session, now).await? {
-                found.push(MemberAccess {
-                    member: (*user).to_string(),
-                    access,
-                });
-            }
-        }
-        Ok(found)
-    }
-    /// Sessions shared with `user` at `now`.
-    async fn shared_with(&self, user: &str, now: i64, limit: i64) -> Result<Vec<SharedSession>, StoreError>;
 }
 
-/// Opens the store named by `url`, creating a SQLite file (and its directory) when needed, and
-/// applies migrations.
+/// An open database: the session store, and the handle the features' own tables are reached
+/// through.
+#[derive(Debug, Clone)]
+pub struct Database {
+    /// Sessions, their transcripts and leases.
+    pub sessions: Arc<dyn Store>,
+    /// The same database, for the features' repositories.
+    pub db: Db,
+}
+
+/// Opens the session store named by `url`, creating a SQLite file (and its directory) when
+/// needed, and applies migrations.
 pub async fn connect(url: &str) -> Result<Arc<dyn Store>, StoreError> {
-    connect_with(url, None).await
+    Ok(open(url, None).await?.sessions)
 }
 
-/// [`connect`], with Postgres's request work logging in through `request_url` (the setting
-/// `request_database_url`) when it is given.
-pub async fn connect_with(url: &str, request_url: Option<&str>) -> Result<Arc<dyn Store>, StoreError> {
+/// Opens the database named by `url` (see [`connect`]), with Postgres's request work logging in
+/// through `request_url` (the setting `request_database_url`) when it is given.
+pub async fn open(url: &str, request_url: Option<&str>) -> Result<Database, StoreError> {
     let postgres = url.starts_with("postgres:") || url.starts_with("postgresql:");
     if let Some(r) = request_url
         && !(postgres && (r.starts_with("postgres:") || r.starts_with("postgresql:")))
@@ -458,9 +390,17 @@ pub async fn connect_with(url: &str, request_url: Option<&str>) -> Result<Arc<dy
         )));
     }
     if url.starts_with("sqlite:") {
-        Ok(Arc::new(sqlite::SqliteStore::connect(url).await?))
+        let store = sqlite::SqliteStore::connect(url).await?;
+        Ok(Database {
+            db: store.db(),
+            sessions: Arc::new(store),
+        })
     } else if postgres {
-        Ok(Arc::new(postgres::PgStore::connect(url, request_url).await?))
+        let store = postgres::PgStore::connect(url, request_url).await?;
+        Ok(Database {
+            db: store.db(),
+            sessions: Arc::new(store),
+        })
     } else {
         Err(StoreError::UnsupportedUrl(url.to_string()))
     }

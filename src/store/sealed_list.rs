@@ -3,14 +3,12 @@
 //! subscriptions. The row's `agent` column holds a name no agent may have (it begins with `/`),
 //! so agent keys and sign-out never meet it.
 
-use std::sync::Arc;
-
 use secrecy::ExposeSecret;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 use crate::infra::sealing::{Sealed, Sealer, SecretsError};
-use crate::store::{Store, StoreError, StoredSecret};
+use crate::store::{SealedRows, StoreError, StoredSecret};
 
 /// Why a request about a user's list failed; the message says what.
 #[derive(Debug, thiserror::Error)]
@@ -87,7 +85,7 @@ impl SealedError {
 /// One user's list of `T`, under `user_secrets (owner, agent, name)`.
 #[derive(Debug)]
 pub struct SealedList {
-    store: Arc<dyn Store>,
+    store: SealedRows,
     sealer: Sealer,
     /// The `agent` column: begins with `/` (config refuses such agent names).
     agent: &'static str,
@@ -99,13 +97,7 @@ pub struct SealedList {
 
 impl SealedList {
     /// The list `what` of each user, in `store` under (`agent`, `name`), sealed by `sealer`.
-    pub fn new(
-        store: Arc<dyn Store>,
-        sealer: Sealer,
-        agent: &'static str,
-        name: &'static str,
-        what: &'static str,
-    ) -> Self {
+    pub fn new(store: SealedRows, sealer: Sealer, agent: &'static str, name: &'static str, what: &'static str) -> Self {
         debug_assert!(agent.starts_with('/'));
         Self {
             store,
@@ -121,7 +113,7 @@ impl SealedList {
         let what = self.what;
         let rows = self
             .store
-            .secrets(owner, Some(self.agent))
+            .get(owner, Some(self.agent))
             .await
             .map_err(|source| SealedError::Read { what, source })?;
         let Some(row) = rows.into_iter().find(|r| r.name == self.name) else {
@@ -144,7 +136,7 @@ impl SealedList {
         let what = self.what;
         let failed = |source: StoreError| SealedError::Write { what, source };
         if items.is_empty() {
-            self.store.delete_secrets(owner, self.agent).await.map_err(failed)?;
+            self.store.delete(owner, self.agent).await.map_err(failed)?;
             return Ok(());
         }
         let plain = serde_json::to_string(items).map_err(|source| SealedError::Encode { what, source })?;
@@ -157,6 +149,6 @@ impl SealedList {
             ciphertext: sealed.ciphertext,
             updated_at: crate::store::now_micros(),
         };
-        self.store.put_secrets(owner, &[row]).await.map_err(failed)
+        self.store.put(owner, &[row]).await.map_err(failed)
     }
 }

@@ -11,19 +11,10 @@ use sqlx::sqlite::{
 };
 
 use super::admin::AdminSql;
-use super::audit::AuditSql;
-use super::identities::IdentitySql;
 use super::lifecycle::LifecycleSql;
 use super::list_sql::{RunList, SearchBy};
-use super::shares::ShareSql;
 use super::sql::{Sql, chunk_key, chunk_of};
-use super::usage::UsageSql;
-use super::user_secrets::SecretSql;
-use super::web_sessions::WebSessionSql;
-use super::{
-    AuditEntry, AuditFilter, EventChunk, ListFilter, NewSession, Position, SessionRecord, SessionWrite, Store,
-    StoreError, StoredLogin, StoredSecret, WEB_SESSIONS_KEPT_SECS, WebSession,
-};
+use super::{EventChunk, ListFilter, NewSession, Position, SessionRecord, SessionWrite, Store, StoreError};
 
 /// A SQLite-backed [`Store`].
 #[derive(Debug, Clone)]
@@ -144,6 +135,13 @@ impl RunList for SqliteConnection {
     }
 }
 
+impl SqliteStore {
+    /// The same database, for the features' repositories.
+    pub fn db(&self) -> super::Db {
+        super::Db::new(super::Backend::Sqlite(self.pool.clone()))
+    }
+}
+
 #[async_trait]
 impl Store for SqliteStore {
     async fn ping(&self) -> Result<(), StoreError> {
@@ -248,144 +246,7 @@ impl Store for SqliteStore {
         Ok(u64::try_from(bytes).unwrap_or(0))
     }
 
-    async fn put_secrets(&self, owner: &str, secrets: &[StoredSecret]) -> Result<(), StoreError> {
-        let mut tx = self.pool.begin().await?;
-        for s in secrets {
-            Sqlite::put_secret(&mut *tx, owner, s).await?;
-        }
-        tx.commit().await?;
-        Ok(())
-    }
-
-    async fn secrets(&self, owner: &str, agent: Option<&str>) -> Result<Vec<StoredSecret>, StoreError> {
-        Ok(match agent {
-            Some(agent) => Sqlite::secrets_for(&self.pool, owner, agent).await?,
-            None => Sqlite::all_secrets(&self.pool, owner).await?,
-        })
-    }
-
-    async fn delete_secrets(&self, owner: &str, agent: &str) -> Result<u64, StoreError> {
-        let mut tx = self.pool.begin().await?;
-        let n = Sqlite::delete_secrets(&mut *tx, owner, agent).await?;
-        Sqlite::delete_login(&mut *tx, owner, agent).await?;
-        tx.commit().await?;
-        Ok(n)
-    }
-
-    async fn put_login(&self, owner: &str, login: &StoredLogin) -> Result<(), StoreError> {
-        Ok(Sqlite::put_login(&self.pool, owner, login).await?)
-    }
-
-    async fn logins(&self, owner: &str) -> Result<Vec<StoredLogin>, StoreError> {
-        Ok(Sqlite::logins(&self.pool, owner).await?)
-    }
-
-    async fn put_web_session(&self, s: &WebSession) -> Result<(), StoreError> {
-        Ok(Sqlite::put_web_session(&self.pool, s).await?)
-    }
-
-    async fn web_session(&self, id: &str) -> Result<Option<WebSession>, StoreError> {
-        Ok(Sqlite::web_session(&self.pool, id).await?)
-    }
-
-    async fn revoke_web_session(&self, id: &str, reason: &str) -> Result<(), StoreError> {
-        Ok(Sqlite::revoke_web_session(&self.pool, id, crate::infra::clock::now_secs() as i64, reason).await?)
-    }
-
-    async fn due_web_sessions(&self, checked_before: i64, limit: i64) -> Result<Vec<WebSession>, StoreError> {
-        let now = crate::infra::clock::now_secs() as i64;
-        Sqlite::prune_web_sessions(&self.pool, now - WEB_SESSIONS_KEPT_SECS).await?;
-        Ok(Sqlite::due_web_sessions(&self.pool, checked_before, now, limit).await?)
-    }
-
-    async fn claim_web_session(&self, id: &str, seen: i64, now: i64) -> Result<bool, StoreError> {
-        Ok(Sqlite::claim_web_session(&self.pool, id, seen, now).await?)
-    }
-
-    async fn bind_identity(&self, user: &str, issuer: &str, subject: &str) -> Result<(String, String), StoreError> {
-        let now = crate::infra::clock::now_secs() as i64;
-        Ok(Sqlite::bind_identity(&self.pool, user, issuer, subject, now).await?)
-    }
-
-    async fn append_audit(&self, entries: &[AuditEntry]) -> Result<(), StoreError> {
-        Ok(Sqlite::append_audit(&self.pool, entries).await?)
-    }
-
-    async fn audit_page(&self, filter: &AuditFilter) -> Result<Vec<AuditEntry>, StoreError> {
-        Ok(Sqlite::audit_page(&self.pool, filter).await?)
-    }
-
     async fn users_overview(&self, limit: i64) -> Result<Vec<super::UserOverview>, StoreError> {
         Ok(Sqlite::users_overview(&self.pool, limit).await?)
-    }
-
-    async fn last_sign_ins(&self) -> Result<Vec<(String, i64)>, StoreError> {
-        Ok(Sqlite::last_sign_ins(&self.pool).await?)
-    }
-
-    async fn record_usage(&self, s: &super::UsageSample) -> Result<(), StoreError> {
-        // IMMEDIATE: it reads, then writes; a deferred transaction would fail with
-        // SQLITE_BUSY_SNAPSHOT when another writer commits in between.
-        let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
-        let last = Sqlite::last_cost(&mut *tx, &s.session).await?;
-        let delta = match last {
-            Some((currency, cost)) if currency == s.currency => (s.cumulative - cost).max(0.0),
-            _ => s.cumulative.max(0.0),
-        };
-        Sqlite::set_last_cost(&mut *tx, &s.session, &s.currency, s.cumulative).await?;
-        if delta > 0.0 {
-            Sqlite::add_cost(&mut *tx, s, delta).await?;
-        }
-        tx.commit().await?;
-        Ok(())
-    }
-
-    async fn usage(&self, owner: Option<&str>, since: &str) -> Result<Vec<super::UsageRow>, StoreError> {
-        Ok(Sqlite::usage_rows(&self.pool, owner, since).await?)
-    }
-
-    async fn cost_since(&self, owner: &str, since: &str, currency: &str) -> Result<f64, StoreError> {
-        Ok(Sqlite::cost_since(&self.pool, owner, since, currency).await?)
-    }
-
-    async fn prune_audit(&self, before: i64) -> Result<(), StoreError> {
-        Ok(Sqlite::prune_audit(&self.pool, before).await?)
-    }
-
-    async fn create_share(&self, s: &super::NewShare<'_>, max: i64) -> Result<bool, StoreError> {
-        Sqlite::purge_ended_shares(&self.pool, s.owner, s.session_id, s.created_at).await?;
-        Ok(Sqlite::create_share(&self.pool, s, max).await?)
-    }
-
-    async fn purge_expired_shares(&self, now: i64, limit: i64) -> Result<u64, StoreError> {
-        Ok(Sqlite::purge_expired_shares(&self.pool, now, limit).await?)
-    }
-
-    async fn shares(&self, owner: &str, session_id: &str, now: i64) -> Result<Vec<super::ShareRow>, StoreError> {
-        Ok(Sqlite::shares(&self.pool, owner, session_id, now).await?)
-    }
-
-    async fn delete_share(&self, owner: &str, session_id: &str, id: &str) -> Result<bool, StoreError> {
-        Ok(Sqlite::delete_share(&self.pool, owner, session_id, id).await?)
-    }
-
-    async fn link_share(&self, hash: &[u8], now: i64) -> Result<Option<super::ShareRow>, StoreError> {
-        Ok(Sqlite::link_share(&self.pool, hash, now).await?)
-    }
-
-    async fn join_share(&self, id: &str, member: &str, now: i64) -> Result<(), StoreError> {
-        Ok(Sqlite::join_share(&self.pool, id, member, now).await?)
-    }
-
-    async fn share_access(&self, user: &str, sid: &str, now: i64) -> Result<Option<super::ShareAccess>, StoreError> {
-        Ok(Sqlite::share_access(&self.pool, user, sid, now).await?)
-    }
-
-    async fn share_accesses(&self, pairs: &[(&str, &str)], now: i64) -> Result<Vec<super::MemberAccess>, StoreError> {
-        Ok(Sqlite::share_accesses(&self.pool, pairs, now).await?)
-    }
-
-    async fn shared_with(&self, user: &str, now: i64, limit: i64) -> Result<Vec<super::SharedSession>, StoreError> {
-        Ok(Sqlite::shared_with(&self.pool, user, now, limit).await?)
     }
 }

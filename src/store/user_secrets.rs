@@ -1,8 +1,12 @@
-//! The statements behind users' sealed agent keys (`user_secrets`) and their completed agent
-//! logins (`agent_logins`), written once for both databases. The store never sees a value: only
-//! what the gateway's sealer (`infra::sealing::Sealer`) made of it.
+//! Users' sealed rows: their agent keys and sealed lists (`user_secrets`) and their completed
+//! agent logins (`agent_logins`), as [`SealedRows`], with the statements written once for both
+//! databases. The store never sees a value: only what the gateway's sealer
+//! (`infra::sealing::Sealer`) made of it. A user's settings, push subscriptions and agent sign-ins
+//! all keep rows here, so it sits below those features rather than in one of them.
 
 use sqlx::{Database, Encode, Executor, FromRow, IntoArguments, Postgres, Sqlite, Type};
+
+use super::{Backend, Db, StoreError};
 
 /// One sealed key as stored.
 #[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
@@ -144,3 +148,87 @@ where
 
 impl SecretSql for Sqlite {}
 impl SecretSql for Postgres {}
+
+/// Users' sealed rows and agent logins, in the database. Every call is request work for one
+/// user: on Postgres it runs as the request role, under row-level security.
+#[derive(Debug, Clone)]
+pub struct SealedRows {
+    db: Db,
+}
+
+/// Runs `$body` in a transaction of `$owner`'s (`$tx`: SQLite's, or Postgres's as the request
+/// role), commits it, and gives back what `$body` gave.
+macro_rules! as_owner {
+    ($rows:expr, $owner:expr, |$db:ident, $tx:ident| $body:expr) => {{
+        let rows = &$rows;
+        rows.db
+            .within(async {
+                match rows.db.backend() {
+                    Backend::Sqlite(pool) => {
+                        type $db = Sqlite;
+                        let mut $tx = pool.begin().await?;
+                        let out = $body;
+                        $tx.commit().await?;
+                        Ok(out)
+                    }
+                    Backend::Postgres(pg) => {
+                        type $db = Postgres;
+                        let mut $tx = pg.as_user($owner).await?;
+                        let out = $body;
+                        $tx.commit().await?;
+                        Ok(out)
+                    }
+                }
+            })
+            .await
+    }};
+}
+
+impl SealedRows {
+    /// The rows in `db`.
+    pub fn new(db: Db) -> Self {
+        Self { db }
+    }
+
+    /// The same rows, each call answering within `limit` (see [`Db::bounded`]).
+    pub fn bounded(&self, limit: std::time::Duration) -> Self {
+        Self::new(self.db.bounded(limit))
+    }
+
+    /// Sets (or replaces) `owner`'s sealed rows, all in one transaction.
+    pub async fn put(&self, owner: &str, secrets: &[StoredSecret]) -> Result<(), StoreError> {
+        as_owner!(self, owner, |D, tx| {
+            for s in secrets {
+                D::put_secret(&mut *tx, owner, s).await?;
+            }
+        })
+    }
+
+    /// `owner`'s sealed rows for `agent`, or for every agent (`None`).
+    pub async fn get(&self, owner: &str, agent: Option<&str>) -> Result<Vec<StoredSecret>, StoreError> {
+        as_owner!(self, owner, |D, tx| match agent {
+            Some(agent) => D::secrets_for(&mut *tx, owner, agent).await?,
+            None => D::all_secrets(&mut *tx, owner).await?,
+        })
+    }
+
+    /// Signs `owner` out of `agent`: removes their rows for it and the record of their login
+    /// there, in one transaction; how many rows there were.
+    pub async fn delete(&self, owner: &str, agent: &str) -> Result<u64, StoreError> {
+        as_owner!(self, owner, |D, tx| {
+            let n = D::delete_secrets(&mut *tx, owner, agent).await?;
+            D::delete_login(&mut *tx, owner, agent).await?;
+            n
+        })
+    }
+
+    /// Records a sign-in `owner` completed on an agent (replacing the agent's earlier one).
+    pub async fn put_login(&self, owner: &str, login: &StoredLogin) -> Result<(), StoreError> {
+        as_owner!(self, owner, |D, tx| D::put_login(&mut *tx, owner, login).await?)
+    }
+
+    /// `owner`'s completed logins, by agent.
+    pub async fn logins(&self, owner: &str) -> Result<Vec<StoredLogin>, StoreError> {
+        as_owner!(self, owner, |D, tx| D::logins(&mut *tx, owner).await?)
+    }
+}

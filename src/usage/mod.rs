@@ -9,6 +9,7 @@
 //! writer task, which records samples in order. Days are UTC; the clock can be set (tests).
 
 pub mod quota;
+mod store;
 
 use parking_lot::RwLock;
 use std::sync::Arc;
@@ -19,7 +20,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::infra::config::UsageConfig;
 use crate::protocol::RpcError;
-use crate::store::{Store, UsageSample};
+pub use store::{UsageLog, UsageRow, UsageSample};
 
 /// JSON-RPC code of a refusal at a cost cap (in the implementation-defined `-32000` range).
 pub use crate::protocol::codes::COST_CAP_REACHED;
@@ -32,7 +33,7 @@ pub type Clock = Arc<dyn Fn() -> DateTime<Utc> + Send + Sync>;
 /// Spending: the recorder and the caps.
 pub struct Usage {
     tx: mpsc::Sender<UsageSample>,
-    store: Arc<dyn Store>,
+    store: UsageLog,
     cfg: UsageConfig,
     clock: RwLock<Clock>,
 }
@@ -46,7 +47,7 @@ impl std::fmt::Debug for Usage {
 impl Usage {
     /// The recorder and its writer task (which drains what is queued when `stop` fires).
     pub fn spawn(
-        store: Arc<dyn Store>,
+        store: UsageLog,
         cfg: UsageConfig,
         stop: CancellationToken,
     ) -> (Arc<Self>, tokio::task::JoinHandle<()>) {
@@ -111,9 +112,9 @@ impl Usage {
     }
 
     /// `owner`'s days from the first of this month on.
-    pub async fn this_month(&self, owner: Option<&str>) -> Result<Vec<crate::store::UsageRow>, RpcError> {
+    pub async fn this_month(&self, owner: Option<&str>) -> Result<Vec<UsageRow>, RpcError> {
         let today = self.now().date_naive();
-        Ok(self.store.usage(owner, &day_of(first_of_month(today))).await?)
+        Ok(self.store.days(owner, &day_of(first_of_month(today))).await?)
     }
 
     /// Whether `owner` may start a prompt: `Err` naming the cap and when it resets when they have
@@ -151,23 +152,23 @@ impl Usage {
 }
 
 /// Records samples in order until `stop`, then what is left.
-async fn write(store: Arc<dyn Store>, mut rx: mpsc::Receiver<UsageSample>, stop: CancellationToken) {
+async fn write(store: UsageLog, mut rx: mpsc::Receiver<UsageSample>, stop: CancellationToken) {
     loop {
         let sample = tokio::select! {
             s = rx.recv() => match s { Some(s) => s, None => return },
             () = stop.cancelled() => {
                 while let Ok(s) = rx.try_recv() {
-                    record(&*store, &s).await;
+                    record(&store, &s).await;
                 }
                 return;
             }
         };
-        record(&*store, &sample).await;
+        record(&store, &sample).await;
     }
 }
 
-async fn record(store: &dyn Store, s: &UsageSample) {
-    if let Err(e) = store.record_usage(s).await {
+async fn record(store: &UsageLog, s: &UsageSample) {
+    if let Err(e) = store.record(s).await {
         tracing::warn!(user = %s.owner, error = %e, "cannot record a usage report");
     }
 }

@@ -204,9 +204,9 @@ async fn anonymous_refusals_are_counted_and_never_push_out_a_real_entry() {
     let (db_url, _dir) = (gw.db_url.clone(), gw.dir().clone());
     // Stopping writes what is queued and sums up the windows still open.
     gw.stop().await;
-    let store = acp_gateway::store::connect(&db_url).await.expect("store");
-    let rows = store
-        .audit_page(&acp_gateway::store::AuditFilter {
+    let db = acp_gateway::store::open(&db_url, None).await.expect("store").db;
+    let rows = acp_gateway::audit::AuditLog::new(db)
+        .page(&acp_gateway::audit::AuditFilter {
             limit: 1000,
             ..Default::default()
         })

@@ -436,9 +436,10 @@ async fn postgres_connections_reset_under_the_store_are_replaced_and_the_work_re
     let (_, upstream) = through(&url, "127.0.0.1:1".parse().expect("addr"));
     let proxy = common::tcp_proxy::TcpProxy::start(upstream).await;
     let (proxied, _) = through(&url, proxy.addr());
-    let store = acp_gateway::store::connect(&proxied)
+    let database = acp_gateway::store::open(&proxied, None)
         .await
         .expect("store through the proxy");
+    let (store, web_sessions) = (database.sessions, acp_gateway::identity::WebSessions::new(database.db));
     common::fixtures::create_session(&*store, "s1", "alice", 1).await;
 
     // Request work (a transaction as the user).
@@ -447,7 +448,7 @@ async fn postgres_connections_reset_under_the_store_are_replaced_and_the_work_re
     assert!(found.is_some());
     // A statement of its own (system work).
     proxy.reset_all(1);
-    let none = store.web_session("nobody").await.expect("read after a reset");
+    let none = web_sessions.get("nobody").await.expect("read after a reset");
     assert!(none.is_none());
     // Once: two resets in a row are the caller's error, named.
     proxy.reset_all(2);

@@ -448,7 +448,7 @@ async fn request_work_on_a_login_of_its_own_cannot_reset_its_way_to_the_owner() 
     tx.rollback().await.expect("rollback");
 
     // The owner's own login given as the request login is refused, naming the setting.
-    let Err(err) = store::connect_with(&url, Some(&url)).await else {
+    let Err(err) = store::open(&url, Some(&url)).await else {
         panic!("the owner's login was taken as the request login");
     };
     let msg = err.to_string();
@@ -461,9 +461,10 @@ async fn request_work_on_a_login_of_its_own_cannot_reset_its_way_to_the_owner() 
 
     let (web, mut admin) = new_role(&database, "rls_web", "NOINHERIT", "GRANT acp_gateway_request TO {role}").await;
     let web_url = common::pg::url_as(&web, "pw", &database).await;
-    let s = store::connect_with(&url, Some(&web_url))
+    let s = store::open(&url, Some(&web_url))
         .await
-        .expect("connect with a request login");
+        .expect("connect with a request login")
+        .sessions;
     create_session(&*s, "a2", "alice", BASE + 1).await;
     assert!(s.get_session("alice", "a2").await.expect("get").is_some());
     assert!(s.get_session("alice", "b1").await.expect("get").is_none());

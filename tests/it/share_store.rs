@@ -10,23 +10,24 @@ use crate::common;
 
 use std::sync::Arc;
 
-use acp_gateway::store::{self, NewShare, ShareAccess, Store};
+use acp_gateway::sharing::{NewShare, ShareAccess, ShareStore};
+use acp_gateway::store::{self, Store};
 use common::fixtures::create_session;
 
 const NOW: i64 = 1_700_000_000_000_000;
 
-async fn open(postgres: bool) -> (Arc<dyn Store>, Option<tempfile::TempDir>) {
+async fn open(postgres: bool) -> (Arc<dyn Store>, Arc<ShareStore>, Option<tempfile::TempDir>) {
     let (url, dir) = if postgres {
         (common::pg::fresh_database().await, None)
     } else {
         let dir = tempfile::tempdir().expect("tempdir");
         (format!("sqlite://{}/store.db", dir.path().display()), Some(dir))
     };
-    let store = store::connect(&url)
+    let database = store::open(&url, None)
         .await
         .unwrap_or_else(|e| panic!("connect {url}: {e}"));
-    create_session(&*store, "s1", "alice", NOW).await;
-    (store, dir)
+    create_session(&*database.sessions, "s1", "alice", NOW).await;
+    (database.sessions, Arc::new(ShareStore::new(database.db)), dir)
 }
 
 fn share<'a>(id: &'a str, grantee: &'a str, expires_at: Option<i64>, now: i64) -> NewShare<'a> {
@@ -44,14 +45,14 @@ fn share<'a>(id: &'a str, grantee: &'a str, expires_at: Option<i64>, now: i64) -
 }
 
 async fn cap_holds_when_shares_are_made_at_once(postgres: bool) {
-    let (store, _dir) = open(postgres).await;
+    let (_sessions, store, _dir) = open(postgres).await;
     const CAP: i64 = 3;
     let tries: Vec<_> = (0..24)
         .map(|i| {
             let store = store.clone();
             tokio::spawn(async move {
                 let (id, grantee) = (format!("shr_{i}"), format!("user{i}"));
-                store.create_share(&share(&id, &grantee, None, NOW), CAP).await
+                store.create(&share(&id, &grantee, None, NOW), CAP).await
             })
         })
         .collect();
@@ -61,17 +62,17 @@ async fn cap_holds_when_shares_are_made_at_once(postgres: bool) {
             made += 1;
         }
     }
-    let rows = store.shares("alice", "s1", NOW).await.expect("shares");
+    let rows = store.of_session("alice", "s1", NOW).await.expect("shares");
     assert_eq!((made, rows.len()), (CAP, CAP as usize), "{rows:?}");
 }
 
 async fn ended_shares_do_not_pile_up(postgres: bool) {
-    let (store, _dir) = open(postgres).await;
+    let (_sessions, store, _dir) = open(postgres).await;
     const CAP: i64 = 4;
     // A share that lasts, and many that end a second after they are made, one a second.
     assert!(
         store
-            .create_share(&share("lasting", "bob", None, NOW), CAP)
+            .create(&share("lasting", "bob", None, NOW), CAP)
             .await
             .expect("create_share")
     );
@@ -80,13 +81,13 @@ async fn ended_shares_do_not_pile_up(postgres: bool) {
         let id = format!("short{i}");
         assert!(
             store
-                .create_share(&share(&id, "carol", Some(now + 1_000_000), now), CAP)
+                .create(&share(&id, "carol", Some(now + 1_000_000), now), CAP)
                 .await
                 .expect("create_share"),
             "the ended ones do not count towards the cap"
         );
         let ids: Vec<String> = store
-            .shares("alice", "s1", now)
+            .of_session("alice", "s1", now)
             .await
             .expect("shares")
             .into_iter()
@@ -98,7 +99,7 @@ async fn ended_shares_do_not_pile_up(postgres: bool) {
     // The last short one has ended (its row is kept until the next share): not listed.
     let ended_at = NOW + 20 * 1_000_000;
     let listed: Vec<String> = store
-        .shares("alice", "s1", ended_at)
+        .of_session("alice", "s1", ended_at)
         .await
         .expect("shares")
         .into_iter()
@@ -110,16 +111,20 @@ async fn ended_shares_do_not_pile_up(postgres: bool) {
         owner: "mallory",
         ..share("m1", "mallory2", None, NOW + 30_000_000)
     };
-    assert!(store.create_share(&foreign, CAP).await.is_ok_and(|made| !made));
+    assert!(store.create(&foreign, CAP).await.is_ok_and(|made| !made));
     assert_eq!(
-        store.shares("alice", "s1", ended_at - 1).await.expect("shares").len(),
+        store
+            .of_session("alice", "s1", ended_at - 1)
+            .await
+            .expect("shares")
+            .len(),
         2
     );
 }
 
 async fn many_users_at_once_answer_as_each(postgres: bool) {
-    let (store, _dir) = open(postgres).await;
-    create_session(&*store, "s2", "alice", NOW).await;
+    let (sessions, store, _dir) = open(postgres).await;
+    create_session(&*sessions, "s2", "alice", NOW).await;
     let now = NOW + 10_000_000;
     let make = |id: &'static str, session: &'static str, grantee: Option<&'static str>, role, expires_at| NewShare {
         id,
@@ -140,9 +145,9 @@ async fn many_users_at_once_answer_as_each(postgres: bool) {
         make("link", "s2", None, "controller", None),
         make("carol_old", "s1", Some("carol"), "controller", Some(now - 1)),
     ] {
-        assert!(store.create_share(&s, 32).await.expect("create_share"), "{}", s.id);
+        assert!(store.create(&s, 32).await.expect("create_share"), "{}", s.id);
     }
-    store.join_share("link", "carol", NOW).await.expect("join");
+    store.join("link", "carol", NOW).await.expect("join");
     let pairs = [
         ("bob", "s1"),
         ("bob", "s2"),
@@ -154,12 +159,12 @@ async fn many_users_at_once_answer_as_each(postgres: bool) {
     ];
     let mut each: Vec<(String, ShareAccess)> = Vec::new();
     for (user, session) in pairs {
-        if let Some(a) = store.share_access(user, session, now).await.expect("share_access") {
+        if let Some(a) = store.access(user, session, now).await.expect("share_access") {
             each.push((user.to_string(), a));
         }
     }
     let mut at_once: Vec<(String, ShareAccess)> = store
-        .share_accesses(&pairs, now)
+        .accesses(&pairs, now)
         .await
         .expect("share_accesses")
         .into_iter()
@@ -205,8 +210,8 @@ async fn postgres_ended_shares_do_not_pile_up() {
 }
 
 async fn ended_shares_are_purged(postgres: bool) {
-    let (store, _dir) = open(postgres).await;
-    create_session(&*store, "s2", "alice", NOW).await;
+    let (sessions, store, _dir) = open(postgres).await;
+    create_session(&*sessions, "s2", "alice", NOW).await;
     let ended = NOW + 1_000_000;
     let in_s2 = |id: &'static str, expires_at| NewShare {
         session_id: "s2",
@@ -226,15 +231,15 @@ async fn ended_shares_are_purged(postgres: bool) {
             ..in_s2("ended_link", Some(ended))
         },
     ] {
-        assert!(store.create_share(&s, 32).await.expect("create_share"), "{}", s.id);
+        assert!(store.create(&s, 32).await.expect("create_share"), "{}", s.id);
     }
-    store.join_share("ended_link", "erin", NOW).await.expect("join");
+    store.join("ended_link", "erin", NOW).await.expect("join");
     // Before they end, nothing goes.
-    assert_eq!(store.purge_expired_shares(ended - 1, 100).await.expect("purge"), 0);
+    assert_eq!(store.purge_expired(ended - 1, 100).await.expect("purge"), 0);
     // After: every session's, in batches.
     let mut batches = Vec::new();
     loop {
-        let n = store.purge_expired_shares(ended, 4).await.expect("purge");
+        let n = store.purge_expired(ended, 4).await.expect("purge");
         batches.push(n);
         if n < 4 {
             break;
@@ -245,7 +250,7 @@ async fn ended_shares_are_purged(postgres: bool) {
         let store = store.clone();
         async move {
             store
-                .shares("alice", session, ended - 1)
+                .of_session("alice", session, ended - 1)
                 .await
                 .expect("shares")
                 .into_iter()
@@ -260,7 +265,7 @@ async fn ended_shares_are_purged(postgres: bool) {
     );
     assert!(left("s2").await.is_empty());
     assert!(
-        store.link_share(b"a link", ended - 1).await.expect("link").is_none(),
+        store.link(b"a link", ended - 1).await.expect("link").is_none(),
         "the link (and its members) went with it"
     );
 }
@@ -276,7 +281,7 @@ async fn postgres_ended_shares_are_purged() {
 }
 
 async fn a_share_lending_the_owners_keys_gives_more(postgres: bool) {
-    let (store, _dir) = open(postgres).await;
+    let (_sessions, store, _dir) = open(postgres).await;
     let controller = |id: &'static str, owner_keys, expires_at| NewShare {
         role: "controller",
         owner_keys,
@@ -287,20 +292,16 @@ async fn a_share_lending_the_owners_keys_gives_more(postgres: bool) {
         controller("lends", true, Some(NOW + 60_000_000)),
         share("watching", "carol", None, NOW),
     ] {
-        assert!(store.create_share(&s, 32).await.expect("create_share"));
+        assert!(store.create(&s, 32).await.expect("create_share"));
     }
-    let one = store
-        .share_access("carol", "s1", NOW)
-        .await
-        .expect("access")
-        .expect("let in");
+    let one = store.access("carol", "s1", NOW).await.expect("access").expect("let in");
     assert_eq!((one.share_id.as_str(), one.owner_keys), ("lends", true));
-    let many = store.share_accesses(&[("carol", "s1")], NOW).await.expect("accesses");
+    let many = store.accesses(&[("carol", "s1")], NOW).await.expect("accesses");
     assert_eq!(many.len(), 1);
     assert_eq!(many[0].access, one, "the same answer at once");
     // Once it ends, the plain one is what lets carol in.
     let later = store
-        .share_access("carol", "s1", NOW + 60_000_000)
+        .access("carol", "s1", NOW + 60_000_000)
         .await
         .expect("access")
         .expect("let in");

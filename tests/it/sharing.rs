@@ -327,9 +327,8 @@ async fn observer_and_controller(db: Db) {
     loop {
         let actions: Vec<(String, String, String)> = gw
             .gw
-            .sessions
-            .store()
-            .audit_page(&acp_gateway::store::AuditFilter {
+            .audit
+            .page(&acp_gateway::audit::AuditFilter {
                 limit: 500,
                 ..Default::default()
             })
@@ -660,9 +659,8 @@ async fn a_controller_does_not_get_the_owners_stored_keys(db: Db) {
     loop {
         let refused = gw
             .gw
-            .sessions
-            .store()
-            .audit_page(&acp_gateway::store::AuditFilter {
+            .audit
+            .page(&acp_gateway::audit::AuditFilter {
                 limit: 500,
                 ..Default::default()
             })
@@ -855,10 +853,17 @@ async fn a_gateway_purges_ended_shares() {
     let s = alice.new_session().await;
     let now = acp_gateway::store::now_micros();
     let ended = now - 1_000_000;
-    let store = gw.gw.sessions.store().clone();
+    let shares = |url: String| async move {
+        let db = acp_gateway::store::open(&url, None)
+            .await
+            .expect("open the database")
+            .db;
+        acp_gateway::sharing::ShareStore::new(db)
+    };
+    let store = shares(gw.db_url.clone()).await;
     let made = store
-        .create_share(
-            &acp_gateway::store::NewShare {
+        .create(
+            &acp_gateway::sharing::NewShare {
                 id: "shr_ended",
                 session_id: &s,
                 owner: "alice",
@@ -874,16 +879,16 @@ async fn a_gateway_purges_ended_shares() {
         .await
         .expect("create_share");
     assert!(made);
-    let rows = |store: std::sync::Arc<dyn acp_gateway::store::Store>, s: String| async move {
-        store.shares("alice", &s, ended - 1).await.expect("shares").len()
+    let rows = |store: acp_gateway::sharing::ShareStore, s: String| async move {
+        store.of_session("alice", &s, ended - 1).await.expect("shares").len()
     };
     assert_eq!(rows(store.clone(), s.clone()).await, 1, "kept until purged");
     let (dir, url) = (gw.dir().clone(), gw.db_url.clone());
     alice.close().await;
     gw.stop().await;
 
-    let gw = TestGateway::start_in(dir, Db::Url(url), |_| {}).await;
-    let store = gw.gw.sessions.store().clone();
+    let gw = TestGateway::start_in(dir, Db::Url(url.clone()), |_| {}).await;
+    let store = shares(url).await;
     let deadline = Instant::now() + WAIT;
     while rows(store.clone(), s.clone()).await > 0 {
         assert!(Instant::now() < deadline, "the ended share is still stored");
@@ -952,9 +957,8 @@ async fn refusal_audited(gw: &TestGateway, actor: &str, method: &str) {
     loop {
         let found = gw
             .gw
-            .sessions
-            .store()
-            .audit_page(&acp_gateway::store::AuditFilter {
+            .audit
+            .page(&acp_gateway::audit::AuditFilter {
                 limit: 500,
                 ..Default::default()
             })

@@ -6,8 +6,8 @@
 
 use super::*;
 use crate::connection::request::History;
+use crate::sharing::ShareAccess;
 use crate::sharing::{self, Role};
-use crate::store::ShareAccess;
 
 impl Ctx {
     /// Session `sid` if the caller may reach it: their own (`None`), or shared with them (the

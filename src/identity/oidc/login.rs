@@ -21,8 +21,8 @@ use serde_json::{Map, Value};
 
 use super::policy::Refused;
 use super::{Discovered, Oidc, error_chain};
+use crate::identity::WebSession;
 use crate::infra::sealing::Sealed;
-use crate::store::WebSession;
 
 /// How long a login may take at the provider.
 pub const LOGIN_TTL_SECS: u64 = 600;
@@ -191,7 +191,7 @@ impl Oidc {
         let ttl_secs = self.cfg.session_ttl_secs;
         let record = self.seal_session(&sid, &user, &provider_tokens, now, now + ttl_secs, now);
         self.store
-            .put_web_session(&record)
+            .put(&record)
             .await
             .map_err(|e| LoginError::Store(e.to_string()))?;
         Ok(SignedIn {

@@ -26,10 +26,10 @@ use std::time::{Duration, Instant};
 use openidconnect::IssuerUrl;
 use openidconnect::core::CoreProviderMetadata;
 
+use crate::identity::WebSessions;
 use crate::identity::auth::jwks::Jwks;
 use crate::infra::config::OidcConfig;
 use crate::infra::sealing::Sealer;
-use crate::store::Store;
 
 pub use identity::BindError;
 pub use policy::Policy;
@@ -67,8 +67,8 @@ pub struct Oidc {
     pub sealer: Sealer,
     /// Sign-ins and the WebSockets that ride on them.
     pub watched: Arc<Watched>,
-    /// Where the gateway's records live.
-    pub store: Arc<dyn Store>,
+    /// Where sign-ins and the accounts bound to user names are kept.
+    pub store: WebSessions,
     discovered: tokio::sync::RwLock<Option<Discovered>>,
     /// One discovery at a time.
     discovering: tokio::sync::Mutex<()>,
@@ -96,7 +96,7 @@ impl Oidc {
         cfg: OidcConfig,
         admin_groups: Vec<String>,
         sealer: Sealer,
-        store: Arc<dyn Store>,
+        store: WebSessions,
     ) -> Result<Self, BuildError> {
         let http = provider_http()?;
         Ok(Self {
@@ -246,7 +246,7 @@ pub fn build(
     config: &crate::infra::config::Config,
     auth: &crate::identity::auth::Authenticator,
     sealer: Sealer,
-    store: &Arc<dyn Store>,
+    store: &WebSessions,
 ) -> Result<(Option<Arc<Oidc>>, Option<Arc<Jwks>>), BuildError> {
     let oidc = if config.oidc.enabled() {
         auth.use_session_key(&sealer.derive("acp-gateway sign-in cookies v1"));

@@ -117,11 +117,7 @@ impl Oidc {
     /// Checks the sign-ins not checked for `recheck_secs` (one batch).
     async fn check_due(&self) {
         let now = crate::infra::clock::now_secs() as i64;
-        let due = match self
-            .store
-            .due_web_sessions(now - self.cfg.recheck_secs as i64, BATCH)
-            .await
-        {
+        let due = match self.store.due(now - self.cfg.recheck_secs as i64, BATCH).await {
             Ok(due) => due,
             Err(e) => {
                 tracing::warn!(error = %e, "cannot read the sign-ins due for a check");
@@ -130,7 +126,7 @@ impl Oidc {
         };
         for record in due {
             // Another replica may be checking it: only one uses its (rotating) refresh token.
-            match self.store.claim_web_session(&record.id, record.checked_at, now).await {
+            match self.store.claim(&record.id, record.checked_at, now).await {
                 Ok(true) => {}
                 Ok(false) => continue,
                 Err(e) => {
@@ -147,7 +143,7 @@ impl Oidc {
                 // Nothing to check with: it lasts until its cookie expires.
                 let mut kept = record.clone();
                 kept.checked_at = now;
-                let _ = self.store.put_web_session(&kept).await;
+                let _ = self.store.put(&kept).await;
                 continue;
             };
             match self.refresh(&refresh).await {
@@ -164,7 +160,7 @@ impl Oidc {
                         record.expires_at as u64,
                         now as u64,
                     );
-                    if let Err(e) = self.store.put_web_session(&updated).await {
+                    if let Err(e) = self.store.put(&updated).await {
                         tracing::warn!(user = %record.owner, error = %e, "cannot record a sign-in's check");
                     }
                 }
@@ -182,7 +178,7 @@ impl Oidc {
                     // waits for the provider to come back.
                     tracing::debug!(user = %record.owner, error = %why, "sign-in not checked: provider unreachable");
                     // Its `checked_at` back to before the claim: it is due again next tick.
-                    let _ = self.store.put_web_session(&record).await;
+                    let _ = self.store.put(&record).await;
                     return;
                 }
             }
@@ -261,7 +257,7 @@ impl Oidc {
 
     /// Ends a sign-in everywhere (the store) and here (its WebSockets).
     pub async fn end(&self, sid: &str, why: &str) {
-        if let Err(e) = self.store.revoke_web_session(sid, why).await {
+        if let Err(e) = self.store.revoke(sid, why).await {
             tracing::warn!(error = %e, "cannot record that a sign-in ended");
         }
         self.watched.end(sid);
@@ -271,7 +267,7 @@ impl Oidc {
     async fn end_watched(&self) {
         let now = crate::infra::clock::now_secs() as i64;
         for sid in self.watched.sids() {
-            match self.store.web_session(&sid).await {
+            match self.store.get(&sid).await {
                 Ok(Some(r)) if r.revoked_at.is_none() && r.expires_at > now => {}
                 Ok(_) => self.watched.end(&sid),
                 Err(e) => tracing::debug!(error = %e, "cannot look a sign-in up"),
@@ -282,9 +278,9 @@ impl Oidc {
 
 /// Whether the sign-in `sid` of `user` is live (checked on every request that carries it): a
 /// sign-in through the provider, or one with a login link or the token form.
-pub async fn is_live(store: &dyn crate::store::Store, sid: &str, user: &str) -> bool {
+pub async fn is_live(store: &crate::identity::WebSessions, sid: &str, user: &str) -> bool {
     let now = crate::infra::clock::now_secs() as i64;
-    match store.web_session(sid).await {
+    match store.get(sid).await {
         Ok(Some(r)) => r.owner == user && r.revoked_at.is_none() && r.expires_at > now,
         Ok(None) => false,
         Err(e) => {

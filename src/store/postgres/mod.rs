@@ -21,28 +21,23 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use sqlx::pool::PoolConnection;
+use sqlx::Postgres;
 use sqlx::postgres::{PgConnection, PgPool, PgPoolOptions};
-use sqlx::{Postgres, Transaction};
 
 use super::admin::AdminSql;
-use super::audit::AuditSql;
-use super::identities::IdentitySql;
 use super::lifecycle::LifecycleSql;
 use super::list_sql::{RunList, SearchBy};
-use super::pg_roles::{ACT_FOR_USER, RequestIdentity, check_roles};
-use super::shares::ShareSql;
+use super::pg_roles::check_roles;
 use super::sql::Sql;
-use super::usage::UsageSql;
-use super::user_secrets::SecretSql;
-use super::web_sessions::WebSessionSql;
 use transcript::{SETTLE_ALL_BEHIND, is_chunk_only};
 
+mod db;
 mod transcript;
 
+pub use db::PgDb;
+
 use super::{
-    AuditEntry, AuditFilter, ChunksStored, EventChunk, ListFilter, NewSession, Position, SessionRecord, SessionWrite,
-    Store, StoreError, StoredLogin, StoredSecret, WEB_SESSIONS_KEPT_SECS, WebSession,
+    ChunksStored, EventChunk, ListFilter, NewSession, Position, SessionRecord, SessionWrite, Store, StoreError,
 };
 
 /// Longest wait for a pooled connection (see [`super::ACQUIRE_TIMEOUT`]).
@@ -51,13 +46,8 @@ const ACQUIRE_TIMEOUT: Duration = super::ACQUIRE_TIMEOUT;
 /// A Postgres-backed [`Store`].
 #[derive(Debug, Clone)]
 pub struct PgStore {
-    /// System work's connections, as the login role (the tables' owner): each method borrows one
-    /// for one transaction.
-    pool: PgPool,
-    /// Request work's connections when `request_database_url` gives it a login of its own (a
-    /// member of `acp_gateway_request` and nothing more); else request work uses `pool`. Each
-    /// transaction's role and identity end with it.
-    requests: Option<PgPool>,
+    /// The transactions of request work and of system work, which the features' tables share.
+    db: PgDb,
     /// The transcript writer's connections: taken without the ping the request pool makes
     /// before handing one out (a round trip, ~150 µs on a busy 2-core machine, on the commit
     /// every update waits for). A connection that died meanwhile fails the write with an error
@@ -70,26 +60,6 @@ pub struct PgStore {
     /// they exist (pg_trgm could be created), and this role owns the table, so it can read it
     /// without row-level security, which keeps `ILIKE` from any index.
     search_index: bool,
-    /// Signs the user a request transaction acts for.
-    identity: RequestIdentity,
-}
-
-/// Awaits `$start` (taking a connection, beginning a transaction on it) once more when it failed
-/// because the connection was dead: after Postgres restarts, the pool finds its old connections
-/// dead and opens a new one, and that first connect may be reset while the server comes up
-/// (sqlx retries a refused connect within the pool's wait, not a reset one). Nothing has been
-/// written at this point, so running it again is safe; a connection lost later, mid-statement,
-/// is the caller's error, since a write may or may not have happened.
-macro_rules! once_more_if_dead {
-    ($start:expr) => {
-        match $start.await {
-            Err(e) if connection_lost(&e) => {
-                tracing::info!(error = %e, "a Postgres connection was found dead; trying a new one");
-                $start.await
-            }
-            done => done,
-        }
-    };
 }
 
 impl PgStore {
@@ -144,49 +114,22 @@ impl PgStore {
             );
         }
         Ok(Self {
-            pool,
-            requests,
+            db: PgDb {
+                pool,
+                requests,
+                identity,
+            },
             writes,
             writer: Arc::default(),
             search_index,
-            identity,
         })
-    }
-
-    /// A transaction of request work: as the request role, row-level security shows it only
-    /// `owner`'s rows.
-    async fn as_user(&self, owner: &str) -> Result<Transaction<'static, Postgres>, StoreError> {
-        let pool = self.requests.as_ref().unwrap_or(&self.pool);
-        let identity = self.identity.sign(owner);
-        let begin = async || -> Result<_, sqlx::Error> {
-            let mut tx = pool.begin().await?;
-            sqlx::query(ACT_FOR_USER).bind(&identity).execute(&mut *tx).await?;
-            Ok(tx)
-        };
-        Ok(once_more_if_dead!(begin())?)
-    }
-
-    /// A transaction of system work, done for every user (transcript writes, the cursor key): as
-    /// the login role, the tables' owner, which row-level security does not apply to.
-    async fn as_system(&self) -> Result<Transaction<'static, Postgres>, StoreError> {
-        Ok(once_more_if_dead!(self.pool.begin())?)
-    }
-
-    /// A connection of system work for statements that run on their own.
-    async fn conn(&self) -> Result<PoolConnection<Postgres>, StoreError> {
-        Ok(once_more_if_dead!(self.pool.acquire())?)
     }
 }
 
-/// Whether `e` says the connection is gone: reset or closed under it, or the server shutting
-/// down or starting up (SQLSTATE class 08, and 57P01, 57P02, 57P03).
-fn connection_lost(e: &sqlx::Error) -> bool {
-    match e {
-        sqlx::Error::Io(_) => true,
-        sqlx::Error::Database(db) => db
-            .code()
-            .is_some_and(|c| c.starts_with("08") || matches!(&*c, "57P01" | "57P02" | "57P03")),
-        _ => false,
+impl PgStore {
+    /// The same database, for the features' repositories.
+    pub fn db(&self) -> super::Db {
+        super::Db::new(super::Backend::Postgres(self.db.clone()))
     }
 }
 
@@ -210,201 +153,39 @@ impl RunList for PgConnection {
 #[async_trait]
 impl Store for PgStore {
     async fn ping(&self) -> Result<(), StoreError> {
-        sqlx::query("SELECT 1").execute(&self.pool).await?;
-        if let Some(requests) = &self.requests {
+        sqlx::query("SELECT 1").execute(&self.db.pool).await?;
+        if let Some(requests) = &self.db.requests {
             sqlx::query("SELECT 1").execute(requests).await?;
         }
         Ok(())
     }
 
     async fn create_session(&self, s: &NewSession<'_>) -> Result<(), StoreError> {
-        let mut tx = self.as_user(s.owner).await?;
+        let mut tx = self.db.as_user(s.owner).await?;
         Postgres::insert_session(&mut *tx, s).await?;
         tx.commit().await?;
         Ok(())
     }
 
     async fn get_session(&self, owner: &str, id: &str) -> Result<Option<SessionRecord>, StoreError> {
-        let mut tx = self.as_user(owner).await?;
+        let mut tx = self.db.as_user(owner).await?;
         let record = Postgres::get_session(&mut *tx, owner, id).await?;
         tx.commit().await?;
         Ok(record)
     }
 
     async fn session_controls(&self, owner: &str, id: &str) -> Result<Option<String>, StoreError> {
-        let mut tx = self.as_user(owner).await?;
+        let mut tx = self.db.as_user(owner).await?;
         let controls = Postgres::session_controls(&mut *tx, owner, id).await?;
         tx.commit().await?;
         Ok(controls)
     }
 
-    async fn put_secrets(&self, owner: &str, secrets: &[StoredSecret]) -> Result<(), StoreError> {
-        let mut tx = self.as_user(owner).await?;
-        for s in secrets {
-            Postgres::put_secret(&mut *tx, owner, s).await?;
-        }
-        tx.commit().await?;
-        Ok(())
-    }
-
-    async fn secrets(&self, owner: &str, agent: Option<&str>) -> Result<Vec<StoredSecret>, StoreError> {
-        let mut tx = self.as_user(owner).await?;
-        let rows = match agent {
-            Some(agent) => Postgres::secrets_for(&mut *tx, owner, agent).await?,
-            None => Postgres::all_secrets(&mut *tx, owner).await?,
-        };
-        tx.commit().await?;
-        Ok(rows)
-    }
-
-    async fn delete_secrets(&self, owner: &str, agent: &str) -> Result<u64, StoreError> {
-        let mut tx = self.as_user(owner).await?;
-        let n = Postgres::delete_secrets(&mut *tx, owner, agent).await?;
-        Postgres::delete_login(&mut *tx, owner, agent).await?;
-        tx.commit().await?;
-        Ok(n)
-    }
-
-    async fn put_login(&self, owner: &str, login: &StoredLogin) -> Result<(), StoreError> {
-        let mut tx = self.as_user(owner).await?;
-        Postgres::put_login(&mut *tx, owner, login).await?;
-        tx.commit().await?;
-        Ok(())
-    }
-
-    async fn logins(&self, owner: &str) -> Result<Vec<StoredLogin>, StoreError> {
-        let mut tx = self.as_user(owner).await?;
-        let rows = Postgres::logins(&mut *tx, owner).await?;
-        tx.commit().await?;
-        Ok(rows)
-    }
-
-    async fn put_web_session(&self, s: &WebSession) -> Result<(), StoreError> {
-        Ok(Postgres::put_web_session(&mut *self.conn().await?, s).await?)
-    }
-
-    async fn web_session(&self, id: &str) -> Result<Option<WebSession>, StoreError> {
-        Ok(Postgres::web_session(&mut *self.conn().await?, id).await?)
-    }
-
-    async fn revoke_web_session(&self, id: &str, reason: &str) -> Result<(), StoreError> {
-        Ok(Postgres::revoke_web_session(
-            &mut *self.conn().await?,
-            id,
-            crate::infra::clock::now_secs() as i64,
-            reason,
-        )
-        .await?)
-    }
-
-    async fn due_web_sessions(&self, checked_before: i64, limit: i64) -> Result<Vec<WebSession>, StoreError> {
-        let now = crate::infra::clock::now_secs() as i64;
-        let mut conn = self.conn().await?;
-        Postgres::prune_web_sessions(&mut *conn, now - WEB_SESSIONS_KEPT_SECS).await?;
-        Ok(Postgres::due_web_sessions(&mut *conn, checked_before, now, limit).await?)
-    }
-
-    async fn claim_web_session(&self, id: &str, seen: i64, now: i64) -> Result<bool, StoreError> {
-        Ok(Postgres::claim_web_session(&mut *self.conn().await?, id, seen, now).await?)
-    }
-
-    async fn bind_identity(&self, user: &str, issuer: &str, subject: &str) -> Result<(String, String), StoreError> {
-        let now = crate::infra::clock::now_secs() as i64;
-        Ok(Postgres::bind_identity(&self.pool, user, issuer, subject, now).await?)
-    }
-
-    async fn append_audit(&self, entries: &[AuditEntry]) -> Result<(), StoreError> {
-        Ok(Postgres::append_audit(&self.pool, entries).await?)
-    }
-
-    async fn audit_page(&self, filter: &AuditFilter) -> Result<Vec<AuditEntry>, StoreError> {
-        Ok(Postgres::audit_page(&mut *self.conn().await?, filter).await?)
-    }
-
     async fn users_overview(&self, limit: i64) -> Result<Vec<super::UserOverview>, StoreError> {
-        let mut tx = self.as_system().await?;
+        let mut tx = self.db.as_system().await?;
         let rows = Postgres::users_overview(&mut *tx, limit).await?;
         tx.commit().await?;
         Ok(rows)
-    }
-
-    async fn last_sign_ins(&self) -> Result<Vec<(String, i64)>, StoreError> {
-        Ok(Postgres::last_sign_ins(&mut *self.conn().await?).await?)
-    }
-
-    async fn record_usage(&self, s: &super::UsageSample) -> Result<(), StoreError> {
-        let mut tx = self.as_system().await?;
-        let last = Postgres::last_cost(&mut *tx, &s.session).await?;
-        let delta = match last {
-            Some((currency, cost)) if currency == s.currency => (s.cumulative - cost).max(0.0),
-            _ => s.cumulative.max(0.0),
-        };
-        Postgres::set_last_cost(&mut *tx, &s.session, &s.currency, s.cumulative).await?;
-        if delta > 0.0 {
-            Postgres::add_cost(&mut *tx, s, delta).await?;
-        }
-        tx.commit().await?;
-        Ok(())
-    }
-
-    async fn usage(&self, owner: Option<&str>, since: &str) -> Result<Vec<super::UsageRow>, StoreError> {
-        Ok(Postgres::usage_rows(&mut *self.conn().await?, owner, since).await?)
-    }
-
-    async fn cost_since(&self, owner: &str, since: &str, currency: &str) -> Result<f64, StoreError> {
-        Ok(Postgres::cost_since(&mut *self.conn().await?, owner, since, currency).await?)
-    }
-
-    async fn prune_audit(&self, before: i64) -> Result<(), StoreError> {
-        Ok(Postgres::prune_audit(&mut *self.conn().await?, before).await?)
-    }
-
-    async fn create_share(&self, s: &super::NewShare<'_>, max: i64) -> Result<bool, StoreError> {
-        // Under Postgres's READ COMMITTED two creates at once would each count the shares the
-        // other has not committed yet, and both pass the cap: a lock per session serializes them
-        // (an advisory one, which the transcript writer's updates of the session row do not wait
-        // for). The second counts in a snapshot taken after the first committed.
-        let mut tx = self.as_system().await?;
-        sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended('session_shares:' || $1, 0))")
-            .bind(s.session_id)
-            .execute(&mut *tx)
-            .await?;
-        Postgres::purge_ended_shares(&mut *tx, s.owner, s.session_id, s.created_at).await?;
-        let made = Postgres::create_share(&mut *tx, s, max).await?;
-        tx.commit().await?;
-        Ok(made)
-    }
-
-    async fn purge_expired_shares(&self, now: i64, limit: i64) -> Result<u64, StoreError> {
-        Ok(Postgres::purge_expired_shares(&mut *self.conn().await?, now, limit).await?)
-    }
-
-    async fn shares(&self, owner: &str, session_id: &str, now: i64) -> Result<Vec<super::ShareRow>, StoreError> {
-        Ok(Postgres::shares(&mut *self.conn().await?, owner, session_id, now).await?)
-    }
-
-    async fn delete_share(&self, owner: &str, session_id: &str, id: &str) -> Result<bool, StoreError> {
-        Ok(Postgres::delete_share(&mut *self.conn().await?, owner, session_id, id).await?)
-    }
-
-    async fn link_share(&self, hash: &[u8], now: i64) -> Result<Option<super::ShareRow>, StoreError> {
-        Ok(Postgres::link_share(&mut *self.conn().await?, hash, now).await?)
-    }
-
-    async fn join_share(&self, id: &str, member: &str, now: i64) -> Result<(), StoreError> {
-        Ok(Postgres::join_share(&mut *self.conn().await?, id, member, now).await?)
-    }
-
-    async fn share_access(&self, user: &str, sid: &str, now: i64) -> Result<Option<super::ShareAccess>, StoreError> {
-        Ok(Postgres::share_access(&mut *self.conn().await?, user, sid, now).await?)
-    }
-
-    async fn share_accesses(&self, pairs: &[(&str, &str)], now: i64) -> Result<Vec<super::MemberAccess>, StoreError> {
-        Ok(Postgres::share_accesses(&mut *self.conn().await?, pairs, now).await?)
-    }
-
-    async fn shared_with(&self, user: &str, now: i64, limit: i64) -> Result<Vec<super::SharedSession>, StoreError> {
-        Ok(Postgres::shared_with(&mut *self.conn().await?, user, now, limit).await?)
     }
 
     async fn list_sessions(
@@ -423,9 +204,9 @@ impl Store for PgStore {
         // the index's count, which only counts, across owners on purpose.
         let searches_index = index.zip(filter.search.as_deref()).is_some_and(|(i, s)| i.can_find(s));
         let mut tx = if searches_index {
-            self.as_system().await?
+            self.db.as_system().await?
         } else {
-            self.as_user(owner).await?
+            self.db.as_user(owner).await?
         };
         let records = Postgres::list_sessions(&mut tx, owner, filter, after, limit, index).await?;
         tx.commit().await?;
@@ -433,7 +214,7 @@ impl Store for PgStore {
     }
 
     async fn set_archived(&self, owner: &str, id: &str, at: Option<i64>) -> Result<bool, StoreError> {
-        let mut tx = self.as_user(owner).await?;
+        let mut tx = self.db.as_user(owner).await?;
         let found = Postgres::set_archived(&mut *tx, owner, id, at).await?;
         tx.commit().await?;
         Ok(found)
@@ -445,7 +226,7 @@ impl Store for PgStore {
         after: Option<(i64, &str)>,
         limit: i64,
     ) -> Result<Vec<super::StaleSession>, StoreError> {
-        Ok(Postgres::stale_sessions(&mut *self.conn().await?, before, after, limit).await?)
+        Ok(Postgres::stale_sessions(&mut *self.db.conn().await?, before, after, limit).await?)
     }
 
     async fn delete_stale(
@@ -453,14 +234,14 @@ impl Store for PgStore {
         sessions: &[super::StaleSession],
         before: i64,
     ) -> Result<Vec<super::StaleSession>, StoreError> {
-        let mut tx = self.as_system().await?;
+        let mut tx = self.db.as_system().await?;
         let deleted = Postgres::delete_stale(&mut tx, sessions, before).await?;
         tx.commit().await?;
         Ok(deleted)
     }
 
     async fn delete_session(&self, owner: &str, id: &str) -> Result<bool, StoreError> {
-        let mut tx = self.as_user(owner).await?;
+        let mut tx = self.db.as_user(owner).await?;
         // The transcript goes with it: Postgres always enforces the ON DELETE CASCADE (its
         // referential actions run as the tables' owner, outside row-level security).
         let deleted = Postgres::delete_session(&mut *tx, owner, id).await?;
@@ -501,21 +282,21 @@ impl Store for PgStore {
         after_seq: i64,
         max_chunks: u32,
     ) -> Result<Vec<EventChunk>, StoreError> {
-        let mut tx = self.as_user(owner).await?;
+        let mut tx = self.db.as_user(owner).await?;
         let chunks = Postgres::read_events(&mut *tx, owner, id, after_seq, max_chunks).await?;
         tx.commit().await?;
         Ok(chunks)
     }
 
     async fn cursor_key(&self) -> Result<Vec<u8>, StoreError> {
-        let mut tx = self.as_system().await?;
+        let mut tx = self.db.as_system().await?;
         let key = Postgres::cursor_key(&mut tx).await?;
         tx.commit().await?;
         Ok(key)
     }
 
     async fn stored_bytes(&self, owner: &str) -> Result<u64, StoreError> {
-        let mut tx = self.as_user(owner).await?;
+        let mut tx = self.db.as_user(owner).await?;
         let bytes = Postgres::stored_bytes(&mut *tx, owner).await?;
         tx.commit().await?;
         Ok(u64::try_from(bytes).unwrap_or(0))

@@ -190,7 +190,7 @@ impl PgStore {
         writes: &[SessionWrite],
         holder: Option<&str>,
     ) -> Result<Vec<Arc<str>>, StoreError> {
-        let mut tx = self.as_system().await?;
+        let mut tx = self.db.as_system().await?;
         let refused = if writes.iter().all(is_chunk_only) {
             chunks_on(&mut tx, writes, holder).await?
         } else {

@@ -1,8 +1,10 @@
-//! The statements behind what each person spends (`usage_daily`, `usage_sessions`), written once
-//! for both databases: an agent's cumulative session cost becomes the day's increase, and days are
-//! summed for the usage routes and the cost caps.
+//! What each person spends (`usage_daily`, `usage_sessions`): [`UsageLog`], and its statements,
+//! written once for both databases. An agent's cumulative session cost becomes the day's increase,
+//! and days are summed for the usage routes and the cost caps.
 
 use sqlx::{Database, Encode, Executor, FromRow, IntoArguments, Postgres, Sqlite, Type};
+
+use crate::store::{Backend, Db, StoreError, statement};
 
 /// One user's spending with one agent on one day, in one currency.
 #[derive(Debug, Clone, PartialEq, sqlx::FromRow, serde::Serialize)]
@@ -146,3 +148,61 @@ where
 
 impl UsageSql for Sqlite {}
 impl UsageSql for Postgres {}
+
+/// The spending tables, in the database.
+#[derive(Debug, Clone)]
+pub struct UsageLog {
+    db: Db,
+}
+
+impl UsageLog {
+    /// The spending tables in `db`.
+    pub fn new(db: Db) -> Self {
+        Self { db }
+    }
+
+    /// Adds what a session's cumulative cost grew by to its user's day, in one transaction.
+    pub async fn record(&self, s: &UsageSample) -> Result<(), StoreError> {
+        let delta = |last: Option<(String, f64)>| match last {
+            Some((currency, cost)) if currency == s.currency => (s.cumulative - cost).max(0.0),
+            _ => s.cumulative.max(0.0),
+        };
+        self.db
+            .within(async {
+                match self.db.backend() {
+                    Backend::Sqlite(pool) => {
+                        // IMMEDIATE: it reads, then writes; a deferred transaction would fail with
+                        // SQLITE_BUSY_SNAPSHOT when another writer commits in between.
+                        let mut tx = pool.begin_with("BEGIN IMMEDIATE").await?;
+                        let delta = delta(Sqlite::last_cost(&mut *tx, &s.session).await?);
+                        Sqlite::set_last_cost(&mut *tx, &s.session, &s.currency, s.cumulative).await?;
+                        if delta > 0.0 {
+                            Sqlite::add_cost(&mut *tx, s, delta).await?;
+                        }
+                        tx.commit().await?;
+                    }
+                    Backend::Postgres(pg) => {
+                        let mut tx = pg.as_system().await?;
+                        let delta = delta(Postgres::last_cost(&mut *tx, &s.session).await?);
+                        Postgres::set_last_cost(&mut *tx, &s.session, &s.currency, s.cumulative).await?;
+                        if delta > 0.0 {
+                            Postgres::add_cost(&mut *tx, s, delta).await?;
+                        }
+                        tx.commit().await?;
+                    }
+                }
+                Ok(())
+            })
+            .await
+    }
+
+    /// Spending per user, agent, day and currency from day `since` on (`owner`'s, or everyone's).
+    pub async fn days(&self, owner: Option<&str>, since: &str) -> Result<Vec<UsageRow>, StoreError> {
+        statement!(self.db, usage_rows(owner, since))
+    }
+
+    /// What `owner` spent in `currency` from day `since` on.
+    pub async fn cost_since(&self, owner: &str, since: &str, currency: &str) -> Result<f64, StoreError> {
+        statement!(self.db, cost_since(owner, since, currency))
+    }
+}

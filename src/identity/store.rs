@@ -1,9 +1,17 @@
-//! The statements behind sign-ins through the identity provider (`web_sessions`), written once for
-//! both databases. The provider's tokens are only ever stored sealed (`infra::sealing::Sealer`). This is
-//! the gateway's own bookkeeping: on Postgres it runs as the gateway's login role, never as a
-//! user's request.
+//! Identity's tables: sign-ins through the identity provider (`web_sessions`) and the provider
+//! accounts user names are bound to (`user_identities`), as [`WebSessions`], with their statements
+//! written once for both databases. The provider's tokens are only ever stored sealed
+//! (`infra::sealing::Sealer`). This is the gateway's own bookkeeping: on Postgres it runs as the
+//! gateway's login role, never as a user's request.
 
 use sqlx::{Database, Encode, Executor, FromRow, IntoArguments, Postgres, Sqlite, Type};
+
+use crate::infra::clock::now_secs;
+use crate::store::{Backend, Db, StoreError, statement};
+
+/// How long an ended sign-in through the identity provider is kept (seconds), so that every
+/// replica sees it ended before it is forgotten.
+pub const WEB_SESSIONS_KEPT_SECS: i64 = 7 * 24 * 3600;
 
 /// One sign-in as stored.
 #[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
@@ -138,3 +146,97 @@ where
 
 impl WebSessionSql for Sqlite {}
 impl WebSessionSql for Postgres {}
+
+/// The `user_identities` statements, for any database that can run them.
+pub(crate) trait IdentitySql: Database
+where
+    for<'q> Self::Arguments<'q>: IntoArguments<'q, Self>,
+    for<'c> &'c mut Self::Connection: Executor<'c, Database = Self>,
+    for<'q> &'q str: Encode<'q, Self> + Type<Self>,
+    for<'q> i64: Encode<'q, Self> + Type<Self>,
+    for<'r> (String, String): sqlx::FromRow<'r, Self::Row>,
+{
+    /// Binds `user` to `(issuer, subject)` unless it is bound already; the binding in force.
+    async fn bind_identity<'c>(
+        e: impl Executor<'c, Database = Self> + Copy,
+        user: &str,
+        issuer: &str,
+        subject: &str,
+        at: i64,
+    ) -> Result<(String, String), sqlx::Error> {
+        sqlx::query(
+            "INSERT INTO user_identities (user_name, issuer, subject, bound_at) VALUES ($1, $2, $3, $4)
+             ON CONFLICT (user_name) DO NOTHING",
+        )
+        .bind(user)
+        .bind(issuer)
+        .bind(subject)
+        .bind(at)
+        .execute(e)
+        .await?;
+        sqlx::query_as("SELECT issuer, subject FROM user_identities WHERE user_name = $1")
+            .bind(user)
+            .fetch_one(e)
+            .await
+    }
+}
+
+impl IdentitySql for Sqlite {}
+impl IdentitySql for Postgres {}
+
+/// Sign-ins through the identity provider and the accounts user names are bound to, in the
+/// database.
+#[derive(Debug, Clone)]
+pub struct WebSessions {
+    db: Db,
+}
+
+impl WebSessions {
+    /// Identity's tables in `db`.
+    pub fn new(db: Db) -> Self {
+        Self { db }
+    }
+
+    /// Stores a sign-in through the identity provider, or what a check changed in it.
+    pub async fn put(&self, s: &WebSession) -> Result<(), StoreError> {
+        statement!(self.db, put_web_session(s))
+    }
+
+    /// The sign-in `id` (revoked ones too).
+    pub async fn get(&self, id: &str) -> Result<Option<WebSession>, StoreError> {
+        statement!(self.db, web_session(id))
+    }
+
+    /// Ends the sign-in `id`, saying why.
+    pub async fn revoke(&self, id: &str, reason: &str) -> Result<(), StoreError> {
+        statement!(self.db, revoke_web_session(id, now_secs() as i64, reason))
+    }
+
+    /// Live sign-ins last checked before `checked_before` (epoch seconds), oldest first; sign-ins
+    /// that ended long ago are forgotten on the way.
+    pub async fn due(&self, checked_before: i64, limit: i64) -> Result<Vec<WebSession>, StoreError> {
+        let now = now_secs() as i64;
+        statement!(self.db, prune_web_sessions(now - WEB_SESSIONS_KEPT_SECS))?;
+        statement!(self.db, due_web_sessions(checked_before, now, limit))
+    }
+
+    /// Takes the sign-in `id` for a check (`checked_at` from `seen` to `now`); false when another
+    /// replica took it first.
+    pub async fn claim(&self, id: &str, seen: i64, now: i64) -> Result<bool, StoreError> {
+        statement!(self.db, claim_web_session(id, seen, now))
+    }
+
+    /// Binds the user name `user` to the provider account `(issuer, subject)` unless it is bound
+    /// already; the `(issuer, subject)` it is bound to.
+    pub async fn bind_identity(&self, user: &str, issuer: &str, subject: &str) -> Result<(String, String), StoreError> {
+        let now = now_secs() as i64;
+        self.db
+            .within(async {
+                Ok(match self.db.backend() {
+                    Backend::Sqlite(pool) => Sqlite::bind_identity(pool, user, issuer, subject, now).await?,
+                    Backend::Postgres(pg) => Postgres::bind_identity(pg.pool(), user, issuer, subject, now).await?,
+                })
+            })
+            .await
+    }
+}

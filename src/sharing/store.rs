@@ -1,9 +1,11 @@
-//! The statements behind sharing a session with a teammate (`session_shares`, `share_members`),
+//! Sharing's tables (`session_shares`, `share_members`): [`ShareStore`], and its statements,
 //! written once for both databases. This is the gateway's own check of who may reach a session
 //! that is not theirs: on Postgres it runs as the gateway's login role, and the session itself is
 //! then read as its owner.
 
 use sqlx::{Database, Encode, Executor, FromRow, IntoArguments, Postgres, Sqlite, Type};
+
+use crate::store::{Backend, Db, StoreError, statement};
 
 /// A share as its owner sees it.
 #[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
@@ -135,7 +137,7 @@ where
 {
     /// Stores `s` if its session is its owner's and has fewer than `max` shares in force; whether
     /// it did. One statement: on SQLite it holds the write lock from its start, so two at once
-    /// cannot both count the same shares; Postgres needs the lock of [`super::postgres`].
+    /// cannot both count the same shares; Postgres needs the lock of [`ShareStore::create`].
     async fn create_share<'c>(
         e: impl Executor<'c, Database = Self>,
         s: &NewShare<'_>,
@@ -347,3 +349,89 @@ where
 
 impl ShareSql for Sqlite {}
 impl ShareSql for Postgres {}
+
+/// The shares of every session, in the database.
+#[derive(Debug, Clone)]
+pub struct ShareStore {
+    db: Db,
+}
+
+impl ShareStore {
+    /// Sharing's tables in `db`.
+    pub fn new(db: Db) -> Self {
+        Self { db }
+    }
+
+    /// Stores a share of its owner's session if it has fewer than `max` shares in force (however
+    /// many are made at once); whether it did. The session's ended shares are forgotten first.
+    pub async fn create(&self, s: &NewShare<'_>, max: i64) -> Result<bool, StoreError> {
+        self.db
+            .within(async {
+                match self.db.backend() {
+                    Backend::Sqlite(pool) => {
+                        Sqlite::purge_ended_shares(pool, s.owner, s.session_id, s.created_at).await?;
+                        Ok(Sqlite::create_share(pool, s, max).await?)
+                    }
+                    Backend::Postgres(pg) => {
+                        // Under Postgres's READ COMMITTED two creates at once would each count the
+                        // shares the other has not committed yet, and both pass the cap: a lock per
+                        // session serializes them (an advisory one, which the transcript writer's
+                        // updates of the session row do not wait for). The second counts in a
+                        // snapshot taken after the first committed.
+                        let mut tx = pg.as_system().await?;
+                        sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended('session_shares:' || $1, 0))")
+                            .bind(s.session_id)
+                            .execute(&mut *tx)
+                            .await?;
+                        Postgres::purge_ended_shares(&mut *tx, s.owner, s.session_id, s.created_at).await?;
+                        let made = Postgres::create_share(&mut *tx, s, max).await?;
+                        tx.commit().await?;
+                        Ok(made)
+                    }
+                }
+            })
+            .await
+    }
+
+    /// Forgets up to `limit` shares, of any session, that ended by `now`; how many.
+    pub async fn purge_expired(&self, now: i64, limit: i64) -> Result<u64, StoreError> {
+        statement!(self.db, purge_expired_shares(now, limit))
+    }
+
+    /// The shares of `owner`'s session in force at `now` (an ended one lets nobody in; its row
+    /// is forgotten at the session's next share or by the periodic purge).
+    pub async fn of_session(&self, owner: &str, session_id: &str, now: i64) -> Result<Vec<ShareRow>, StoreError> {
+        statement!(self.db, shares(owner, session_id, now))
+    }
+
+    /// Revokes a share of `owner`'s session; whether there was one.
+    pub async fn delete(&self, owner: &str, session_id: &str, id: &str) -> Result<bool, StoreError> {
+        statement!(self.db, delete_share(owner, session_id, id))
+    }
+
+    /// The link share in force at `now` whose token hashes to `token_hash`.
+    pub async fn link(&self, token_hash: &[u8], now: i64) -> Result<Option<ShareRow>, StoreError> {
+        statement!(self.db, link_share(token_hash, now))
+    }
+
+    /// Records that `member` opened the link share `id`.
+    pub async fn join(&self, id: &str, member: &str, now: i64) -> Result<(), StoreError> {
+        statement!(self.db, join_share(id, member, now))
+    }
+
+    /// What lets `user` reach another user's session at `now`, if anything does.
+    pub async fn access(&self, user: &str, session_id: &str, now: i64) -> Result<Option<ShareAccess>, StoreError> {
+        statement!(self.db, share_access(user, session_id, now))
+    }
+
+    /// [`ShareStore::access`] for each (user, session) of `pairs` (at most
+    /// [`ACCESS_PAIRS_PER_STATEMENT`]) in one statement: the pairs a share lets in, with it.
+    pub async fn accesses(&self, pairs: &[(&str, &str)], now: i64) -> Result<Vec<MemberAccess>, StoreError> {
+        statement!(self.db, share_accesses(pairs, now))
+    }
+
+    /// Sessions shared with `user` at `now`.
+    pub async fn shared_with(&self, user: &str, now: i64, limit: i64) -> Result<Vec<SharedSession>, StoreError> {
+        statement!(self.db, shared_with(user, now, limit))
+    }
+}

@@ -24,7 +24,11 @@ use std::time::{Duration, Instant};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
-use crate::store::{AuditEntry, Store, now_micros};
+use crate::store::{CALL_LIMIT, StoreError, now_micros};
+
+mod store;
+
+pub use store::{AuditEntry, AuditFilter, AuditLog};
 
 /// Entries queued for the store, at most.
 const QUEUE: usize = 4096;
@@ -54,6 +58,8 @@ pub struct Audit {
     caps: Mutex<HashMap<(String, &'static str), Instant>>,
     /// The anonymous windows open now.
     anonymous: Mutex<HashMap<AnonymousKey, Window>>,
+    /// The stored log as the admin routes read it (each read bounded in time).
+    reads: AuditLog,
 }
 
 /// What anonymous entries are counted under: client address (`None`: the shared count of
@@ -75,7 +81,7 @@ impl Audit {
     /// The log, and its writer task, which flushes what is queued when `stop` fires (after the
     /// connections have ended: await it then).
     pub fn spawn(
-        store: Arc<dyn Store>,
+        store: AuditLog,
         replica: String,
         retention_days: u64,
         stop: CancellationToken,
@@ -88,6 +94,7 @@ impl Audit {
             replica,
             caps: Mutex::default(),
             anonymous: Mutex::default(),
+            reads: store.bounded(CALL_LIMIT),
         });
         #[expect(
             clippy::disallowed_methods,
@@ -104,6 +111,16 @@ impl Audit {
             stop,
         ));
         (audit, task)
+    }
+
+    /// A page of the stored log, newest first.
+    pub async fn page(&self, filter: &AuditFilter) -> Result<Vec<AuditEntry>, StoreError> {
+        self.reads.page(filter).await
+    }
+
+    /// Each user's last successful sign-in (epoch µs), as stored.
+    pub async fn last_sign_ins(&self) -> Result<Vec<(String, i64)>, StoreError> {
+        self.reads.last_sign_ins().await
     }
 
     /// Records `e`: a log line now, a row soon. What nobody signed in did is aggregated per
@@ -288,7 +305,7 @@ struct Queues {
 
 /// Appends queued entries in batches until `stop`, then what is left; prunes hourly; sums up
 /// anonymous windows as they end.
-async fn write(store: Arc<dyn Store>, queues: Queues, retention_days: u64, stop: CancellationToken) {
+async fn write(store: AuditLog, queues: Queues, retention_days: u64, stop: CancellationToken) {
     let Queues {
         signed_in: mut rx,
         anonymous: mut anonymous_rx,
@@ -305,13 +322,13 @@ async fn write(store: Arc<dyn Store>, queues: Queues, retention_days: u64, stop:
                 if n == 0 {
                     return;
                 }
-                flush(&*store, &mut batch).await;
+                flush(&store, &mut batch).await;
             }
             n = anonymous_rx.recv_many(&mut anonymous_batch, BATCH) => {
                 if n == 0 {
                     return;
                 }
-                flush(&*store, &mut anonymous_batch).await;
+                flush(&store, &mut anonymous_batch).await;
             }
             _ = sum_up.tick() => {
                 if let Some(audit) = audit.upgrade() {
@@ -321,7 +338,7 @@ async fn write(store: Arc<dyn Store>, queues: Queues, retention_days: u64, stop:
             _ = prune.tick() => {
                 if retention_days > 0 {
                     let before = now_micros() - (retention_days as i64) * 86_400_000_000;
-                    if let Err(e) = store.prune_audit(before).await {
+                    if let Err(e) = store.prune(before).await {
                         tracing::warn!(error = %e, "cannot prune the audit log");
                     }
                 }
@@ -336,15 +353,15 @@ async fn write(store: Arc<dyn Store>, queues: Queues, retention_days: u64, stop:
                 while let Ok(entry) = anonymous_rx.try_recv() {
                     batch.push(entry);
                 }
-                flush(&*store, &mut batch).await;
+                flush(&store, &mut batch).await;
                 return;
             }
         }
     }
 }
 
-async fn flush(store: &dyn Store, batch: &mut Vec<AuditEntry>) {
-    if let Err(e) = store.append_audit(batch).await {
+async fn flush(store: &AuditLog, batch: &mut Vec<AuditEntry>) {
+    if let Err(e) = store.append(batch).await {
         tracing::error!(error = %e, entries = batch.len(), "cannot write audit entries (they are in the log above)");
         metrics::counter!(crate::infra::metrics::AUDIT_DROPPED).increment(batch.len() as u64);
     }

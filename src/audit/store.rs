@@ -1,8 +1,10 @@
-//! The statements behind the audit log (`audit_log`), written once for both databases: appended
-//! in batches by the audit writer, read a page at a time (newest first) by the admin routes, and
-//! pruned by the retention. Rows are never updated (a trigger refuses it).
+//! The audit log's table (`audit_log`): [`AuditLog`], and its statements, written once for both
+//! databases. Appended in batches by the audit writer, read a page at a time (newest first) by
+//! the admin routes, and pruned by the retention. Rows are never updated (a trigger refuses it).
 
 use sqlx::{Database, Encode, Executor, FromRow, IntoArguments, Postgres, Sqlite, Type};
+
+use crate::store::{Backend, Db, StoreError, statement};
 
 /// One entry.
 #[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow, serde::Serialize)]
@@ -53,6 +55,7 @@ where
     for<'q> Option<&'q str>: Encode<'q, Self> + Type<Self>,
     for<'q> i64: Encode<'q, Self> + Type<Self>,
     for<'r> AuditEntry: FromRow<'r, Self::Row>,
+    for<'r> (String, i64): FromRow<'r, Self::Row>,
 {
     /// Appends `entries`.
     async fn append_audit<'c, E>(e: E, entries: &[AuditEntry]) -> Result<(), sqlx::Error>
@@ -121,7 +124,63 @@ where
             .await?;
         Ok(())
     }
+
+    /// Each user's last successful sign-in (epoch µs).
+    async fn last_sign_ins<'c>(e: impl Executor<'c, Database = Self>) -> Result<Vec<(String, i64)>, sqlx::Error> {
+        sqlx::query_as(
+            "SELECT actor, CAST(MAX(at) AS BIGINT) FROM audit_log
+             WHERE action = 'sign_in' AND outcome = 'ok' GROUP BY actor",
+        )
+        .fetch_all(e)
+        .await
+    }
 }
 
 impl AuditSql for Sqlite {}
 impl AuditSql for Postgres {}
+
+/// The audit log's table, in the database.
+#[derive(Debug, Clone)]
+pub struct AuditLog {
+    db: Db,
+}
+
+impl AuditLog {
+    /// The audit log in `db`.
+    pub fn new(db: Db) -> Self {
+        Self { db }
+    }
+
+    /// The same log, each call answering within `limit` (see [`Db::bounded`]).
+    pub fn bounded(&self, limit: std::time::Duration) -> Self {
+        Self::new(self.db.bounded(limit))
+    }
+
+    /// Appends entries.
+    pub async fn append(&self, entries: &[AuditEntry]) -> Result<(), StoreError> {
+        self.db
+            .within(async {
+                match self.db.backend() {
+                    Backend::Sqlite(pool) => Sqlite::append_audit(pool, entries).await?,
+                    Backend::Postgres(pg) => Postgres::append_audit(pg.pool(), entries).await?,
+                }
+                Ok(())
+            })
+            .await
+    }
+
+    /// A page of the log, newest first.
+    pub async fn page(&self, filter: &AuditFilter) -> Result<Vec<AuditEntry>, StoreError> {
+        statement!(self.db, audit_page(filter))
+    }
+
+    /// Removes entries older than `before` (epoch µs).
+    pub async fn prune(&self, before: i64) -> Result<(), StoreError> {
+        statement!(self.db, prune_audit(before))
+    }
+
+    /// Each user's last successful sign-in (epoch µs).
+    pub async fn last_sign_ins(&self) -> Result<Vec<(String, i64)>, StoreError> {
+        statement!(self.db, last_sign_ins())
+    }
+}

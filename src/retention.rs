@@ -11,7 +11,7 @@ use tokio_util::sync::CancellationToken;
 use crate::infra::auditing::{Event, Recorder};
 use crate::infra::config::RetentionConfig;
 use crate::session::Sessions;
-use crate::store::{StaleSession, now_micros};
+use crate::store::{StaleSession, in_time, now_micros};
 
 /// Between two batches of one pass.
 const BATCH_PAUSE: Duration = Duration::from_millis(50);
@@ -73,7 +73,7 @@ impl Retention {
         let mut after: Option<(i64, String)> = None;
         loop {
             let cursor = after.as_ref().map(|(t, id)| (*t, id.as_str()));
-            let stale = match store.stale_sessions(before, cursor, batch).await {
+            let stale = match in_time(store.stale_sessions(before, cursor, batch)).await {
                 Ok(stale) => stale,
                 Err(e) => {
                     tracing::error!(error = %e, "retention: cannot look for stale sessions");
@@ -94,7 +94,7 @@ impl Retention {
                 if idle.is_empty() {
                     continue;
                 }
-                match store.delete_stale(&idle, before).await {
+                match in_time(store.delete_stale(&idle, before)).await {
                     Ok(deleted) => total += self.deleted_batch(&deleted),
                     Err(e) => {
                         tracing::error!(error = %e, "retention: cannot delete stale sessions");

@@ -145,9 +145,11 @@ async fn next_page(s: &mut State, out: &mut String) -> Result<(), StoreError> {
     let chunks = if s.after >= s.through {
         Vec::new()
     } else {
-        s.store
-            .read_events(&s.owner, &s.id, s.after, crate::store::READ_PAGE_CHUNKS)
-            .await?
+        crate::store::in_time(
+            s.store
+                .read_events(&s.owner, &s.id, s.after, crate::store::READ_PAGE_CHUNKS),
+        )
+        .await?
     };
     for chunk in &chunks {
         for (seq, line) in (chunk.seq_from..).zip(chunk.payload.split('\n')) {

@@ -91,7 +91,10 @@ async fn users(
         );
     }
     let store = sessions.store();
-    let (stored, signins) = match (store.users_overview(10_000).await, audit.last_sign_ins().await) {
+    let (stored, signins) = match (
+        crate::store::in_time(store.users_overview(10_000)).await,
+        audit.last_sign_ins().await,
+    ) {
         (Ok(a), Ok(b)) => (a, b),
         (Err(e), _) | (_, Err(e)) => {
             tracing::error!(error = %e, "cannot read the users overview");

@@ -65,7 +65,7 @@ struct Redeem {
 
 /// The caller's session `id`, or `404` (another user's and unknown ones alike).
 async fn owned(sessions: &Sessions, user: &str, id: &str) -> Result<(), HttpError> {
-    match sessions.store().get_session(user, id).await {
+    match crate::store::in_time(sessions.store().get_session(user, id)).await {
         Ok(Some(_)) => Ok(()),
         Ok(None) => Err(RpcError::session_not_found().into()),
         Err(e) => Err(RpcError::from(e).into()),

@@ -6,7 +6,7 @@ use serde_json::{Value, json};
 
 use super::Sessions;
 use crate::protocol::RpcError;
-use crate::store::{Archived, ListFilter, Position, SessionRecord, iso8601, now_micros, parse_iso8601};
+use crate::store::{Archived, ListFilter, Position, SessionRecord, in_time, iso8601, now_micros, parse_iso8601};
 
 /// Page size when the client names none.
 pub const DEFAULT_LIMIT: u32 = 50;
@@ -112,7 +112,7 @@ pub async fn list(sessions: &Sessions, user: &str, p: ListParams) -> Result<Valu
     });
     // Titles and message counts of what was just prompted are in the rows we read.
     sessions.persister.flush().await?;
-    let mut rows = sessions.store.list_sessions(user, &filter, position, limit + 1).await?;
+    let mut rows = in_time(sessions.store.list_sessions(user, &filter, position, limit + 1)).await?;
     let more = rows.len() > limit as usize;
     rows.truncate(limit as usize);
     let next = if more {

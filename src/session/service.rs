@@ -6,7 +6,7 @@
 //!   carries the `last_seq` it left with, and numbers continue above every seq ever sent.
 //! - Deleting closes the session on its agent first, then removes it and its transcript.
 //! - A request that needs the database answers within [`REQUEST_DEADLINE`]: each store call is
-//!   bounded ([`crate::store::Bounded`]), and so is the whole of a method that waits for the
+//!   bounded ([`crate::store::in_time`]), and so is the whole of a method that waits for the
 //!   transcript writer first; a database that does not answer in time gets `-32603`.
 
 use std::sync::Arc;
@@ -21,7 +21,7 @@ use crate::infra::cap::CapReached;
 use crate::protocol::RpcError;
 use crate::store::cursor::CursorCodec;
 use crate::store::persister::Persister;
-use crate::store::{Bounded, CALL_LIMIT, NewSession, SessionRecord, Store, StoreError};
+use crate::store::{NewSession, SessionRecord, Store, StoreError, in_time};
 
 /// Longest a request waits for the database as a whole (the contract says 5 s).
 pub const REQUEST_DEADLINE: Duration = Duration::from_millis(4500);
@@ -57,9 +57,8 @@ pub struct Sessions {
 const USAGE_TTL: Duration = Duration::from_secs(5);
 
 impl Sessions {
-    /// The service over `store` (each call bounded), its writer and cursor key.
+    /// The service over `store`, its writer and cursor key.
     pub(crate) fn new(store: Arc<dyn Store>, mut options: SessionOptions, cursors: CursorCodec) -> Self {
-        let store: Arc<dyn Store> = Arc::new(Bounded::new(store, CALL_LIMIT));
         options.store = Some(store.clone());
         Self {
             store,
@@ -86,7 +85,7 @@ impl Sessions {
         let used = match cached {
             Some(n) => n,
             None => {
-                let n = self.store.stored_bytes(user).await?;
+                let n = in_time(self.store.stored_bytes(user)).await?;
                 let mut usage = self.lock_usage();
                 if usage.len() >= 4096 {
                     usage.retain(|_, (_, at)| now - *at < USAGE_TTL);
@@ -105,8 +104,8 @@ impl Sessions {
         self.usage.lock()
     }
 
-    /// The store, each call but transcript writes bounded in time (for `/readyz`, replays,
-    /// tests and benchmarks).
+    /// The store (for `/readyz`, replays, tests and benchmarks). A caller a request waits on
+    /// bounds each call with [`crate::store::in_time`].
     pub fn store(&self) -> &Arc<dyn Store> {
         &self.store
     }
@@ -163,9 +162,7 @@ impl Sessions {
         if let Some(s) = self.live(user, id) {
             return Ok(s);
         }
-        let record = self
-            .store
-            .get_session(user, id)
+        let record = in_time(self.store.get_session(user, id))
             .await?
             .ok_or_else(RpcError::session_not_found)?;
         let session = self.registry.insert(LiveSession::from_record(&record, &self.options));
@@ -177,25 +174,24 @@ impl Sessions {
 
     /// Stores a new session and puts it in memory.
     pub async fn create(&self, record: &SessionRecord) -> Result<Arc<LiveSession>, RpcError> {
-        self.store
-            .create_session(&NewSession {
-                id: &record.id,
-                owner: &record.owner,
-                agent: &record.agent,
-                agent_session_id: record.agent_session_id.as_deref(),
-                cwd: &record.cwd,
-                additional_dirs: &record.additional_dirs,
-                meta: &record.meta,
-                now: record.created_at,
-            })
-            .await?;
+        in_time(self.store.create_session(&NewSession {
+            id: &record.id,
+            owner: &record.owner,
+            agent: &record.agent,
+            agent_session_id: record.agent_session_id.as_deref(),
+            cwd: &record.cwd,
+            additional_dirs: &record.additional_dirs,
+            meta: &record.meta,
+            now: record.created_at,
+        }))
+        .await?;
         Ok(self.registry.insert(LiveSession::from_record(record, &self.options)))
     }
 
     /// Forgets a session that was created and then refused (nothing was published to it).
     pub async fn discard(&self, user: &str, id: &str) {
         self.registry.remove(id);
-        if let Err(e) = self.store.delete_session(user, id).await {
+        if let Err(e) = in_time(self.store.delete_session(user, id)).await {
             tracing::error!(session = %id, error = %e, "cannot remove a refused session");
         }
     }
@@ -231,7 +227,7 @@ impl Sessions {
         // Nothing of it may still be on its way to the store once it is gone.
         let deleted = within(async {
             self.persister.flush().await?;
-            Ok(self.store.delete_session(user, id).await?)
+            Ok(in_time(self.store.delete_session(user, id)).await?)
         })
         .await?;
         if deleted {
@@ -247,7 +243,7 @@ impl Sessions {
     /// Archives (`true`) or restores `user`'s session `id`; `-32002` for unknown and foreign ids.
     pub async fn set_archived(&self, user: &str, id: &str, archived: bool) -> Result<(), RpcError> {
         let at = archived.then(crate::store::now_micros);
-        if within(async { Ok(self.store.set_archived(user, id, at).await?) }).await? {
+        if within(async { Ok(in_time(self.store.set_archived(user, id, at)).await?) }).await? {
             Ok(())
         } else {
             Err(RpcError::session_not_found())
@@ -265,7 +261,7 @@ impl Sessions {
     pub async fn stored(&self, user: &str, id: &str) -> Result<SessionRecord, RpcError> {
         within(async {
             self.persister.flush().await?;
-            Ok(self.store.get_session(user, id).await?)
+            Ok(in_time(self.store.get_session(user, id)).await?)
         })
         .await?
         .ok_or_else(RpcError::session_not_found)

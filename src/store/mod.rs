@@ -7,7 +7,6 @@
 //! the first missing update.
 
 mod admin;
-mod bounded;
 pub(crate) mod cursor;
 mod db;
 mod lifecycle;
@@ -26,7 +25,6 @@ use std::sync::Arc;
 use async_trait::async_trait;
 
 pub use admin::UserOverview;
-pub use bounded::Bounded;
 pub(crate) use db::statement;
 pub use db::{Backend, Db};
 pub use lifecycle::StaleSession;
@@ -50,6 +48,16 @@ pub const ACQUIRE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(
 /// Longest one store call on a request's path may take (a request as a whole waits at most
 /// the contract's 5 s).
 pub const CALL_LIMIT: std::time::Duration = std::time::Duration::from_secs(4);
+
+/// Runs one store call a request waits on, answering [`StoreError::Timeout`] when it takes
+/// longer than [`CALL_LIMIT`], so a client hears `-32603` instead of waiting on a database that
+/// does not answer. Transcript writes are not bounded: a write given up on might still commit,
+/// and the writer retries.
+pub async fn in_time<T>(f: impl std::future::Future<Output = Result<T, StoreError>>) -> Result<T, StoreError> {
+    tokio::time::timeout(CALL_LIMIT, f)
+        .await
+        .unwrap_or(Err(StoreError::Timeout(CALL_LIMIT)))
+}
 
 /// A store failure. Callers log the detail and answer clients with a generic error.
 #[derive(Debug, thiserror::Error)]

@@ -13,7 +13,7 @@ use futures_util::StreamExt;
 
 use super::lifecycle::Adopt;
 use super::*;
-use crate::store::{EventChunk, SessionRecord, SessionWrite};
+use crate::store::{EventChunk, SessionRecord, SessionWrite, in_time};
 
 /// Most Markdown a handoff carries (the newest part of the conversation is kept).
 pub(super) const HANDOFF_MAX_BYTES: usize = 256 * 1024;
@@ -188,15 +188,14 @@ pub(super) async fn copy_transcript(gw: &Gateway, seed: &Seed, to: &SessionRecor
     let mut room = if max == 0 {
         u64::MAX
     } else {
-        max.saturating_sub(store.stored_bytes(&seed.from.owner).await?)
+        max.saturating_sub(in_time(store.stored_bytes(&seed.from.owner)).await?)
     };
     let mut after = 0;
     let mut prompts = 0;
     let mut in_user_turn = false;
     while after < seed.through {
-        let chunks = store
-            .read_events(&seed.from.owner, &seed.from.id, after, crate::store::READ_PAGE_CHUNKS)
-            .await?;
+        let chunks =
+            in_time(store.read_events(&seed.from.owner, &seed.from.id, after, crate::store::READ_PAGE_CHUNKS)).await?;
         if chunks.is_empty() {
             break;
         }

@@ -278,12 +278,8 @@ impl Ctx {
     /// The agent's modes, config options and models as the store holds them for `session`
     /// (`{}` when it holds none).
     pub(super) async fn controls_in_store(&self, session: &LiveSession) -> Result<String, RpcError> {
-        let stored = self
-            .gw
-            .sessions
-            .store()
-            .session_controls(&session.owner, &session.id)
-            .await?;
+        let stored =
+            crate::store::in_time(self.gw.sessions.store().session_controls(&session.owner, &session.id)).await?;
         Ok(stored.unwrap_or_else(|| String::from("{}")))
     }
 

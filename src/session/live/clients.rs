@@ -15,8 +15,8 @@ use crate::protocol::method::agent;
 use crate::protocol::{self, RpcError};
 use crate::session::client::Client;
 use crate::session::requests::AgentRequest;
-use crate::store::READ_PAGE_CHUNKS;
 use crate::store::Store;
+use crate::store::{READ_PAGE_CHUNKS, in_time};
 
 /// How long a feed waits for released updates to show in a read of the store before it gives
 /// up (they are committed before they are released, so this is a database that lies).
@@ -212,8 +212,7 @@ impl LiveSession {
                 }
                 continue;
             }
-            let chunks = store
-                .read_events(&self.owner, &self.id, from as i64, READ_PAGE_CHUNKS)
+            let chunks = in_time(store.read_events(&self.owner, &self.id, from as i64, READ_PAGE_CHUNKS))
                 .await
                 .map_err(|e| {
                     tracing::error!(session = %self.id, error = %e, "cannot read transcript");

@@ -8,8 +8,8 @@ use axum::extract::ws::Utf8Bytes;
 use super::LiveSession;
 use super::fanout::Deferred;
 use crate::protocol::{self, RpcError};
-use crate::store::READ_PAGE_CHUNKS;
 use crate::store::Store;
+use crate::store::{READ_PAGE_CHUNKS, in_time};
 
 impl LiveSession {
     /// Highest seq handed to clients.
@@ -44,8 +44,7 @@ impl LiveSession {
                         }
                         f.released
                     };
-                    let chunks = match store
-                        .read_events(&self.owner, &self.id, from as i64, READ_PAGE_CHUNKS)
+                    let chunks = match in_time(store.read_events(&self.owner, &self.id, from as i64, READ_PAGE_CHUNKS))
                         .await
                     {
                         Ok(chunks) => chunks,

@@ -168,12 +168,9 @@ fn expected(all: &[SessionRecord], owner: &str, f: &ListFilter) -> Vec<String> {
     rows.into_iter().map(|r| r.id.clone()).collect()
 }
 
-/// `owner`'s stored bytes, through the store and through its bounded wrapper alike.
+/// `owner`'s stored bytes, as the session service reads them (bounded in time).
 async fn stored(store: &Arc<dyn Store>, owner: &str) -> u64 {
-    let bytes = store.stored_bytes(owner).await.expect("stored bytes");
-    let bounded = store::Bounded::new(store.clone(), std::time::Duration::from_secs(5));
-    assert_eq!(bounded.stored_bytes(owner).await.expect("bounded"), bytes);
-    bytes
+    store::in_time(store.stored_bytes(owner)).await.expect("stored bytes")
 }
 
 /// Bytes of every stored chunk of `owner`'s session `id`, read back.

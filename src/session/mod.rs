@@ -26,7 +26,7 @@ pub mod shared;
 
 pub use client::Client;
 pub use controls::Controls;
-pub use live::{Attach, LiveSession, SessionOptions};
+pub use live::{Attach, Context, LiveSession, SessionOptions};
 pub use observe::{Attention, Notifier, UpdateObserver, UserServers};
 pub use registry::Registry;
 pub use service::Sessions;

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 
 use super::list::{self, ListParams};
-use super::{LiveSession, Registry, SessionOptions};
+use super::{Context, LiveSession, Registry, SessionOptions};
 use crate::agents::pool::Pools;
 use crate::infra::cap::CapReached;
 use crate::protocol::RpcError;
@@ -48,6 +48,8 @@ pub struct Sessions {
     pub(super) cursors: CursorCodec,
     /// How sessions are set up in memory.
     pub(super) options: SessionOptions,
+    /// What every session in memory shares (built once from `options`).
+    context: Arc<Context>,
     /// Each user's stored transcript bytes, as last read (see [`Sessions::check_stored_bytes`]).
     usage: parking_lot::Mutex<std::collections::HashMap<Arc<str>, (u64, Instant)>>,
 }
@@ -63,6 +65,7 @@ impl Sessions {
         Self {
             store,
             persister: options.persister.clone(),
+            context: Context::new(&options),
             registry: Arc::default(),
             cursors,
             options,
@@ -165,7 +168,7 @@ impl Sessions {
         let record = in_time(self.store.get_session(user, id))
             .await?
             .ok_or_else(RpcError::session_not_found)?;
-        let session = self.registry.insert(LiveSession::from_record(&record, &self.options));
+        let session = self.registry.insert(LiveSession::from_record(&record, &self.context));
         if *session.owner != *user {
             return Err(RpcError::session_not_found());
         }
@@ -185,7 +188,7 @@ impl Sessions {
             now: record.created_at,
         }))
         .await?;
-        Ok(self.registry.insert(LiveSession::from_record(record, &self.options)))
+        Ok(self.registry.insert(LiveSession::from_record(record, &self.context)))
     }
 
     /// Forgets a session that was created and then refused (nothing was published to it).

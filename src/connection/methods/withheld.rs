@@ -37,7 +37,7 @@ async fn carried(gw: &Gateway, session: &LiveSession) -> Result<Carried, RpcErro
             .await?
             .iter()
             .any(|k| *k.agent == *session.agent);
-    let mut mcp = session.mcp_secrets_given() || crate::tenancy::carry_secrets(&session.mcp_servers);
+    let mut mcp = session.mcp_secrets_given() || crate::tenancy::carry_secrets(&session.restore.mcp_servers);
     if !mcp && gw.settings.user_mcp.enabled() {
         let info = pool.info_for(owner).await?;
         mcp = gw

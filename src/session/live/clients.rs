@@ -161,7 +161,7 @@ impl LiveSession {
     /// tracked with the gateway's tasks). Without a store to read, such a client is closed with
     /// `1013` and resumes with `afterSeq`.
     pub(super) fn start_feeds(&self, fell: Vec<(Arc<Client>, u64)>) {
-        let (Some(me), Some(store)) = (self.me.upgrade(), self.store.clone()) else {
+        let (Some(me), Some(store)) = (self.me.upgrade(), self.ctx.store.clone()) else {
             for (client, _) in fell {
                 client
                     .outbox
@@ -172,7 +172,7 @@ impl LiveSession {
         for (client, feed) in fell {
             tracing::debug!(session = %self.id, connection = %client.id, "client fell behind; feeding it from the store");
             let (me, store) = (me.clone(), store.clone());
-            self.tracker.spawn_on(
+            self.ctx.tracker.spawn_on(
                 async move {
                 if let Err(FeedEnd::Store(e)) = me.feed(&client, feed, &*store).await {
                     tracing::warn!(session = %me.id, connection = %client.id, error = %e.message, "cannot feed a client that fell behind; closing it (it resumes with afterSeq)");
@@ -181,7 +181,7 @@ impl LiveSession {
                         .close(CLOSE_TOO_SLOW, "cannot read the transcript now; resume with afterSeq");
                 }
             },
-                &self.handle,
+                &self.ctx.handle,
             );
         }
     }
@@ -229,7 +229,7 @@ impl LiveSession {
                         continue;
                     }
                     run.push(Utf8Bytes::from(protocol::session_update_raw_id(
-                        &self.id_json,
+                        &self.seq.id_json,
                         update,
                         seq,
                         None,
@@ -334,7 +334,7 @@ impl LiveSession {
             }
             (now, released, targeted)
         };
-        if let Some(asks) = &self.asks {
+        if let Some(asks) = &self.ctx.asks {
             asks.publish(&self.id, &request, released, targeted);
         }
         request.ask(&now);
@@ -374,7 +374,7 @@ impl LiveSession {
 
     /// Files `what` to go once every update numbered so far is released (at once if it is).
     pub(super) fn after_released(&self, what: Deferred) {
-        let assigned = self.assigned.load(std::sync::atomic::Ordering::Acquire);
+        let assigned = self.seq.assigned.load(std::sync::atomic::Ordering::Acquire);
         let mut f = self.fanout();
         if f.lost {
             drop(f);
@@ -417,7 +417,7 @@ impl LiveSession {
                 to.push(Utf8Bytes::from(protocol::error(Some(id.get()), &Self::lost_error())));
             }
             Deferred::Ask(request) => {
-                self.handle.spawn(async move { request.give_up().await });
+                self.ctx.handle.spawn(async move { request.give_up().await });
             }
             Deferred::TellQueue => self.tell_queue_if_watched(),
         }
@@ -438,7 +438,7 @@ impl LiveSession {
     /// Pushes `event` to the owner's devices, unless a tab of theirs shows this session (a
     /// teammate's tab, shown a shared session, does not count).
     pub fn push_if_unwatched(&self, event: crate::session::Attention, asked: Option<String>) {
-        let Some(push) = &self.push else { return };
+        let Some(push) = &self.ctx.push else { return };
         let watched = self
             .fanout()
             .subscribers

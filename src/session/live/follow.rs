@@ -11,6 +11,29 @@ use crate::protocol::{self, RpcError};
 use crate::store::Store;
 use crate::store::{READ_PAGE_CHUNKS, in_time};
 
+/// What a session knows of updates another replica committed (several replicas sharing the
+/// database): the highest seq announced, and one catch-up at a time.
+#[derive(Debug)]
+pub(super) struct Following {
+    /// One read of updates another replica committed at a time.
+    running: tokio::sync::Mutex<()>,
+    /// Highest seq another replica said it committed.
+    committed_elsewhere: std::sync::atomic::AtomicU64,
+    /// Whether a catch-up task is under way or due (notices that arrive meanwhile join it).
+    due: std::sync::atomic::AtomicBool,
+}
+
+impl Following {
+    /// Nothing announced past `last_seq`.
+    pub(super) fn new(last_seq: u64) -> Self {
+        Self {
+            running: tokio::sync::Mutex::new(()),
+            committed_elsewhere: std::sync::atomic::AtomicU64::new(last_seq),
+            due: std::sync::atomic::AtomicBool::new(false),
+        }
+    }
+}
+
 impl LiveSession {
     /// Highest seq handed to clients.
     pub fn released(&self) -> u64 {
@@ -20,11 +43,11 @@ impl LiveSession {
     /// Another replica committed updates up to `seq`: whether a catch-up should start now (one
     /// is not already under way; it will see `seq` too).
     pub fn committed_elsewhere(&self, seq: u64) -> bool {
-        self.committed_elsewhere.fetch_max(seq, Ordering::AcqRel);
+        self.follow.committed_elsewhere.fetch_max(seq, Ordering::AcqRel);
         if self.fanout().released >= seq {
             return false;
         }
-        !self.catch_up_due.swap(true, Ordering::AcqRel)
+        !self.follow.due.swap(true, Ordering::AcqRel)
     }
 
     /// Reads what another replica committed after what was released here, and hands it to the
@@ -33,9 +56,9 @@ impl LiveSession {
     /// to the store (it serves the session: its own commits release them).
     pub async fn catch_up(&self, store: &dyn Store) {
         loop {
-            self.catch_up_due.store(false, Ordering::Release);
+            self.follow.due.store(false, Ordering::Release);
             {
-                let _one = self.catching_up.lock().await;
+                let _one = self.follow.running.lock().await;
                 loop {
                     let from = {
                         let f = self.fanout();
@@ -68,13 +91,17 @@ impl LiveSession {
                                 if seq <= f.released {
                                     continue;
                                 }
-                                let frame =
-                                    Utf8Bytes::from(protocol::session_update_raw_id(&self.id_json, update, seq, None));
+                                let frame = Utf8Bytes::from(protocol::session_update_raw_id(
+                                    &self.seq.id_json,
+                                    update,
+                                    seq,
+                                    None,
+                                ));
                                 f.released = seq;
                                 f.deliver(seq, &frame, &mut fell);
                             }
                         }
-                        self.assigned.fetch_max(f.released, Ordering::AcqRel);
+                        self.seq.assigned.fetch_max(f.released, Ordering::AcqRel);
                         while f.deferred.front().is_some_and(|(after, _)| *after <= f.released) {
                             if let Some(what) = f.deferred.pop_front() {
                                 due.push(what);
@@ -87,8 +114,8 @@ impl LiveSession {
                     }
                 }
             }
-            let want = self.committed_elsewhere.load(Ordering::Acquire);
-            if self.fanout().released >= want || self.catch_up_due.swap(true, Ordering::AcqRel) {
+            let want = self.follow.committed_elsewhere.load(Ordering::Acquire);
+            if self.fanout().released >= want || self.follow.due.swap(true, Ordering::AcqRel) {
                 return;
             }
         }
@@ -99,7 +126,7 @@ impl LiveSession {
     pub async fn take_over(&self, store: &dyn Store) {
         self.catch_up(store).await;
         let released = self.fanout().released;
-        self.assigned.fetch_max(released, Ordering::AcqRel);
+        self.seq.assigned.fetch_max(released, Ordering::AcqRel);
     }
 
     /// This replica no longer serves the session (another one holds its lease): it leaves its
@@ -109,7 +136,7 @@ impl LiveSession {
         let failed: Vec<Deferred> = {
             let mut f = self.fanout();
             f.unreleased.clear();
-            self.assigned.store(f.released, Ordering::Release);
+            self.seq.assigned.store(f.released, Ordering::Release);
             f.deferred.drain(..).map(|(_, what)| what).collect()
         };
         self.take_binding();
@@ -121,7 +148,7 @@ impl LiveSession {
                     to.push(Utf8Bytes::from(protocol::error(Some(id.get()), &e)));
                 }
                 Deferred::Ask(request) => {
-                    self.handle.spawn(async move { request.give_up().await });
+                    self.ctx.handle.spawn(async move { request.give_up().await });
                 }
                 Deferred::TellQueue => self.tell_queue_if_watched(),
             }

@@ -34,8 +34,11 @@ use std::time::Duration;
 use axum::extract::ws::Utf8Bytes;
 use serde_json::value::RawValue;
 
+use self::controls::KnownControls;
 use self::fanout::{Deferred, Fanout};
-use super::controls::Controls;
+use self::follow::Following;
+use self::publish::Numbering;
+pub use self::restore::Restore;
 use super::queue::PromptQueue;
 use super::requests::AgentRequest;
 use crate::agents::pool::{AgentProcess, SessionRoute};
@@ -66,73 +69,24 @@ pub struct LiveSession {
     pub owner: Arc<str>,
     /// The configured agent that serves it.
     pub agent: Arc<str>,
-    /// Working directory, as resolved at creation (restores pass it again).
-    pub cwd: String,
-    /// `additionalDirectories`, JSON array, as resolved at creation.
-    pub additional_dirs: String,
-    /// The `mcpServers` accepted at creation, JSON array (restores re-check and pass them).
-    pub mcp_servers: String,
-    /// `id` as a JSON string literal, escaped once for every frame.
-    id_json: Box<str>,
-    /// `acp_gateway_updates_total`, looked up once.
-    updates_total: metrics::Counter,
-    /// Time from a prompt to the agent's first update (`acp_gateway_prompt_first_update_seconds`).
-    first_update: crate::infra::metrics::FirstUpdate,
-    /// The transcript writer.
-    persister: Persister,
-    /// How long an agent's request may wait for an answer.
-    permission_wait: Duration,
-    /// Where `usage_update` costs are recorded.
-    usage: Option<Arc<dyn crate::session::UpdateObserver>>,
-    /// Users' own MCP servers (see [`SessionOptions::user_mcp`]).
-    user_mcp: Option<Arc<dyn crate::session::UserServers>>,
-    /// Pushes to the owner's devices.
-    push: Option<Arc<dyn crate::session::Notifier>>,
-    /// Agent requests asked across replicas, when several share the database.
-    asks: Option<Arc<super::asks::Asks>>,
-    /// Where clients that fell behind are fed from.
-    store: Option<Arc<dyn Store>>,
-    /// Tracks their feeds.
-    tracker: tokio_util::task::TaskTracker,
-    /// The gateway's runtime: what runs on the transcript writer's thread (commit notices)
-    /// spawns its tasks here.
-    handle: tokio::runtime::Handle,
+    /// How it is put back on an agent process: what it was created with, the process serving it
+    /// now, one restore at a time, a fork's hand-off.
+    pub restore: Restore,
+    /// What every session here shares: the transcript writer, the store, the features that
+    /// watch sessions, the runtime.
+    ctx: Arc<Context>,
     /// Itself, for the writer's commit notices.
     me: Weak<LiveSession>,
-    /// Held while numbering and queueing updates, so `seq` order is storage order.
-    numbering: tokio::sync::Mutex<()>,
-    /// Highest seq given out (or reserved for a prompt being recorded).
-    assigned: AtomicU64,
+    /// Numbering: held while numbering and queueing updates, so `seq` order is storage order.
+    seq: Numbering,
     /// What clients get.
     fanout: Mutex<Fanout>,
-    /// The process serving it, if any.
-    binding: Mutex<Option<Binding>>,
-    /// The agent's last known id for the session (kept across process deaths for restore).
-    agent_session_id: Mutex<Option<Arc<str>>>,
-    /// The agent's modes, config options and models as this replica last knew them: current
-    /// while the session is served here (see [`LiveSession::controls_json`]).
-    controls: Mutex<Controls>,
-    /// Whether `controls` holds what the store does (or newer): read from it, or set here.
-    controls_known: std::sync::atomic::AtomicBool,
-    /// Whether other replicas share the database, and may change the stored controls.
-    replicated: bool,
-    /// One restore at a time; held across the agent's answer, so nothing else takes it.
-    restoring: tokio::sync::Mutex<()>,
-    /// A fork its agent did not make: the seq its copied history ends at, until the first
-    /// prompt takes that history to the agent (see [`LiveSession::set_handoff`]).
-    handoff: Mutex<Option<i64>>,
-    /// One read of updates another replica committed at a time (see [`LiveSession::catch_up`]).
-    catching_up: tokio::sync::Mutex<()>,
-    /// Highest seq another replica said it committed.
-    committed_elsewhere: AtomicU64,
-    /// Whether a catch-up task is under way or due (notices that arrive meanwhile join it).
-    catch_up_due: std::sync::atomic::AtomicBool,
+    /// The agent's modes, config options and models as this replica last knew them.
+    controls: KnownControls,
+    /// Updates another replica committed, read from the store (see [`LiveSession::catch_up`]).
+    follow: Following,
     /// Messages typed while a turn runs, and whether one does.
     queue: Mutex<PromptQueue>,
-    /// Whether the MCP servers its agent was last given for it carry secrets (headers, env):
-    /// they stay with the agent until the session is restored elsewhere, even if their owner
-    /// has removed them since, so a teammate's prompt is checked against this too.
-    mcp_secrets_given: std::sync::atomic::AtomicBool,
 }
 
 impl std::fmt::Debug for LiveSession {
@@ -168,26 +122,37 @@ pub struct SessionOptions {
     pub push: Option<Arc<dyn crate::session::Notifier>>,
 }
 
-impl LiveSession {
-    /// A session as stored, not yet on any process.
-    pub fn from_record(r: &SessionRecord, options: &SessionOptions) -> Arc<Self> {
-        let mcp_servers = serde_json::from_str::<serde_json::Value>(&r.meta)
-            .ok()
-            .and_then(|m| m.get("mcpServers").map(ToString::to_string))
-            .unwrap_or_else(|| String::from("[]"));
-        let mut id_json = String::new();
-        protocol::push_json_str(&mut id_json, &r.id);
-        let last_seq = u64::try_from(r.last_seq).unwrap_or(0);
-        Arc::new_cyclic(|me| Self {
-            id_json: id_json.into(),
-            updates_total: metrics::counter!(crate::infra::metrics::UPDATES),
-            first_update: crate::infra::metrics::FirstUpdate::new(&r.agent),
-            id: Arc::from(r.id.as_str()),
-            owner: Arc::from(r.owner.as_str()),
-            agent: Arc::from(r.agent.as_str()),
-            cwd: r.cwd.clone(),
-            additional_dirs: r.additional_dirs.clone(),
-            mcp_servers,
+/// What every session of this gateway shares, built once from [`SessionOptions`].
+pub struct Context {
+    /// The transcript writer.
+    persister: Persister,
+    /// How long an agent's request may wait for an answer.
+    permission_wait: Duration,
+    /// Where `usage_update` costs are recorded.
+    usage: Option<Arc<dyn crate::session::UpdateObserver>>,
+    /// Users' own MCP servers (see [`SessionOptions::user_mcp`]).
+    user_mcp: Option<Arc<dyn crate::session::UserServers>>,
+    /// Pushes to the owner's devices.
+    push: Option<Arc<dyn crate::session::Notifier>>,
+    /// Agent requests asked across replicas, when several share the database.
+    asks: Option<Arc<super::asks::Asks>>,
+    /// Where clients that fell behind are fed from.
+    store: Option<Arc<dyn Store>>,
+    /// Tracks their feeds.
+    tracker: tokio_util::task::TaskTracker,
+    /// The gateway's runtime: what runs on the transcript writer's thread (commit notices)
+    /// spawns its tasks here.
+    handle: tokio::runtime::Handle,
+    /// Whether other replicas share the database, and may change the stored controls.
+    replicated: bool,
+    /// `acp_gateway_updates_total`, looked up once.
+    updates_total: metrics::Counter,
+}
+
+impl Context {
+    /// The context of sessions set up as `options` say, on the current runtime.
+    pub fn new(options: &SessionOptions) -> Arc<Self> {
+        Arc::new(Self {
             persister: options.persister.clone(),
             permission_wait: options.permission_wait,
             asks: options.asks.clone(),
@@ -197,25 +162,50 @@ impl LiveSession {
             store: options.store.clone(),
             tracker: options.tracker.clone(),
             handle: tokio::runtime::Handle::current(),
+            replicated: options.replica.is_some(),
+            updates_total: metrics::counter!(crate::infra::metrics::UPDATES),
+        })
+    }
+}
+
+impl std::fmt::Debug for Context {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Context")
+            .field("replicated", &self.replicated)
+            .finish_non_exhaustive()
+    }
+}
+
+impl LiveSession {
+    /// A session as stored, not yet on any process.
+    pub fn from_record(r: &SessionRecord, ctx: &Arc<Context>) -> Arc<Self> {
+        let mcp_servers = serde_json::from_str::<serde_json::Value>(&r.meta)
+            .ok()
+            .and_then(|m| m.get("mcpServers").map(ToString::to_string))
+            .unwrap_or_else(|| String::from("[]"));
+        let mut id_json = String::new();
+        protocol::push_json_str(&mut id_json, &r.id);
+        let last_seq = u64::try_from(r.last_seq).unwrap_or(0);
+        Arc::new_cyclic(|me| Self {
+            id: Arc::from(r.id.as_str()),
+            owner: Arc::from(r.owner.as_str()),
+            agent: Arc::from(r.agent.as_str()),
+            restore: Restore::new(r, mcp_servers),
+            ctx: ctx.clone(),
             me: me.clone(),
-            numbering: tokio::sync::Mutex::new(()),
-            assigned: AtomicU64::new(last_seq),
+            seq: Numbering {
+                lock: tokio::sync::Mutex::new(()),
+                assigned: AtomicU64::new(last_seq),
+                id_json: id_json.into(),
+                first_update: crate::infra::metrics::FirstUpdate::new(&r.agent),
+            },
             fanout: Mutex::new(Fanout {
                 released: last_seq,
                 ..Default::default()
             }),
-            binding: Mutex::new(None),
-            agent_session_id: Mutex::new(r.agent_session_id.as_deref().map(Arc::from)),
-            controls: Mutex::default(),
-            controls_known: std::sync::atomic::AtomicBool::new(false),
-            replicated: options.replica.is_some(),
-            restoring: tokio::sync::Mutex::new(()),
-            handoff: Mutex::new(None),
-            catching_up: tokio::sync::Mutex::new(()),
-            committed_elsewhere: AtomicU64::new(last_seq),
-            catch_up_due: std::sync::atomic::AtomicBool::new(false),
+            controls: KnownControls::default(),
+            follow: Following::new(last_seq),
             queue: Mutex::default(),
-            mcp_secrets_given: std::sync::atomic::AtomicBool::new(false),
         })
     }
 
@@ -224,34 +214,34 @@ impl LiveSession {
     }
 
     fn lock_binding(&self) -> MutexGuard<'_, Option<Binding>> {
-        self.binding.lock()
+        self.restore.binding.lock()
     }
 
     /// Records whether the MCP servers its agent was just given (at its start or restore) carry
     /// secrets.
     pub fn set_mcp_secrets_given(&self, given: bool) {
-        self.mcp_secrets_given.store(given, Ordering::Relaxed);
+        self.restore.mcp_secrets_given.store(given, Ordering::Relaxed);
     }
 
     /// Whether the MCP servers its agent was last given carry secrets.
     pub fn mcp_secrets_given(&self) -> bool {
-        self.mcp_secrets_given.load(Ordering::Relaxed)
+        self.restore.mcp_secrets_given.load(Ordering::Relaxed)
     }
 
     /// A fork whose agent started afresh: its first prompt takes the copied history, up to
     /// `through`, to the agent.
     pub fn set_handoff(&self, through: i64) {
-        *self.handoff.lock() = Some(through);
+        *self.restore.handoff.lock() = Some(through);
     }
 
     /// Whether a fork's first prompt has yet to take its history to the agent.
     pub fn has_handoff(&self) -> bool {
-        self.handoff.lock().is_some()
+        self.restore.handoff.lock().is_some()
     }
 
     /// The history a fork's first prompt must take to its agent, once.
     pub fn take_handoff(&self) -> Option<i64> {
-        self.handoff.lock().take()
+        self.restore.handoff.lock().take()
     }
 
     /// The session's queued messages (see [`crate::session::queue`]).
@@ -292,7 +282,7 @@ impl LiveSession {
         if !process.bind_session(agent_session_id.clone(), route) {
             return Err(id_in_use());
         }
-        *self.agent_session_id.lock() = Some(agent_session_id.clone());
+        *self.restore.agent_session_id.lock() = Some(agent_session_id.clone());
         *self.lock_binding() = Some(Binding {
             process,
             agent_session_id,
@@ -329,7 +319,7 @@ impl LiveSession {
                 && f.waiting.is_empty()
                 && f.unreleased.is_empty()
                 && f.deferred.is_empty()
-                && f.released == self.assigned.load(Ordering::Acquire)
+                && f.released == self.seq.assigned.load(Ordering::Acquire)
         };
         idle && self.binding().is_none()
     }
@@ -400,18 +390,18 @@ impl SessionRoute for LiveSession {
     }
 
     async fn publish(&self, update: &RawValue, meta: Option<&RawValue>) {
-        self.first_update.update();
+        self.seq.first_update.update();
         self.publish_raw(update.get(), meta).await;
     }
 
     async fn publish_burst(&self, updates: &[(&RawValue, Option<&RawValue>)], more: bool) {
-        self.first_update.update();
+        self.seq.first_update.update();
         self.publish_run(updates, more).await;
     }
 
     fn agent_request(self: Arc<Self>, process: &Arc<AgentProcess>, id: Box<RawValue>, method: &str, params: String) {
         self.push_request(method, &params);
-        let request = AgentRequest::new(&self, process, id, method, params, self.permission_wait);
+        let request = AgentRequest::new(&self, process, id, method, params, self.ctx.permission_wait);
         self.after_released(Deferred::Ask(request));
     }
 

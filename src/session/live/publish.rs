@@ -14,15 +14,29 @@ use crate::protocol::{self, RpcError};
 use crate::store::now_micros;
 use crate::store::persister::Item;
 
+/// A session's numbering: every update gets the next seq, under one lock, so `seq` order is
+/// storage order.
+#[derive(Debug)]
+pub(super) struct Numbering {
+    /// Held while numbering and queueing updates.
+    pub(super) lock: tokio::sync::Mutex<()>,
+    /// Highest seq given out (or reserved for a prompt being recorded).
+    pub(super) assigned: std::sync::atomic::AtomicU64,
+    /// The session's id as a JSON string literal, escaped once for every frame.
+    pub(super) id_json: Box<str>,
+    /// Time from a prompt to the agent's first update (`acp_gateway_prompt_first_update_seconds`).
+    pub(super) first_update: crate::infra::metrics::FirstUpdate,
+}
+
 /// Longest title made from a prompt.
 const TITLE_CHARS: usize = 100;
 
 impl LiveSession {
     /// Numbers one update and queues it for the writer; clients get it once it is stored.
     pub(super) async fn publish_raw(&self, update: &str, agent_meta: Option<&RawValue>) {
-        let _numbering = self.numbering.lock().await;
-        let seq = self.assigned.load(Ordering::Acquire) + 1;
-        self.assigned.store(seq, Ordering::Release);
+        let _numbering = self.seq.lock.lock().await;
+        let seq = self.seq.assigned.load(Ordering::Acquire) + 1;
+        self.seq.assigned.store(seq, Ordering::Release);
         self.enqueue(
             seq,
             update,
@@ -36,9 +50,11 @@ impl LiveSession {
     /// `more`: another update, already read, follows the last.
     pub(super) async fn publish_run(&self, updates: &[(&RawValue, Option<&RawValue>)], more: bool) {
         // Numbered under one lock: the burst's seqs are consecutive, as its lines were.
-        let _numbering = self.numbering.lock().await;
-        let first = self.assigned.load(Ordering::Acquire) + 1;
-        self.assigned.store(first + updates.len() as u64 - 1, Ordering::Release);
+        let _numbering = self.seq.lock.lock().await;
+        let first = self.seq.assigned.load(Ordering::Acquire) + 1;
+        self.seq
+            .assigned
+            .store(first + updates.len() as u64 - 1, Ordering::Release);
         self.enqueue_burst(first, updates, more).await;
     }
 
@@ -51,8 +67,11 @@ impl LiveSession {
         let frame = self.frame(seq, update, agent_meta);
         self.fanout().unreleased.push_back((seq, frame));
         let Some(me) = self.me.upgrade() else { return };
-        self.persister.send(update_item(&self.id, me, seq, update, more)).await;
-        self.updates_total.increment(1);
+        self.ctx
+            .persister
+            .send(update_item(&self.id, me, seq, update, more))
+            .await;
+        self.ctx.updates_total.increment(1);
     }
 
     /// What an update the agent sent changes of the session besides its transcript: an agent's
@@ -61,18 +80,19 @@ impl LiveSession {
         if update.contains("\"session_info_update\"")
             && let Some(title) = info_update_title(update)
         {
-            self.persister
+            self.ctx
+                .persister
                 .send(Item::AgentTitle {
                     session: self.id.clone(),
                     title,
                 })
                 .await;
         }
-        if let Some(usage) = &self.usage {
+        if let Some(usage) = &self.ctx.usage {
             usage.update(&self.owner, &self.agent, &self.id, update);
         }
         if (update.contains("\"current_mode_update\"") || update.contains("\"config_option_update\""))
-            && self.controls_known.load(Ordering::Acquire)
+            && self.controls.known.load(Ordering::Acquire)
             && self.lock_controls().apply_update(update)
         {
             self.store_controls().await;
@@ -81,7 +101,12 @@ impl LiveSession {
 
     /// Update `seq` as its clients get it.
     fn frame(&self, seq: u64, update: &str, agent_meta: Option<&RawValue>) -> Utf8Bytes {
-        Utf8Bytes::from(protocol::session_update_raw_id(&self.id_json, update, seq, agent_meta))
+        Utf8Bytes::from(protocol::session_update_raw_id(
+            &self.seq.id_json,
+            update,
+            seq,
+            agent_meta,
+        ))
     }
 
     /// Queues updates `first`.. of a burst (caller holds `numbering`), as [`Self::enqueue`]
@@ -114,8 +139,8 @@ impl LiveSession {
         }
         self.fanout().unreleased.extend(frames.drain(..));
         let n = items.len() as u64;
-        self.persister.send_all(std::mem::take(items)).await;
-        self.updates_total.increment(n);
+        self.ctx.persister.send_all(std::mem::take(items)).await;
+        self.ctx.updates_total.increment(n);
     }
 
     /// Records a prompt and sends it to the agent with `forward`, which must not wait. The
@@ -135,25 +160,26 @@ impl LiveSession {
             .iter()
             .find_map(|b| b.get("text").and_then(serde_json::Value::as_str))
             .map(make_title);
-        let _numbering = self.numbering.lock().await;
+        let _numbering = self.seq.lock.lock().await;
         if self.is_lost() {
             return Err(Self::lost_error());
         }
-        let base = self.assigned.load(Ordering::Acquire);
-        self.assigned.store(base + blocks.len() as u64, Ordering::Release);
+        let base = self.seq.assigned.load(Ordering::Acquire);
+        self.seq.assigned.store(base + blocks.len() as u64, Ordering::Release);
         let sent = match forward() {
             Ok(sent) => sent,
             Err(e) => {
-                self.assigned.store(base, Ordering::Release);
+                self.seq.assigned.store(base, Ordering::Release);
                 return Err(e);
             }
         };
-        self.first_update.prompt_sent();
+        self.seq.first_update.prompt_sent();
         // The agent's stdin writer was just woken: let it write the prompt before this records
         // it (measured: the bookkeeping below put the prompt on the agent's stdin ~40 µs after
         // its frame arrived). The numbering lock keeps the answer's updates behind its chunks.
         tokio::task::yield_now().await;
-        self.persister
+        self.ctx
+            .persister
             .send(Item::Prompt {
                 session: self.id.clone(),
                 title,

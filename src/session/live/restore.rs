@@ -13,6 +13,47 @@ use crate::protocol::RpcError;
 use crate::session::controls::Controls;
 use crate::store::now_micros;
 
+/// How a session is put back on an agent process: what it was created with (the agent is given
+/// it again), the process serving it now, one restore at a time, and a fork's hand-off.
+#[derive(Debug)]
+pub struct Restore {
+    /// Working directory, as resolved at creation (restores pass it again).
+    pub cwd: String,
+    /// `additionalDirectories`, JSON array, as resolved at creation.
+    pub additional_dirs: String,
+    /// The `mcpServers` accepted at creation, JSON array (restores re-check and pass them).
+    pub mcp_servers: String,
+    /// The process serving it, if any.
+    pub(super) binding: parking_lot::Mutex<Option<Binding>>,
+    /// The agent's last known id for the session (kept across process deaths for restore).
+    pub(super) agent_session_id: parking_lot::Mutex<Option<Arc<str>>>,
+    /// One restore at a time; held across the agent's answer, so nothing else takes it.
+    pub(super) restoring: tokio::sync::Mutex<()>,
+    /// A fork its agent did not make: the seq its copied history ends at, until the first
+    /// prompt takes that history to the agent (see [`LiveSession::set_handoff`]).
+    pub(super) handoff: parking_lot::Mutex<Option<i64>>,
+    /// Whether the MCP servers its agent was last given for it carry secrets (headers, env):
+    /// they stay with the agent until the session is restored elsewhere, even if their owner
+    /// has removed them since, so a teammate's prompt is checked against this too.
+    pub(super) mcp_secrets_given: std::sync::atomic::AtomicBool,
+}
+
+impl Restore {
+    /// What `r` was created with, on no process yet; `mcp_servers` from its metadata.
+    pub(super) fn new(r: &crate::store::SessionRecord, mcp_servers: String) -> Self {
+        Self {
+            cwd: r.cwd.clone(),
+            additional_dirs: r.additional_dirs.clone(),
+            mcp_servers,
+            binding: parking_lot::Mutex::new(None),
+            agent_session_id: parking_lot::Mutex::new(r.agent_session_id.as_deref().map(Arc::from)),
+            restoring: tokio::sync::Mutex::new(()),
+            handoff: parking_lot::Mutex::new(None),
+            mcp_secrets_given: std::sync::atomic::AtomicBool::new(false),
+        }
+    }
+}
+
 impl LiveSession {
     /// After a restore: an agent that forgot the mode, config options or model the user chose
     /// (a new process starts with its defaults) is put back to them, so the pickers the user sees
@@ -44,14 +85,14 @@ impl LiveSession {
         if let Some(b) = self.binding() {
             return Ok(b);
         }
-        let _restoring = self.restoring.lock().await;
+        let _restoring = self.restore.restoring.lock().await;
         if let Some(b) = self.binding() {
             return Ok(b);
         }
         let pool = pools
             .get(&self.agent)
             .ok_or_else(|| RpcError::internal(format!("agent {} is no longer configured", self.agent)))?;
-        let agent_sid = self.agent_session_id.lock().clone();
+        let agent_sid = self.restore.agent_session_id.lock().clone();
         let Some(agent_sid) = agent_sid else {
             return Err(RpcError::internal("session has no agent-side id to restore"));
         };
@@ -71,7 +112,7 @@ impl LiveSession {
         // The MCP servers accepted at creation, checked again: an operator may have taken a
         // stdio command off the allow list since.
         // Stored before the schema check existed, an entry may not parse: it is not restored.
-        let stored: Vec<serde_json::Value> = serde_json::from_str(&self.mcp_servers).unwrap_or_default();
+        let stored: Vec<serde_json::Value> = serde_json::from_str(&self.restore.mcp_servers).unwrap_or_default();
         let servers: Vec<McpServer> = stored
             .into_iter()
             .filter_map(|v| serde_json::from_value(v).ok())
@@ -90,7 +131,7 @@ impl LiveSession {
         let mut servers = serde_json::to_string(&servers).unwrap_or_else(|_| String::from("[]"));
         // The owner's own servers, as they are now (never stored with the session), and never
         // to a process shared between users (their headers are the owner's secrets).
-        if let Some(user_mcp) = self.user_mcp.as_ref().filter(|_| !pool.is_shared()) {
+        if let Some(user_mcp) = self.ctx.user_mcp.as_ref().filter(|_| !pool.is_shared()) {
             match user_mcp
                 .with_users_servers(&self.owner, info.mcp_transports(), &servers)
                 .await
@@ -107,8 +148,8 @@ impl LiveSession {
         let params = format!(
             r#"{{"sessionId":{},"cwd":{},"additionalDirectories":{},"mcpServers":{servers}}}"#,
             serde_json::to_string(&*agent_sid).unwrap_or_default(),
-            serde_json::to_string(&self.cwd).unwrap_or_default(),
-            self.additional_dirs,
+            serde_json::to_string(&self.restore.cwd).unwrap_or_default(),
+            self.restore.additional_dirs,
         );
         let restored = process.request(method, &params, pool.request_timeout()).await;
         if let Ok(answer) = &restored {

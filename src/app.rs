@@ -146,7 +146,7 @@ impl Application {
             asks: shared
                 .clone()
                 .map(|replica| crate::session::asks::Asks::new(replica, tracker.clone())),
-            replica: shared,
+            replica: shared.clone().map(|r| r as Arc<dyn crate::session::Replicas>),
             user_mcp: Some(user_mcp.clone()),
             push: Some(push.clone()),
         };
@@ -165,6 +165,7 @@ impl Application {
                 tracker,
                 config.limits.max_connections,
                 replica,
+                shared,
             )),
             identity: Arc::new(crate::gateway::Identities {
                 auth,
@@ -225,7 +226,7 @@ impl Application {
         // The bus and lease renewals outlive the connections: they stop after the last flush.
         let replica_stop = CancellationToken::new();
         #[expect(clippy::disallowed_methods, reason = "awaited after the last flush")]
-        let replica_tasks = gw.sessions.replica().cloned().map(|replica| {
+        let replica_tasks = gw.life.bus.clone().map(|replica| {
             let handler: Arc<dyn crate::replica::Handler> = crate::connection::remote::BusHandler::new(&gw);
             (
                 replica.clone(),

@@ -71,11 +71,18 @@ pub struct Life {
     pub connection_slots: Arc<Semaphore>,
     /// Prefix of connection ids, unique per replica run.
     pub replica: String,
+    /// This replica's leases and bus, when several share a Postgres database.
+    pub bus: Option<Arc<crate::replica::Replica>>,
 }
 
 impl Life {
     /// A life that has not started draining, with `max_connections` connection slots.
-    pub fn new(tracker: TaskTracker, max_connections: usize, replica: String) -> Self {
+    pub fn new(
+        tracker: TaskTracker,
+        max_connections: usize,
+        replica: String,
+        bus: Option<Arc<crate::replica::Replica>>,
+    ) -> Self {
         Self {
             shutdown: CancellationToken::new(),
             tracker,
@@ -83,6 +90,7 @@ impl Life {
             drain: CancellationToken::new(),
             connection_slots: Arc::new(Semaphore::new(max_connections)),
             replica,
+            bus,
         }
     }
 

@@ -32,7 +32,7 @@ pub(super) async fn forward(
     id: &RawValue,
     params: &RawValue,
 ) -> Result<(), RpcError> {
-    let Some(replica) = gw.sessions.replica() else {
+    let Some(replica) = gw.life.bus.as_ref() else {
         return Err(RpcError::internal("no replica bus"));
     };
     let (reply, mut answer) = replica.expect_answer();
@@ -81,7 +81,7 @@ pub(super) async fn forward(
 
 /// Sends `client`'s `session/cancel` for `session` to the replica serving it.
 pub(super) async fn cancel(gw: &Gateway, client: &Client, session: &LiveSession, params: &RawValue) {
-    let Some(replica) = gw.sessions.replica() else { return };
+    let Some(replica) = gw.life.bus.as_ref() else { return };
     let Ok(Some(holder)) = replica.holder(&session.id).await else {
         return;
     };
@@ -215,7 +215,7 @@ async fn serve(gw: Gateway, message: Message) {
                 Ok(answer) => answer,
                 Err(e) => (protocol::error(Some(client_id.get()), &e), 0),
             };
-            let Some(replica) = gw.sessions.replica() else { return };
+            let Some(replica) = gw.life.bus.as_ref() else { return };
             let answer = Message::Answer {
                 reply,
                 frame,

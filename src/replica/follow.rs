@@ -27,25 +27,7 @@
 use super::Replica;
 use crate::store::StoreError;
 
-/// What [`Replica::follow`] found.
-#[derive(Debug, Default, PartialEq, Eq)]
-pub struct Followed {
-    /// Another replica serves the session: its commits are announced from now on, and the ones
-    /// before are in the store (the caller reads it).
-    pub served_by: Option<Served>,
-    /// This replica's clients may answer the session's agent requests from now on (a client that
-    /// may control the session attached here for the first time).
-    pub new_watcher: bool,
-}
-
-/// The replica serving a session.
-#[derive(Debug, PartialEq, Eq)]
-pub struct Served {
-    /// Its id.
-    pub replica: String,
-    /// Whether its lease is current (an expired one may be taken over at any moment).
-    pub current: bool,
-}
+pub use crate::session::{Followed, Served};
 
 impl Replica {
     /// A client of this replica attached to `session` (`controls`: one that may answer its

@@ -13,14 +13,7 @@ const SWEEP_EVERY: u32 = 10;
 /// A replica message older than this is dropped whoever it is for (replicas read theirs at once).
 const MESSAGE_MAX_AGE: std::time::Duration = std::time::Duration::from_secs(600);
 
-/// Who holds a session's lease after [`Replica::acquire`].
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Holder {
-    /// This replica (taken now, or held already).
-    Me,
-    /// Another replica, alive and within its lease.
-    Other(String),
-}
+pub use crate::session::Holder;
 
 /// A lease this process holds.
 #[derive(Debug, Clone, Copy)]

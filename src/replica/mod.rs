@@ -21,6 +21,7 @@
 pub mod bus;
 pub mod follow;
 pub mod lease;
+mod sessions;
 pub mod watchers;
 
 use parking_lot::Mutex;

@@ -12,8 +12,8 @@ use std::sync::{Arc, Weak};
 use serde_json::value::RawValue;
 use tokio_util::task::TaskTracker;
 
+use super::replicas::{Note, Replicas};
 use super::requests::AgentRequest;
-use crate::replica::{Message, Replica};
 
 /// Other replicas' requests asked here, by (asking replica, its number).
 type Proxies = HashMap<(Arc<str>, u64), Weak<AgentRequest>>;
@@ -22,7 +22,7 @@ type Proxies = HashMap<(Arc<str>, u64), Weak<AgentRequest>>;
 #[derive(Debug)]
 pub struct Asks {
     /// The bus.
-    replica: Arc<Replica>,
+    replica: Arc<dyn Replicas>,
     /// Where sending on the bus runs, so shutdown waits for it.
     tracker: TaskTracker,
     /// Next number for a published request.
@@ -48,7 +48,7 @@ struct Published {
 
 impl Asks {
     /// Requests across replicas over `replica`'s bus; its messages are sent by tasks of `tracker`.
-    pub fn new(replica: Arc<Replica>, tracker: TaskTracker) -> Arc<Self> {
+    pub fn new(replica: Arc<dyn Replicas>, tracker: TaskTracker) -> Arc<Self> {
         Arc::new(Self {
             replica,
             tracker,
@@ -123,8 +123,7 @@ impl Asks {
                 return;
             }
             p.asked.push(target.to_string());
-            Message::Ask {
-                from: self.replica.id.to_string(),
+            Note::Ask {
                 key,
                 session: p.session.to_string(),
                 method: request.method().to_string(),
@@ -132,17 +131,13 @@ impl Asks {
                 after_seq: p.after_seq,
             }
         };
-        if let Err(e) = self.replica.send(target, &message).await {
+        if let Err(e) = self.replica.tell(target, message).await {
             tracing::warn!(replica = target, error = %e, "cannot pass an agent request to another replica");
             return;
         }
         // Settled while this was on its way: its `Settled` may have gone first.
         if !self.published().contains_key(&key) {
-            let settled = Message::Settled {
-                from: self.replica.id.to_string(),
-                key,
-            };
-            let _ = self.replica.send(target, &settled).await;
+            let _ = self.replica.tell(target, Note::Settled { key }).await;
         }
     }
 
@@ -192,12 +187,8 @@ impl Asks {
         }
         let me = self.clone();
         self.tracker.spawn(async move {
-            let message = Message::Settled {
-                from: me.replica.id.to_string(),
-                key,
-            };
             for target in targets {
-                if let Err(e) = me.replica.send(&target, &message).await {
+                if let Err(e) = me.replica.tell(&target, Note::Settled { key }).await {
                     tracing::warn!(replica = %target, error = %e, "cannot tell another replica an agent request is settled");
                 }
             }
@@ -222,13 +213,12 @@ impl Asks {
     /// A client here answered replica `to`'s request `key` first: the answer goes back.
     pub(crate) async fn answer_to(&self, to: &str, key: u64, result: Option<&RawValue>, error: Option<&RawValue>) {
         self.proxies().remove(&(Arc::from(to), key));
-        let message = Message::Answered {
-            from: self.replica.id.to_string(),
+        let note = Note::Answered {
             key,
             result: result.map(|r| r.get().to_string()),
             error: error.map(|e| e.get().to_string()),
         };
-        if let Err(e) = self.replica.send(to, &message).await {
+        if let Err(e) = self.replica.tell(to, note).await {
             tracing::warn!(replica = to, error = %e, "cannot send a client's answer to the replica that asked");
         }
     }

@@ -11,6 +11,7 @@
 //! - [`list`]: `session/list` from the store.
 //! - [`queue`]: messages typed while a turn runs, sent as turns end.
 //! - [`shared`]: sessions shared with other replicas (leases, updates committed elsewhere).
+//! - [`replicas`]: the other replicas as sessions reach them (the replica feature implements it).
 
 pub mod asks;
 pub mod client;
@@ -20,6 +21,7 @@ pub mod live;
 pub mod observe;
 pub mod queue;
 pub mod registry;
+pub mod replicas;
 pub mod requests;
 pub mod service;
 pub mod shared;
@@ -29,4 +31,5 @@ pub use controls::Controls;
 pub use live::{Attach, Context, LiveSession, SessionOptions};
 pub use observe::{Attention, Notifier, UpdateObserver, UserServers};
 pub use registry::Registry;
+pub use replicas::{Followed, Holder, Note, Replicas, Served};
 pub use service::Sessions;

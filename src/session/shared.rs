@@ -1,18 +1,17 @@
-//! Sessions shared with other replicas through Postgres (see [`crate::replica`]): who serves a
+//! Sessions shared with other replicas through Postgres (see [`super::replicas`]): who serves a
 //! session, and what this replica does with the bus's notices.
 
 use std::sync::Arc;
 
 use super::asks::Asks;
+use super::replicas::{Holder, Note, Replicas};
 use super::requests::AgentRequest;
 use super::{LiveSession, Sessions};
 use crate::protocol::RpcError;
-use crate::replica::lease::Holder;
-use crate::replica::{Message, Replica};
 
 impl Sessions {
     /// This replica's leases and bus, when several share the database.
-    pub fn replica(&self) -> Option<&Arc<Replica>> {
+    pub fn replica(&self) -> Option<&Arc<dyn Replicas>> {
         self.options.replica.as_ref()
     }
 
@@ -38,7 +37,7 @@ impl Sessions {
             Holder::Me => {
                 if !held_before {
                     session.take_over(&**self.store()).await;
-                    tracing::info!(session = %session.id, replica = %replica.id, "took the session's lease");
+                    tracing::info!(session = %session.id, replica = %replica.id(), "took the session's lease");
                 }
                 Ok(None)
             }
@@ -100,7 +99,7 @@ impl Sessions {
         let (registry, session) = (self.registry.clone(), session.to_string());
         self.options.tracker.spawn(async move {
             let unattended = || registry.get(&session).is_none_or(|s| s.clients_attached() == 0);
-            if let Err(e) = replica.unfollow(&session, unattended).await {
+            if let Err(e) = replica.unfollow(&session, &unattended).await {
                 tracing::warn!(session, error = %e, "cannot stop following a session");
             }
         });
@@ -145,11 +144,10 @@ impl Sessions {
         if !followed.new_watcher || !served.current {
             return;
         }
-        let message = Message::Watching {
-            from: replica.id.to_string(),
+        let note = Note::Watching {
             session: session.id.to_string(),
         };
-        if let Err(e) = replica.send(&served.replica, &message).await {
+        if let Err(e) = replica.tell(&served.replica, note).await {
             tracing::warn!(session = %session.id, error = %e, "cannot tell the serving replica about a new watcher");
         }
     }

@@ -986,7 +986,7 @@ async fn refusal_audited(gw: &TestGateway, actor: &str, method: &str) {
 async fn the_serving_replica_checks_a_relayed_teammate_and_audits_them() {
     use acp_gateway::replica::Message;
     let gw = TestGateway::start(Db::Postgres, |_| {}).await;
-    let replica = gw.gw.sessions.replica().expect("a replica on Postgres").clone();
+    let replica = gw.gw.life.bus.clone().expect("a replica on Postgres");
     let mut alice = gw.client("alice").await;
     let s = alice.new_session().await;
     let turn = alice

@@ -111,7 +111,7 @@ pub struct SessionOptions {
     /// (shutdown waits for them within its grace period).
     pub tracker: tokio_util::task::TaskTracker,
     /// This replica's leases and bus, when several share a Postgres database.
-    pub replica: Option<Arc<crate::replica::Replica>>,
+    pub replica: Option<Arc<dyn crate::session::Replicas>>,
     /// Agent requests asked across replicas (with `replica`).
     pub asks: Option<Arc<super::asks::Asks>>,
     /// What each person spends (`usage_update` costs).

@@ -14,18 +14,19 @@ mod quiet_sink;
 pub mod remote;
 mod request;
 mod signin;
+mod writer;
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::extract::ws::{CloseFrame, Message, Utf8Bytes, WebSocket};
-use futures_util::{SinkExt, StreamExt};
+use axum::extract::ws::{Message, Utf8Bytes, WebSocket};
+use futures_util::StreamExt;
 
 use crate::agents::pool::AgentPool;
 use crate::gateway::Gateway;
 use crate::identity::auth::Identity;
 use crate::infra::clock::now_secs;
-use crate::infra::outbox::{CLOSE_TOO_SLOW, Outbox, OutboxReceiver};
+use crate::infra::outbox::{CLOSE_TOO_SLOW, Outbox};
 use crate::protocol::{self, Incoming, Kind, ParseFailure, RpcError, codes};
 use crate::session::Client;
 use quiet_sink::QuietSink;
@@ -38,22 +39,12 @@ const CLOSE_TOO_BIG: u16 = 1009;
 const CLOSE_INVALID_DATA: u16 = 1007;
 /// Close code on shutdown (1001, going away).
 const CLOSE_GOING_AWAY: u16 = 1001;
-/// How long a closing connection's writer tries to deliver its close frame (a peer that does not
-/// read may never take it) before the socket is dropped.
-const CLOSE_FRAME_WAIT: Duration = Duration::from_millis(500);
-/// The same for a client closed because it read nothing: what its socket already holds (up to
-/// the kernel's send buffer, megabytes) goes first, so it gets long enough for a client that
-/// reads again to drain that and get the 1013. Its queue and sessions are released at once;
-/// only the socket waits.
-const SLOW_CLOSE_FRAME_WAIT: Duration = Duration::from_secs(30);
 /// After the close frame, how long the peer has to answer with its own before the socket is
 /// dropped (dropping a socket with unread input resets it, and the peer may lose the close frame).
 const CLOSE_REPLY_WAIT: Duration = Duration::from_secs(1);
 /// The same for a client closed for reading nothing, once its close frame is written: it may
 /// still be reading a send buffer's worth (megabytes) before it gets there.
 const SLOW_CLOSE_REPLY_WAIT: Duration = Duration::from_secs(10);
-/// Most bytes written between two checks that the peer is reading.
-const WRITE_CHUNK_BYTES: usize = 256 << 10;
 
 /// Closes a client that reads nothing with 1013 and counts it, when this close is the one that
 /// wins; whether it was.
@@ -87,7 +78,7 @@ pub async fn serve(
         clippy::disallowed_methods,
         reason = "the connection awaits its writer before it ends"
     )]
-    let writer = tokio::spawn(write_frames(
+    let writer = tokio::spawn(writer::write_frames(
         QuietSink::new(sink),
         rx,
         outbox.clone(),
@@ -227,123 +218,6 @@ pub async fn serve(
     drop(stream);
     metrics::gauge!(crate::infra::metrics::CONNECTIONS).decrement(1.0);
     tracing::info!(connection = %conn_id, user = %identity.user, "client disconnected");
-}
-
-/// Writes queued frames, several per flush, and pings every `ping_every`. A peer that takes
-/// nothing for `slow_after` is closed with `1013`. When the outbox closes, sends the close frame
-/// if the peer takes it in time, and returns (dropping its half of the socket and whatever was
-/// still queued).
-async fn write_frames(
-    mut sink: QuietSink<futures_util::stream::SplitSink<WebSocket, Message>>,
-    mut rx: OutboxReceiver,
-    outbox: Outbox,
-    ping_every: Duration,
-    slow_after: Duration,
-) {
-    let mut ping = tokio::time::interval_at(tokio::time::Instant::now() + ping_every, ping_every);
-    // Grows to what the busiest burst needed; an idle connection holds none.
-    let mut batch = Vec::new();
-    let sent = async {
-        loop {
-            tokio::select! {
-                n = rx.recv_many(&mut batch, 512) => {
-                    if n == 0 {
-                        return Written::Stopped;
-                    }
-                    outbox.writing(true);
-                    let mut start = 0;
-                    while start < batch.len() {
-                        // Up to a chunk's worth of the peer's reading under one timer (not
-                        // one per frame: a stream's frames are small and many), or up to
-                        // `Outbox::close_when_written`'s mark (an empty frame).
-                        let (mut end, mut bytes) = (start, 0);
-                        while end < batch.len() && bytes < WRITE_CHUNK_BYTES && !batch[end].is_empty() {
-                            bytes += batch[end].len();
-                            end += 1;
-                        }
-                        let frames = &batch[start..end];
-                        let written = tokio::time::timeout(slow_after, async {
-                            for text in frames {
-                                sink.feed(Message::Text(text.clone())).await?;
-                            }
-                            sink.flush().await
-                        });
-                        match written.await {
-                            Ok(Ok(())) => {}
-                            Ok(Err(_)) => return Written::Stopped,
-                            Err(_) => return Written::PeerStuck,
-                        }
-                        if batch.get(end).is_some_and(|text| text.is_empty()) {
-                            // What came before the mark is out.
-                            outbox.close_at_mark();
-                            return Written::Stopped;
-                        }
-                        start = end;
-                    }
-                    outbox.writing(false);
-                    rx.written(&batch);
-                    batch.clear();
-                }
-                _ = ping.tick() => {
-                    outbox.writing(true);
-                    match tokio::time::timeout(slow_after, sink.send(Message::Ping(bytes::Bytes::new()))).await {
-                        Ok(Ok(())) => outbox.writing(false),
-                        Ok(Err(_)) => return Written::Stopped,
-                        Err(_) => return Written::PeerStuck,
-                    }
-                }
-            }
-        }
-    };
-    // A write blocked on a peer that does not read ends as soon as the outbox closes.
-    let stuck = tokio::select! {
-        written = sent => written == Written::PeerStuck,
-        () = outbox.closed() => false,
-    };
-    if stuck && close_not_reading(&outbox) {
-        tracing::warn!(
-            after_secs = slow_after.as_secs(),
-            "a client took nothing written to it for slow_client_timeout_secs; closed with 1013"
-        );
-    }
-    // Its queue goes at once, whatever the close frame does.
-    drop(rx);
-    drop(batch);
-    outbox.close(1000, "");
-    if let Some(reason) = outbox.close_reason() {
-        let frame = CloseFrame {
-            code: reason.code,
-            reason: Utf8Bytes::from_static(reason.reason),
-        };
-        let wait = if reason.code == CLOSE_TOO_SLOW {
-            SLOW_CLOSE_FRAME_WAIT
-        } else {
-            CLOSE_FRAME_WAIT
-        };
-        let delivered = tokio::time::timeout(wait, async {
-            // When the client closed first, the library has queued the reply to its close frame
-            // and refuses a second one: closing the sink flushes that reply.
-            if sink.send(Message::Close(Some(frame))).await.is_err() {
-                let _ = sink.close().await;
-            }
-        })
-        .await;
-        if delivered.is_err() && reason.code == CLOSE_TOO_SLOW {
-            tracing::info!(
-                wait_secs = wait.as_secs(),
-                "a client closed for reading nothing did not take what its socket held within the wait; dropped without its close frame"
-            );
-        }
-    }
-}
-
-/// How the writing loop ended.
-#[derive(Debug, PartialEq, Eq)]
-enum Written {
-    /// The outbox closed, or the socket failed.
-    Stopped,
-    /// The peer took nothing for the slow-client timeout.
-    PeerStuck,
 }
 
 /// The error frame for a frame that is not a usable JSON-RPC message.

@@ -238,7 +238,8 @@ impl Application {
         let sweeper = {
             let gw = gw.clone();
             tokio::spawn(async move {
-                let mut tick = tokio::time::interval(Duration::from_secs(30));
+                let every = Duration::from_secs(gw.config.limits.sweep_interval_secs.max(1));
+                let mut tick = tokio::time::interval(every);
                 loop {
                     tokio::select! {
                         _ = tick.tick() => {

@@ -19,7 +19,9 @@
 use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::sync::{Arc, Weak};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
@@ -86,6 +88,17 @@ impl Audit {
         retention_days: u64,
         stop: CancellationToken,
     ) -> (Arc<Self>, tokio::task::JoinHandle<()>) {
+        let (audit, queues) = Self::open(&store, replica);
+        #[expect(
+            clippy::disallowed_methods,
+            reason = "returned: the application awaits it at shutdown"
+        )]
+        let task = tokio::spawn(write(store, queues, retention_days, stop));
+        (audit, task)
+    }
+
+    /// The log, and the queues its writer reads.
+    fn open(store: &AuditLog, replica: String) -> (Arc<Self>, Queues) {
         let (tx, rx) = mpsc::channel(QUEUE);
         let (anonymous_tx, anonymous_rx) = mpsc::channel(ANONYMOUS_QUEUE);
         let audit = Arc::new(Self {
@@ -96,21 +109,12 @@ impl Audit {
             anonymous: Mutex::default(),
             reads: store.bounded(CALL_LIMIT),
         });
-        #[expect(
-            clippy::disallowed_methods,
-            reason = "returned: the application awaits it at shutdown"
-        )]
-        let task = tokio::spawn(write(
-            store,
-            Queues {
-                signed_in: rx,
-                anonymous: anonymous_rx,
-                audit: Arc::downgrade(&audit),
-            },
-            retention_days,
-            stop,
-        ));
-        (audit, task)
+        let queues = Queues {
+            signed_in: rx,
+            anonymous: anonymous_rx,
+            audit: Arc::downgrade(&audit),
+        };
+        (audit, queues)
     }
 
     /// A page of the stored log, newest first.
@@ -370,5 +374,92 @@ async fn flush(store: &AuditLog, batch: &mut Vec<AuditEntry>) {
 impl crate::infra::auditing::Recorder for Audit {
     fn record(&self, e: Event<'_>) {
         Audit::record(self, e);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::time::advance;
+
+    /// The log over an in-memory database (nothing here reads it), the clock paused after the
+    /// database is open (its pool's waits run on the same clock).
+    async fn paused_log() -> (Arc<Audit>, Queues) {
+        let db = crate::store::open("sqlite::memory:", None).await.expect("database").db;
+        tokio::time::pause();
+        Audit::open(&AuditLog::new(db), "r1".into())
+    }
+
+    fn drain(rx: &mut mpsc::Receiver<AuditEntry>) -> Vec<AuditEntry> {
+        std::iter::from_fn(|| rx.try_recv().ok()).collect()
+    }
+
+    #[tokio::test]
+    async fn a_cap_refusal_is_recorded_once_per_user_cap_and_minute() {
+        let (audit, mut queues) = paused_log().await;
+        audit.cap_refused("alice", "max_sessions", None, None);
+        audit.cap_refused("alice", "max_sessions", None, None);
+        audit.cap_refused("alice", "stored_bytes", None, None);
+        audit.cap_refused("bob", "max_sessions", None, None);
+        advance(CAP_EVERY - Duration::from_millis(1)).await;
+        audit.cap_refused("alice", "max_sessions", None, None);
+        let rows: Vec<(String, Option<String>)> = drain(&mut queues.signed_in)
+            .into_iter()
+            .map(|e| (e.actor, e.target))
+            .collect();
+        let row = |u: &str, c: &str| (u.to_string(), Some(c.to_string()));
+        assert_eq!(
+            rows,
+            [
+                row("alice", "max_sessions"),
+                row("alice", "stored_bytes"),
+                row("bob", "max_sessions")
+            ],
+            "once per user and cap within the minute"
+        );
+        advance(Duration::from_millis(1)).await;
+        audit.cap_refused("alice", "max_sessions", None, None);
+        assert_eq!(drain(&mut queues.signed_in).len(), 1, "again once the minute is over");
+    }
+
+    #[tokio::test]
+    async fn anonymous_refusals_are_recorded_once_then_summed_up_when_their_window_ends() {
+        let (audit, mut queues) = paused_log().await;
+        let refused = |client: &str| Event {
+            action: "sign_in",
+            outcome: "refused",
+            client: Some(client.to_string()),
+            ..Event::default()
+        };
+        for _ in 0..5 {
+            audit.record(refused("192.0.2.1"));
+        }
+        audit.record(refused("192.0.2.2"));
+        let first = drain(&mut queues.anonymous);
+        assert_eq!(first.len(), 2, "the first of each address at once: {first:?}");
+        assert!(
+            queues.signed_in.try_recv().is_err(),
+            "nobody signed in: not the signed-in queue"
+        );
+
+        advance(ANONYMOUS_EVERY - Duration::from_millis(1)).await;
+        audit.sum_up_windows(false);
+        assert!(drain(&mut queues.anonymous).is_empty(), "the window is not over yet");
+
+        advance(Duration::from_millis(1)).await;
+        audit.sum_up_windows(false);
+        let sums = drain(&mut queues.anonymous);
+        assert_eq!(sums.len(), 1, "one summary, for the address that repeated: {sums:?}");
+        let detail: serde_json::Value = serde_json::from_str(sums[0].detail.as_deref().expect("detail")).expect("json");
+        assert_eq!(detail["repeated"], 4);
+        assert_eq!(detail["windowSecs"], ANONYMOUS_EVERY.as_secs());
+        assert_eq!(sums[0].client_addr.as_deref(), Some("192.0.2.1"));
+
+        audit.record(refused("192.0.2.1"));
+        assert_eq!(
+            drain(&mut queues.anonymous).len(),
+            1,
+            "a new window records its first at once"
+        );
     }
 }

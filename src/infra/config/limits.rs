@@ -51,6 +51,9 @@ pub struct Limits {
     pub slow_client_timeout_secs: u64,
     /// WebSocket ping interval; a connection silent for two intervals is closed.
     pub ping_interval_secs: u64,
+    /// How often sessions nobody uses leave memory (a replica then stops following the ones
+    /// another replica serves) and idle per-user rate buckets are dropped.
+    pub sweep_interval_secs: u64,
     /// Requests one connection may have being handled at once.
     pub max_inflight_per_connection: usize,
     /// Bytes queued for one agent process's input (as well as 1,024 lines); a forwarded request
@@ -113,6 +116,7 @@ impl Default for Limits {
             client_queue_bytes: 16 << 20,
             slow_client_timeout_secs: 60,
             ping_interval_secs: 20,
+            sweep_interval_secs: 30,
             max_inflight_per_connection: 256,
             agent_queue_bytes: 16 << 20,
             transcript_queue_bytes: 64 << 20,

@@ -185,6 +185,7 @@ pub const FROM_CLIENT: &[&str] = &labels_then(OTHER);
 pub const FROM_AGENT: &[&str] = &[
     agent::SESSION_UPDATE,
     agent::REQUEST_PERMISSION,
+    agent::ELICITATION,
     "fs/read_text_file",
     "fs/write_text_file",
     "terminal/create",

@@ -163,33 +163,28 @@ impl UsageLog {
 
     /// Adds what a session's cumulative cost grew by to its user's day, in one transaction.
     pub async fn record(&self, s: &UsageSample) -> Result<(), StoreError> {
-        let delta = |last: Option<(String, f64)>| match last {
-            Some((currency, cost)) if currency == s.currency => (s.cumulative - cost).max(0.0),
-            _ => s.cumulative.max(0.0),
-        };
+        /// The statements of one sample, on transaction `$tx` of database `$D`.
+        macro_rules! record_on {
+            ($D:ty, $tx:expr) => {{
+                let mut tx = $tx;
+                let delta = match <$D>::last_cost(&mut *tx, &s.session).await? {
+                    Some((currency, cost)) if currency == s.currency => (s.cumulative - cost).max(0.0),
+                    _ => s.cumulative.max(0.0),
+                };
+                <$D>::set_last_cost(&mut *tx, &s.session, &s.currency, s.cumulative).await?;
+                if delta > 0.0 {
+                    <$D>::add_cost(&mut *tx, s, delta).await?;
+                }
+                tx.commit().await?;
+            }};
+        }
         self.db
             .within(async {
                 match self.db.backend() {
-                    Backend::Sqlite(pool) => {
-                        // IMMEDIATE: it reads, then writes; a deferred transaction would fail with
-                        // SQLITE_BUSY_SNAPSHOT when another writer commits in between.
-                        let mut tx = pool.begin_with("BEGIN IMMEDIATE").await?;
-                        let delta = delta(Sqlite::last_cost(&mut *tx, &s.session).await?);
-                        Sqlite::set_last_cost(&mut *tx, &s.session, &s.currency, s.cumulative).await?;
-                        if delta > 0.0 {
-                            Sqlite::add_cost(&mut *tx, s, delta).await?;
-                        }
-                        tx.commit().await?;
-                    }
-                    Backend::Postgres(pg) => {
-                        let mut tx = pg.as_system().await?;
-                        let delta = delta(Postgres::last_cost(&mut *tx, &s.session).await?);
-                        Postgres::set_last_cost(&mut *tx, &s.session, &s.currency, s.cumulative).await?;
-                        if delta > 0.0 {
-                            Postgres::add_cost(&mut *tx, s, delta).await?;
-                        }
-                        tx.commit().await?;
-                    }
+                    // IMMEDIATE: it reads, then writes; a deferred transaction would fail with
+                    // SQLITE_BUSY_SNAPSHOT when another writer commits in between.
+                    Backend::Sqlite(pool) => record_on!(Sqlite, pool.begin_with("BEGIN IMMEDIATE").await?),
+                    Backend::Postgres(pg) => record_on!(Postgres, pg.as_system().await?),
                 }
                 Ok(())
             })

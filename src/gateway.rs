@@ -4,7 +4,7 @@
 //! [`Gateway`] is a handful of substates, each behind an `Arc` so that the whole is cheap to clone
 //! (axum clones the state for every request). A route asks for the substates it uses, not the
 //! world: `State<Arc<Sessions>>`, `State<Arc<Push>>`, … through axum's
-//! [`FromRef`](axum::extract::FromRef), implemented here for each of them. The ACP connection,
+//! [`axum::extract::FromRef`], implemented here for each of them. The ACP connection,
 //! which drives sessions, agents and most features at once, keeps the whole.
 
 use std::sync::Arc;

@@ -8,7 +8,7 @@
 //! A controller's prompt runs on the owner's agent process: it runs commands as the owner, with
 //! their `HOME`, workspaces and agent logins. So the role is always named (never a default), a
 //! controller link ends after [`CONTROLLER_LINK_SECS`] unless the owner says when, and what the
-//! owner stored as secrets is withheld (see [`withheld`]).
+//! owner stored as secrets is withheld (see `connection::methods::withheld`).
 
 mod store;
 mod watch;

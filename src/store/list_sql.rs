@@ -68,7 +68,7 @@ pub enum SearchBy {
     Index(SearchIndex),
 }
 
-/// The counts [`Sql::list_sessions`] goes up to before it decides how to search: the owner's
+/// The counts [`Sql::list_sessions`](super::sql::Sql::list_sessions) goes up to before it decides how to search: the owner's
 /// sessions (fewer are scanned; more, and the newest this many are tried first) and the sessions
 /// of all owners the index finds (fewer are read from it). Reading from the index costs about
 /// 3 µs per session it finds on SQLite and 10-25 µs on Postgres (rows scattered over the table);

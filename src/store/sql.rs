@@ -122,7 +122,7 @@ where
 {
     /// The larger of two values: SQLite's two-argument `MAX`, Postgres's `GREATEST`.
     const GREATEST: &'static str;
-    /// Case-insensitive `LIKE` (for [`list_query`]): SQLite's `LIKE` already is (for ASCII),
+    /// Case-insensitive `LIKE` (for [`list_query`](super::list_query)): SQLite's `LIKE` already is (for ASCII),
     /// Postgres needs `ILIKE`.
     const LIKE: &'static str;
     /// The text index `session/list` searches can start from (migration `…_session_search`).

@@ -8,7 +8,7 @@
 //! [`modes`](super::modes)). A prompt streams, paced
 //! by the delay: thoughts, a plan that progresses, a `read` tool call with a location, an `edit`
 //! tool call with `diff` content that really writes `acp-demo/hello.rs` under the session's cwd
-//! (see [`workspace`](super::workspace)), an `execute` tool call with ANSI-coloured `cargo test`
+//! (see [`super::workspace`]), an `execute` tool call with ANSI-coloured `cargo test`
 //! output, a Markdown answer cut into chunks at arbitrary places, and a `usage_update`.
 //!
 //! Modes: `ask` asks permission before the edit and the command, `code` (the default) does not,

@@ -1,5 +1,5 @@
-//! One agent process: a child in its own process group ([`child`](super::child)), spoken to as
-//! a JSON-RPC peer over its stdin and stdout ([`rpc`](super::rpc)), with the table that routes
+//! One agent process: a child in its own process group ([`super::child`]), spoken to as
+//! a JSON-RPC peer over its stdin and stdout ([`super::rpc`]), with the table that routes
 //! what it says to the sessions it carries, and the accounting the pool picks processes by (owner,
 //! session slots, idleness).
 //!

@@ -34,13 +34,13 @@ pub(super) struct Writer<'a> {
     store: &'a dyn Store,
     cancel: &'a CancellationToken,
     health: &'a Health,
-    /// This replica, when sessions are leased ([`Persister::spawn_leased`]).
+    /// This replica, when sessions are leased ([`Persister::spawn_leased`](super::Persister::spawn_leased)).
     holder: Option<&'a str>,
     /// Sessions whose chunks the store refused (their lease is another replica's), since the
     /// last batch's commit notices.
     refused: Mutex<HashSet<Arc<str>>>,
     /// The store's connection for this thread ([`Store::transcript_writer`]), if it has one
-    /// (shared with the [`Stage`]).
+    /// (shared with the [`Stage`](super::stage::Stage)).
     direct: Option<Arc<Mutex<Box<dyn BatchWriter>>>>,
     /// Sessions whose rows the store has not advanced past their stored chunks yet
     /// ([`Store::write_chunks_unsettled`]).

@@ -4,7 +4,7 @@
 //! `…_request_role`, docs/operations.md "Postgres roles and row-level security"):
 //! - request work, what the gateway does for one user, runs in a transaction that first switches
 //!   to the role `acp_gateway_request` and names the user with an identity signed by the
-//!   database's key ([`RequestIdentity`]), in one round trip. That role cannot bypass the
+//!   database's key ([`RequestIdentity`](super::pg_roles::RequestIdentity)), in one round trip. That role cannot bypass the
 //!   policies, and they admit only the rows of the user whose signature checks out. With
 //!   `request_database_url` its connections log in as a role of their own, so a statement that
 //!   reset the role would be that login, not the tables' owner;

@@ -211,7 +211,7 @@ impl AgentProcess {
         session.agent_request(self, id.to_owned(), msg.method(), params);
     }
 
-    /// Hands an update to its session, or holds it while it has none (see [`early`](super::early)).
+    /// Hands an update to its session, or holds it while it has none (see [`early`](super::super::early)).
     async fn route_update(&self, agent_session_id: &str, update: &RawValue, meta: Option<&RawValue>) {
         loop {
             match self.destination(agent_session_id, update, meta) {

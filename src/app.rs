@@ -141,7 +141,6 @@ impl Application {
             usage: Some(usage.clone()),
             persister,
             permission_wait: Duration::from_secs(config.limits.permission_wait_secs),
-            store: None,
             tracker: tracker.clone(),
             asks: shared
                 .clone()

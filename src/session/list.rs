@@ -111,8 +111,8 @@ pub async fn list(sessions: &Sessions, user: &str, p: ListParams) -> Result<Valu
         id: &a.id,
     });
     // Titles and message counts of what was just prompted are in the rows we read.
-    sessions.persister.flush().await?;
-    let mut rows = in_time(sessions.store.list_sessions(user, &filter, position, limit + 1)).await?;
+    sessions.context.persister.flush().await?;
+    let mut rows = in_time(sessions.context.store.list_sessions(user, &filter, position, limit + 1)).await?;
     let more = rows.len() > limit as usize;
     rows.truncate(limit as usize);
     let next = if more {

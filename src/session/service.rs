@@ -20,7 +20,6 @@ use crate::agents::pool::Pools;
 use crate::infra::cap::CapReached;
 use crate::protocol::RpcError;
 use crate::store::cursor::CursorCodec;
-use crate::store::persister::Persister;
 use crate::store::{NewSession, SessionRecord, Store, StoreError, in_time};
 
 /// Longest a request waits for the database as a whole (the contract says 5 s).
@@ -38,18 +37,13 @@ async fn within<T>(f: impl std::future::Future<Output = Result<T, RpcError>>) ->
 /// Sessions: stored, being written, and in memory.
 #[derive(Debug)]
 pub struct Sessions {
-    /// Session rows and transcripts.
-    pub(super) store: Arc<dyn Store>,
-    /// The transcript writer (updates are visible once it has committed them).
-    pub(super) persister: Persister,
+    /// The store, the transcript writer, the replicas, the tracker: what the service and every
+    /// session in memory share.
+    pub(super) context: Arc<Context>,
     /// Sessions in memory.
     pub(super) registry: Arc<Registry>,
     /// Signs `session/list` cursors.
     pub(super) cursors: CursorCodec,
-    /// How sessions are set up in memory.
-    pub(super) options: SessionOptions,
-    /// What every session in memory shares (built once from `options`).
-    context: Arc<Context>,
     /// Each user's stored transcript bytes, as last read (see [`Sessions::check_stored_bytes`]).
     usage: parking_lot::Mutex<std::collections::HashMap<Arc<str>, (u64, Instant)>>,
 }
@@ -60,15 +54,11 @@ const USAGE_TTL: Duration = Duration::from_secs(5);
 
 impl Sessions {
     /// The service over `store`, its writer and cursor key.
-    pub(crate) fn new(store: Arc<dyn Store>, mut options: SessionOptions, cursors: CursorCodec) -> Self {
-        options.store = Some(store.clone());
+    pub(crate) fn new(store: Arc<dyn Store>, options: SessionOptions, cursors: CursorCodec) -> Self {
         Self {
-            store,
-            persister: options.persister.clone(),
-            context: Context::new(&options),
+            context: Context::new(options, store),
             registry: Arc::default(),
             cursors,
-            options,
             usage: Default::default(),
         }
     }
@@ -88,7 +78,7 @@ impl Sessions {
         let used = match cached {
             Some(n) => n,
             None => {
-                let n = in_time(self.store.stored_bytes(user)).await?;
+                let n = in_time(self.context.store.stored_bytes(user)).await?;
                 let mut usage = self.lock_usage();
                 if usage.len() >= 4096 {
                     usage.retain(|_, (_, at)| now - *at < USAGE_TTL);
@@ -110,24 +100,28 @@ impl Sessions {
     /// The store (for `/readyz`, replays, tests and benchmarks). A caller a request waits on
     /// bounds each call with [`crate::store::in_time`].
     pub fn store(&self) -> &Arc<dyn Store> {
-        &self.store
+        &self.context.store
     }
 
     /// How the transcript writer is doing (for `/readyz`): `Err` says what is wrong.
     pub fn writer_health(&self) -> Result<(), crate::store::persister::WriterTrouble> {
-        self.persister.health()
+        self.context.persister.health()
     }
 
     /// Waits until everything queued for the transcript is written, however long that takes
     /// (shutdown bounds it by its grace period; requests use the bounded flush).
     pub async fn flush(&self) {
-        let _ = self.persister.flush_within(Duration::from_secs(u32::MAX.into())).await;
+        let _ = self
+            .context
+            .persister
+            .flush_within(Duration::from_secs(u32::MAX.into()))
+            .await;
     }
 
     /// [`Self::flush`] for a request: at most [`crate::store::persister::FLUSH_TIMEOUT`] (then
     /// [`StoreError::Timeout`]), so that it reads the rows what was just stored advanced.
     pub async fn flush_for_request(&self) -> Result<(), StoreError> {
-        self.persister.flush().await
+        self.context.persister.flush().await
     }
 
     /// Sessions in memory (for metrics).
@@ -165,7 +159,7 @@ impl Sessions {
         if let Some(s) = self.live(user, id) {
             return Ok(s);
         }
-        let record = in_time(self.store.get_session(user, id))
+        let record = in_time(self.context.store.get_session(user, id))
             .await?
             .ok_or_else(RpcError::session_not_found)?;
         let session = self.registry.insert(LiveSession::from_record(&record, &self.context));
@@ -177,7 +171,7 @@ impl Sessions {
 
     /// Stores a new session and puts it in memory.
     pub async fn create(&self, record: &SessionRecord) -> Result<Arc<LiveSession>, RpcError> {
-        in_time(self.store.create_session(&NewSession {
+        in_time(self.context.store.create_session(&NewSession {
             id: &record.id,
             owner: &record.owner,
             agent: &record.agent,
@@ -194,7 +188,7 @@ impl Sessions {
     /// Forgets a session that was created and then refused (nothing was published to it).
     pub async fn discard(&self, user: &str, id: &str) {
         self.registry.remove(id);
-        if let Err(e) = in_time(self.store.delete_session(user, id)).await {
+        if let Err(e) = in_time(self.context.store.delete_session(user, id)).await {
             tracing::error!(session = %id, error = %e, "cannot remove a refused session");
         }
     }
@@ -229,8 +223,8 @@ impl Sessions {
         }
         // Nothing of it may still be on its way to the store once it is gone.
         let deleted = within(async {
-            self.persister.flush().await?;
-            Ok(in_time(self.store.delete_session(user, id)).await?)
+            self.context.persister.flush().await?;
+            Ok(in_time(self.context.store.delete_session(user, id)).await?)
         })
         .await?;
         if deleted {
@@ -246,7 +240,7 @@ impl Sessions {
     /// Archives (`true`) or restores `user`'s session `id`; `-32002` for unknown and foreign ids.
     pub async fn set_archived(&self, user: &str, id: &str, archived: bool) -> Result<(), RpcError> {
         let at = archived.then(crate::store::now_micros);
-        if within(async { Ok(in_time(self.store.set_archived(user, id, at)).await?) }).await? {
+        if within(async { Ok(in_time(self.context.store.set_archived(user, id, at)).await?) }).await? {
             Ok(())
         } else {
             Err(RpcError::session_not_found())
@@ -263,8 +257,8 @@ impl Sessions {
     /// title, counts, updates); `-32002` for unknown and foreign ids alike.
     pub async fn stored(&self, user: &str, id: &str) -> Result<SessionRecord, RpcError> {
         within(async {
-            self.persister.flush().await?;
-            Ok(in_time(self.store.get_session(user, id)).await?)
+            self.context.persister.flush().await?;
+            Ok(in_time(self.context.store.get_session(user, id)).await?)
         })
         .await?
         .ok_or_else(RpcError::session_not_found)

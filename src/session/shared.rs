@@ -12,7 +12,7 @@ use crate::protocol::RpcError;
 impl Sessions {
     /// This replica's leases and bus, when several share the database.
     pub fn replica(&self) -> Option<&Arc<dyn Replicas>> {
-        self.options.replica.as_ref()
+        self.context.replica.as_ref()
     }
 
     /// The replica that serves `session` when it is not this one: `None` means this replica
@@ -78,7 +78,7 @@ impl Sessions {
                 continue;
             }
             let (replica, store) = (replica.clone(), self.store().clone());
-            self.options.tracker.spawn(async move {
+            self.context.tracker.spawn(async move {
                 if s.clients_attached() > 0 {
                     replica.forget_following(&s.id);
                     if let Err(e) = replica.follow(&s.id, false).await {
@@ -97,7 +97,7 @@ impl Sessions {
             return;
         };
         let (registry, session) = (self.registry.clone(), session.to_string());
-        self.options.tracker.spawn(async move {
+        self.context.tracker.spawn(async move {
             let unattended = || registry.get(&session).is_none_or(|s| s.clients_attached() == 0);
             if let Err(e) = replica.unfollow(&session, &unattended).await {
                 tracing::warn!(session, error = %e, "cannot stop following a session");
@@ -108,7 +108,7 @@ impl Sessions {
     /// Reads and hands out what another replica committed of `session`.
     pub fn spawn_catch_up(&self, session: Arc<LiveSession>) {
         let store = self.store().clone();
-        self.options
+        self.context
             .tracker
             .spawn(async move { session.catch_up(&*store).await });
     }
@@ -120,7 +120,7 @@ impl Sessions {
 
     /// Agent requests asked across replicas, when several share the database.
     pub fn asks(&self) -> Option<&Arc<Asks>> {
-        self.options.asks.as_ref()
+        self.context.asks.as_ref()
     }
 
     /// A client of this replica attached to `session` (`controls`: one that may answer its
@@ -163,7 +163,7 @@ impl Sessions {
         let Some(s) = self.registry.get(session) else {
             let replica = replica.clone();
             let session = session.to_string();
-            self.options.tracker.spawn(async move {
+            self.context.tracker.spawn(async move {
                 if let Err(e) = replica.unwatch(&session).await {
                     tracing::warn!(session, error = %e, "cannot stop watching a session");
                 }
@@ -177,7 +177,7 @@ impl Sessions {
             key,
             method,
             params,
-            self.options.permission_wait,
+            self.context.permission_wait,
         );
         asks.adopt(Arc::from(from), key, &request);
         s.ask_after(after_seq, request);
@@ -193,7 +193,7 @@ impl Sessions {
         s.leave();
         let Some(replica) = self.replica().cloned() else { return };
         let store = self.store().clone();
-        self.options.tracker.spawn(async move {
+        self.context.tracker.spawn(async move {
             if let Err(e) = replica.announce(&s.id).await {
                 tracing::warn!(session = %s.id, error = %e, "cannot ask the new serving replica to announce commits");
             }

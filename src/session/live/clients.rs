@@ -158,10 +158,10 @@ impl LiveSession {
     }
 
     /// Starts the feeds of clients that just fell behind (each reads the store on its own task,
-    /// tracked with the gateway's tasks). Without a store to read, such a client is closed with
-    /// `1013` and resumes with `afterSeq`.
+    /// tracked with the gateway's tasks). A session being dropped closes such a client with
+    /// `1013`, and it resumes with `afterSeq`.
     pub(super) fn start_feeds(&self, fell: Vec<(Arc<Client>, u64)>) {
-        let (Some(me), Some(store)) = (self.me.upgrade(), self.ctx.store.clone()) else {
+        let Some(me) = self.me.upgrade() else {
             for (client, _) in fell {
                 client
                     .outbox
@@ -171,7 +171,7 @@ impl LiveSession {
         };
         for (client, feed) in fell {
             tracing::debug!(session = %self.id, connection = %client.id, "client fell behind; feeding it from the store");
-            let (me, store) = (me.clone(), store.clone());
+            let (me, store) = (me.clone(), self.ctx.store.clone());
             self.ctx.tracker.spawn_on(
                 async move {
                 if let Err(FeedEnd::Store(e)) = me.feed(&client, feed, &*store).await {

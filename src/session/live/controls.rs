@@ -34,7 +34,7 @@ impl LiveSession {
     /// (when other replicas share the database and it does not serve the session now) another
     /// replica may have changed them.
     pub fn controls_need_store(&self) -> bool {
-        !self.controls.known.load(Ordering::Acquire) || (self.ctx.replicated && !self.is_bound_now())
+        !self.controls.known.load(Ordering::Acquire) || (self.ctx.replica.is_some() && !self.is_bound_now())
     }
 
     /// Takes what the store holds.
@@ -49,7 +49,7 @@ impl LiveSession {
         if !self.change_controls_now(change) {
             return;
         }
-        if self.ctx.replicated {
+        if self.ctx.replica.is_some() {
             self.store_controls_now().await;
         } else {
             self.store_controls_in_order().await;
@@ -72,7 +72,7 @@ impl LiveSession {
 
     /// Whether other replicas read this session's controls from the store.
     pub fn replicated(&self) -> bool {
-        self.ctx.replicated
+        self.ctx.replica.is_some()
     }
 
     /// Stores the controls as they are now and waits until they are written (at most the

@@ -105,8 +105,6 @@ pub struct SessionOptions {
     pub persister: Persister,
     /// How long an agent's request may wait for an answer.
     pub permission_wait: Duration,
-    /// Where clients that fell behind are fed from (set by [`crate::session::Sessions`]).
-    pub store: Option<Arc<dyn Store>>,
     /// Tracks the tasks that feed them, and those [`crate::session::Sessions`] spawns for replicas
     /// (shutdown waits for them within its grace period).
     pub tracker: tokio_util::task::TaskTracker,
@@ -122,47 +120,60 @@ pub struct SessionOptions {
     pub push: Option<Arc<dyn crate::session::Notifier>>,
 }
 
-/// What every session of this gateway shares, built once from [`SessionOptions`].
+/// What every session of this gateway shares, and the session service with them: built once
+/// from [`SessionOptions`] and the store.
 pub struct Context {
-    /// The transcript writer.
-    persister: Persister,
+    /// Session rows and transcripts; where clients that fell behind are fed from.
+    pub(in crate::session) store: Arc<dyn Store>,
+    /// The transcript writer (updates are visible once it has committed them).
+    pub(in crate::session) persister: Persister,
     /// How long an agent's request may wait for an answer.
-    permission_wait: Duration,
+    pub(in crate::session) permission_wait: Duration,
     /// Where `usage_update` costs are recorded.
     usage: Option<Arc<dyn crate::session::UpdateObserver>>,
     /// Users' own MCP servers (see [`SessionOptions::user_mcp`]).
     user_mcp: Option<Arc<dyn crate::session::UserServers>>,
     /// Pushes to the owner's devices.
     push: Option<Arc<dyn crate::session::Notifier>>,
+    /// This replica's leases and bus, when several share the database (they may change the
+    /// stored controls).
+    pub(in crate::session) replica: Option<Arc<dyn crate::session::Replicas>>,
     /// Agent requests asked across replicas, when several share the database.
-    asks: Option<Arc<super::asks::Asks>>,
-    /// Where clients that fell behind are fed from.
-    store: Option<Arc<dyn Store>>,
-    /// Tracks their feeds.
-    tracker: tokio_util::task::TaskTracker,
+    pub(in crate::session) asks: Option<Arc<super::asks::Asks>>,
+    /// Tracks the feeds of clients that fell behind, and the service's tasks for replicas
+    /// (shutdown waits for them within its grace period).
+    pub(in crate::session) tracker: tokio_util::task::TaskTracker,
     /// The gateway's runtime: what runs on the transcript writer's thread (commit notices)
     /// spawns its tasks here.
     handle: tokio::runtime::Handle,
-    /// Whether other replicas share the database, and may change the stored controls.
-    replicated: bool,
     /// `acp_gateway_updates_total`, looked up once.
     updates_total: metrics::Counter,
 }
 
 impl Context {
-    /// The context of sessions set up as `options` say, on the current runtime.
-    pub fn new(options: &SessionOptions) -> Arc<Self> {
+    /// The context of sessions set up as `options` say, over `store`, on the current runtime.
+    pub fn new(options: SessionOptions, store: Arc<dyn Store>) -> Arc<Self> {
+        let SessionOptions {
+            persister,
+            permission_wait,
+            tracker,
+            replica,
+            asks,
+            usage,
+            user_mcp,
+            push,
+        } = options;
         Arc::new(Self {
-            persister: options.persister.clone(),
-            permission_wait: options.permission_wait,
-            asks: options.asks.clone(),
-            usage: options.usage.clone(),
-            user_mcp: options.user_mcp.clone(),
-            push: options.push.clone(),
-            store: options.store.clone(),
-            tracker: options.tracker.clone(),
+            store,
+            persister,
+            permission_wait,
+            usage,
+            user_mcp,
+            push,
+            replica,
+            asks,
+            tracker,
             handle: tokio::runtime::Handle::current(),
-            replicated: options.replica.is_some(),
             updates_total: metrics::counter!(crate::infra::metrics::UPDATES),
         })
     }
@@ -171,7 +182,7 @@ impl Context {
 impl std::fmt::Debug for Context {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Context")
-            .field("replicated", &self.replicated)
+            .field("replicated", &self.replica.is_some())
             .finish_non_exhaustive()
     }
 }

@@ -54,9 +54,7 @@ impl Db {
     /// Runs `f` within the handle's limit, if it has one.
     pub async fn within<T>(&self, f: impl Future<Output = Result<T, StoreError>>) -> Result<T, StoreError> {
         match self.limit {
-            Some(limit) => tokio::time::timeout(limit, f)
-                .await
-                .unwrap_or(Err(StoreError::Timeout(limit))),
+            Some(limit) => super::within_limit(limit, f).await,
             None => f.await,
         }
     }

@@ -54,9 +54,17 @@ pub const CALL_LIMIT: std::time::Duration = std::time::Duration::from_secs(4);
 /// does not answer. Transcript writes are not bounded: a write given up on might still commit,
 /// and the writer retries.
 pub async fn in_time<T>(f: impl std::future::Future<Output = Result<T, StoreError>>) -> Result<T, StoreError> {
-    tokio::time::timeout(CALL_LIMIT, f)
+    within_limit(CALL_LIMIT, f).await
+}
+
+/// Runs `f`, answering [`StoreError::Timeout`] when it takes longer than `limit`.
+async fn within_limit<T>(
+    limit: std::time::Duration,
+    f: impl std::future::Future<Output = Result<T, StoreError>>,
+) -> Result<T, StoreError> {
+    tokio::time::timeout(limit, f)
         .await
-        .unwrap_or(Err(StoreError::Timeout(CALL_LIMIT)))
+        .unwrap_or(Err(StoreError::Timeout(limit)))
 }
 
 /// A store failure. Callers log the detail and answer clients with a generic error.

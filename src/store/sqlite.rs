@@ -64,6 +64,11 @@ impl SqliteStore {
             path: on_disk.then(|| path.to_string()),
         })
     }
+
+    /// The same database, for the features' repositories.
+    pub fn db(&self) -> super::Db {
+        super::Db::new(super::Backend::Sqlite(self.pool.clone()))
+    }
 }
 
 /// Advances each session whose row lags its stored chunks (the transcript writer advances rows
@@ -132,13 +137,6 @@ impl RunList for SqliteConnection {
             .persistent(filter.search.is_none())
             .fetch_all(self)
             .await
-    }
-}
-
-impl SqliteStore {
-    /// The same database, for the features' repositories.
-    pub fn db(&self) -> super::Db {
-        super::Db::new(super::Backend::Sqlite(self.pool.clone()))
     }
 }
 

@@ -4,10 +4,10 @@
 //! `…_request_role`, docs/operations.md "Postgres roles and row-level security"):
 //! - request work, what the gateway does for one user, runs in a transaction that first switches
 //!   to the role `acp_gateway_request` and names the user with an identity signed by the
-//!   database's key ([`RequestIdentity`](super::pg_roles::RequestIdentity)), in one round trip. That role cannot bypass the
-//!   policies, and they admit only the rows of the user whose signature checks out. With
-//!   `request_database_url` its connections log in as a role of their own, so a statement that
-//!   reset the role would be that login, not the tables' owner;
+//!   database's key ([`RequestIdentity`](super::pg_roles::RequestIdentity)), in one round
+//!   trip. That role cannot bypass the policies, and they admit only the rows of the user whose
+//!   signature checks out. With `request_database_url` its connections log in as a role of their
+//!   own, so a statement that reset the role would be that login, not the tables' owner;
 //! - system work (the transcript writer, the cursor key, and the replicas' leases and
 //!   messages) runs as the login role, the tables' owner, which row-level security does
 //!   not apply to: it sets nothing.
@@ -124,9 +124,7 @@ impl PgStore {
             search_index,
         })
     }
-}
 
-impl PgStore {
     /// The same database, for the features' repositories.
     pub fn db(&self) -> super::Db {
         super::Db::new(super::Backend::Postgres(self.db.clone()))

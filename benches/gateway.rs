@@ -28,6 +28,8 @@
 // Tests and benchmarks spawn freely: their runtime ends with them.
 #![allow(clippy::disallowed_methods)]
 
+#[path = "gateway/relay.rs"]
+mod relay;
 #[cfg(feature = "bench-peers")]
 #[path = "gateway/rust_sdk.rs"]
 mod rust_sdk;
@@ -231,10 +233,12 @@ async fn run(gw_rt: &tokio::runtime::Runtime, gw: &Gateway, addr: SocketAddr, k:
         Some(w) => Some(Path::new("websocketd", WsClient::connect(w.addr, "/", None).await?, AGENT_EXTRAS).await?),
         None => None,
     };
+    let relay = relay::Relay::start()?;
+    let mut bare = Path::new("relay", WsClient::connect(relay.addr, "/", None).await?, AGENT_EXTRAS).await?;
     let mut md = String::new();
     let only = std::env::var("BENCH_ONLY").unwrap_or_default();
     if only.is_empty() || only == "latency" {
-        latency(&mut direct, &mut via, peer.as_mut(), k, backend, &mut md).await?;
+        latency(&mut direct, &mut via, &mut bare, peer.as_mut(), k, backend, &mut md).await?;
     }
     #[cfg(feature = "bench-peers")]
     if only.is_empty() || only == "latency" {
@@ -258,24 +262,27 @@ async fn run(gw_rt: &tokio::runtime::Runtime, gw: &Gateway, addr: SocketAddr, k:
 async fn latency(
     direct: &mut Path<AgentPipe>,
     via: &mut Path<WsClient>,
-    mut peer: Option<&mut Path<WsClient>>,
+    bare: &mut Path<WsClient>,
+    peer: Option<&mut Path<WsClient>>,
     k: &Knobs,
     backend: &str,
     md: &mut String,
 ) -> Result<()> {
+    let mut peers: Vec<&mut Path<WsClient>> = vec![bare];
+    peers.extend(peer);
     direct.prompts(k.warmup, false).await?;
     via.prompts(k.warmup, false).await?;
-    if let Some(p) = peer.as_deref_mut() {
+    for p in peers.iter_mut() {
         p.prompts(k.warmup, false).await?;
     }
     let mut gw_diffs = Vec::new();
-    let mut peer_diffs = Vec::new();
+    let mut peer_diffs = vec![Vec::new(); peers.len()];
     let mut turn = 0usize;
     for _ in 0..k.rounds {
         take_turns(
             direct,
             via,
-            peer.as_deref_mut(),
+            &mut peers,
             (k.per_round, k.block),
             &mut turn,
             (&mut gw_diffs, &mut peer_diffs),
@@ -283,12 +290,15 @@ async fn latency(
         .await?;
     }
     let blocks = gw_diffs.len();
-    let (gw_added, peer_added) = (median(gw_diffs), median(peer_diffs));
+    let gw_added = median(gw_diffs);
+    let peer_added: Vec<f64> = peer_diffs.into_iter().map(median).collect();
     let d = stats(&direct.samples);
     let g = stats(&via.samples);
-    let p = peer.as_deref().map(|p| stats(&p.samples));
+    let ps: Vec<Stats> = peers.iter().map(|p| stats(&p.samples)).collect();
     println!();
-    println!("== 1. prompt round trip ([chunks=1]: 5 updates direct and via websocketd, 6 through the gateway), µs ==");
+    println!(
+        "== 1. prompt round trip ([chunks=1]: 5 updates direct, via the relay and via websocketd, 6 through the gateway), µs =="
+    );
     println!(
         "{:<10} {:>7} {:>9} {:>9} {:>9} {:>9} {:>9} {:>12}",
         "path", "n", "min", "p50", "p90", "p99", "mean", "added p50"
@@ -300,9 +310,12 @@ async fn latency(
         );
     };
     row(direct.name, &d, 0.0);
+    for ((p, s), added) in peers.iter().zip(&ps).zip(&peer_added).take(1) {
+        row(p.name, s, *added);
+    }
     row(via.name, &g, gw_added);
-    if let (Some(s), Some(path)) = (&p, peer.as_deref()) {
-        row(path.name, s, peer_added);
+    for ((p, s), added) in peers.iter().zip(&ps).zip(&peer_added).skip(1) {
+        row(p.name, s, *added);
     }
     println!("(added p50: the median over {blocks} blocks of the path's p50 minus direct's in the same block)");
     println!(
@@ -312,33 +325,46 @@ async fn latency(
         metric_total("acp_gateway_transcript_commit_seconds_count")
             / (k.warmup as f64 + via.samples.len() as f64).max(1.0)
     );
+    let (r, r_added) = (&ps[0], peer_added[0]);
+    let wsd = ps.get(1).map(|s| (s, peer_added[1]));
     let _ = writeln!(
         md,
-        "| {backend} | prompt round trip p50, µs | {:.0} | {:.0} | {} |",
+        "| {backend} | prompt round trip p50, µs | {:.0} | {:.0} | {:.0} | {} |",
         d.p50,
+        r.p50,
         g.p50,
-        p.as_ref().map_or("–".into(), |s| format!("{:.0}", s.p50))
+        wsd.map_or("–".into(), |(s, _)| format!("{:.0}", s.p50))
     );
     let _ = writeln!(
         md,
-        "| {backend} | added p50 over direct stdio, µs | – | {gw_added:.0} | {} |",
-        p.as_ref().map_or("–".into(), |_| format!("{peer_added:.0}"))
+        "| {backend} | added p50 over direct stdio, µs | – | {r_added:.0} | {gw_added:.0} | {} |",
+        wsd.map_or("–".into(), |(_, a)| format!("{a:.0}"))
     );
     let _ = writeln!(
         md,
-        "| {backend} | prompt round trip p99, µs | {:.0} | {:.0} | {} |",
+        "| {backend} | prompt round trip p99, µs | {:.0} | {:.0} | {:.0} | {} |",
         d.p99,
+        r.p99,
         g.p99,
-        p.as_ref().map_or("–".into(), |s| format!("{:.0}", s.p99))
+        wsd.map_or("–".into(), |(s, _)| format!("{:.0}", s.p99))
     );
-    if let Some(s) = &p {
+    let verdict = |ok: bool| if ok { "MEETS" } else { "MISSES" };
+    if backend == "SQLite" {
+        println!(
+            "target: added p50 <= 1.5x the bare relay's ({:.1} µs vs {:.1} µs, {:.2}x): {}",
+            gw_added,
+            r_added,
+            gw_added / r_added.max(f64::EPSILON),
+            verdict(gw_added <= 1.5 * r_added.max(0.0))
+        );
+    }
+    if let Some((s, wsd_added)) = wsd {
         let limit = if backend == "Postgres" { 4.0 } else { 1.0 };
-        let verdict = |ok: bool| if ok { "MEETS" } else { "MISSES" };
         println!(
             "target: added p50 <= {limit}x websocketd's ({:.1} µs vs {:.1} µs): {}",
             gw_added,
-            peer_added,
-            verdict(gw_added <= limit * peer_added.max(0.0))
+            wsd_added,
+            verdict(gw_added <= limit * wsd_added.max(0.0))
         );
         println!(
             "target: p99 <= 2x websocketd's ({:.1} µs vs {:.1} µs, {:.2}x): {}",
@@ -353,39 +379,33 @@ async fn latency(
 
 /// `total` timed prompts on each path, the paths taking turns in blocks of `block` prompts
 /// (which goes first rotates with `turn`, kept across calls), so machine noise hits them alike.
-/// Pushes, per block, the gateway's and the peer's p50 minus direct's p50 in the same block: the
+/// Pushes, per block, the gateway's and each peer's p50 minus direct's p50 in the same block: the
 /// paired estimate of what each adds is the median of those.
 async fn take_turns(
     direct: &mut Path<AgentPipe>,
     via: &mut Path<WsClient>,
-    mut peer: Option<&mut Path<WsClient>>,
+    peers: &mut [&mut Path<WsClient>],
     (total, block): (u64, u64),
     turn: &mut usize,
-    (gw_diffs, peer_diffs): (&mut Vec<f64>, &mut Vec<f64>),
+    (gw_diffs, peer_diffs): (&mut Vec<f64>, &mut [Vec<f64>]),
 ) -> Result<()> {
+    let legs = 2 + peers.len();
     let mut done = 0;
     while done < total {
         let n = block.min(total - done);
-        let marks = (
-            direct.samples.len(),
-            via.samples.len(),
-            peer.as_ref().map_or(0, |p| p.samples.len()),
-        );
-        for leg in 0..3 {
-            match (leg + *turn) % 3 {
+        let marks: Vec<usize> = peers.iter().map(|p| p.samples.len()).collect();
+        let (d_mark, g_mark) = (direct.samples.len(), via.samples.len());
+        for leg in 0..legs {
+            match (leg + *turn) % legs {
                 0 => direct.prompts(n, true).await?,
                 1 => via.prompts(n, true).await?,
-                _ => {
-                    if let Some(p) = peer.as_deref_mut() {
-                        p.prompts(n, true).await?;
-                    }
-                }
+                i => peers[i - 2].prompts(n, true).await?,
             }
         }
-        let d = stats(&direct.samples[marks.0..]).p50;
-        gw_diffs.push(stats(&via.samples[marks.1..]).p50 - d);
-        if let Some(p) = peer.as_deref() {
-            peer_diffs.push(stats(&p.samples[marks.2..]).p50 - d);
+        let d = stats(&direct.samples[d_mark..]).p50;
+        gw_diffs.push(stats(&via.samples[g_mark..]).p50 - d);
+        for ((p, mark), diffs) in peers.iter().zip(marks).zip(peer_diffs.iter_mut()) {
+            diffs.push(stats(&p.samples[mark..]).p50 - d);
         }
         done += n;
         *turn += 1;

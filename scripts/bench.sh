@@ -67,11 +67,15 @@ table.
 ## Method
 
 One process holds the gateway (its own multi-threaded runtime, one worker per core, as
-\`acp-gateway serve\` runs) and the benchmark client (one thread). Three paths to the same agent,
+\`acp-gateway serve\` runs) and the benchmark client (one thread). Four paths to the same agent,
 the built-in demo agent (\`acp-gateway demo-agent --delay-us 0 --chunks 1\`), with the same
 client code:
 
 - **direct**: the agent's stdio, newline-delimited JSON-RPC, no network;
+- **relay** (section 1 only): the least a WebSocket-to-stdio bridge can do in Rust
+  (\`benches/gateway/relay.rs\`): tokio and tokio-tungstenite on a runtime of its own, an agent
+  process per connection, a text frame in is a line out and a line out is a frame, no parsing,
+  no authentication, no sandbox, storing nothing: the limit of this shape;
 - **gateway**: \`/acp\` over a WebSocket on loopback with a JWT, default limits, the agent in the
   gateway's default sandbox, and every update stored (SQLite in WAL mode, or Postgres with its
   defaults) before the client sees it;
@@ -104,8 +108,8 @@ target: the worst is at most 50 ms above the usual p50).
 
 ## Results
 
-| backend | figure | direct stdio | gateway | websocketd |
-|---|---|---|---|---|
+| backend | figure | direct stdio | relay | gateway | websocketd |
+|---|---|---|---|---|---|
 EOF
   sed 's/^| |/| SQLite |/' "$out/sqlite.md"
   sed 's/^| |/| Postgres |/' "$out/postgres.md"

@@ -114,7 +114,7 @@ pub async fn section(
         worst_added = worst_added.max(d.max - b.p50);
         let _ = writeln!(
             md,
-            "| | a stuck tab's cost to a tab of {name}: round trip p50 / p99 / worst while it is stuck (before: p50), ms | – | {:.2} / {:.2} / {:.1} ({:.2}) | – |",
+            "| | a stuck tab's cost to a tab of {name}: round trip p50 / p99 / worst while it is stuck (before: p50), ms | – | – | {:.2} / {:.2} / {:.1} ({:.2}) | – |",
             d.p50 / 1e3,
             d.p99 / 1e3,
             d.max / 1e3,

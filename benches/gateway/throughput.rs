@@ -144,7 +144,7 @@ pub(super) async fn throughput(
     let p = (!p_runs.is_empty()).then(|| rates(&p_runs).0);
     let _ = writeln!(
         md,
-        "| | streaming, one connection, updates/s (median of {}) | {:.0} | {g:.0} | {} |",
+        "| | streaming, one connection, updates/s (median of {}) | {:.0} | – | {g:.0} | {} |",
         k.tp_runs,
         rates(&d_runs).0,
         p.map_or("–".into(), |p| format!("{p:.0}"))
@@ -242,7 +242,7 @@ pub(super) async fn eight(
     }
     let _ = writeln!(
         md,
-        "| | streaming, {EIGHT} connections at once, updates/s | – | {g:.0} | {} |",
+        "| | streaming, {EIGHT} connections at once, updates/s | – | – | {g:.0} | {} |",
         p.map_or("–".into(), |p| format!("{p:.0}"))
     );
     Ok(())

@@ -268,6 +268,7 @@ impl Application {
                 audit: gw.audit.clone(),
                 shutdown: gw.life.shutdown.clone(),
                 tracker: gw.life.tracker.clone(),
+                cadence: crate::sharing::Cadence::default(),
             }
             .run(),
         );

@@ -14,7 +14,7 @@ mod store;
 mod watch;
 
 pub use store::{ACCESS_PAIRS_PER_STATEMENT, MemberAccess, NewShare, ShareAccess, ShareRow, ShareStore, SharedSession};
-pub use watch::ShareWatch;
+pub use watch::{Cadence, ShareWatch};
 
 use parking_lot::Mutex;
 use std::collections::{HashMap, HashSet};

@@ -21,6 +21,17 @@ cargo bench --bench gateway --features bench-peers --no-run --quiet
 
 echo "== SQLite"
 BENCH_MARKDOWN="$out/sqlite.md" cargo bench --quiet --bench gateway --features bench-peers | tee "$out/sqlite.txt"
+# Where a round trip's microseconds go (root and perf: the system calls of every thread).
+trace=""
+if [ "$(id -u)" = 0 ] && command -v perf >/dev/null; then
+  echo "== tracing a round trip (scripts/trace-roundtrip.sh)"
+  if bash scripts/trace-roundtrip.sh >"$out/trace.txt" 2>&1; then
+    trace="$out/trace.txt"
+    cat "$trace"
+  else
+    echo "the trace failed (its section stays without figures): $(tail -1 "$out/trace.txt")"
+  fi
+fi
 
 pg_url="${DATABASE_URL:-}"
 pg_dir=""
@@ -120,6 +131,16 @@ server keeps Nagle's algorithm on and a round trip takes about 44 ms here (measu
 over 20 prompts), each small frame after the first waiting for the client's delayed ACK; the
 table measures it with \`TCP_NODELAY\`.
 EOF
+  echo
+  cat docs/round-trip.md
+  if [ -n "$trace" ]; then
+    echo
+    echo "This run's trace (\`bash scripts/trace-roundtrip.sh\`, SQLite):"
+    echo
+    echo '```'
+    sed -n '/^== gateway:/,$p' "$trace"
+    echo '```'
+  fi
   echo
   echo "## Raw output"
   echo

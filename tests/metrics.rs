@@ -237,6 +237,17 @@ async fn every_series_is_there_from_the_start_and_moves_with_the_load() {
         "acp_gateway_messages_out_total",
         &[("peer", "agent"), ("method", "session/prompt")],
     );
+    // The gateway's own notifications to clients, each under its name (they were not counted).
+    for method in [
+        "_gateway/queue",
+        "_gateway/session_stopped",
+        "_gateway/authenticate/progress",
+    ] {
+        zero(
+            "acp_gateway_messages_out_total",
+            &[("peer", "client"), ("method", method)],
+        );
+    }
     zero("acp_gateway_transcript_commit_seconds_count", &[]);
     zero("acp_gateway_transcript_batch_updates_count", &[]);
     assert!(
@@ -466,6 +477,28 @@ async fn every_series_is_there_from_the_start_and_moves_with_the_load() {
         failed.0
     );
     assert_eq!(rise(&before, &failed, "acp_gateway_agent_spawns_total", &d), 2.0);
+
+    // A message queued while no turn runs is sent at once; every change of the queue reaches
+    // alice as a `_gateway/queue` notification, counted under its own name.
+    let r = alice
+        .request(
+            "_gateway/queue/add",
+            json!({"sessionId": s, "prompt": [{"type": "text", "text": "queued"}]}),
+        )
+        .await;
+    assert!(r.get("result").is_some(), "{r}");
+    alice
+        .wait_for(|m| m["method"] == "_gateway/queue" && m["params"]["running"] == false)
+        .await;
+    scrape_until(&gw, "the queue's notices to be counted", |m| {
+        rise(
+            &failed,
+            m,
+            "acp_gateway_messages_out_total",
+            &[("peer", "client"), ("method", "_gateway/queue")],
+        ) >= 1.0
+    })
+    .await;
     bob.close().await;
     alice.close().await;
     gw.stop().await;

@@ -43,9 +43,11 @@ pub(super) async fn authenticate(gw: &Gateway, client: &Client, pool: &Arc<Agent
     let watch = process.signin_watch();
     let mut notes = watch.watch(&method);
     let pass_on = |note: String| {
-        client
+        let told = client
             .outbox
-            .push(Utf8Bytes::from(protocol::notification(PROGRESS, &note)))
+            .push(Utf8Bytes::from(protocol::notification(PROGRESS, &note)));
+        crate::infra::metrics::message_out(crate::infra::metrics::Peer::Client, PROGRESS, u64::from(told));
+        told
     };
     let request = process.request("authenticate", &forwarded, pool.request_timeout());
     tokio::pin!(request);

@@ -177,7 +177,7 @@ async fn stop(
         "by": admin.user,
         "reason": format!("stopped by the administrator {}", admin.user),
     });
-    let told = session.tell_clients(&protocol::notification(STOPPED, &notice.to_string()).into());
+    let told = session.tell_clients(STOPPED, &protocol::notification(STOPPED, &notice.to_string()).into());
     sessions.close_on_agent(&session, &pools).await;
     tracing::info!(admin = %admin.user, owner = %session.owner, session = %session.id, told, "session stopped by an admin");
     audit_log.record(crate::audit::Event {

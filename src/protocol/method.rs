@@ -145,6 +145,8 @@ pub mod ext {
     pub const SESSION_STOPPED: &str = "_gateway/session_stopped";
     /// Gateway → a client: how an agent sign-in in a terminal is going.
     pub const AUTHENTICATE_PROGRESS: &str = "_gateway/authenticate/progress";
+    /// What the gateway itself sends clients (each its own `method` label of the messages sent).
+    pub const TO_CLIENT: [&str; 3] = [QUEUE, SESSION_STOPPED, AUTHENTICATE_PROGRESS];
 }
 
 #[cfg(test)]
@@ -196,12 +198,7 @@ mod tests {
             "the scan found the UI's methods: {seen:?}"
         );
         let agents = [agent::SESSION_UPDATE, agent::REQUEST_PERMISSION, agent::ELICITATION];
-        let extensions = [
-            ext::VISIBILITY,
-            ext::QUEUE,
-            ext::SESSION_STOPPED,
-            ext::AUTHENTICATE_PROGRESS,
-        ];
+        let extensions: Vec<&str> = std::iter::once(ext::VISIBILITY).chain(ext::TO_CLIENT).collect();
         let queue_op = |m: &str| {
             m.strip_prefix(ext::QUEUE_PREFIX)
                 .is_some_and(|op| ext::QUEUE_OPS.contains(&op))

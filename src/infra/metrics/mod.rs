@@ -12,7 +12,7 @@
 //!
 //! A leaf: it imports nothing of the crate.
 
-use crate::protocol::method::{agent, labels_then};
+use crate::protocol::method::{ClientMethod, agent, ext, labels_then};
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
@@ -179,10 +179,9 @@ pub const SIGNIN_OUTCOMES: &[&str] = &[
 /// ([`ClientMethod::ALL`](crate::protocol::method::ClientMethod::ALL)), then `other`.
 pub const FROM_CLIENT: &[&str] = &labels_then(OTHER);
 
-/// What an agent sends the gateway besides answers (`peer="agent"` of [`MESSAGES_IN`]), and
-/// what the gateway passes on to clients (`peer="client"` of [`MESSAGES_OUT`]). `session/update`
-/// first: it is the hot one.
-pub const FROM_AGENT: &[&str] = &[
+/// What an agent sends the gateway besides answers, which the gateway passes on to clients.
+/// `session/update` first: it is the hot one.
+const PASSED_ON: [&str; 11] = [
     agent::SESSION_UPDATE,
     agent::REQUEST_PERMISSION,
     agent::ELICITATION,
@@ -194,26 +193,51 @@ pub const FROM_AGENT: &[&str] = &[
     "terminal/wait_for_exit",
     "terminal/kill",
     "$/cancel_request",
-    OTHER,
 ];
 
-/// What the gateway sends agents besides answers (`peer="agent"` of [`MESSAGES_OUT`]).
-pub const TO_AGENT: &[&str] = &[
-    "initialize",
-    "authenticate",
-    "auth/status",
-    "session/new",
-    "session/load",
-    "session/resume",
-    "session/close",
-    "session/prompt",
-    "session/set_mode",
-    "session/set_config_option",
-    "session/set_model",
-    "session/cancel",
-    "$/cancel_request",
-    OTHER,
-];
+/// What an agent sends the gateway besides answers (`peer="agent"` of [`MESSAGES_IN`]), then
+/// `other`.
+pub const FROM_AGENT: &[&str] = &then_other::<12>(&[&PASSED_ON]);
+
+/// What the gateway sends clients besides answers (`peer="client"` of [`MESSAGES_OUT`]): what it
+/// passes on from agents, then its own notifications ([`ext::TO_CLIENT`]), then `other`.
+pub const TO_CLIENT: &[&str] = &then_other::<15>(&[&PASSED_ON, &ext::TO_CLIENT]);
+
+/// What the gateway sends agents besides answers (`peer="agent"` of [`MESSAGES_OUT`]), by the
+/// names clients send them under.
+pub const TO_AGENT: &[&str] = &then_other::<14>(&[&[
+    ClientMethod::Initialize.name(),
+    ClientMethod::Authenticate.name(),
+    ClientMethod::AuthStatus.name(),
+    ClientMethod::SessionNew.name(),
+    ClientMethod::SessionLoad.name(),
+    ClientMethod::SessionResume.name(),
+    ClientMethod::SessionClose.name(),
+    ClientMethod::SessionPrompt.name(),
+    ClientMethod::SetMode.name(),
+    ClientMethod::SetConfigOption.name(),
+    ClientMethod::SetModel.name(),
+    ClientMethod::SessionCancel.name(),
+    ClientMethod::CancelRequest.name(),
+]]);
+
+/// `lists` one after another, then `other`: `N` must be their length plus one (checked when
+/// compiled).
+const fn then_other<const N: usize>(lists: &[&[&'static str]]) -> [&'static str; N] {
+    let mut out = [OTHER; N];
+    let (mut n, mut l) = (0, 0);
+    while l < lists.len() {
+        let mut i = 0;
+        while i < lists[l].len() {
+            out[n] = lists[l][i];
+            n += 1;
+            i += 1;
+        }
+        l += 1;
+    }
+    assert!(n + 1 == N, "a method list's length is its names and other");
+    out
+}
 
 /// `method` of [`AGENT_REQUEST_SECONDS`]: the requests the gateway itself waits on.
 pub const AGENT_REQUESTS: &[&str] = &[
@@ -291,7 +315,7 @@ pub fn describe_and_zero<'a>(agents: impl IntoIterator<Item = &'a str>) {
         from_client: resolve(MESSAGES_IN, "client", FROM_CLIENT),
         from_agent: resolve(MESSAGES_IN, "agent", FROM_AGENT),
         to_agent: resolve(MESSAGES_OUT, "agent", TO_AGENT),
-        to_client: resolve(MESSAGES_OUT, "client", FROM_AGENT),
+        to_client: resolve(MESSAGES_OUT, "client", TO_CLIENT),
     });
     for name in [
         CONNECTIONS_OPENED,
@@ -399,7 +423,7 @@ pub fn messages_in(peer: Peer, method: &str, n: u64) {
 /// Counts `n` requests or notifications sent to `peer`.
 pub fn message_out(peer: Peer, method: &str, n: u64) {
     let list = match peer {
-        Peer::Client => FROM_AGENT,
+        Peer::Client => TO_CLIENT,
         Peer::Agent => TO_AGENT,
     };
     let i = index_of(list, method);
@@ -532,9 +556,18 @@ mod tests {
         assert_eq!(FROM_CLIENT[index_of(FROM_CLIENT, "_vendor/x")], OTHER);
         assert_eq!(FROM_AGENT[index_of(FROM_AGENT, "session/update")], "session/update");
         assert_eq!(TO_AGENT[index_of(TO_AGENT, "nope")], OTHER);
-        for list in [FROM_CLIENT, FROM_AGENT, TO_AGENT, AGENT_REQUESTS] {
+        for list in [FROM_CLIENT, FROM_AGENT, TO_CLIENT, TO_AGENT, AGENT_REQUESTS] {
             assert_eq!(list.last(), Some(&OTHER), "every method list ends in other");
+            assert_eq!(list.iter().filter(|m| **m == OTHER).count(), 1, "{list:?}");
         }
+        // The gateway's own notifications are counted by name, as what it passes on is.
+        for m in ext::TO_CLIENT
+            .into_iter()
+            .chain(["session/update", "session/request_permission"])
+        {
+            assert_eq!(TO_CLIENT[index_of(TO_CLIENT, m)], m);
+        }
+        assert_eq!(TO_AGENT[index_of(TO_AGENT, "session/prompt")], "session/prompt");
     }
 
     #[test]

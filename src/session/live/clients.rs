@@ -130,15 +130,18 @@ impl LiveSession {
         Ok(())
     }
 
-    /// Sends `frame` to every client attached now (outside the transcript: a notice, not an
-    /// update); how many got it.
-    pub fn tell_clients(&self, frame: &Utf8Bytes) -> usize {
-        let f = self.fanout();
-        f.subscribers
+    /// Sends `frame`, a notification of `method`, to every client attached now (outside the
+    /// transcript: a notice, not an update), counted under `method`; how many got it.
+    pub fn tell_clients(&self, method: &'static str, frame: &Utf8Bytes) -> usize {
+        let told = self
+            .fanout()
+            .subscribers
             .iter()
             .filter(|s| !s.client.is_closed())
             .filter(|s| s.client.outbox.push(frame.clone()))
-            .count()
+            .count();
+        crate::infra::metrics::message_out(crate::infra::metrics::Peer::Client, method, told as u64);
+        told
     }
 
     /// How many clients are attached now.

@@ -263,7 +263,7 @@ impl LiveSession {
     /// Tells every attached client what the queue holds now.
     pub fn tell_queue(&self) {
         let notice = self.queue().notice(&self.id);
-        self.tell_clients(&notice.into());
+        self.tell_clients(crate::session::queue::NOTICE, &notice.into());
     }
 
     /// Tells them of a turn's end once the updates before it are released (see
@@ -283,7 +283,7 @@ impl LiveSession {
             }
             q.notice(&self.id)
         };
-        self.tell_clients(&notice.into());
+        self.tell_clients(crate::session::queue::NOTICE, &notice.into());
     }
 
     /// Binds the session to a process that already knows it (right after `session/new`).

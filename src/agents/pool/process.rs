@@ -130,7 +130,7 @@ impl AgentProcess {
         let sandboxed = launch.sandboxed;
         let egress_only = launch.egress_only();
         let mut spawned = child::spawn(launch, groups)?;
-        let (rpc, input) = Rpc::new(agent.clone(), pipes.input_queue_bytes);
+        let (rpc, input) = Rpc::new(agent.clone(), Box::new(spawned.stdin), pipes.input_queue_bytes);
         let process = Arc::new(Self {
             id,
             agent,
@@ -157,7 +157,7 @@ impl AgentProcess {
             // Until it is up, bubblewrap holds the agent back; the network goes when it dies.
             tracker.spawn(network.run(spawned.guard.pgid(), process.dead.clone()));
         }
-        tracker.spawn(rpc::write_lines(spawned.stdin, input, process.stop.clone()));
+        tracker.spawn(rpc::write_lines(input, process.stop.clone()));
         // 64 KiB reads: a streaming agent's lines arrive in few syscalls.
         let stdout = FramedRead::with_capacity(spawned.stdout, AgentLines::new(pipes.max_line_bytes), 64 << 10);
         tracker.spawn(read_stdout(Arc::downgrade(&process), stdout, process.stop.clone()));

@@ -1,9 +1,10 @@
 //! The JSON-RPC peer behind an agent's stdin and stdout, as the gateway (its client) sees it: the
 //! ids of the requests sent to it, the requests waiting for an answer ([`Pending`]), the bounded
-//! queue of lines for its input and the task that writes them ([`write_lines`]), and the answers.
+//! lines for its input ([`input`]: written at once, or queued for [`write_lines`]), and the answers.
 //!
-//! It knows nothing of the process behind it: whatever drains the queue [`Rpc::new`] hands back
-//! and feeds the agent's answers to [`Rpc::on_response`] will do (the tests use an in-memory pipe).
+//! It knows nothing of the process behind it: whatever pipe [`Rpc::new`] is given, with the
+//! queue it hands back drained, and the agent's answers fed to [`Rpc::on_response`], will do (the
+//! tests use an in-memory pipe).
 
 use parking_lot::Mutex;
 use std::collections::HashMap;
@@ -14,13 +15,10 @@ use std::time::{Duration, Instant};
 use axum::extract::ws::Utf8Bytes;
 use serde::Deserialize;
 use serde_json::value::RawValue;
-use tokio::io::{AsyncWrite, AsyncWriteExt, BufWriter};
-use tokio::sync::{mpsc, oneshot};
-use tokio_util::sync::CancellationToken;
+use tokio::sync::oneshot;
 
 use super::child::lock;
 use super::route::SessionRoute;
-use crate::infra::budget::ByteBudget;
 use crate::infra::metrics::{AgentTimings, Peer};
 use crate::infra::outbox::Outbox;
 use crate::protocol::{self, Incoming, RpcError};
@@ -28,8 +26,10 @@ use crate::protocol::{self, Incoming, RpcError};
 /// What a request gets when the agent is gone and how it ended is not known yet.
 pub(crate) const GONE: &str = "agent process is gone";
 
-/// Lines queued for one agent's stdin.
-const STDIN_QUEUE: usize = 1024;
+mod input;
+#[cfg(test)]
+use input::STDIN_QUEUE;
+pub(crate) use input::{Input, Stdin, write_lines};
 
 /// Where the answer to a request the gateway sent an agent goes.
 pub enum Pending {
@@ -74,10 +74,8 @@ struct Waiting {
 pub(super) struct Rpc {
     /// The configured agent name, for logs and for the error of a peer that is gone.
     agent: Arc<str>,
-    /// Lines for the agent's input (bounded in lines).
-    stdin: mpsc::Sender<Utf8Bytes>,
-    /// ... and in bytes.
-    room: ByteBudget,
+    /// Lines for the agent's input.
+    input: input::Lines,
     /// Next id for requests to the agent; the agent's id space is ours alone.
     next_id: AtomicU64,
     /// Requests sent to the agent and not yet answered.
@@ -90,32 +88,25 @@ pub(super) struct Rpc {
 }
 
 impl Rpc {
-    /// A peer for `agent` whose input queue holds at most `queue_bytes`, and that queue (lines
-    /// ending in `\n`) for [`write_lines`] to drain.
-    pub fn new(agent: Arc<str>, queue_bytes: usize) -> (Self, Input) {
-        let (stdin, rx) = mpsc::channel(STDIN_QUEUE);
-        let room = ByteBudget::new(queue_bytes);
+    /// A peer for `agent` writing to `stdin`, whose input queue holds at most `queue_bytes`, and
+    /// that queue for [`write_lines`] to drain.
+    pub fn new(agent: Arc<str>, stdin: Stdin, queue_bytes: usize) -> (Self, Input) {
+        let (lines, queue) = input::input(stdin, queue_bytes);
         let rpc = Self {
             timings: AgentTimings::new(&agent),
             agent,
-            stdin,
-            room: room.clone(),
+            input: lines,
             next_id: AtomicU64::new(0),
             pending: Mutex::new(HashMap::new()),
             gone: Mutex::new(None),
         };
-        (rpc, Input { rx, room })
+        (rpc, queue)
     }
 
-    /// Queues one line (a complete JSON-RPC message) for the agent, waiting for room.
+    /// Sends one line (a complete JSON-RPC message) to the agent, waiting for room in its queue.
     pub async fn send_line(&self, mut line: String) -> Result<(), RpcError> {
         end_line(&mut line);
-        // Room in the queue first, then in the budget: both waits may be cancelled (a timeout)
-        // without losing any of either.
-        let slot = self.stdin.reserve().await.map_err(|_| self.gone_error())?;
-        self.room.take(line.len()).await;
-        slot.send(Utf8Bytes::from(line));
-        Ok(())
+        self.input.send(line).await.map_err(|_| self.gone_error())
     }
 
     /// Sends a request and waits for its answer (at most `timeout`).
@@ -176,18 +167,11 @@ impl Rpc {
         );
         let mut line = protocol::request(id, method, params);
         end_line(&mut line);
-        let len = line.len();
-        let full = || RpcError::internal("the agent is not reading its input; try again later");
-        if !self.room.try_take(len) {
+        if let Err(refused) = self.input.try_send(line) {
             lock(&self.pending).remove(&id);
-            return Err(full());
-        }
-        if let Err(e) = self.stdin.try_send(Utf8Bytes::from(line)) {
-            self.room.give_back([len]);
-            lock(&self.pending).remove(&id);
-            return Err(match e {
-                mpsc::error::TrySendError::Full(_) => full(),
-                mpsc::error::TrySendError::Closed(_) => self.gone_error(),
+            return Err(match refused {
+                input::Refused::Full => RpcError::internal("the agent is not reading its input; try again later"),
+                input::Refused::Closed => self.gone_error(),
             });
         }
         Ok(id)
@@ -357,35 +341,6 @@ fn agent_error(error: Option<&RawValue>) -> RpcError {
             err
         }
         None => RpcError::internal("agent sent a malformed error"),
-    }
-}
-
-/// The queue of an agent's input lines, as [`write_lines`] drains it.
-pub(super) struct Input {
-    rx: mpsc::Receiver<Utf8Bytes>,
-    room: ByteBudget,
-}
-
-/// Drains the queue of [`Rpc::new`] into the agent's input until the queue closes, a write
-/// fails, or `stop` fires.
-pub(super) async fn write_lines<W: AsyncWrite + Unpin>(input: W, queue: Input, stop: CancellationToken) {
-    let Input { mut rx, room } = queue;
-    let mut out = BufWriter::with_capacity(64 * 1024, input);
-    loop {
-        let line = tokio::select! {
-            line = rx.recv() => line,
-            () = stop.cancelled() => None,
-        };
-        let Some(line) = line else { break };
-        let written = out.write_all(line.as_bytes()).await;
-        room.give_back([line.len()]);
-        if written.is_err() {
-            break;
-        }
-        // Flush when nothing else is waiting: one syscall per burst, no added latency.
-        if rx.is_empty() && out.flush().await.is_err() {
-            break;
-        }
     }
 }
 

@@ -173,11 +173,10 @@ impl LiveSession {
                 return Err(e);
             }
         };
+        // `forward` wrote the prompt to the agent's stdin (unless its queue was busy): recording
+        // it below overlaps the agent's work. The numbering lock keeps the answer's updates
+        // behind its chunks.
         self.seq.first_update.prompt_sent();
-        // The agent's stdin writer was just woken: let it write the prompt before this records
-        // it (measured: the bookkeeping below put the prompt on the agent's stdin ~40 µs after
-        // its frame arrived). The numbering lock keeps the answer's updates behind its chunks.
-        tokio::task::yield_now().await;
         self.ctx
             .persister
             .send(Item::Prompt {

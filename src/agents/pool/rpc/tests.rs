@@ -4,12 +4,13 @@ use super::*;
 use crate::agents::pool::AgentProcess;
 use crate::protocol::Kind;
 use tokio::io::{AsyncBufReadExt, BufReader, DuplexStream, Lines};
+use tokio_util::sync::CancellationToken;
 
 /// A peer whose writer feeds an in-memory pipe; the test plays the agent at its other end.
 fn peer() -> (Arc<Rpc>, Lines<BufReader<DuplexStream>>) {
-    let (rpc, rx) = Rpc::new(Arc::from("test-agent"), 1 << 20);
     let (ours, theirs) = tokio::io::duplex(4096);
-    tokio::spawn(write_lines(ours, rx, CancellationToken::new()));
+    let (rpc, input) = Rpc::new(Arc::from("test-agent"), Box::new(ours), 1 << 20);
+    tokio::spawn(write_lines(input, CancellationToken::new()));
     (Arc::new(rpc), BufReader::new(theirs).lines())
 }
 
@@ -221,21 +222,23 @@ async fn forwarded_requests_but_prompts_time_out_and_late_answers_are_dropped() 
 
 #[tokio::test]
 async fn a_full_input_queue_refuses_at_once_and_an_ended_peer_fails_everything() {
-    // Nobody drains the queue: the agent is not reading.
-    let (rpc, rx) = Rpc::new(Arc::from("test-agent"), 1 << 20);
+    // The agent is not reading, and nobody drains the queue: the first line goes to the pipe
+    // at once (which takes one byte of it), the next ones fill the queue.
+    let (ours, _theirs) = tokio::io::duplex(1);
+    let (rpc, rx) = Rpc::new(Arc::from("test-agent"), Box::new(ours), 1 << 20);
     let route = Arc::new(Recorder::default());
-    for _ in 0..STDIN_QUEUE {
+    for _ in 0..=STDIN_QUEUE {
         rpc.forward("m", "{}", forward_to(&route, "1")).expect("room");
     }
     let err = rpc.forward("m", "{}", forward_to(&route, "2")).expect_err("queue full");
     assert!(err.message.contains("not reading its input"), "{}", err.message);
-    assert!(!rpc.is_pending(STDIN_QUEUE as u64));
+    assert!(!rpc.is_pending(STDIN_QUEUE as u64 + 1));
 
     rpc.set_gone_error(RpcError::internal("agent process exited (exit code 3)"));
     rpc.fail_all();
     assert!(!rpc.is_waiting());
     let failed = std::mem::take(&mut *lock(&route.0));
-    assert_eq!(failed.len(), STDIN_QUEUE);
+    assert_eq!(failed.len(), STDIN_QUEUE + 1);
     assert!(failed.iter().all(|f| f.contains("exit code 3")));
 
     drop(rx);
@@ -245,22 +248,53 @@ async fn a_full_input_queue_refuses_at_once_and_an_ended_peer_fails_everything()
 
 #[tokio::test]
 async fn the_input_queue_is_bounded_in_bytes_and_written_lines_give_room_back() {
-    let (rpc, input) = Rpc::new(Arc::from("test-agent"), 1000);
+    // A pipe of one byte that the agent does not read yet: the first line goes to it at once and
+    // waits there, the next ones queue.
+    let (ours, theirs) = tokio::io::duplex(1);
+    let (rpc, input) = Rpc::new(Arc::from("test-agent"), Box::new(ours), 1000);
     let route = Arc::new(Recorder::default());
     let big = format!(r#"{{"text":"{}"}}"#, "x".repeat(600));
+    rpc.forward("m", &big, forward_to(&route, "0"))
+        .expect("written at once");
     rpc.forward("m", &big, forward_to(&route, "1")).expect("room");
     let err = rpc
         .forward("m", &big, forward_to(&route, "2"))
-        .expect_err("two 660-byte lines are over 1,000 bytes");
+        .expect_err("two 660-byte lines queued are over 1,000 bytes");
     assert!(err.message.contains("not reading its input"), "{}", err.message);
-    assert!(!rpc.is_pending(1), "a refused request is not waited for");
+    assert!(!rpc.is_pending(2), "a refused request is not waited for");
     rpc.forward("m", "{}", forward_to(&route, "3"))
         .expect("a small one still fits");
     // Once the agent reads, the bytes come back.
-    let (ours, theirs) = tokio::io::duplex(4096);
-    tokio::spawn(write_lines(ours, input, CancellationToken::new()));
+    tokio::spawn(write_lines(input, CancellationToken::new()));
     let mut agent = BufReader::new(theirs).lines();
-    next_request(&mut agent).await;
-    next_request(&mut agent).await;
+    // In the order sent (the refused one's id, 2, was never used).
+    for expected in [0, 1, 3] {
+        assert_eq!(next_request(&mut agent).await.0, expected, "in the order sent");
+    }
     rpc.forward("m", &big, forward_to(&route, "4")).expect("room again");
+}
+
+#[tokio::test]
+async fn lines_keep_their_order_whether_written_at_once_or_queued() {
+    // A pipe of 64 bytes, read in batches: after each batch the first line goes to the pipe at
+    // once, the second finds it full and stays in the writer's buffer, and the rest queue
+    // behind it; the fourth of each batch is larger than the writer's buffer, so it is always
+    // queued, and the lines after it must not pass it.
+    let (ours, theirs) = tokio::io::duplex(64);
+    let (rpc, input) = Rpc::new(Arc::from("test-agent"), Box::new(ours), 1 << 20);
+    tokio::spawn(write_lines(input, CancellationToken::new()));
+    let mut agent = BufReader::new(theirs).lines();
+    let route = Arc::new(Recorder::default());
+    for batch in 0..8u64 {
+        for i in batch * 10..batch * 10 + 10 {
+            let pad = if i % 10 == 3 { 70_000 } else { 20 };
+            let params = format!(r#"{{"n":{i},"pad":"{}"}}"#, "p".repeat(pad));
+            rpc.forward("m", &params, forward_to(&route, &i.to_string()))
+                .expect("room");
+        }
+        for i in batch * 10..batch * 10 + 10 {
+            let (id, _, params) = next_request(&mut agent).await;
+            assert_eq!((id, params["n"].as_u64()), (i, Some(i)), "line {i} in its place");
+        }
+    }
 }

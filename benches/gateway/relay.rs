@@ -7,16 +7,14 @@
 //! it is visible) cost on the round trip.
 
 use std::net::SocketAddr;
-use std::process::Stdio;
 
 use anyhow::{Context, Result};
 use futures_util::{SinkExt, StreamExt};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::process::Command;
 use tokio_tungstenite::tungstenite::Message;
 
-use crate::transport::{agent_args, gateway_bin};
+use crate::transport::spawn_agent;
 
 /// The relay, listening on loopback, on its own runtime.
 pub struct Relay {
@@ -64,14 +62,7 @@ impl Drop for Relay {
 async fn bridge(tcp: TcpStream) -> Result<()> {
     tcp.set_nodelay(true)?;
     let ws = tokio_tungstenite::accept_async(tcp).await.context("handshake")?;
-    let mut child = Command::new(gateway_bin())
-        .args(agent_args())
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .kill_on_drop(true)
-        .spawn()
-        .context("spawning the demo agent")?;
+    let mut child = spawn_agent()?;
     let mut stdin = child.stdin.take().context("stdin")?;
     let mut stdout = BufReader::new(child.stdout.take().context("stdout")?).lines();
     let (mut tx, mut rx) = ws.split();

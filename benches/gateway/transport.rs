@@ -31,6 +31,18 @@ pub fn gateway_bin() -> &'static str {
     env!("CARGO_BIN_EXE_acp-gateway")
 }
 
+/// The demo agent as a child process of its own, stdin and stdout piped, killed when dropped.
+pub fn spawn_agent() -> Result<Child> {
+    Command::new(gateway_bin())
+        .args(agent_args())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .kill_on_drop(true)
+        .spawn()
+        .context("spawning the demo agent")
+}
+
 /// One JSON-RPC message stream, client side.
 pub trait Transport {
     /// Sends one message.
@@ -50,14 +62,7 @@ pub struct AgentPipe {
 
 impl AgentPipe {
     pub fn spawn() -> Result<Self> {
-        let mut child = Command::new(gateway_bin())
-            .args(agent_args())
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .kill_on_drop(true)
-            .spawn()
-            .context("spawning the demo agent")?;
+        let mut child = spawn_agent()?;
         let stdin = child.stdin.take().context("stdin")?;
         let stdout = BufReader::with_capacity(64 << 10, child.stdout.take().context("stdout")?);
         Ok(Self {

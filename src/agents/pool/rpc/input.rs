@@ -116,10 +116,12 @@ impl Lines {
     }
 
     /// Whether `line` went to the pipe at once: nothing queued or owed, the writer free, the
-    /// line within the buffer. What the pipe does not take at once stays in the buffer, ahead of
+    /// line shorter than the buffer. What the pipe does not take at once stays in the buffer, ahead of
     /// anything queued later, for the task to flush.
     fn write_now(&self, line: &[u8]) -> bool {
-        if line.len() > BUFFER || self.shared.owed.load(Ordering::Acquire) != 0 {
+        // Shorter than the buffer: copied into it whole (a line as long goes to the pipe past
+        // the buffer, and a part written then could not be taken back).
+        if line.len() >= BUFFER || self.shared.owed.load(Ordering::Acquire) != 0 {
             return false;
         }
         let Ok(mut out) = self.shared.out.try_lock() else {
@@ -134,7 +136,7 @@ impl Lines {
         // The buffer is empty (everything owed was flushed): the line is copied into it whole.
         match Pin::new(&mut *out).poll_write(&mut cx, line) {
             Poll::Ready(Ok(n)) if n == line.len() => {}
-            // Not taken whole (never, with an empty buffer): queued like any other.
+            // Never: the buffer is empty and the line shorter than it.
             Poll::Ready(Ok(_)) | Poll::Pending => return false,
             // The agent's stdin is closed: its death answers every request.
             Poll::Ready(Err(e)) => {

@@ -276,10 +276,11 @@ async fn the_input_queue_is_bounded_in_bytes_and_written_lines_give_room_back() 
 
 #[tokio::test]
 async fn lines_keep_their_order_whether_written_at_once_or_queued() {
-    // A pipe of 64 bytes, read in batches: after each batch the first line goes to the pipe at
-    // once, the second finds it full and stays in the writer's buffer, and the rest queue
-    // behind it; the fourth of each batch is larger than the writer's buffer, so it is always
-    // queued, and the lines after it must not pass it.
+    // A pipe of 64 bytes, read in batches: in the even batches the first line goes to the pipe at
+    // once, the second finds it full and stays in the writer's buffer, and the rest queue behind
+    // it; in the odd ones the first line, with nothing queued, is exactly as long as the writer's
+    // buffer. The fourth of each batch is longer than the buffer. Those two are always queued,
+    // whole, and the lines after them must not pass them.
     let (ours, theirs) = tokio::io::duplex(64);
     let (rpc, input) = Rpc::new(Arc::from("test-agent"), Box::new(ours), 1 << 20);
     tokio::spawn(write_lines(input, CancellationToken::new()));
@@ -287,7 +288,12 @@ async fn lines_keep_their_order_whether_written_at_once_or_queued() {
     let route = Arc::new(Recorder::default());
     for batch in 0..8u64 {
         for i in batch * 10..batch * 10 + 10 {
-            let pad = if i % 10 == 3 { 70_000 } else { 20 };
+            let bare = protocol::request(i, "m", &format!(r#"{{"n":{i},"pad":""}}"#)).len() + 1;
+            let pad = match (batch % 2, i % 10) {
+                (1, 0) => (64 << 10) - bare,
+                (_, 3) => 70_000,
+                _ => 20,
+            };
             let params = format!(r#"{{"n":{i},"pad":"{}"}}"#, "p".repeat(pad));
             rpc.forward("m", &params, forward_to(&route, &i.to_string()))
                 .expect("room");

@@ -11,6 +11,7 @@ mod attachments;
 mod errors;
 mod methods;
 mod quiet_sink;
+mod reader;
 pub mod remote;
 mod request;
 mod signin;
@@ -31,14 +32,6 @@ use crate::protocol::{self, Incoming, Kind, ParseFailure, RpcError, codes};
 use crate::session::Client;
 use quiet_sink::QuietSink;
 
-/// Close code when the token expires (RFC 6455 1008, policy violation).
-const CLOSE_TOKEN_EXPIRED: u16 = 1008;
-/// Close code for a frame over the size cap (1009, message too big).
-const CLOSE_TOO_BIG: u16 = 1009;
-/// Close code for a text frame that is not UTF-8 (1007, invalid frame payload data).
-const CLOSE_INVALID_DATA: u16 = 1007;
-/// Close code on shutdown (1001, going away).
-const CLOSE_GOING_AWAY: u16 = 1001;
 /// After the close frame, how long the peer has to answer with its own before the socket is
 /// dropped (dropping a socket with unread input resets it, and the peer may lose the close frame).
 const CLOSE_REPLY_WAIT: Duration = Duration::from_secs(1);
@@ -94,8 +87,6 @@ pub async fn serve(
     let expires = now
         .checked_add(Duration::from_secs(identity.expires_at.saturating_sub(now_secs())))
         .unwrap_or_else(|| now + Duration::from_secs(10 * 365 * 24 * 3600));
-    let expiry = tokio::time::sleep_until(expires);
-    tokio::pin!(expiry);
     // A sign-in through the identity provider that ends (sign-out on any replica, or the provider
     // no longer lets the person in) closes its WebSockets as an expired token does.
     let watch = identity
@@ -108,81 +99,32 @@ pub async fn serve(
             None => std::future::pending().await,
         }
     };
-    tokio::pin!(signed_out);
-    // While the gateway drains: resolves once nothing this client asked is in flight.
-    let drained = conn.drained();
-    tokio::pin!(drained);
-    let mut draining = false;
     // A client that sends nothing, not even a pong, for two ping intervals is gone or reads
     // nothing; in the second case the contract closes it only after `slow_client_timeout_secs`
     // and with 1013, whatever the writer had to send it.
-    let silent_after = (ping_every * 2).max(slow_after);
-    loop {
-        let frame = tokio::select! {
-            frame = tokio::time::timeout(silent_after, stream.next()) => frame,
-            () = outbox.closed() => break,
-            () = &mut expiry => {
-                tracing::info!(connection = %conn_id, user = %identity.user, "token expired; closing connection");
-                outbox.close(CLOSE_TOKEN_EXPIRED, "token expired");
-                break;
-            }
-            () = &mut signed_out => {
-                tracing::info!(connection = %conn_id, user = %identity.user, "sign-in ended; closing connection");
-                outbox.close(CLOSE_TOKEN_EXPIRED, "signed out");
-                break;
-            }
-            () = &mut drained => {
-                draining = true;
-                break;
-            }
-            () = gw.life.shutdown.cancelled() => {
-                outbox.close(CLOSE_GOING_AWAY, "gateway shutting down");
-                break;
-            }
-        };
-        match frame {
-            // A client that does not read gets no pings to answer: the writer's slow-client
-            // timer decides about it.
-            Err(_) if outbox.write_stalled_for().is_some() => {}
-            Err(_) => {
-                tracing::info!(connection = %conn_id, silent_secs = silent_after.as_secs(), "no traffic or pong from the client; closed with 1013");
-                close_not_reading(&outbox);
-                break;
-            }
-            Ok(Some(Err(e))) => {
-                // Read errors worth answering (RFC 6455 7.4.1): a frame over the cap (1009,
-                // message too big) and a text frame that is not UTF-8 (1007, invalid data).
-                // axum hides tungstenite's error type: its messages are what is left to tell.
-                let e = e.to_string();
-                if e.contains("too long") {
-                    tracing::info!(connection = %conn_id, "frame over max_frame_bytes; closing");
-                    outbox.close(CLOSE_TOO_BIG, "message too big");
-                } else if e.contains("UTF-8") {
-                    tracing::info!(connection = %conn_id, "text frame is not UTF-8; closing");
-                    outbox.close(CLOSE_INVALID_DATA, "text frame is not UTF-8");
-                }
-                break;
-            }
-            Ok(None) | Ok(Some(Ok(Message::Close(_)))) => break,
-            Ok(Some(Ok(Message::Text(text)))) => conn.on_text(text.as_str()).await,
-            // Binary frames are ignored (transport RFD); pings are answered by the library.
-            Ok(Some(Ok(_))) => {}
-        }
-    }
+    let ends = reader::Ends {
+        silent_after: (ping_every * 2).max(slow_after),
+        expires,
+        signed_out,
+        drained: conn.drained(),
+        shutdown: gw.life.shutdown.clone(),
+    };
+    let draining =
+        reader::read_frames(&mut stream, &mut conn, &outbox, ends, &conn_id).await == reader::Ended::Draining;
     if draining {
         // The client gets what was queued for it (its prompt's answer), then 1001; one that
         // does not read is cut when shutdown comes.
         tracing::info!(connection = %conn_id, user = %identity.user, "gateway draining; closing the connection (1001)");
         let written = async {
             outbox
-                .close_when_written(CLOSE_GOING_AWAY, "gateway shutting down")
+                .close_when_written(reader::CLOSE_GOING_AWAY, "gateway shutting down")
                 .await;
             outbox.closed().await;
         };
         tokio::select! {
             () = written => {}
             () = gw.life.shutdown.cancelled() => {
-                outbox.close(CLOSE_GOING_AWAY, "gateway shutting down");
+                outbox.close(reader::CLOSE_GOING_AWAY, "gateway shutting down");
             }
         }
     }
@@ -218,6 +160,12 @@ pub async fn serve(
     drop(stream);
     metrics::gauge!(crate::infra::metrics::CONNECTIONS).decrement(1.0);
     tracing::info!(connection = %conn_id, user = %identity.user, "client disconnected");
+}
+
+impl reader::OnText for methods::Connection {
+    fn on_text(&mut self, text: &str) -> impl std::future::Future<Output = ()> + Send {
+        methods::Connection::on_text(self, text)
+    }
 }
 
 /// The error frame for a frame that is not a usable JSON-RPC message.

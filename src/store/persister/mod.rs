@@ -47,8 +47,6 @@ use crate::infra::budget::ByteBudget;
 /// commit of at most this many (see the queue's bound, `app::PERSIST_QUEUE`). A burst of a few
 /// hundred updates is one commit either way.
 const MAX_BATCH_ITEMS: usize = 2048;
-/// Metadata writes (message counts, titles) held back while updates keep coming, at most.
-const MAX_PENDING_METADATA: usize = 1024;
 /// How long the queue must be quiet before the writes nobody waits on (message counts, titles,
 /// the session rows that stored chunks advance) are made: a client's next prompt usually comes
 /// sooner than that after an answer, and must not wait behind them.
@@ -58,8 +56,6 @@ const QUIET: Duration = Duration::from_millis(2);
 /// one that thinks first (any model) finds the prompt stored this much later than at once (up
 /// to the stage's tick later when a sender holds it, see [`stage`]).
 const LINGER: Duration = Duration::from_millis(1);
-/// Those writes wait at most this long while updates keep coming.
-const PUT_OFF_AT_MOST: Duration = Duration::from_millis(500);
 /// Most payload bytes written in one transaction.
 const MAX_BATCH_BYTES: usize = 8 << 20;
 /// How long [`Persister::flush`] waits: a request that needs the transcript written answers
@@ -71,6 +67,7 @@ const STALLED_AFTER: Duration = Duration::from_secs(5);
 pub use health::WriterTrouble;
 mod batch;
 mod health;
+mod put_off;
 mod stage;
 #[cfg(test)]
 mod stage_tests;
@@ -79,6 +76,7 @@ mod tests;
 mod writer;
 
 use health::Health;
+use put_off::{After, PUT_OFF_AT_MOST, PutOff};
 use stage::{Lingered, Offered, Stage};
 use writer::Writer;
 
@@ -285,7 +283,7 @@ async fn run(
     let direct = stage.as_ref().map(|s| s.direct.clone());
     let mut items = Vec::with_capacity(1024);
     // Message counts and titles not yet written (see below).
-    let mut pending_metadata: Vec<SessionWrite> = Vec::new();
+    let mut put_off = PutOff::default();
     // Sessions whose updates could not be stored for good: none of their updates is released
     // any more (a later commit would release the lost ones with it).
     let mut lost: HashSet<Arc<str>> = HashSet::new();
@@ -293,14 +291,12 @@ async fn run(
     let batch_updates = metrics::histogram!(crate::infra::metrics::TRANSCRIPT_BATCH_UPDATES);
     let commit_lag = metrics::histogram!(crate::infra::metrics::TRANSCRIPT_COMMIT_LAG_SECONDS);
     let w = Writer::new(&*store, &cancel, &health, holder.as_deref(), direct);
-    // Since when metadata has been held back.
-    let mut metadata_since: Option<Instant> = None;
     loop {
         if let Some(stage) = stage.as_deref() {
-            take_metadata(stage, &mut pending_metadata, &mut metadata_since);
+            put_off.hold(stage.take_metadata(), Instant::now());
             stage.writer_waiting(&rx, lost.is_empty() && !cancel.is_cancelled());
         }
-        let put_off = metadata_since.into_iter().chain(w.unsettled_since()).min();
+        let quiet_write = put_off.pending_since(w.unsettled_since());
         // What a sender held and gave back has lingered already.
         let mut lingered = false;
         // Once cancelled, write what is still queued and stop (handles may outlive the gateway).
@@ -315,9 +311,8 @@ async fn run(
                 items.len()
             }
             n = rx.recv_many(&mut items, MAX_BATCH_ITEMS) => n,
-            () = tokio::time::sleep(QUIET), if put_off.is_some() => {
-                w.put_off_writes(&mut pending_metadata).await;
-                metadata_since = None;
+            () = tokio::time::sleep(QUIET), if quiet_write.is_some() => {
+                w.put_off_writes(put_off.take()).await;
                 continue;
             }
             () = cancel.cancelled() => {
@@ -403,7 +398,7 @@ async fn run(
         // before the writer took anything, and it waited for them above): its metadata goes
         // first, or older controls or titles would be merged over this batch's newer ones.
         if let Some(stage) = stage.as_deref() {
-            take_metadata(stage, &mut pending_metadata, &mut metadata_since);
+            put_off.hold(stage.take_metadata(), Instant::now());
         }
         // Updates first, on their own: clients wait for them. Message counts and titles wait
         // until the queue is idle (or someone waits for a flush): nobody waits for those.
@@ -417,10 +412,7 @@ async fn run(
                 }
                 u => chunks.extend(u),
             }
-            if metadata.is_some() {
-                metadata_since.get_or_insert_with(Instant::now);
-            }
-            pending_metadata.extend(metadata);
+            put_off.hold(metadata, Instant::now());
         }
         let stored = if chunks.is_empty() {
             Some(HashSet::new())
@@ -445,32 +437,21 @@ async fn run(
         }
         if let Some(stage) = stage.as_deref() {
             // What senders committed meanwhile: a flush answered below covers it too.
-            take_metadata(stage, &mut pending_metadata, &mut metadata_since);
+            put_off.hold(stage.take_metadata(), Instant::now());
         }
-        let overdue = metadata_since
-            .into_iter()
-            .chain(w.unsettled_since())
-            .min()
-            .is_some_and(|since| since.elapsed() >= PUT_OFF_AT_MOST);
-        if !acks.is_empty() || cancel.is_cancelled() || overdue || pending_metadata.len() >= MAX_PENDING_METADATA {
-            w.put_off_writes(&mut pending_metadata).await;
-            metadata_since = None;
+        let after = After {
+            flushing: !acks.is_empty(),
+            stopping: cancel.is_cancelled(),
+        };
+        if put_off.due(Instant::now(), w.unsettled_since(), after) {
+            w.put_off_writes(put_off.take()).await;
         }
         room.give_back(held);
         for ack in acks {
             let _ = ack.send(());
         }
     }
-    w.put_off_writes(&mut pending_metadata).await;
-}
-
-/// Adds the metadata of batches senders committed to the writer's put-off writes.
-fn take_metadata(stage: &Stage, pending: &mut Vec<SessionWrite>, since: &mut Option<Instant>) {
-    let metadata = stage.take_metadata();
-    if !metadata.is_empty() {
-        since.get_or_insert_with(Instant::now);
-        pending.extend(metadata);
-    }
+    w.put_off_writes(put_off.take()).await;
 }
 
 /// Until the stage wakes the writer (never without one).

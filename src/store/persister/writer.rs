@@ -125,9 +125,9 @@ impl<'a> Writer<'a> {
     /// Makes the writes nobody waits on: the held-back metadata, and the session rows put off
     /// (by the store's own connection, [`BatchWriter::settle`], or through the store,
     /// [`Store::settle_sessions`]; kept for the next try if it fails).
-    pub(super) async fn put_off_writes(&self, metadata: &mut Vec<SessionWrite>) {
+    pub(super) async fn put_off_writes(&self, metadata: Vec<SessionWrite>) {
         if !metadata.is_empty() {
-            let merged = merge_metadata(std::mem::take(metadata));
+            let merged = merge_metadata(metadata);
             self.write(&merged, 0).await;
         }
         if let Some(direct) = &self.direct

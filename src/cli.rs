@@ -1,4 +1,4 @@
-//! The command line: `serve` (the default), `token`, `migrate`, `demo-agent`.
+//! The command line: `serve` (the default), `token`, `migrate`, `demo-agent`, `connect`.
 
 use std::path::PathBuf;
 
@@ -63,6 +63,8 @@ pub enum Command {
     Migrate(ConfigArgs),
     /// Run the built-in demo ACP agent on stdin/stdout.
     DemoAgent(crate::agents::demo::DemoAgentOptions),
+    /// An ACP agent on stdin/stdout for editors: your sessions on the gateway at URL.
+    Connect(crate::editor::ConnectArgs),
 }
 
 /// Runs the parsed command line.
@@ -84,6 +86,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             Ok(())
         }
         Command::DemoAgent(opts) => crate::agents::demo::run(opts).await,
+        Command::Connect(args) => crate::editor::run(args).await,
     }
 }
 

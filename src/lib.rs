@@ -51,6 +51,7 @@ pub mod app;
 pub mod audit;
 pub mod cli;
 pub(crate) mod connection;
+pub mod editor;
 pub mod export;
 pub mod gateway;
 pub(crate) mod http;

@@ -46,6 +46,10 @@ pub struct PromptQueue {
     error: Option<String>,
     /// Whether the last notice said a turn runs (its end must then be told too).
     told_running: bool,
+    /// How the last turn ended: the agent's answer to its `session/prompt`, `{"result": …}` or
+    /// `{"error": …}`, so a client that lost its connection meanwhile (`acp-gateway connect`)
+    /// can answer the prompt it had sent.
+    last_answer: Option<Box<RawValue>>,
 }
 
 fn unknown(id: u64) -> RpcError {
@@ -143,6 +147,35 @@ impl PromptQueue {
         self.take_due()
     }
 
+    /// Keeps how a turn ended, from the agent's answer frame (its `result` or `error`).
+    pub fn answered(&mut self, frame: &str) {
+        #[derive(serde::Deserialize)]
+        struct Answer<'a> {
+            #[serde(borrow, default)]
+            result: Option<&'a RawValue>,
+            #[serde(borrow, default)]
+            error: Option<&'a RawValue>,
+        }
+        let Ok(answer) = serde_json::from_str::<Answer<'_>>(frame) else {
+            return;
+        };
+        let kept = match (answer.result, answer.error) {
+            (_, Some(e)) => format!(r#"{{"error":{}}}"#, e.get()),
+            (Some(r), None) => format!(r#"{{"result":{}}}"#, r.get()),
+            (None, None) => return,
+        };
+        self.last_answer = RawValue::from_string(kept).ok();
+    }
+
+    /// The turn's state for a client that attaches: `{"running", "lastAnswer"?}`.
+    pub fn turn_state(&self) -> serde_json::Value {
+        let mut state = serde_json::json!({ "running": self.running() });
+        if let Some(last) = &self.last_answer {
+            state["lastAnswer"] = serde_json::from_str(last.get()).unwrap_or_default();
+        }
+        state
+    }
+
     /// The next message to send, taken from the queue: when no turn runs, nothing is on its
     /// way and the queue is not held. The caller sends it and then calls [`PromptQueue::sent`]
     /// or [`PromptQueue::not_sent`].
@@ -205,6 +238,11 @@ impl PromptQueue {
         });
         if let Some(error) = &self.error {
             params["error"] = serde_json::Value::String(error.clone());
+        }
+        if !self.running()
+            && let Some(last) = &self.last_answer
+        {
+            params["lastAnswer"] = serde_json::from_str(last.get()).unwrap_or_default();
         }
         crate::protocol::notification(NOTICE, &params.to_string())
     }
@@ -284,6 +322,17 @@ mod tests {
         q.turn_started();
         q.add(prompt("a"), None).expect("a");
         assert!(q.turn_ended(true).is_none(), "cancelled: held");
+        q.answered(r#"{"jsonrpc":"2.0","id":3,"result":{"stopReason":"cancelled"}}"#);
+        assert_eq!(
+            q.turn_state(),
+            serde_json::json!({"running": false, "lastAnswer": {"result": {"stopReason": "cancelled"}}})
+        );
+        assert!(
+            q.notice("s")
+                .contains(r#""lastAnswer":{"result":{"stopReason":"cancelled"}}"#)
+        );
+        q.answered(r#"{"jsonrpc":"2.0","id":4,"error":{"code":-32603,"message":"agent timed out"}}"#);
+        assert_eq!(q.turn_state()["lastAnswer"]["error"]["code"], -32603);
         assert!(q.take_due().is_none(), "still held");
         assert!(q.notice("s").contains(r#""held":true"#));
         assert_eq!(text(&q.release().expect("released")), "a");

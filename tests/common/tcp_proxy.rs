@@ -20,6 +20,8 @@ struct State {
     cut: CancellationToken,
     /// How many new connections are reset as soon as they are accepted.
     reset_next: u32,
+    /// Until when every new connection is reset (the other end is unreachable).
+    down_until: Option<std::time::Instant>,
 }
 
 impl TcpProxy {
@@ -30,6 +32,7 @@ impl TcpProxy {
         let state = Arc::new(Mutex::new(State {
             cut: CancellationToken::new(),
             reset_next: 0,
+            down_until: None,
         }));
         let stop = CancellationToken::new();
         let (st, stopped) = (state.clone(), stop.clone());
@@ -44,6 +47,10 @@ impl TcpProxy {
                     let mut s = st.lock().expect("proxy state");
                     if s.reset_next > 0 {
                         s.reset_next -= 1;
+                        reset(client);
+                        continue;
+                    }
+                    if s.down_until.is_some_and(|t| std::time::Instant::now() < t) {
                         reset(client);
                         continue;
                     }
@@ -64,6 +71,15 @@ impl TcpProxy {
     pub fn reset_all(&self, then: u32) {
         let mut s = self.state.lock().expect("proxy state");
         s.reset_next = then;
+        std::mem::replace(&mut s.cut, CancellationToken::new()).cancel();
+    }
+}
+
+impl TcpProxy {
+    /// Resets every connection through it, and every new one for `down`.
+    pub fn down_for(&self, down: std::time::Duration) {
+        let mut s = self.state.lock().expect("proxy state");
+        s.down_until = Some(std::time::Instant::now() + down);
         std::mem::replace(&mut s.cut, CancellationToken::new()).cancel();
     }
 }

@@ -9,8 +9,9 @@ use std::path::{Path, PathBuf};
 /// The core's layers, bottom first: each may use those before it.
 const CORE: [&str; 6] = ["protocol", "infra", "store", "tenancy", "agents", "session"];
 /// The features: each may use the core, none another feature or anything on top.
-const FEATURES: [&str; 10] = [
+const FEATURES: [&str; 11] = [
     "audit",
+    "editor",
     "export",
     "identity",
     "push",

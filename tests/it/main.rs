@@ -23,6 +23,7 @@ mod cli;
 mod controls;
 mod db_faults;
 mod drain;
+mod editor;
 mod elicitation;
 mod export;
 mod faults;

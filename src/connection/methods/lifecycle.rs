@@ -249,14 +249,19 @@ impl Ctx {
         self.workspace_dirs(cwd, dirs)?;
         self.attach(&session, replay, after).await?;
         // A turn that runs, or messages queued by another tab, show at once.
-        let queue = {
+        let (queue, turn) = {
             let mut q = session.queue();
-            (!q.is_idle()).then(|| q.notice(&session.id))
+            ((!q.is_idle()).then(|| q.notice(&session.id)), q.turn_state())
         };
         if let Some(queue) = queue {
             self.client.outbox.push(queue.into());
         }
-        Ok(Reply::Result(self.controls_answer(&session).await?))
+        // The controls, and how the session's turn stands (`_meta.gateway.turn`): a client back
+        // after losing its connection answers the prompt it had sent from there.
+        let mut answer: serde_json::Value =
+            serde_json::from_str(&self.controls_answer(&session).await?).unwrap_or_else(|_| serde_json::json!({}));
+        answer["_meta"] = serde_json::json!({ "gateway": { "turn": turn } });
+        Ok(Reply::Result(answer.to_string()))
     }
 
     /// The agent's modes, config options and models, as they are after what was replayed, so

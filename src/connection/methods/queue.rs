@@ -247,6 +247,7 @@ impl SessionRoute for PromptAnswer {
 
     fn respond(&self, to: &crate::infra::outbox::Outbox, client_id: &RawValue, frame: Utf8Bytes) {
         let stopped = stopped(&frame);
+        self.session.queue().answered(&frame);
         self.session.respond(to, client_id, frame);
         turn_over(&self.gw, &self.session, stopped);
         let event = if stopped {

@@ -173,6 +173,8 @@ impl Application {
                 jwks,
                 admin: config.admin.clone(),
                 store: crate::identity::WebSessions::new(request_db.clone()),
+                devices: crate::identity::Devices::new(request_db.clone()),
+                device: config.device.clone(),
                 audit: audit.clone(),
             }),
             sessions: Arc::new(sessions),

@@ -65,6 +65,16 @@ pub enum Command {
     DemoAgent(crate::agents::demo::DemoAgentOptions),
     /// An ACP agent on stdin/stdout for editors: your sessions on the gateway at URL.
     Connect(crate::editor::ConnectArgs),
+    /// Sign this machine in to the gateway at URL (a code to approve in your browser).
+    Login {
+        /// The gateway's base URL.
+        url: String,
+    },
+    /// Forget (and revoke) this machine's token for the gateway at URL (every gateway's without).
+    Logout {
+        /// The gateway's base URL.
+        url: Option<String>,
+    },
 }
 
 /// Runs the parsed command line.
@@ -87,7 +97,19 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         }
         Command::DemoAgent(opts) => crate::agents::demo::run(opts).await,
         Command::Connect(args) => crate::editor::run(args).await,
+        Command::Login { url } => crate::editor::login::login(&parse_url(&url)?).await,
+        Command::Logout { url: Some(url) } => crate::editor::login::logout(&parse_url(&url)?).await,
+        Command::Logout { url: None } => {
+            for url in crate::editor::login::signed_in()? {
+                crate::editor::login::logout(&url).await?;
+            }
+            Ok(())
+        }
     }
+}
+
+fn parse_url(url: &str) -> anyhow::Result<url::Url> {
+    url::Url::parse(url).with_context(|| format!("the gateway URL {url:?}"))
 }
 
 async fn serve(config: Config) -> anyhow::Result<()> {

@@ -121,6 +121,10 @@ pub struct Identities {
     pub admin: AdminConfig,
     /// Where sign-ins through the provider are kept (a cookie is good only while its sign-in is).
     pub store: crate::identity::WebSessions,
+    /// Device sign-in codes and the devices they signed in (`acp-gateway login`).
+    pub devices: crate::identity::Devices,
+    /// How long device codes and tokens last (`[device]`).
+    pub device: crate::infra::config::DeviceConfig,
     /// Refused tokens are recorded.
     pub audit: Arc<Audit>,
 }

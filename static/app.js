@@ -22,6 +22,7 @@ import { AgentPicker } from './js/agent-picker.js';
 import { Attachments } from './js/attachments.js';
 import { PromptQueue } from './js/queue.js';
 import { renderPush } from './js/push.js';
+import { renderDevices } from './js/devices.js';
 import { showMyUsage } from './js/my-usage.js';
 import { api, onUnauthorized } from './js/http.js';
 import { SessionList, sessionTitle } from './js/session-list.js';
@@ -550,7 +551,7 @@ window.addEventListener('online', () => conn.reconnectNow());
 
 $('admin-open').addEventListener('click', async () => (await import('./js/admin.js')).openAdmin());
 // The help dialog's push section is filled whenever the dialog opens (button or "?").
-new MutationObserver(() => { if ($('shortcuts-dialog').open) renderPush(); })
+new MutationObserver(() => { if ($('shortcuts-dialog').open) { renderPush(); renderDevices(); } })
   .observe($('shortcuts-dialog'), { attributes: true, attributeFilter: ['open'] });
 $('mcp-open').addEventListener('click', async () => (await import('./js/mcp-settings.js')).openMcpSettings());
 

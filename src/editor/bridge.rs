@@ -96,8 +96,11 @@ pub struct Bridge {
     live: bool,
     held: VecDeque<String>,
     held_bytes: usize,
-    /// Past `--reconnect-for`: requests are answered with an error at once while down.
+    /// Past `--reconnect-for` (or the token refused): requests are answered with this error at
+    /// once while down.
     gave_up: bool,
+    gave_up_code: i64,
+    gave_up_message: String,
 }
 
 fn id_key(id: &Value) -> String {
@@ -114,6 +117,26 @@ impl Bridge {
             opts,
             ..Self::default()
         }
+    }
+
+    /// The user's workspace roots on the gateway, once known.
+    pub fn set_roots(&mut self, roots: Vec<String>) {
+        self.opts.roots = roots;
+    }
+
+    /// The editor's `initialize` params, answered elsewhere (signed out): what connecting
+    /// initializes with.
+    pub fn set_init(&mut self, params: &Value) {
+        let mut msg = json!({"params": params});
+        if let Some(caps) = msg["params"]
+            .get_mut("clientCapabilities")
+            .and_then(Value::as_object_mut)
+            && !self.opts.pass_client_capabilities
+        {
+            caps.insert("fs".into(), json!({"readTextFile": false, "writeTextFile": false}));
+            caps.insert("terminal".into(), json!(false));
+        }
+        self.init = Some(msg["params"].take());
     }
 
     /// Whether frames go straight to the gateway.
@@ -177,7 +200,7 @@ impl Bridge {
             (last, false)
         });
         if self.gave_up && !self.live {
-            return vec![Out::Editor(error_frame(&id, -32603, LOST))];
+            return vec![Out::Editor(error_frame(&id, self.gave_up_code, &self.gave_up_message))];
         }
         let frame = msg.to_string();
         self.next_order += 1;
@@ -516,7 +539,14 @@ impl Bridge {
     /// Past `--reconnect-for`: every request in flight ends with an error that says so, and
     /// new ones are refused at once until the gateway is back.
     pub fn give_up(&mut self) -> Vec<Out> {
+        self.give_up_with(-32603, LOST)
+    }
+
+    /// [`Self::give_up`] with another error (the token was refused: `-32000`).
+    pub fn give_up_with(&mut self, code: i64, message: &str) -> Vec<Out> {
         self.gave_up = true;
+        self.gave_up_code = code;
+        self.gave_up_message = message.to_string();
         self.held.clear();
         self.held_bytes = 0;
         let mut ids: Vec<String> = self.requests.keys().cloned().collect();
@@ -524,7 +554,7 @@ impl Bridge {
         self.requests.clear();
         ids.iter()
             .filter_map(|id| serde_json::from_str::<Value>(id).ok())
-            .map(|id| Out::Editor(error_frame(&id, -32603, LOST)))
+            .map(|id| Out::Editor(error_frame(&id, code, message)))
             .collect()
     }
 }

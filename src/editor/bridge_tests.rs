@@ -89,7 +89,7 @@ fn a_cwd_outside_the_roots_is_replaced_and_the_editor_told_which() {
     assert!(
         out[1]["params"]["update"]["content"]["text"]
             .as_str()
-            .unwrap()
+            .expect("present")
             .contains("/srv/w/alice")
     );
     // Inside the roots: as it is, and nothing told. `/srv/w/alicex` is not inside `/srv/w/alice`.
@@ -122,12 +122,12 @@ fn after_a_reconnect_each_update_reaches_the_editor_once_and_in_order() {
     let mut seen = Vec::new();
     for seq in [2, 3, 4, 3] {
         for f in editor(&b.from_gateway(&update("s", seq, "agent_message_chunk"))) {
-            seen.push(f["params"]["_meta"]["gateway"]["seq"].as_u64().unwrap());
+            seen.push(f["params"]["_meta"]["gateway"]["seq"].as_u64().expect("present"));
         }
     }
     assert_eq!(seen, [3, 4]);
     // The bridge's own load answer is not the editor's.
-    let id = sent[0]["id"].as_str().unwrap();
+    let id = sent[0]["id"].as_str().expect("present");
     assert!(editor(&b.from_gateway(&json!({"jsonrpc": "2.0", "id": id, "result": {}}).to_string())).is_empty());
 }
 
@@ -192,10 +192,12 @@ fn a_prompt_the_gateway_never_got_is_sent_again() {
     prompt(&mut b, 7);
     // Held while down, sent once the connection is back and initialized.
     let init = gateway(&b.connected());
-    let id = init[0]["id"].as_str().unwrap().to_string();
+    let id = init[0]["id"].as_str().expect("present").to_string();
     let out = gateway(&b.from_gateway(&json!({"jsonrpc": "2.0", "id": id, "result": {}}).to_string()));
     assert_eq!(
-        out.iter().map(|f| f["method"].as_str().unwrap()).collect::<Vec<_>>(),
+        out.iter()
+            .map(|f| f["method"].as_str().expect("present"))
+            .collect::<Vec<_>>(),
         ["session/load", "session/prompt"]
     );
     // The load's answer on the connection it was sent on does not send it twice.
@@ -260,7 +262,7 @@ fn giving_up_ends_what_is_in_flight_with_an_error_that_says_so() {
     assert!(
         out[0]["error"]["message"]
             .as_str()
-            .unwrap()
+            .expect("present")
             .contains("connection to the gateway was lost")
     );
     // New requests are refused at once while it is down...

@@ -4,6 +4,7 @@
 //! not notice of that is [`bridge`]'s job, this module moves the frames.
 
 pub mod bridge;
+pub mod login;
 mod token;
 
 use std::time::Duration;
@@ -51,16 +52,34 @@ pub struct ConnectArgs {
     /// How long to keep trying to reconnect before running prompts end with an error.
     #[arg(long, value_name = "SECS", default_value_t = 300)]
     pub reconnect_for: u64,
+    /// Sign this machine in (as `acp-gateway login URL`) and exit: what an editor's terminal
+    /// authentication runs.
+    #[arg(long)]
+    pub login: bool,
 }
+
+/// The id of the `terminal` auth method `connect` offers while it has no token.
+const LOGIN_METHOD: &str = "acp-gateway-login";
 
 /// Runs the bridge until the editor closes its stdin.
 pub async fn run(args: ConnectArgs) -> anyhow::Result<()> {
     let base = url::Url::parse(&args.url).with_context(|| format!("the gateway URL {:?}", args.url))?;
-    let token = match &args.token {
-        Some(t) => t.clone(),
-        None => token::stored(&base)?.with_context(|| {
-            format!("no token for {base}: run `acp-gateway login {base}`, or pass --token (ACP_GATEWAY_TOKEN)")
-        })?,
+    if args.login {
+        return login::login(&base).await;
+    }
+    let mut editor_in = FramedRead::new(tokio::io::stdin(), LinesCodec::new_with_max_length(MAX_LINE));
+    let mut editor_out = tokio::io::stdout();
+    let mut bridge = Bridge::new(bridge::Options {
+        pass_client_capabilities: args.pass_client_capabilities,
+        roots: Vec::new(),
+        cwd: args.cwd.clone(),
+    });
+    let mut token = match args.token.clone().or(token::stored(&base)?) {
+        Some(token) => token,
+        None => match signed_out(&base, &mut editor_in, &mut editor_out, &mut bridge).await? {
+            Some(token) => token,
+            None => return Ok(()),
+        },
     };
     let mut acp = base.join("acp")?;
     match acp.scheme() {
@@ -70,30 +89,27 @@ pub async fn run(args: ConnectArgs) -> anyhow::Result<()> {
     if let Some(agent) = &args.agent {
         acp.query_pairs_mut().append_pair("agent", agent);
     }
-    let roots = workspace_roots(&base, &token).await.unwrap_or_else(|e| {
-        tracing::warn!(error = %e, "cannot read your workspace roots; editors' folders are passed as they are");
-        Vec::new()
-    });
-    let mut bridge = Bridge::new(bridge::Options {
-        pass_client_capabilities: args.pass_client_capabilities,
-        roots,
-        cwd: args.cwd.clone(),
-    });
-    let mut editor_in = FramedRead::new(tokio::io::stdin(), LinesCodec::new_with_max_length(MAX_LINE));
-    let mut editor_out = tokio::io::stdout();
+    match workspace_roots(&base, &token).await {
+        Ok(roots) => bridge.set_roots(roots),
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot read your workspace roots; editors' folders are passed as they are")
+        }
+    }
     let give_up_after = Duration::from_secs(args.reconnect_for);
     let mut down_since = tokio::time::Instant::now();
     let mut attempt: u32 = 0;
     loop {
         // Connect, reading the editor meanwhile (its frames wait in the bridge).
-        let dial = dial(&acp, &token);
-        tokio::pin!(dial);
-        let socket = loop {
-            tokio::select! {
-                socket = &mut dial => break socket,
-                line = editor_in.next() => {
-                    let Some(line) = editor_line(line)? else { return Ok(()) };
-                    write_editor(&mut editor_out, bridge.from_editor(&line)).await?;
+        let socket = {
+            let dial = dial(&acp, &token);
+            tokio::pin!(dial);
+            loop {
+                tokio::select! {
+                    socket = &mut dial => break socket,
+                    line = editor_in.next() => {
+                        let Some(line) = editor_line(line)? else { return Ok(()) };
+                        write_editor(&mut editor_out, bridge.from_editor(&line)).await?;
+                    }
                 }
             }
         };
@@ -101,7 +117,16 @@ pub async fn run(args: ConnectArgs) -> anyhow::Result<()> {
             Ok(socket) => socket,
             Err(e) => {
                 attempt += 1;
-                if down_since.elapsed() >= give_up_after {
+                if refused_token(&e) {
+                    // Revoked or expired: nothing waits for a reconnect that cannot come; a new
+                    // `acp-gateway login` is picked up on the next attempt.
+                    write_editor(&mut editor_out, bridge.give_up_with(-32000, &signed_out_message(&base))).await?;
+                    if args.token.is_none()
+                        && let Some(kept) = token::stored(&base)?
+                    {
+                        token = kept;
+                    }
+                } else if down_since.elapsed() >= give_up_after {
                     write_editor(&mut editor_out, bridge.give_up()).await?;
                 }
                 let pause = backoff(attempt);
@@ -162,6 +187,83 @@ pub async fn run(args: ConnectArgs) -> anyhow::Result<()> {
         bridge.disconnected();
         down_since = tokio::time::Instant::now();
     }
+}
+
+/// Without a token: `initialize` is answered here, offering a `terminal` auth method that runs
+/// `acp-gateway connect URL --login` (editors show a Log in button); any other request finds the
+/// token `login` kept, or is refused with `-32000` (authentication required). The token, once
+/// there; `None` when the editor quit first.
+async fn signed_out(
+    base: &url::Url,
+    editor_in: &mut FramedRead<tokio::io::Stdin, LinesCodec>,
+    editor_out: &mut tokio::io::Stdout,
+    bridge: &mut Bridge,
+) -> anyhow::Result<Option<String>> {
+    use serde_json::{Value, json};
+    loop {
+        let Some(line) = editor_line(editor_in.next().await)? else {
+            return Ok(None);
+        };
+        let msg: Value = serde_json::from_str(&line).unwrap_or_default();
+        let id = msg.get("id").cloned();
+        let method = msg.get("method").and_then(Value::as_str).unwrap_or_default();
+        if method == "initialize"
+            && let Some(id) = &id
+        {
+            bridge.set_init(&msg["params"]);
+            let answer = json!({"jsonrpc": "2.0", "id": id, "result": {
+                "protocolVersion": 1,
+                "agentCapabilities": {"loadSession": true},
+                "authMethods": [{
+                    "type": "terminal",
+                    "id": LOGIN_METHOD,
+                    "name": format!("Log in to {base}"),
+                    "description": "Opens a sign-in code to approve in your browser (acp-gateway login).",
+                    "args": ["--login"],
+                }],
+                "agentInfo": {"name": "acp-gateway connect", "version": env!("CARGO_PKG_VERSION")},
+            }});
+            write_line(editor_out, &answer.to_string()).await?;
+            continue;
+        }
+        if let Some(token) = token::stored(base)? {
+            if method == "authenticate"
+                && let Some(id) = &id
+            {
+                write_line(
+                    editor_out,
+                    &json!({"jsonrpc": "2.0", "id": id, "result": {}}).to_string(),
+                )
+                .await?;
+            } else {
+                // Goes to the gateway once connected.
+                write_editor(editor_out, bridge.from_editor(&line)).await?;
+            }
+            return Ok(Some(token));
+        }
+        if let Some(id) = id
+            && !method.is_empty()
+        {
+            let refused = json!({"jsonrpc": "2.0", "id": id, "error": {"code": -32000,
+                "message": format!("Authentication required: sign in with `acp-gateway login {base}` (or the editor's Log in)")}});
+            // (`-32000` is ACP's "authentication required".)
+            write_line(editor_out, &refused.to_string()).await?;
+        }
+    }
+}
+
+/// Whether the gateway refused the token (`401` before the upgrade).
+fn refused_token(e: &anyhow::Error) -> bool {
+    matches!(
+        e.downcast_ref::<tokio_tungstenite::tungstenite::Error>(),
+        Some(tokio_tungstenite::tungstenite::Error::Http(r)) if r.status() == 401
+    )
+}
+
+fn signed_out_message(base: &url::Url) -> String {
+    format!(
+        "the gateway refused this machine's token (revoked or expired): sign in again with `acp-gateway login {base}` (or the editor's Log in)"
+    )
 }
 
 /// Writes the editor's frames; sends the gateway's. `true` when the gateway's side failed.

@@ -24,13 +24,67 @@ fn key(base: &url::Url) -> String {
 
 /// The token kept for `base`, if there is one.
 pub fn stored(base: &url::Url) -> anyhow::Result<Option<String>> {
+    Ok(read_all(&path()?)?.remove(&key(base)))
+}
+
+fn read_all(path: &std::path::Path) -> anyhow::Result<HashMap<String, String>> {
+    match std::fs::read_to_string(path) {
+        Ok(text) => {
+            serde_json::from_str(&text).with_context(|| format!("{} is not a JSON object of tokens", path.display()))
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(HashMap::new()),
+        Err(e) => Err(e).with_context(|| format!("reading {}", path.display())),
+    }
+}
+
+/// Writes the tokens file: its directory `0700`, the file `0600` from its first byte (written
+/// beside it and renamed over it).
+fn write_all(path: &std::path::Path, tokens: &HashMap<String, String>) -> anyhow::Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+    let dir = path.parent().context("the tokens file has no directory")?;
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)
+        .with_context(|| format!("creating {}", dir.display()))?;
+    let tmp = path.with_extension("json.tmp");
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(&tmp)
+        .with_context(|| format!("writing {}", tmp.display()))?;
+    file.write_all(serde_json::to_string_pretty(tokens)?.as_bytes())?;
+    file.sync_all()?;
+    std::fs::rename(&tmp, path).with_context(|| format!("writing {}", path.display()))
+}
+
+/// Keeps `token` for `base`.
+pub fn save(base: &url::Url, token: &str) -> anyhow::Result<()> {
     let path = path()?;
-    let text = match std::fs::read_to_string(&path) {
-        Ok(text) => text,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-        Err(e) => return Err(e).with_context(|| format!("reading {}", path.display())),
-    };
-    let tokens: HashMap<String, String> =
-        serde_json::from_str(&text).with_context(|| format!("{} is not a JSON object of tokens", path.display()))?;
-    Ok(tokens.get(&key(base)).cloned())
+    let mut tokens = read_all(&path)?;
+    tokens.insert(key(base), token.to_string());
+    write_all(&path, &tokens)
+}
+
+/// Forgets the token for `base`.
+pub fn forget(base: &url::Url) -> anyhow::Result<()> {
+    let path = path()?;
+    let mut tokens = read_all(&path)?;
+    if tokens.remove(&key(base)).is_some() {
+        write_all(&path, &tokens)?;
+    }
+    Ok(())
+}
+
+/// The base URLs a token is kept for.
+pub fn urls() -> anyhow::Result<Vec<url::Url>> {
+    let mut urls: Vec<url::Url> = read_all(&path()?)?
+        .keys()
+        .filter_map(|k| url::Url::parse(k).ok())
+        .collect();
+    urls.sort();
+    Ok(urls)
 }

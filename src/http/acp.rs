@@ -58,6 +58,12 @@ async fn upgrade(
         Ok(ws) => ws,
         Err(rejection) => return rejection.into_response(),
     };
+    if let Some(sid) = &identity.session
+        && let Err(e) = gw.identity.devices.used(sid).await
+    {
+        // The web UI's list shows an older last use; nothing else depends on it.
+        tracing::debug!(error = %e, "cannot note a device's last use");
+    }
     let Ok(Query(q)) = q else {
         return refuse(
             StatusCode::BAD_REQUEST,

@@ -6,6 +6,7 @@
 mod acp;
 mod admin;
 mod auth;
+mod device;
 mod error;
 mod export;
 mod fs;
@@ -68,6 +69,7 @@ pub fn router(gw: Gateway) -> Router {
         .merge(oidc::router())
         .merge(admin::router())
         .merge(usage::router())
+        .merge(device::router(&gw.config.static_dir))
         .route_service("/signin-terminal.html", terminal_page)
         .fallback_service(static_files)
         .layer(SetResponseHeaderLayer::if_not_present(

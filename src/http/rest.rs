@@ -318,12 +318,25 @@ async fn cookie_of_a_sign_in(ids: &Identities, user: &str, ttl: u64, admin: bool
         use base64::Engine;
         base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(rand::random::<[u8; 32]>())
     };
+    record_sign_in(ids, &sid, user, ttl, admin, OWN_SIGN_IN).await
+}
+
+/// Records the sign-in `sid` of `user` (a `web_sessions` row of kind `key_id`, which sign-out or
+/// a revocation ends on every replica) and mints its token, valid `ttl` seconds.
+pub(super) async fn record_sign_in(
+    ids: &Identities,
+    sid: &str,
+    user: &str,
+    ttl: u64,
+    admin: bool,
+    key_id: &str,
+) -> Result<String, CookieError> {
     let now = now_secs() as i64;
     let expires = now.saturating_add(ttl as i64);
     let row = crate::identity::WebSession {
-        id: sid.clone(),
+        id: sid.to_string(),
         owner: user.to_string(),
-        key_id: OWN_SIGN_IN.to_string(),
+        key_id: key_id.to_string(),
         nonce: Vec::new(),
         sealed: Vec::new(),
         created_at: now,
@@ -332,14 +345,14 @@ async fn cookie_of_a_sign_in(ids: &Identities, user: &str, ttl: u64, admin: bool
         checked_at: expires,
         revoked_at: None,
     };
-    let token = ids.auth.mint_session(user, ttl, &sid, admin)?;
+    let token = ids.auth.mint_session(user, ttl, sid, admin)?;
     ids.store.put(&row).await?;
     Ok(token)
 }
 
 /// Why a sign-in's cookie could not be made.
 #[derive(Debug, thiserror::Error)]
-enum CookieError {
+pub(super) enum CookieError {
     /// The token could not be signed.
     #[error("cannot sign the sign-in's token: {0}")]
     Sign(#[from] crate::identity::auth::KeyError),

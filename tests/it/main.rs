@@ -22,6 +22,7 @@ mod attachments;
 mod cli;
 mod controls;
 mod db_faults;
+mod device;
 mod drain;
 mod editor;
 mod elicitation;

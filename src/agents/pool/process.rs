@@ -289,8 +289,10 @@ impl AgentProcess {
     pub fn time_out(&self, silent_for: Duration) {
         tracing::warn!(agent = %self.agent, process = self.id, pid = self.pid, silent_secs = silent_for.as_secs_f64(), "agent wrote nothing while a prompt waited; answering its requests with a timeout and recycling it");
         self.rpc.set_gone_error(rpc::timed_out(&self.agent));
-        self.stop();
+        // Answered before the stop: a stopped agent may still answer its prompts (`cancelled`, on
+        // its stdin's end) while the reader runs, and the client must get the timeout.
         self.rpc.fail_all();
+        self.stop();
     }
 
     /// Answers the clients' requests but prompts that have waited `timeout` for this agent with

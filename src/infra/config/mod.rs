@@ -22,7 +22,7 @@ pub use mcp::McpConfig;
 pub use oidc::OidcConfig;
 pub use push::PushConfig;
 pub use retention::RetentionConfig;
-pub use team::{AdminConfig, AuditConfig, UsageConfig};
+pub use team::{AdminConfig, AuditConfig, DeviceConfig, UsageConfig};
 
 use figment::Figment;
 use figment::providers::{Format, Serialized, Toml};
@@ -83,6 +83,8 @@ pub struct Config {
     pub admin: AdminConfig,
     /// The audit log.
     pub audit: AuditConfig,
+    /// Device sign-in.
+    pub device: DeviceConfig,
     /// What each person spends, and caps on it.
     pub usage: UsageConfig,
     /// Users' own MCP servers.
@@ -305,6 +307,7 @@ impl Default for Config {
             oidc: OidcConfig::default(),
             admin: AdminConfig::default(),
             audit: AuditConfig::default(),
+            device: DeviceConfig::default(),
             usage: UsageConfig::default(),
             mcp: McpConfig::default(),
             push: PushConfig::default(),

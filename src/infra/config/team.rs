@@ -27,6 +27,25 @@ impl Default for AuditConfig {
     }
 }
 
+/// Device sign-in (`acp-gateway login`: a code approved in the browser).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct DeviceConfig {
+    /// How long a code may be approved and exchanged (seconds).
+    pub code_ttl_secs: u64,
+    /// How long a device's token lasts (seconds); it is revocable at once in the web UI.
+    pub token_ttl_secs: u64,
+}
+
+impl Default for DeviceConfig {
+    fn default() -> Self {
+        Self {
+            code_ttl_secs: 600,
+            token_ttl_secs: 30 * 24 * 3600,
+        }
+    }
+}
+
 /// What each person may spend, from their agents' `usage_update` costs (UTC days and months).
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]

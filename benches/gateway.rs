@@ -53,7 +53,7 @@ use serde_json::{Value, json};
 
 use stats::{Stats, gateway_cpu, median, rss_kib, stats};
 use throughput::{eight, throughput};
-use transport::{AgentPipe, Rpc, Transport, Websocketd, WsClient, agent_args, gateway_bin};
+use transport::{AgentPipe, Peer, Rpc, Transport, Websocketd, WsClient, agent_args, gateway_bin};
 
 /// Updates a prompt produces besides its `agent_message_chunk`s, as the agent writes them:
 /// plan, tool_call, two tool_call_updates.
@@ -230,15 +230,44 @@ async fn run(gw_rt: &tokio::runtime::Runtime, gw: &Gateway, addr: SocketAddr, k:
     )
     .await?;
     let mut peer = match &websocketd {
-        Some(w) => Some(Path::new("websocketd", WsClient::connect(w.addr, "/", None).await?, AGENT_EXTRAS).await?),
+        Some(w) => Some(
+            Path::new(
+                "websocketd",
+                Peer::Ws(WsClient::connect(w.addr, "/", None).await?),
+                AGENT_EXTRAS,
+            )
+            .await?,
+        ),
         None => None,
     };
     let relay = relay::Relay::start()?;
-    let mut bare = Path::new("relay", WsClient::connect(relay.addr, "/", None).await?, AGENT_EXTRAS).await?;
+    let mut bare = Path::new(
+        "relay",
+        Peer::Ws(WsClient::connect(relay.addr, "/", None).await?),
+        AGENT_EXTRAS,
+    )
+    .await?;
+    // An editor's way in: `acp-gateway connect` on stdio, a WebSocket to the same gateway.
+    let mut editor = Path::new(
+        "connect",
+        Peer::Pipe(AgentPipe::connect(addr, &token("bench-connect")?)?),
+        GATEWAY_EXTRAS,
+    )
+    .await?;
     let mut md = String::new();
     let only = std::env::var("BENCH_ONLY").unwrap_or_default();
     if only.is_empty() || only == "latency" {
-        latency(&mut direct, &mut via, &mut bare, peer.as_mut(), k, backend, &mut md).await?;
+        latency(
+            &mut direct,
+            &mut via,
+            [&mut bare],
+            peer.as_mut(),
+            &mut editor,
+            k,
+            backend,
+            &mut md,
+        )
+        .await?;
     }
     #[cfg(feature = "bench-peers")]
     if only.is_empty() || only == "latency" {
@@ -259,17 +288,22 @@ async fn run(gw_rt: &tokio::runtime::Runtime, gw: &Gateway, addr: SocketAddr, k:
 }
 
 /// Section 1: prompt round trips on every path, alternating in blocks.
+#[allow(clippy::too_many_arguments, reason = "the section's paths, each its own client")]
 async fn latency(
     direct: &mut Path<AgentPipe>,
     via: &mut Path<WsClient>,
-    bare: &mut Path<WsClient>,
-    peer: Option<&mut Path<WsClient>>,
+    [bare]: [&mut Path<Peer>; 1],
+    peer: Option<&mut Path<Peer>>,
+    editor: &mut Path<Peer>,
     k: &Knobs,
     backend: &str,
     md: &mut String,
 ) -> Result<()> {
-    let mut peers: Vec<&mut Path<WsClient>> = vec![bare];
+    let mut peers: Vec<&mut Path<Peer>> = vec![bare];
+    let wsd_at = peer.is_some().then_some(1);
     peers.extend(peer);
+    let connect_at = peers.len();
+    peers.push(editor);
     direct.prompts(k.warmup, false).await?;
     via.prompts(k.warmup, false).await?;
     for p in peers.iter_mut() {
@@ -326,7 +360,24 @@ async fn latency(
             / (k.warmup as f64 + via.samples.len() as f64).max(1.0)
     );
     let (r, r_added) = (&ps[0], peer_added[0]);
-    let wsd = ps.get(1).map(|s| (s, peer_added[1]));
+    let wsd = wsd_at.map(|i| (&ps[i], peer_added[i]));
+    let (c, c_added) = (&ps[connect_at], peer_added[connect_at]);
+    println!(
+        "acp-gateway connect adds {:.1} µs p50 to the gateway's round trip (target: at most 1,000 µs): {}",
+        c_added - gw_added,
+        if c_added - gw_added <= 1000.0 {
+            "MEETS"
+        } else {
+            "MISSES"
+        }
+    );
+    let _ = writeln!(
+        md,
+        "| {backend} | via `acp-gateway connect` (stdio to the gateway): round trip p50 (p99; added p50 over the gateway's), µs | – | – | {:.0} ({:.0}; {:+.0}) | – |",
+        c.p50,
+        c.p99,
+        c_added - gw_added
+    );
     let _ = writeln!(
         md,
         "| {backend} | prompt round trip p50, µs | {:.0} | {:.0} | {:.0} | {} |",
@@ -384,7 +435,7 @@ async fn latency(
 async fn take_turns(
     direct: &mut Path<AgentPipe>,
     via: &mut Path<WsClient>,
-    peers: &mut [&mut Path<WsClient>],
+    peers: &mut [&mut Path<Peer>],
     (total, block): (u64, u64),
     turn: &mut usize,
     (gw_diffs, peer_diffs): (&mut Vec<f64>, &mut [Vec<f64>]),

@@ -86,9 +86,11 @@ pub(super) async fn section(
     let sdk = RustSdk::start()?;
     let mut path = Path::new(
         "rust-sdk",
-        WsClient::connect(sdk.addr, "/acp", None)
-            .await
-            .context("connecting to the rust-sdk server")?,
+        crate::Peer::Ws(
+            WsClient::connect(sdk.addr, "/acp", None)
+                .await
+                .context("connecting to the rust-sdk server")?,
+        ),
         AGENT_EXTRAS,
     )
     .await

@@ -49,7 +49,7 @@ pub(super) async fn throughput(
     gw: &Gateway,
     direct: &mut Path<AgentPipe>,
     via: &mut Path<WsClient>,
-    mut peer: Option<&mut Path<WsClient>>,
+    mut peer: Option<&mut Path<Peer>>,
     k: &Knobs,
     md: &mut String,
 ) -> Result<()> {

@@ -75,6 +75,54 @@ impl AgentPipe {
     }
 }
 
+impl AgentPipe {
+    /// `acp-gateway connect` to the gateway at `addr` as an editor runs it, spoken to on its
+    /// stdio as the demo agent is.
+    pub fn connect(addr: SocketAddr, token: &str) -> Result<Self> {
+        let mut child = Command::new(gateway_bin())
+            .args(["connect", &format!("http://{addr}"), "--token", token])
+            .env("RUST_LOG", "warn")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .kill_on_drop(true)
+            .spawn()
+            .context("spawning acp-gateway connect")?;
+        let stdin = child.stdin.take().context("stdin")?;
+        let stdout = BufReader::with_capacity(64 << 10, child.stdout.take().context("stdout")?);
+        Ok(Self {
+            child,
+            stdin,
+            stdout,
+            line: Vec::with_capacity(4096),
+            out: Vec::with_capacity(4096),
+        })
+    }
+}
+
+/// A path's client beside the gateway's own: a WebSocket (the relay, websocketd) or a child's
+/// stdio (`acp-gateway connect`).
+pub enum Peer {
+    Ws(WsClient),
+    Pipe(AgentPipe),
+}
+
+impl Transport for Peer {
+    async fn send(&mut self, msg: &str) -> Result<()> {
+        match self {
+            Peer::Ws(w) => w.send(msg).await,
+            Peer::Pipe(p) => p.send(msg).await,
+        }
+    }
+
+    async fn recv(&mut self) -> Result<&[u8]> {
+        match self {
+            Peer::Ws(w) => w.recv().await,
+            Peer::Pipe(p) => p.recv().await,
+        }
+    }
+}
+
 impl Drop for AgentPipe {
     fn drop(&mut self) {
         let _ = self.child.start_kill();

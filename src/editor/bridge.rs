@@ -267,6 +267,14 @@ impl Bridge {
 
     /// A text frame from the gateway.
     pub fn from_gateway(&mut self, text: &str) -> Vec<Out> {
+        // The bulk of a stream: an update, read for its session, seq and kind only, and passed
+        // on as it came.
+        if let Some(update) = fast::update(text) {
+            return match self.passes(&update.session_id, update.seq, update.kind.as_deref()) {
+                true => vec![Out::Editor(text.to_string())],
+                false => Vec::new(),
+            };
+        }
         let Ok(mut msg) = serde_json::from_str::<Value>(text) else {
             return Vec::new();
         };
@@ -348,22 +356,9 @@ impl Bridge {
             "session/update" => {
                 let params = &msg["params"];
                 let sid = params["sessionId"].as_str().unwrap_or_default().to_string();
-                if let Some(seq) = params["_meta"]["gateway"]["seq"].as_u64() {
-                    let session = self.track(&sid);
-                    if seq <= session.last_seq {
-                        return Vec::new();
-                    }
-                    session.last_seq = seq;
-                    if params["update"]["sessionUpdate"] == "user_message_chunk" {
-                        for r in self.requests.values_mut() {
-                            if r.session.as_deref() == Some(&sid)
-                                && let Some((at, seen)) = &mut r.prompt
-                                && *at < seq
-                            {
-                                *seen = true;
-                            }
-                        }
-                    }
+                let seq = params["_meta"]["gateway"]["seq"].as_u64();
+                if !self.passes(&sid, seq, params["update"]["sessionUpdate"].as_str()) {
+                    return Vec::new();
                 }
             }
             "$/cancel_request" => {
@@ -389,6 +384,29 @@ impl Bridge {
             _ => {}
         }
         vec![Out::Editor(msg.to_string())]
+    }
+
+    /// Whether update `seq` of `sid` (of kind `kind`) goes to the editor: not when it was passed
+    /// on already (a replay after a reconnect overlaps what came live). A user's chunk tells that
+    /// the gateway got the prompts sent before it.
+    fn passes(&mut self, sid: &str, seq: Option<u64>, kind: Option<&str>) -> bool {
+        let Some(seq) = seq else { return true };
+        let session = self.track(sid);
+        if seq <= session.last_seq {
+            return false;
+        }
+        session.last_seq = seq;
+        if kind == Some("user_message_chunk") {
+            for r in self.requests.values_mut() {
+                if r.session.as_deref() == Some(sid)
+                    && let Some((at, seen)) = &mut r.prompt
+                    && *at < seq
+                {
+                    *seen = true;
+                }
+            }
+        }
+        true
     }
 
     /// Answers the prompts of `sid` that wait for their turn's end with how it ended.
@@ -574,6 +592,72 @@ fn note_frame(sid: &str, cwd: &str) -> String {
         "sessionUpdate": "agent_message_chunk",
         "content": {"type": "text", "text": format!("(acp-gateway: this session works in {cwd} on the gateway; your editor's folder is not there.)\n")}}}})
     .to_string()
+}
+
+/// Reading an update frame without building it as a tree.
+mod fast {
+    use std::borrow::Cow;
+
+    use serde::Deserialize;
+    use serde_json::value::RawValue;
+
+    pub struct Update<'a> {
+        pub session_id: Cow<'a, str>,
+        pub seq: Option<u64>,
+        pub kind: Option<Cow<'a, str>>,
+    }
+
+    #[derive(Deserialize)]
+    struct Frame<'a> {
+        #[serde(borrow, default)]
+        method: Option<Cow<'a, str>>,
+        #[serde(borrow, default)]
+        id: Option<&'a RawValue>,
+        #[serde(borrow, default)]
+        params: Option<Params<'a>>,
+    }
+
+    #[derive(Deserialize)]
+    struct Params<'a> {
+        #[serde(rename = "sessionId", borrow)]
+        session_id: Cow<'a, str>,
+        #[serde(borrow, default)]
+        update: Option<Kind<'a>>,
+        #[serde(rename = "_meta", default)]
+        meta: Option<Meta>,
+    }
+
+    #[derive(Deserialize)]
+    struct Kind<'a> {
+        #[serde(rename = "sessionUpdate", borrow, default)]
+        kind: Option<Cow<'a, str>>,
+    }
+
+    #[derive(Deserialize)]
+    struct Meta {
+        #[serde(default)]
+        gateway: Option<Gateway>,
+    }
+
+    #[derive(Deserialize)]
+    struct Gateway {
+        #[serde(default)]
+        seq: Option<u64>,
+    }
+
+    /// `text` as a `session/update` notification, if it is one.
+    pub fn update(text: &str) -> Option<Update<'_>> {
+        let frame: Frame<'_> = serde_json::from_str(text).ok()?;
+        if frame.method.as_deref() != Some("session/update") || frame.id.is_some() {
+            return None;
+        }
+        let params = frame.params?;
+        Some(Update {
+            session_id: params.session_id,
+            seq: params.meta.and_then(|m| m.gateway).and_then(|g| g.seq),
+            kind: params.update.and_then(|u| u.kind),
+        })
+    }
 }
 
 #[cfg(test)]

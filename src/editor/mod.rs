@@ -5,13 +5,13 @@
 
 pub mod bridge;
 pub mod login;
+mod stdio;
 mod token;
 
 use std::time::Duration;
 
 use anyhow::Context;
 use futures_util::{SinkExt, StreamExt};
-use tokio::io::AsyncWriteExt;
 use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 use tokio_util::codec::{FramedRead, LinesCodec, LinesCodecError};
@@ -67,8 +67,8 @@ pub async fn run(args: ConnectArgs) -> anyhow::Result<()> {
     if args.login {
         return login::login(&base).await;
     }
-    let mut editor_in = FramedRead::new(tokio::io::stdin(), LinesCodec::new_with_max_length(MAX_LINE));
-    let mut editor_out = tokio::io::stdout();
+    let mut editor_in = FramedRead::new(stdio::input(), LinesCodec::new_with_max_length(MAX_LINE));
+    let mut editor_out = stdio::output();
     let mut bridge = Bridge::new(bridge::Options {
         pass_client_capabilities: args.pass_client_capabilities,
         roots: Vec::new(),
@@ -195,8 +195,8 @@ pub async fn run(args: ConnectArgs) -> anyhow::Result<()> {
 /// there; `None` when the editor quit first.
 async fn signed_out(
     base: &url::Url,
-    editor_in: &mut FramedRead<tokio::io::Stdin, LinesCodec>,
-    editor_out: &mut tokio::io::Stdout,
+    editor_in: &mut FramedRead<stdio::Reader, LinesCodec>,
+    editor_out: &mut stdio::Writer,
     bridge: &mut Bridge,
 ) -> anyhow::Result<Option<String>> {
     use serde_json::{Value, json};
@@ -266,35 +266,42 @@ fn signed_out_message(base: &url::Url) -> String {
     )
 }
 
-/// Writes the editor's frames; sends the gateway's. `true` when the gateway's side failed.
-async fn send_all<S>(to_gw: &mut S, editor: &mut tokio::io::Stdout, outs: Vec<Out>) -> anyhow::Result<bool>
+/// Writes the editor's frames (in one write); sends the gateway's (one flush). `true` when the
+/// gateway's side failed.
+async fn send_all<S>(to_gw: &mut S, editor: &mut stdio::Writer, outs: Vec<Out>) -> anyhow::Result<bool>
 where
     S: futures_util::Sink<Message> + Unpin,
 {
-    let mut failed = false;
-    for out in outs {
-        match out {
-            Out::Editor(frame) => write_line(editor, &frame).await?,
-            Out::Gateway(frame) if !failed => failed = to_gw.send(Message::Text(frame.into())).await.is_err(),
-            Out::Gateway(_) => {}
+    let (mut failed, mut fed) = (false, false);
+    for out in &outs {
+        if let Out::Gateway(frame) = out
+            && !failed
+        {
+            failed = to_gw.feed(Message::Text(frame.as_str().into())).await.is_err();
+            fed = true;
         }
     }
+    if fed && !failed {
+        failed = to_gw.flush().await.is_err();
+    }
+    write_editor(editor, outs).await?;
     Ok(failed)
 }
 
-async fn write_editor(editor: &mut tokio::io::Stdout, outs: Vec<Out>) -> anyhow::Result<()> {
-    for out in outs {
-        if let Out::Editor(frame) = out {
-            write_line(editor, &frame).await?;
-        }
-    }
-    Ok(())
+async fn write_editor(editor: &mut stdio::Writer, outs: Vec<Out>) -> anyhow::Result<()> {
+    let frames = outs.iter().filter_map(|o| match o {
+        Out::Editor(frame) => Some(frame.as_str()),
+        Out::Gateway(_) => None,
+    });
+    stdio::write_lines(editor, frames)
+        .await
+        .context("writing to the editor")
 }
 
-async fn write_line(editor: &mut tokio::io::Stdout, frame: &str) -> anyhow::Result<()> {
-    editor.write_all(frame.as_bytes()).await?;
-    editor.write_all(b"\n").await?;
-    editor.flush().await.context("writing to the editor")
+async fn write_line(editor: &mut stdio::Writer, frame: &str) -> anyhow::Result<()> {
+    stdio::write_lines(editor, [frame])
+        .await
+        .context("writing to the editor")
 }
 
 /// A line from the editor; `None` when it closed stdin (the editor quit).

@@ -27,7 +27,7 @@ impl Editor {
             .arg(url)
             .args(["--token", token])
             .args(extra)
-            .env("RUST_LOG", "info")
+            .env("RUST_LOG", "error")
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
@@ -261,4 +261,76 @@ async fn past_reconnect_for_a_running_prompt_ends_with_an_error_that_says_the_co
             .is_some_and(|m| m.contains("connection to the gateway was lost")),
         "{answer}"
     );
+}
+
+#[tokio::test]
+async fn the_official_python_sdk_spawns_connect_as_its_agent_and_uses_the_gateway_through_it() {
+    let gw = slow_gateway(3, 0).await;
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/agents/sdk_connect_client.py");
+    let root = gw.gw.agents.tenancy.roots("alice").expect("roots")[0]
+        .display()
+        .to_string();
+    let out = tokio::time::timeout(
+        Duration::from_secs(60),
+        tokio::process::Command::new("python3")
+            .args([
+                script,
+                "--gateway-bin",
+                &gateway_bin(),
+                "--url",
+                &gw.http_url(""),
+                "--token",
+                &gw.token("alice"),
+                "--cwd",
+                &root,
+            ])
+            .kill_on_drop(true)
+            .output(),
+    )
+    .await
+    .expect("in time")
+    .expect("python3 runs");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let lines: Vec<(&str, Value)> = stdout
+        .lines()
+        .filter_map(|l| l.split_once(' '))
+        .map(|(k, v)| (k, serde_json::from_str(v).expect("json")))
+        .collect();
+    let first = |kind: &str| {
+        lines
+            .iter()
+            .find(|(k, _)| *k == kind)
+            .map(|(_, v)| v.clone())
+            .expect(kind)
+    };
+    assert_eq!(first("INIT")["agentCapabilities"]["loadSession"], true);
+    assert_eq!(first("RESULT")["stopReason"], "end_turn");
+    assert!(
+        lines.iter().any(|(k, _)| *k == "PERMISSION"),
+        "the permission reached the SDK client"
+    );
+    // What the prompt streamed (up to its answer) is what the load replays.
+    let streamed = lines
+        .iter()
+        .take_while(|(k, _)| *k != "RESULT")
+        .filter(|(k, _)| *k == "UPDATE")
+        .count();
+    let lists: Vec<&Value> = lines.iter().filter(|(k, _)| *k == "LIST").map(|(_, v)| v).collect();
+    assert_eq!(lists.len(), 2);
+    assert_eq!(lists[0]["sessions"], json!([]), "nothing before");
+    assert_eq!(
+        lists[1]["sessions"].as_array().expect("sessions").len(),
+        1,
+        "{}",
+        lists[1]
+    );
+    let loaded = first("LOADED");
+    let replayed = loaded["replayed"].as_u64().expect("count");
+    assert!(replayed >= 4, "the transcript was replayed: {loaded}");
+    assert_eq!(streamed as u64, replayed, "streamed {streamed}, replayed {replayed}");
 }

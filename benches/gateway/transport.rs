@@ -62,7 +62,11 @@ pub struct AgentPipe {
 
 impl AgentPipe {
     pub fn spawn() -> Result<Self> {
-        let mut child = spawn_agent()?;
+        Self::of(spawn_agent()?)
+    }
+
+    /// Speaks to `child` on its stdio.
+    fn of(mut child: Child) -> Result<Self> {
         let stdin = child.stdin.take().context("stdin")?;
         let stdout = BufReader::with_capacity(64 << 10, child.stdout.take().context("stdout")?);
         Ok(Self {
@@ -79,7 +83,7 @@ impl AgentPipe {
     /// `acp-gateway connect` to the gateway at `addr` as an editor runs it, spoken to on its
     /// stdio as the demo agent is.
     pub fn connect(addr: SocketAddr, token: &str) -> Result<Self> {
-        let mut child = Command::new(gateway_bin())
+        let child = Command::new(gateway_bin())
             .args(["connect", &format!("http://{addr}"), "--token", token])
             .env("RUST_LOG", "warn")
             .stdin(Stdio::piped())
@@ -88,15 +92,7 @@ impl AgentPipe {
             .kill_on_drop(true)
             .spawn()
             .context("spawning acp-gateway connect")?;
-        let stdin = child.stdin.take().context("stdin")?;
-        let stdout = BufReader::with_capacity(64 << 10, child.stdout.take().context("stdout")?);
-        Ok(Self {
-            child,
-            stdin,
-            stdout,
-            line: Vec::with_capacity(4096),
-            out: Vec::with_capacity(4096),
-        })
+        Self::of(child)
     }
 }
 

@@ -80,6 +80,22 @@ impl Editor {
         self.answer(id, Duration::from_secs(20)).await
     }
 
+    /// Initializes, opens a session in alice's root and sends it a prompt (id 2) whose answer
+    /// takes a while; the session.
+    async fn start_long_prompt(&mut self, gw: &TestGateway) -> String {
+        self.request(0, "initialize", json!({"protocolVersion": 1, "clientCapabilities": {}}))
+            .await;
+        let root = gw.dir().path().join("workspaces").join("alice");
+        let new = self
+            .request(1, "session/new", json!({"cwd": root, "mcpServers": []}))
+            .await;
+        let sid = new["result"]["sessionId"].as_str().expect("a session").to_string();
+        self.send(json!({"jsonrpc": "2.0", "id": 2, "method": "session/prompt",
+            "params": {"sessionId": sid, "prompt": [{"type": "text", "text": "a long answer"}]}}))
+            .await;
+        sid
+    }
+
     /// The `seq`s of `session`'s updates it passed on, in order.
     fn seqs(&self, session: &str) -> Vec<u64> {
         self.seen
@@ -180,16 +196,7 @@ async fn cut_mid_turn(down: Duration) {
     let gw = slow_gateway(30, 100).await;
     let proxy = TcpProxy::start(gw.addr).await;
     let mut ed = Editor::spawn(&format!("http://{}", proxy.addr()), &gw.token("alice"), &[]);
-    ed.request(0, "initialize", json!({"protocolVersion": 1, "clientCapabilities": {}}))
-        .await;
-    let root = gw.dir().path().join("workspaces").join("alice");
-    let new = ed
-        .request(1, "session/new", json!({"cwd": root, "mcpServers": []}))
-        .await;
-    let sid = new["result"]["sessionId"].as_str().expect("a session").to_string();
-    ed.send(json!({"jsonrpc": "2.0", "id": 2, "method": "session/prompt",
-        "params": {"sessionId": sid, "prompt": [{"type": "text", "text": "a long answer"}]}}))
-        .await;
+    let sid = ed.start_long_prompt(&gw).await;
     // A few of the agent's updates through, then the network goes.
     while ed.seqs(&sid).len() < 4 {
         ed.next(Duration::from_secs(10)).await;
@@ -241,16 +248,7 @@ async fn past_reconnect_for_a_running_prompt_ends_with_an_error_that_says_the_co
         &gw.token("alice"),
         &["--reconnect-for", "2"],
     );
-    ed.request(0, "initialize", json!({"protocolVersion": 1, "clientCapabilities": {}}))
-        .await;
-    let root = gw.dir().path().join("workspaces").join("alice");
-    let new = ed
-        .request(1, "session/new", json!({"cwd": root, "mcpServers": []}))
-        .await;
-    let sid = new["result"]["sessionId"].as_str().expect("a session").to_string();
-    ed.send(json!({"jsonrpc": "2.0", "id": 2, "method": "session/prompt",
-        "params": {"sessionId": sid, "prompt": [{"type": "text", "text": "a long answer"}]}}))
-        .await;
+    let sid = ed.start_long_prompt(&gw).await;
     ed.next(Duration::from_secs(10)).await;
     proxy.down_for(Duration::from_secs(60));
     let answer = ed.answer(2, Duration::from_secs(30)).await;

@@ -248,7 +248,7 @@ async fn past_reconnect_for_a_running_prompt_ends_with_an_error_that_says_the_co
         &gw.token("alice"),
         &["--reconnect-for", "2"],
     );
-    let sid = ed.start_long_prompt(&gw).await;
+    ed.start_long_prompt(&gw).await;
     ed.next(Duration::from_secs(10)).await;
     proxy.down_for(Duration::from_secs(60));
     let answer = ed.answer(2, Duration::from_secs(30)).await;

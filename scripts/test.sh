@@ -45,7 +45,7 @@ command -v node >/dev/null || { echo "== installing nodejs"; apt_install nodejs 
 if [ -f tests/ui/package.json ]; then
   command -v chromium >/dev/null || { echo "== installing chromium"; apt_install chromium; }
   # Installed again whenever a pinned package is missing (an older checkout's node_modules).
-  for pkg in playwright-core axe-core; do
+  for pkg in playwright-core axe-core @agentclientprotocol/sdk; do
     [ -d "tests/ui/node_modules/$pkg" ] || { echo "== installing the browser tests' packages"; (cd tests/ui && npm ci --no-audit --no-fund --silent); break; }
   done
 fi

@@ -261,64 +261,48 @@ async fn past_reconnect_for_a_running_prompt_ends_with_an_error_that_says_the_co
     );
 }
 
-#[tokio::test]
-async fn the_official_python_sdk_spawns_connect_as_its_agent_and_uses_the_gateway_through_it() {
-    let gw = slow_gateway(3, 0).await;
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/agents/sdk_connect_client.py");
-    let root = gw.gw.agents.tenancy.roots("alice").expect("roots")[0]
-        .display()
-        .to_string();
+/// Runs an official SDK's client script that spawns `connect` as its agent; its `KIND json` lines.
+async fn sdk_client(program: &str, args: &[&str]) -> Vec<(String, Value)> {
     let out = tokio::time::timeout(
         Duration::from_secs(60),
-        tokio::process::Command::new("python3")
-            .args([
-                script,
-                "--gateway-bin",
-                &gateway_bin(),
-                "--url",
-                &gw.http_url(""),
-                "--token",
-                &gw.token("alice"),
-                "--cwd",
-                &root,
-            ])
+        tokio::process::Command::new(program)
+            .args(args)
             .kill_on_drop(true)
             .output(),
     )
     .await
     .expect("in time")
-    .expect("python3 runs");
+    .unwrap_or_else(|e| panic!("{program} runs: {e}"));
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(
         out.status.success(),
         "{stdout}\n{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let lines: Vec<(&str, Value)> = stdout
+    stdout
         .lines()
         .filter_map(|l| l.split_once(' '))
-        .map(|(k, v)| (k, serde_json::from_str(v).expect("json")))
-        .collect();
+        .filter_map(|(k, v)| Some((k.to_string(), serde_json::from_str(v).ok()?)))
+        .collect()
+}
+
+/// What both SDKs' clients must have seen: an initialize, a streamed prompt with a permission,
+/// the new session listed, and a load replaying what was streamed.
+fn assert_used_through_connect(lines: &[(String, Value)]) {
     let first = |kind: &str| {
         lines
             .iter()
-            .find(|(k, _)| *k == kind)
+            .find(|(k, _)| k == kind)
             .map(|(_, v)| v.clone())
             .expect(kind)
     };
     assert_eq!(first("INIT")["agentCapabilities"]["loadSession"], true);
     assert_eq!(first("RESULT")["stopReason"], "end_turn");
     assert!(
-        lines.iter().any(|(k, _)| *k == "PERMISSION"),
+        lines.iter().any(|(k, _)| k == "PERMISSION"),
         "the permission reached the SDK client"
     );
-    // What the prompt streamed (up to its answer) is what the load replays.
-    let streamed = lines
-        .iter()
-        .take_while(|(k, _)| *k != "RESULT")
-        .filter(|(k, _)| *k == "UPDATE")
-        .count();
-    let lists: Vec<&Value> = lines.iter().filter(|(k, _)| *k == "LIST").map(|(_, v)| v).collect();
+    let lists: Vec<&Value> = lines.iter().filter(|(k, _)| k == "LIST").map(|(_, v)| v).collect();
     assert_eq!(lists.len(), 2);
     assert_eq!(lists[0]["sessions"], json!([]), "nothing before");
     assert_eq!(
@@ -327,8 +311,54 @@ async fn the_official_python_sdk_spawns_connect_as_its_agent_and_uses_the_gatewa
         "{}",
         lists[1]
     );
-    let loaded = first("LOADED");
-    let replayed = loaded["replayed"].as_u64().expect("count");
-    assert!(replayed >= 4, "the transcript was replayed: {loaded}");
-    assert_eq!(streamed as u64, replayed, "streamed {streamed}, replayed {replayed}");
+    let replayed = first("LOADED")["replayed"].as_u64().expect("count");
+    assert!(replayed >= 4, "the transcript was replayed: {replayed}");
+    // What the prompt streamed (up to its answer) is what the load replays.
+    let streamed = match first("RESULT")["streamed"].as_u64() {
+        Some(n) => n,
+        None => lines
+            .iter()
+            .take_while(|(k, _)| k != "RESULT")
+            .filter(|(k, _)| k == "UPDATE")
+            .count() as u64,
+    };
+    assert_eq!(streamed, replayed, "streamed {streamed}, replayed {replayed}");
+}
+
+#[tokio::test]
+async fn the_official_python_sdk_spawns_connect_as_its_agent_and_uses_the_gateway_through_it() {
+    let gw = slow_gateway(3, 0).await;
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/agents/sdk_connect_client.py");
+    let root = gw.gw.agents.tenancy.roots("alice").expect("roots")[0]
+        .display()
+        .to_string();
+    let (bin, url, token) = (gateway_bin(), gw.http_url(""), gw.token("alice"));
+    let lines = sdk_client(
+        "python3",
+        &[
+            script,
+            "--gateway-bin",
+            &bin,
+            "--url",
+            &url,
+            "--token",
+            &token,
+            "--cwd",
+            &root,
+        ],
+    )
+    .await;
+    assert_used_through_connect(&lines);
+}
+
+#[tokio::test]
+async fn the_official_typescript_sdk_spawns_connect_as_its_agent_and_uses_the_gateway_through_it() {
+    let gw = slow_gateway(3, 0).await;
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/ui/sdk-connect-client.mjs");
+    let root = gw.gw.agents.tenancy.roots("alice").expect("roots")[0]
+        .display()
+        .to_string();
+    let (bin, url, token) = (gateway_bin(), gw.http_url(""), gw.token("alice"));
+    let lines = sdk_client("node", &[script, &bin, &url, &token, &root]).await;
+    assert_used_through_connect(&lines);
 }

@@ -98,9 +98,7 @@ pub struct Bridge {
     held_bytes: usize,
     /// Past `--reconnect-for` (or the token refused): requests are answered with this error at
     /// once while down.
-    gave_up: bool,
-    gave_up_code: i64,
-    gave_up_message: String,
+    gave_up: Option<(i64, String)>,
 }
 
 fn id_key(id: &Value) -> String {
@@ -127,16 +125,19 @@ impl Bridge {
     /// The editor's `initialize` params, answered elsewhere (signed out): what connecting
     /// initializes with.
     pub fn set_init(&mut self, params: &Value) {
-        let mut msg = json!({"params": params});
-        if let Some(caps) = msg["params"]
-            .get_mut("clientCapabilities")
-            .and_then(Value::as_object_mut)
-            && !self.opts.pass_client_capabilities
+        let mut params = params.clone();
+        self.withhold_capabilities(&mut params);
+        self.init = Some(params);
+    }
+
+    /// Offers the remote agent none of the editor's files or terminals (unless passed through).
+    fn withhold_capabilities(&self, params: &mut Value) {
+        if !self.opts.pass_client_capabilities
+            && let Some(caps) = params.get_mut("clientCapabilities").and_then(Value::as_object_mut)
         {
             caps.insert("fs".into(), json!({"readTextFile": false, "writeTextFile": false}));
             caps.insert("terminal".into(), json!(false));
         }
-        self.init = Some(msg["params"].take());
     }
 
     /// Whether frames go straight to the gateway.
@@ -169,12 +170,7 @@ impl Bridge {
             .map(str::to_string);
         match (method, params) {
             ("initialize", Some(p)) => {
-                if !self.opts.pass_client_capabilities
-                    && let Some(caps) = p.get_mut("clientCapabilities").and_then(Value::as_object_mut)
-                {
-                    caps.insert("fs".into(), json!({"readTextFile": false, "writeTextFile": false}));
-                    caps.insert("terminal".into(), json!(false));
-                }
+                self.withhold_capabilities(p);
                 self.init = Some(p.clone());
             }
             ("session/new" | "session/load" | "session/resume", Some(p)) => {
@@ -199,8 +195,8 @@ impl Bridge {
                 .map_or(0, |s| s.last_seq);
             (last, false)
         });
-        if self.gave_up && !self.live {
-            return vec![Out::Editor(error_frame(&id, self.gave_up_code, &self.gave_up_message))];
+        if let Some((code, message)) = self.gave_up.as_ref().filter(|_| !self.live) {
+            return vec![Out::Editor(error_frame(&id, *code, message))];
         }
         let frame = msg.to_string();
         self.next_order += 1;
@@ -420,10 +416,7 @@ impl Bridge {
         ids.into_iter()
             .filter_map(|id| {
                 self.requests.remove(&id)?;
-                let mut answer = last.clone();
-                answer["jsonrpc"] = json!("2.0");
-                answer["id"] = serde_json::from_str(&id).ok()?;
-                Some(Out::Editor(answer.to_string()))
+                Some(turn_answer(&id, last))
             })
             .collect()
     }
@@ -444,7 +437,7 @@ impl Bridge {
     /// Connected again (or for the first time): the frames that initialize it. The rest follows
     /// the answer ([`Self::from_gateway`]).
     pub fn connected(&mut self) -> Vec<Out> {
-        self.gave_up = false;
+        self.gave_up = None;
         self.connection += 1;
         match &self.init {
             Some(init) => vec![Out::Gateway(
@@ -536,16 +529,13 @@ impl Bridge {
                 ended.push(id.clone());
             }
         }
+        let ended_turn = turn
+            .get("lastAnswer")
+            .cloned()
+            .unwrap_or_else(|| json!({"result": {"stopReason": "end_turn"}}));
         for id in ended {
             self.requests.remove(&id);
-            let last = turn
-                .get("lastAnswer")
-                .cloned()
-                .unwrap_or_else(|| json!({"result": {"stopReason": "end_turn"}}));
-            let mut answer = last;
-            answer["jsonrpc"] = json!("2.0");
-            answer["id"] = serde_json::from_str(&id).unwrap_or(Value::Null);
-            out.push(Out::Editor(answer.to_string()));
+            out.push(turn_answer(&id, &ended_turn));
         }
         if msg.get("error").is_some() {
             // The session is gone (deleted elsewhere): its prompts end with the gateway's error.
@@ -562,9 +552,7 @@ impl Bridge {
 
     /// [`Self::give_up`] with another error (the token was refused: `-32000`).
     pub fn give_up_with(&mut self, code: i64, message: &str) -> Vec<Out> {
-        self.gave_up = true;
-        self.gave_up_code = code;
-        self.gave_up_message = message.to_string();
+        self.gave_up = Some((code, message.to_string()));
         self.held.clear();
         self.held_bytes = 0;
         let mut ids: Vec<String> = self.requests.keys().cloned().collect();
@@ -575,6 +563,15 @@ impl Bridge {
             .map(|id| Out::Editor(error_frame(&id, code, message)))
             .collect()
     }
+}
+
+/// The answer to the editor's request `id` (its key) from how a turn ended (`{"result": …}` or
+/// `{"error": …}`).
+fn turn_answer(id: &str, ended: &Value) -> Out {
+    let mut answer = ended.clone();
+    answer["jsonrpc"] = json!("2.0");
+    answer["id"] = serde_json::from_str(id).unwrap_or(Value::Null);
+    Out::Editor(answer.to_string())
 }
 
 /// What a request gets once the connection is given up on.

@@ -152,10 +152,7 @@ async fn token(
             "grant_type must be the device code grant",
         );
     }
-    let sid = {
-        use base64::Engine;
-        base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(rand::random::<[u8; 32]>())
-    };
+    let sid = super::rest::new_sid();
     let poll = match ids.devices.poll(&form.device_code, &sid).await {
         Ok(poll) => poll,
         Err(e) => {

@@ -314,11 +314,13 @@ const OWN_SIGN_IN: &str = "own";
 /// `web_sessions` row like a provider sign-in's, so that sign-out ends it on every replica (a
 /// copied cookie stops working), named by the `sid` the token carries.
 async fn cookie_of_a_sign_in(ids: &Identities, user: &str, ttl: u64, admin: bool) -> Result<String, CookieError> {
-    let sid = {
-        use base64::Engine;
-        base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(rand::random::<[u8; 32]>())
-    };
-    record_sign_in(ids, &sid, user, ttl, admin, OWN_SIGN_IN).await
+    record_sign_in(ids, &new_sid(), user, ttl, admin, OWN_SIGN_IN).await
+}
+
+/// A new sign-in's id (`sid`): 256 random bits.
+pub(super) fn new_sid() -> String {
+    use base64::Engine;
+    base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(rand::random::<[u8; 32]>())
 }
 
 /// Records the sign-in `sid` of `user` (a `web_sessions` row of kind `key_id`, which sign-out or

@@ -35,7 +35,7 @@ command -v slirp4netns >/dev/null || { echo "== installing slirp4netns"; apt_ins
 command -v ip >/dev/null || [ -x /usr/sbin/ip ] || [ -x /sbin/ip ] || { echo "== installing iproute2"; apt_install iproute2; }
 [ -x /usr/bin/python3 ] || { echo "== installing python3"; apt_install python3; }
 # The official ACP Python SDK, for the third-party agent in tests/agents.
-if ! python3 -c 'import acp, websockets' 2>/dev/null; then
+if ! python3 -c 'import acp, websockets, httpx, h2' 2>/dev/null; then
   echo "== installing the ACP Python SDK"; python3 -m pip install -q -r tests/agents/requirements.txt
 fi
 # The OpenID provider the sign-in tests run (oidc-provider from npm, tests/oidc).

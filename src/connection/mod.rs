@@ -15,6 +15,7 @@ mod reader;
 pub mod remote;
 mod request;
 mod signin;
+pub mod streamable;
 mod writer;
 
 use std::sync::Arc;
@@ -83,50 +84,14 @@ pub async fn serve(
     tracing::info!(connection = %conn_id, user = %identity.user, agent = %pool.name, "client connected");
 
     let mut conn = methods::Connection::new(gw.clone(), client.clone(), pool);
-    let now = tokio::time::Instant::now();
-    let expires = now
-        .checked_add(Duration::from_secs(identity.expires_at.saturating_sub(now_secs())))
-        .unwrap_or_else(|| now + Duration::from_secs(10 * 365 * 24 * 3600));
-    // A sign-in through the identity provider that ends (sign-out on any replica, or the provider
-    // no longer lets the person in) closes its WebSockets as an expired token does.
-    let watch = identity
-        .session
-        .as_deref()
-        .and_then(|sid| gw.identity.oidc.as_ref().map(|o| o.watched.watch(sid)));
-    let signed_out = async {
-        match &watch {
-            Some(w) => w.ended.cancelled().await,
-            None => std::future::pending().await,
-        }
-    };
     // A client that sends nothing, not even a pong, for two ping intervals is gone or reads
     // nothing; in the second case the contract closes it only after `slow_client_timeout_secs`
     // and with 1013, whatever the writer had to send it.
-    let ends = reader::Ends {
-        silent_after: (ping_every * 2).max(slow_after),
-        expires,
-        signed_out,
-        drained: conn.drained(),
-        shutdown: gw.life.shutdown.clone(),
-    };
+    let ends = ends(&gw, &identity, &conn, (ping_every * 2).max(slow_after));
     let draining =
         reader::read_frames(&mut stream, &mut conn, &outbox, ends, &conn_id).await == reader::Ended::Draining;
     if draining {
-        // The client gets what was queued for it (its prompt's answer), then 1001; one that
-        // does not read is cut when shutdown comes.
-        tracing::info!(connection = %conn_id, user = %identity.user, "gateway draining; closing the connection (1001)");
-        let written = async {
-            outbox
-                .close_when_written(reader::CLOSE_GOING_AWAY, "gateway shutting down")
-                .await;
-            outbox.closed().await;
-        };
-        tokio::select! {
-            () = written => {}
-            () = gw.life.shutdown.cancelled() => {
-                outbox.close(reader::CLOSE_GOING_AWAY, "gateway shutting down");
-            }
-        }
+        close_draining(&gw, &outbox, &conn_id, &identity.user).await;
     }
     outbox.close(1000, "");
     conn.finish();
@@ -160,6 +125,60 @@ pub async fn serve(
     drop(stream);
     metrics::gauge!(crate::infra::metrics::CONNECTIONS).decrement(1.0);
     tracing::info!(connection = %conn_id, user = %identity.user, "client disconnected");
+}
+
+/// When a connection of `identity` ends besides its client leaving or falling silent for
+/// `silent_after`: its token's expiry, its sign-in ending (sign-out on any replica, or the
+/// provider no longer lets the person in), the gateway draining once nothing `conn` asked is in
+/// flight, or shutting down.
+fn ends(
+    gw: &Gateway,
+    identity: &Identity,
+    conn: &methods::Connection,
+    silent_after: Duration,
+) -> reader::Ends<
+    impl std::future::Future<Output = ()> + Send + 'static,
+    impl std::future::Future<Output = ()> + Send + 'static,
+> {
+    let now = tokio::time::Instant::now();
+    let expires = now
+        .checked_add(Duration::from_secs(identity.expires_at.saturating_sub(now_secs())))
+        .unwrap_or_else(|| now + Duration::from_secs(10 * 365 * 24 * 3600));
+    let watch = identity
+        .session
+        .as_deref()
+        .and_then(|sid| gw.identity.oidc.as_ref().map(|o| o.watched.watch(sid)));
+    let signed_out = async move {
+        match watch {
+            Some(w) => w.ended.cancelled().await,
+            None => std::future::pending().await,
+        }
+    };
+    reader::Ends {
+        silent_after,
+        expires,
+        signed_out,
+        drained: conn.drained(),
+        shutdown: gw.life.shutdown.clone(),
+    }
+}
+
+/// The gateway drains: the client gets what was queued for it (its prompt's answer), then 1001;
+/// one that does not read is cut when shutdown comes.
+async fn close_draining(gw: &Gateway, outbox: &Outbox, conn_id: &str, user: &str) {
+    tracing::info!(connection = %conn_id, user = %user, "gateway draining; closing the connection (1001)");
+    let written = async {
+        outbox
+            .close_when_written(reader::CLOSE_GOING_AWAY, "gateway shutting down")
+            .await;
+        outbox.closed().await;
+    };
+    tokio::select! {
+        () = written => {}
+        () = gw.life.shutdown.cancelled() => {
+            outbox.close(reader::CLOSE_GOING_AWAY, "gateway shutting down");
+        }
+    }
 }
 
 impl reader::OnText for methods::Connection {

@@ -17,6 +17,8 @@ use std::collections::{HashMap, VecDeque};
 
 use serde_json::{Value, json};
 
+use crate::protocol::peek::{Peek, peek};
+
 /// Ids of the bridge's own requests to the gateway (never an editor's: editors number theirs).
 const OWN: &str = "acp-gateway-connect:";
 /// Most frames held for the gateway while it is unreachable, and their bytes.
@@ -265,8 +267,10 @@ impl Bridge {
     pub fn from_gateway(&mut self, text: &str) -> Vec<Out> {
         // The bulk of a stream: an update, read for its session, seq and kind only, and passed
         // on as it came.
-        if let Some(update) = fast::update(text) {
-            return match self.passes(&update.session_id, update.seq, update.kind.as_deref()) {
+        if let Some(update) = peek(text).filter(Peek::is_update)
+            && let Some(sid) = update.session_id.as_deref()
+        {
+            return match self.passes(sid, update.seq, update.kind.as_deref()) {
                 true => vec![Out::Editor(text.to_string())],
                 false => Vec::new(),
             };
@@ -589,72 +593,6 @@ fn note_frame(sid: &str, cwd: &str) -> String {
         "sessionUpdate": "agent_message_chunk",
         "content": {"type": "text", "text": format!("(acp-gateway: this session works in {cwd} on the gateway; your editor's folder is not there.)\n")}}}})
     .to_string()
-}
-
-/// Reading an update frame without building it as a tree.
-mod fast {
-    use std::borrow::Cow;
-
-    use serde::Deserialize;
-    use serde_json::value::RawValue;
-
-    pub struct Update<'a> {
-        pub session_id: Cow<'a, str>,
-        pub seq: Option<u64>,
-        pub kind: Option<Cow<'a, str>>,
-    }
-
-    #[derive(Deserialize)]
-    struct Frame<'a> {
-        #[serde(borrow, default)]
-        method: Option<Cow<'a, str>>,
-        #[serde(borrow, default)]
-        id: Option<&'a RawValue>,
-        #[serde(borrow, default)]
-        params: Option<Params<'a>>,
-    }
-
-    #[derive(Deserialize)]
-    struct Params<'a> {
-        #[serde(rename = "sessionId", borrow)]
-        session_id: Cow<'a, str>,
-        #[serde(borrow, default)]
-        update: Option<Kind<'a>>,
-        #[serde(rename = "_meta", default)]
-        meta: Option<Meta>,
-    }
-
-    #[derive(Deserialize)]
-    struct Kind<'a> {
-        #[serde(rename = "sessionUpdate", borrow, default)]
-        kind: Option<Cow<'a, str>>,
-    }
-
-    #[derive(Deserialize)]
-    struct Meta {
-        #[serde(default)]
-        gateway: Option<Gateway>,
-    }
-
-    #[derive(Deserialize)]
-    struct Gateway {
-        #[serde(default)]
-        seq: Option<u64>,
-    }
-
-    /// `text` as a `session/update` notification, if it is one.
-    pub fn update(text: &str) -> Option<Update<'_>> {
-        let frame: Frame<'_> = serde_json::from_str(text).ok()?;
-        if frame.method.as_deref() != Some("session/update") || frame.id.is_some() {
-            return None;
-        }
-        let params = frame.params?;
-        Some(Update {
-            session_id: params.session_id,
-            seq: params.meta.and_then(|m| m.gateway).and_then(|g| g.seq),
-            kind: params.update.and_then(|u| u.kind),
-        })
-    }
 }
 
 #[cfg(test)]

@@ -1,4 +1,5 @@
-//! `GET /acp`: authenticate, pick the agent, upgrade, and hand the socket to the bridge.
+//! `/acp`: authenticate, pick the agent, and hand the connection to the bridge: a WebSocket
+//! upgrade here, Streamable HTTP (`POST`, `GET` without an upgrade, `DELETE`) in [`super::streamable`].
 
 use std::sync::Arc;
 
@@ -25,12 +26,19 @@ pub const CONNECTION_ID_HEADER: &str = "acp-connection-id";
 /// Cookie naming the replica a client was upgraded on (for load balancers' affinity).
 pub const AFFINITY_COOKIE: &str = "acp_replica";
 
-pub(super) fn router() -> Router<Gateway> {
-    Router::new().route("/acp", get(upgrade))
+pub(super) fn router(registry: Arc<crate::connection::streamable::Registry>) -> Router<Gateway> {
+    Router::new()
+        .route(
+            "/acp",
+            get(get_acp)
+                .post(super::streamable::post)
+                .delete(super::streamable::delete),
+        )
+        .layer(axum::Extension(registry))
 }
 
 #[derive(Debug, Deserialize)]
-struct AcpQuery {
+pub(super) struct AcpQuery {
     agent: Option<String>,
 }
 
@@ -38,25 +46,40 @@ fn refuse(status: StatusCode, message: &str) -> Response {
     (status, axum::Json(json!({ "error": message }))).into_response()
 }
 
-async fn upgrade(
-    State(gw): State<Gateway>,
+/// A connection let in: who, to which agent, and the slots it holds while it lives.
+pub(super) struct Admitted {
+    pub identity: crate::identity::auth::Identity,
+    pub pool: Arc<crate::agents::pool::AgentPool>,
+    pub conn_id: Arc<str>,
+    /// The client's address, for the audit log.
+    pub client_addr: Option<Arc<str>>,
+    /// The gateway's, the user's, the forwarded address's connection slots and the tracker's
+    /// token: dropped when the connection ends.
+    pub held: (
+        tokio::sync::OwnedSemaphorePermit,
+        crate::usage::quota::Slot,
+        Option<super::server::PeerSlot>,
+        Option<axum::Extension<super::server::Peer>>,
+        tokio_util::task::task_tracker::TaskTrackerToken,
+    ),
+}
+
+/// Lets a new connection in, or says why not: the token first (no token, no connection,
+/// whatever else is wrong), then the agent (`?agent=NAME`), draining, and the caps on
+/// connections (per forwarded address, in all, per user).
+pub(super) async fn admit(
+    gw: &Gateway,
     peer: Option<axum::Extension<super::server::Peer>>,
-    headers: HeaderMap,
-    uri: axum::http::Uri,
+    headers: &HeaderMap,
+    uri: &axum::http::Uri,
     q: Result<Query<AcpQuery>, QueryRejection>,
-    ws: Result<WebSocketUpgrade, WebSocketUpgradeRejection>,
-) -> Response {
-    // Authentication comes first: no token, no upgrade, whatever else is wrong.
-    let identity = match authenticate(&gw.identity, &headers, uri.query()).await {
+) -> Result<Admitted, Response> {
+    let identity = match authenticate(&gw.identity, headers, uri.query()).await {
         Ok(identity) => identity,
         Err(unauthorized) => {
             crate::infra::metrics::connection_refused("unauthenticated");
-            return unauthorized.into_response();
+            return Err(unauthorized.into_response());
         }
-    };
-    let ws = match ws {
-        Ok(ws) => ws,
-        Err(rejection) => return rejection.into_response(),
     };
     if let Some(sid) = &identity.session
         && let Err(e) = gw.identity.devices.used(sid).await
@@ -65,35 +88,37 @@ async fn upgrade(
         tracing::debug!(error = %e, "cannot note a device's last use");
     }
     let Ok(Query(q)) = q else {
-        return refuse(
+        return Err(refuse(
             StatusCode::BAD_REQUEST,
             "the query string is malformed (`?agent=NAME`, at most once)",
-        );
+        ));
     };
     let agent = q.agent.as_deref().unwrap_or(DEFAULT_AGENT);
     let Some(pool) = gw.agents.pools.get(agent).cloned() else {
         crate::infra::metrics::connection_refused("unknown_agent");
-        return refuse(StatusCode::NOT_FOUND, &format!("unknown agent {agent:?}"));
+        return Err(refuse(StatusCode::NOT_FOUND, &format!("unknown agent {agent:?}")));
     };
     if gw.life.is_draining() {
         crate::infra::metrics::connection_refused("draining");
-        return refuse(StatusCode::SERVICE_UNAVAILABLE, "gateway is shutting down");
+        return Err(refuse(StatusCode::SERVICE_UNAVAILABLE, "gateway is shutting down"));
     }
     // Behind a trusted proxy, the proxy's client is capped per address like a direct one.
-    let forwarded_slot = match peer.as_ref().map(|p| p.forwarded_slot(&headers)) {
+    let forwarded_slot = match peer.as_ref().map(|p| p.forwarded_slot(headers)) {
         Some(Err(too_many)) => {
             crate::infra::metrics::connection_refused("per_ip");
             tracing::info!(client = %too_many.0, "too many connections from one forwarded address");
-            return refuse(StatusCode::TOO_MANY_REQUESTS, "too many connections from your address");
+            return Err(refuse(
+                StatusCode::TOO_MANY_REQUESTS,
+                "too many connections from your address",
+            ));
         }
         Some(Ok(slot)) => slot,
         None => None,
     };
     let Ok(slot) = gw.life.connection_slots.clone().try_acquire_owned() else {
         crate::infra::metrics::connection_refused("max_connections");
-        return refuse(StatusCode::SERVICE_UNAVAILABLE, "too many connections");
+        return Err(refuse(StatusCode::SERVICE_UNAVAILABLE, "too many connections"));
     };
-    // The client's address, for the audit log.
     let client_addr: Option<Arc<str>> = peer.as_ref().map(|p| Arc::from(p.client.to_string()));
     // Refused before the upgrade: a user at their cap holds no more sockets.
     let user_slot = match gw.agents.quotas.connect(&identity.user) {
@@ -105,12 +130,63 @@ async fn upgrade(
             gw.audit
                 .cap_refused(&identity.user, cap.cap, None, client_addr.as_deref().map(String::from));
             let body = json!({ "error": cap.message(), "cap": cap.cap, "limit": cap.limit });
-            return (StatusCode::TOO_MANY_REQUESTS, axum::Json(body)).into_response();
+            return Err((StatusCode::TOO_MANY_REQUESTS, axum::Json(body)).into_response());
         }
     };
     let conn_id: Arc<str> = Arc::from(format!("{}-{}", gw.life.replica, uuid::Uuid::new_v4().simple()));
+    Ok(Admitted {
+        identity,
+        pool,
+        conn_id,
+        client_addr,
+        held: (slot, user_slot, forwarded_slot, peer, gw.life.tracker.token()),
+    })
+}
+
+/// The headers every new connection's answer carries: its id, and the affinity cookie for a
+/// load balancer that keeps a client where its sessions live (the transport RFD asks clients
+/// to keep cookies; nothing depends on it: any replica serves any session).
+pub(super) fn connection_headers(gw: &Gateway, conn_id: &str, headers: &mut HeaderMap) {
+    if let Ok(v) = HeaderValue::from_str(conn_id) {
+        headers.insert(CONNECTION_ID_HEADER, v);
+    }
+    if let Ok(v) = HeaderValue::from_str(&format!(
+        "{AFFINITY_COOKIE}={}; Path=/acp; HttpOnly; SameSite=Lax",
+        gw.life.replica
+    )) {
+        headers.append(axum::http::header::SET_COOKIE, v);
+    }
+}
+
+async fn get_acp(
+    State(gw): State<Gateway>,
+    registry: axum::Extension<Arc<crate::connection::streamable::Registry>>,
+    peer: Option<axum::Extension<super::server::Peer>>,
+    headers: HeaderMap,
+    uri: axum::http::Uri,
+    q: Result<Query<AcpQuery>, QueryRejection>,
+    ws: Result<WebSocketUpgrade, WebSocketUpgradeRejection>,
+) -> Response {
+    // Without `Upgrade: websocket`, a GET opens an SSE stream of a Streamable HTTP connection.
+    if !headers.contains_key(axum::http::header::UPGRADE) {
+        return super::streamable::open_stream(&gw, &registry, &headers, &uri).await;
+    }
+    let admitted = match admit(&gw, peer, &headers, &uri, q).await {
+        Ok(admitted) => admitted,
+        Err(refused) => return refused,
+    };
+    let ws = match ws {
+        Ok(ws) => ws,
+        Err(rejection) => return rejection.into_response(),
+    };
+    let Admitted {
+        identity,
+        pool,
+        conn_id,
+        client_addr,
+        held,
+    } = admitted;
     let limits = &gw.config.limits;
-    let tracked = gw.life.tracker.token();
     let id = conn_id.clone();
     let state = gw.clone();
     let mut response = ws
@@ -123,23 +199,9 @@ async fn upgrade(
         .on_failed_upgrade(|e| tracing::info!(error = %e, "WebSocket upgrade failed"))
         .on_upgrade(move |socket| async move {
             crate::connection::serve(socket, state, identity, id, client_addr, pool).await;
-            drop(slot);
-            drop(user_slot);
-            // The client address's slot lives as long as its WebSocket.
-            drop(peer);
-            drop(forwarded_slot);
-            drop(tracked);
+            // The slots (the client address's too) live as long as the WebSocket.
+            drop(held);
         });
-    if let Ok(v) = HeaderValue::from_str(&conn_id) {
-        response.headers_mut().insert(CONNECTION_ID_HEADER, v);
-    }
-    // Affinity, for a load balancer that keeps a client where its sessions live (the transport
-    // RFD asks clients to keep cookies). Nothing depends on it: any replica serves any session.
-    if let Ok(v) = HeaderValue::from_str(&format!(
-        "{AFFINITY_COOKIE}={}; Path=/acp; HttpOnly; SameSite=Lax",
-        gw.life.replica
-    )) {
-        response.headers_mut().append(axum::http::header::SET_COOKIE, v);
-    }
+    connection_headers(&gw, &conn_id, response.headers_mut());
     response
 }

@@ -20,6 +20,7 @@ mod rest;
 mod server;
 mod shares;
 mod signin;
+mod streamable;
 mod usage;
 
 pub(crate) use server::serve;
@@ -57,7 +58,10 @@ pub fn router(gw: Gateway) -> Router {
     let body_timeout = std::time::Duration::from_secs(gw.config.limits.header_read_timeout_secs.max(1));
     Router::new()
         .merge(health::router())
-        .merge(acp::router())
+        .merge(acp::router(crate::connection::streamable::Registry::new(
+            gw.config.limits.max_streams_per_user,
+            gw.config.limits.max_streams_per_connection,
+        )))
         .merge(rest::router())
         .merge(export::router())
         .merge(shares::router())

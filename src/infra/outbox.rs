@@ -303,6 +303,30 @@ impl OutboxReceiver {
         self.frames.give_back(frames.iter().map(|_| 1));
         self.room.give_back(frames.iter().map(|f| f.len()));
     }
+
+    /// A handle that gives written frames back from elsewhere: for a writer whose frames leave
+    /// through several streams (Streamable HTTP), each giving back what it wrote.
+    pub fn returns(&self) -> Returns {
+        Returns {
+            frames: self.frames.clone(),
+            room: self.room.clone(),
+        }
+    }
+}
+
+/// [`OutboxReceiver::returns`]: gives the places and bytes of written frames back.
+#[derive(Debug, Clone)]
+pub struct Returns {
+    frames: ByteBudget,
+    room: ByteBudget,
+}
+
+impl Returns {
+    /// Gives back the places and bytes of frames of these lengths, written.
+    pub fn written(&self, lens: impl Iterator<Item = usize> + Clone) {
+        self.frames.give_back(lens.clone().map(|_| 1));
+        self.room.give_back(lens);
+    }
 }
 
 #[cfg(test)]

@@ -6,6 +6,7 @@
 
 pub mod frames;
 pub mod method;
+pub mod peek;
 
 use std::borrow::Cow;
 

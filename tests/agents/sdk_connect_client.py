@@ -3,6 +3,9 @@
 
     python3 sdk_connect_client.py --gateway-bin PATH --url http://127.0.0.1:PORT --token JWT --cwd DIR
 
+With ``--transport http`` it speaks to the gateway's ``/acp`` itself over Streamable HTTP (the
+SDK's ``acp.http.create_http_stream``), the same flow with only the transport changed.
+
 Flow: initialize -> session/list -> session/new -> session/prompt (streamed, with a permission,
 answered "allow") -> session/list again (the new session listed) -> session/load (the transcript
 replayed). stdout, one JSON document per line:
@@ -52,33 +55,49 @@ class Editor:
 
 async def run(args: argparse.Namespace) -> int:
     editor = Editor()
+    if args.transport == "http":
+        from acp import connect_to_agent
+        from acp.http import create_http_stream
+
+        transport = create_http_stream(f"{args.url}/acp", headers={"Authorization": f"Bearer {args.token}"})
+        conn = connect_to_agent(editor, transport)
+        try:
+            await flow(conn, editor, args)
+        finally:
+            await conn.close()
+        return 0
     async with spawn_agent_process(
         editor, args.gateway_bin, "connect", args.url, "--token", args.token
     ) as (conn, _process):
-        init = await conn.initialize(
-            protocol_version=PROTOCOL_VERSION,
-            client_capabilities=ClientCapabilities(),
-            client_info=Implementation(name="sdk-connect-client", version="1"),
-        )
-        out("INIT", dump(init))
-        out("LIST", dump(await conn.list_sessions()))
-        new = await conn.new_session(cwd=args.cwd, mcp_servers=[])
-        result = await conn.prompt(session_id=new.session_id, prompt=[text_block("hello from the SDK [permission]")])
-        out("RESULT", dump(result))
-        out("LIST", dump(await conn.list_sessions()))
-        editor.updates.clear()
-        await conn.load_session(cwd=args.cwd, session_id=new.session_id, mcp_servers=[])
-        out("LOADED", {"sessionId": new.session_id, "replayed": len(editor.updates)})
+        await flow(conn, editor, args)
     return 0
+
+
+async def flow(conn: Any, editor: Editor, args: argparse.Namespace) -> None:
+    init = await conn.initialize(
+        protocol_version=PROTOCOL_VERSION,
+        client_capabilities=ClientCapabilities(),
+        client_info=Implementation(name="sdk-connect-client", version="1"),
+    )
+    out("INIT", dump(init))
+    out("LIST", dump(await conn.list_sessions()))
+    new = await conn.new_session(cwd=args.cwd, mcp_servers=[])
+    result = await conn.prompt(session_id=new.session_id, prompt=[text_block("hello from the SDK [permission]")])
+    out("RESULT", dump(result))
+    out("LIST", dump(await conn.list_sessions()))
+    editor.updates.clear()
+    await conn.load_session(cwd=args.cwd, session_id=new.session_id, mcp_servers=[])
+    out("LOADED", {"sessionId": new.session_id, "replayed": len(editor.updates)})
 
 
 def main() -> int:
     p = argparse.ArgumentParser()
-    p.add_argument("--gateway-bin", required=True)
+    p.add_argument("--gateway-bin", default="")
     p.add_argument("--url", required=True)
     p.add_argument("--token", required=True)
     p.add_argument("--cwd", required=True)
     p.add_argument("--timeout", type=float, default=30)
+    p.add_argument("--transport", choices=["connect", "http"], default="connect")
     args = p.parse_args()
     try:
         return asyncio.run(asyncio.wait_for(run(args), args.timeout))

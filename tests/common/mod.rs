@@ -5,6 +5,7 @@
 
 pub mod data_dir;
 pub mod fixtures;
+pub mod http_acp;
 pub mod oidc_provider;
 pub mod pg;
 pub mod procfs;

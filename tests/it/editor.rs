@@ -108,7 +108,7 @@ impl Editor {
 }
 
 /// A gateway whose demo agent streams a turn over about `chunks` × `delay_ms`.
-async fn slow_gateway(chunks: u32, delay_ms: u32) -> TestGateway {
+pub(crate) async fn slow_gateway(chunks: u32, delay_ms: u32) -> TestGateway {
     TestGateway::start(Db::Sqlite, |c| {
         let demo = c
             .agents
@@ -262,7 +262,7 @@ async fn past_reconnect_for_a_running_prompt_ends_with_an_error_that_says_the_co
 }
 
 /// Runs an official SDK's client script that spawns `connect` as its agent; its `KIND json` lines.
-async fn sdk_client(program: &str, args: &[&str]) -> Vec<(String, Value)> {
+pub(crate) async fn sdk_client(program: &str, args: &[&str]) -> Vec<(String, Value)> {
     let out = tokio::time::timeout(
         Duration::from_secs(60),
         tokio::process::Command::new(program)
@@ -288,7 +288,7 @@ async fn sdk_client(program: &str, args: &[&str]) -> Vec<(String, Value)> {
 
 /// What both SDKs' clients must have seen: an initialize, a streamed prompt with a permission,
 /// the new session listed, and a load replaying what was streamed.
-fn assert_used_through_connect(lines: &[(String, Value)]) {
+pub(crate) fn assert_used_through_connect(lines: &[(String, Value)]) {
     let first = |kind: &str| {
         lines
             .iter()

@@ -49,6 +49,7 @@ mod sharing;
 mod signin_terminal;
 mod socket_limits;
 mod store;
+mod streamable;
 mod tenancy;
 mod timeouts;
 mod usage;

@@ -1,14 +1,19 @@
 // The official TypeScript SDK as an editor (tests/it/editor.rs runs it): spawns
 // `acp-gateway connect URL --token T` and speaks ACP v1 to it on stdio: initialize, list, new,
 // a streamed prompt with a permission (answered "allow"), list, load replaying the transcript.
-// Prints one `KIND json` line per step. Usage: node sdk-connect-client.mjs BIN URL TOKEN CWD
+// Prints one `KIND json` line per step. Usage: node sdk-connect-client.mjs BIN URL TOKEN CWD [http]
+// With `http` it speaks to the gateway's /acp itself over Streamable HTTP (the SDK's
+// createHttpStream), the same flow with only the transport changed.
 import { spawn } from 'node:child_process';
 import { Readable, Writable } from 'node:stream';
 import { client, ndJsonStream } from '@agentclientprotocol/sdk';
+import { createHttpStream } from '@agentclientprotocol/sdk/experimental/http-client';
 
-const [bin, url, token, cwd] = process.argv.slice(2);
-const child = spawn(bin, ['connect', url, '--token', token], { stdio: ['pipe', 'pipe', 'inherit'] });
-const stream = ndJsonStream(Writable.toWeb(child.stdin), Readable.toWeb(child.stdout));
+const [bin, url, token, cwd, transport] = process.argv.slice(2);
+const child = transport === 'http' ? null : spawn(bin, ['connect', url, '--token', token], { stdio: ['pipe', 'pipe', 'inherit'] });
+const stream = child
+  ? ndJsonStream(Writable.toWeb(child.stdin), Readable.toWeb(child.stdout))
+  : createHttpStream(`${url}/acp`, { headers: { Authorization: `Bearer ${token}` } });
 const out = (kind, value) => process.stdout.write(`${kind} ${JSON.stringify(value)}\n`);
 let updates = 0;
 const app = client()
@@ -31,5 +36,5 @@ try {
     out('LOADED', { sessionId, replayed: updates });
   });
 } finally {
-  child.kill();
+  child?.kill();
 }

@@ -56,6 +56,12 @@ pub struct Limits {
     pub sweep_interval_secs: u64,
     /// Requests one connection may have being handled at once.
     pub max_inflight_per_connection: usize,
+    /// Streamable HTTP: session streams one connection may have (open, or holding frames for a
+    /// reader to come; more: `429`).
+    pub max_streams_per_connection: usize,
+    /// Streamable HTTP: SSE streams one user may have open at once, across connections (more:
+    /// `429`).
+    pub max_streams_per_user: usize,
     /// Bytes queued for one agent process's input (as well as 1,024 lines); a forwarded request
     /// that finds it full gets `-32603` at once.
     pub agent_queue_bytes: usize,
@@ -118,6 +124,8 @@ impl Default for Limits {
             ping_interval_secs: 20,
             sweep_interval_secs: 30,
             max_inflight_per_connection: 256,
+            max_streams_per_connection: 64,
+            max_streams_per_user: 256,
             agent_queue_bytes: 16 << 20,
             transcript_queue_bytes: 64 << 20,
             permission_wait_secs: 300,

@@ -10,6 +10,7 @@ mod device;
 mod error;
 mod export;
 mod fs;
+mod h2c;
 mod health;
 mod keys;
 mod mcp;

@@ -1,9 +1,12 @@
 //! The listener: accepts TCP connections and serves them with hyper, under the limits the socket
 //! layer needs before any route runs (axum's own `serve` has no timers):
-//! - HTTP/1.1 only (the browser's and the SDKs' WebSocket handshakes are HTTP/1.1), with a
+//! - HTTP/1.1 (the browsers' and the SDKs' WebSocket handshakes are HTTP/1.1), with a
 //!   header-read timeout that runs from the moment a connection is accepted and again while a
 //!   kept-alive connection waits for its next request, so silent or half-sent requests cannot hold
 //!   sockets (hyper-util's auto builder first waits, with no timer, to tell HTTP/2 from HTTP/1);
+//! - HTTP/2 with prior knowledge (h2c, for Streamable HTTP), told from HTTP/1.1 by its first
+//!   bytes under the same timer ([`h2c`]), closed after the same idle time with no request open,
+//!   with pings to find dead peers and a cap on streams and header bytes;
 //! - a cap on connections that have not finished an upgrade (plain HTTP, handshakes);
 //! - a cap on connections per client address (upgraded WebSockets included). A trusted proxy's
 //!   connections are not capped as its own: each WebSocket through it counts against the address
@@ -16,7 +19,7 @@ use std::time::Duration;
 
 use axum::Router;
 use axum::http::HeaderMap;
-use hyper::server::conn::http1;
+use hyper::server::conn::{http1, http2};
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::service::TowerToHyperService;
 use tokio::net::TcpListener;
@@ -24,8 +27,14 @@ use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use super::h2c;
 use crate::infra::config::Limits;
 use crate::usage::quota::{Counted, Slot};
+
+/// Requests one HTTP/2 connection may have open at once (its SSE streams included).
+const H2_STREAMS: u32 = 256;
+/// Most bytes of headers an HTTP/2 request may carry (HTTP/1.1's are bounded by hyper's buffer).
+const H2_HEADER_BYTES: u32 = 64 << 10;
 
 /// Open connections per client address.
 type PeerCounts = Arc<Counted<IpAddr>>;
@@ -142,10 +151,16 @@ pub async fn serve(listener: TcpListener, router: Router, limits: &Limits, stop:
         trusted: limits.trusted_proxies.clone(),
     });
     let connections = TaskTracker::new();
+    let header_timeout = Duration::from_secs(limits.header_read_timeout_secs.max(1));
     let mut builder = http1::Builder::new();
-    builder
-        .timer(TokioTimer::new())
-        .header_read_timeout(Duration::from_secs(limits.header_read_timeout_secs.max(1)));
+    builder.timer(TokioTimer::new()).header_read_timeout(header_timeout);
+    let mut h2 = http2::Builder::new(h2c::Tracked(connections.clone()));
+    h2.timer(TokioTimer::new())
+        // A peer that stops answering pings is gone, as a WebSocket's that sends no pong.
+        .keep_alive_interval(Some(Duration::from_secs(limits.ping_interval_secs.max(1))))
+        .keep_alive_timeout(Duration::from_secs(limits.ping_interval_secs.max(1)))
+        .max_concurrent_streams(H2_STREAMS)
+        .max_header_list_size(H2_HEADER_BYTES);
     loop {
         let (stream, addr) = tokio::select! {
             accepted = listener.accept() => match accepted {
@@ -182,10 +197,21 @@ pub async fn serve(listener: TcpListener, router: Router, limits: &Limits, stop:
             _slot: slot,
             proxy,
         };
-        let service = TowerToHyperService::new(router.clone().layer(axum::Extension(peer)));
-        let connection = builder.serve_connection(TokioIo::new(stream), service).with_upgrades();
-        let stop = stop.clone();
+        let router = router.clone().layer(axum::Extension(peer));
+        let (builder, h2, stop) = (builder.clone(), h2.clone(), stop.clone());
         connections.spawn(async move {
+            // HTTP/2 with prior knowledge (h2c) or HTTP/1.1, told by the first bytes.
+            let Ok((is_h2, stream)) = h2c::sniff(stream, header_timeout).await else {
+                drop(permit);
+                return;
+            };
+            if is_h2 {
+                serve_h2(h2, stream, router, &stop, header_timeout).await;
+                drop(permit);
+                return;
+            }
+            let service = TowerToHyperService::new(router);
+            let connection = builder.serve_connection(TokioIo::new(stream), service).with_upgrades();
             // Ends when the peer goes, or when the connection is upgraded (the WebSocket then
             // lives in a task of its own and no longer counts as pending). On shutdown a request
             // in progress finishes and the connection then closes.
@@ -205,6 +231,34 @@ pub async fn serve(listener: TcpListener, router: Router, limits: &Limits, stop:
     if tokio::time::timeout(grace, connections.wait()).await.is_err() {
         tracing::warn!("some HTTP connections did not finish within the grace period");
     }
+}
+
+/// Serves an HTTP/2 connection: its requests counted until their bodies end, closed (GOAWAY,
+/// requests in progress finish) when it has had none for `idle` or on shutdown.
+async fn serve_h2(
+    h2: http2::Builder<h2c::Tracked>,
+    stream: h2c::Prefixed<tokio::net::TcpStream>,
+    router: Router,
+    stop: &CancellationToken,
+    idle: Duration,
+) {
+    let flight = Arc::new(h2c::InFlight::default());
+    let counted = flight.clone();
+    let router = router.layer(axum::middleware::from_fn(
+        move |req: axum::extract::Request, next: axum::middleware::Next| {
+            let guard = counted.begin();
+            async move { next.run(req).await.map(|body| h2c::guarded(body, guard)) }
+        },
+    ));
+    let connection = h2.serve_connection(TokioIo::new(stream), TowerToHyperService::new(router));
+    let mut connection = std::pin::pin!(connection);
+    tokio::select! {
+        _ = connection.as_mut() => return,
+        () = stop.cancelled() => {}
+        () = flight.idle_for(idle) => {}
+    }
+    connection.as_mut().graceful_shutdown();
+    let _ = connection.await;
 }
 
 #[cfg(test)]

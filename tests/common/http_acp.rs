@@ -86,7 +86,11 @@ impl Sse {
 impl HttpAcp {
     /// `initialize` as `token`'s user; panics unless it is answered `200` with a connection id.
     pub async fn connect(base: &str, token: &str) -> Self {
-        let http = reqwest::Client::new();
+        Self::connect_with(reqwest::Client::new(), base, token).await
+    }
+
+    /// [`HttpAcp::connect`] with `http` (HTTP/2 with prior knowledge, say).
+    pub async fn connect_with(http: reqwest::Client, base: &str, token: &str) -> Self {
         let url = format!("{base}/acp");
         let res = http
             .post(&url)

@@ -404,6 +404,32 @@ async fn a_connection_nobody_reads_or_posts_to_expires() {
     gw.stop().await;
 }
 
+#[tokio::test]
+async fn streamable_http_runs_over_h2c_beside_http1_on_one_port() {
+    let gw = TestGateway::start(Db::Sqlite, |_| {}).await;
+    let h2 = reqwest::Client::builder()
+        .http2_prior_knowledge()
+        .build()
+        .expect("client");
+    let mut c = HttpAcp::connect_with(h2, &gw.http_url(""), &gw.token("alice")).await;
+    // Every request of it (both streams, the POSTs) on one HTTP/2 connection.
+    let mut conn_stream = c.open(None, None).await.expect("connection stream");
+    let sid = new_session(&mut c, &mut conn_stream).await;
+    let mut session_stream = c.open(Some(&sid), None).await.expect("session stream");
+    let res = c.http.get(gw.http_url("/healthz")).send().await.expect("healthz");
+    assert_eq!(res.version(), reqwest::Version::HTTP_2);
+    let id = c
+        .request("session/prompt", prompt(&sid, "over h2c [chunks=10]"), Some(&sid))
+        .await;
+    let seqs = update_seqs(&session_stream.until(|v| answers(v, id)).await);
+    assert!(seqs.len() >= 10, "{seqs:?}");
+    // HTTP/1.1 and the WebSocket still work on the same port.
+    let mut ws = gw.client("alice").await;
+    let loaded: Vec<u64> = ws.load(&sid).await.iter().map(seq).collect();
+    assert!(loaded.ends_with(&seqs), "{loaded:?} {seqs:?}");
+    gw.stop().await;
+}
+
 /// An official SDK's client over Streamable HTTP: the flow its `connect` test runs, with only
 /// the transport changed.
 async fn sdk_over_http(program: &str, args: impl FnOnce(&str, &str, &str) -> Vec<String>) {

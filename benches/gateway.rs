@@ -28,6 +28,8 @@
 // Tests and benchmarks spawn freely: their runtime ends with them.
 #![allow(clippy::disallowed_methods)]
 
+#[path = "gateway/http_peer.rs"]
+mod http_peer;
 #[path = "gateway/relay.rs"]
 mod relay;
 #[cfg(feature = "bench-peers")]
@@ -254,6 +256,13 @@ async fn run(gw_rt: &tokio::runtime::Runtime, gw: &Gateway, addr: SocketAddr, k:
         GATEWAY_EXTRAS,
     )
     .await?;
+    // The transport RFD's other way in: Streamable HTTP over h2c to the same gateway.
+    let mut streamable = Path::new(
+        "http",
+        Peer::Http(http_peer::HttpPeer::new(addr, &token("bench-http")?)?),
+        GATEWAY_EXTRAS,
+    )
+    .await?;
     let mut md = String::new();
     let only = std::env::var("BENCH_ONLY").unwrap_or_default();
     if only.is_empty() || only == "latency" {
@@ -262,7 +271,7 @@ async fn run(gw_rt: &tokio::runtime::Runtime, gw: &Gateway, addr: SocketAddr, k:
             &mut via,
             [&mut bare],
             peer.as_mut(),
-            &mut editor,
+            [&mut editor, &mut streamable],
             k,
             backend,
             &mut md,
@@ -294,7 +303,7 @@ async fn latency(
     via: &mut Path<WsClient>,
     [bare]: [&mut Path<Peer>; 1],
     peer: Option<&mut Path<Peer>>,
-    editor: &mut Path<Peer>,
+    [editor, streamable]: [&mut Path<Peer>; 2],
     k: &Knobs,
     backend: &str,
     md: &mut String,
@@ -304,6 +313,8 @@ async fn latency(
     peers.extend(peer);
     let connect_at = peers.len();
     peers.push(editor);
+    let http_at = peers.len();
+    peers.push(streamable);
     direct.prompts(k.warmup, false).await?;
     via.prompts(k.warmup, false).await?;
     for p in peers.iter_mut() {
@@ -362,6 +373,18 @@ async fn latency(
     let (r, r_added) = (&ps[0], peer_added[0]);
     let wsd = wsd_at.map(|i| (&ps[i], peer_added[i]));
     let (c, c_added) = (&ps[connect_at], peer_added[connect_at]);
+    let (h, h_added) = (&ps[http_at], peer_added[http_at]);
+    println!(
+        "Streamable HTTP (h2c) adds {:.1} µs p50 to the WebSocket's round trip through the gateway",
+        h_added - gw_added
+    );
+    let _ = writeln!(
+        md,
+        "| {backend} | over Streamable HTTP (h2c, POST + SSE): round trip p50 (p99; added p50 over the WebSocket's), µs | – | – | {:.0} ({:.0}; {:+.0}) | – |",
+        h.p50,
+        h.p99,
+        h_added - gw_added
+    );
     println!(
         "acp-gateway connect adds {:.1} µs p50 to the gateway's round trip (target: at most 1,000 µs): {}",
         c_added - gw_added,

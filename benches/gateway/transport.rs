@@ -96,11 +96,12 @@ impl AgentPipe {
     }
 }
 
-/// A path's client beside the gateway's own: a WebSocket (the relay, websocketd) or a child's
-/// stdio (`acp-gateway connect`).
+/// A path's client beside the gateway's own: a WebSocket (the relay, websocketd), a child's
+/// stdio (`acp-gateway connect`), or Streamable HTTP to the gateway.
 pub enum Peer {
     Ws(WsClient),
     Pipe(AgentPipe),
+    Http(crate::http_peer::HttpPeer),
 }
 
 impl Transport for Peer {
@@ -108,6 +109,7 @@ impl Transport for Peer {
         match self {
             Peer::Ws(w) => w.send(msg).await,
             Peer::Pipe(p) => p.send(msg).await,
+            Peer::Http(h) => h.send(msg).await,
         }
     }
 
@@ -115,6 +117,7 @@ impl Transport for Peer {
         match self {
             Peer::Ws(w) => w.recv().await,
             Peer::Pipe(p) => p.recv().await,
+            Peer::Http(h) => h.recv().await,
         }
     }
 }

@@ -23,6 +23,10 @@ use crate::store::persister::Persister;
 use crate::tenancy::Tenancy;
 use crate::usage::quota::Quotas;
 
+/// Without an identity provider, how often the sign-ins with open connections here are looked
+/// up, so that one ended on another replica (a device revoked, a sign-out) closes them here too.
+const SIGN_INS_CHECKED_EVERY: Duration = Duration::from_secs(2);
+
 /// Transcript items queued before publishers wait for the database. The queue is one line for
 /// every session of the replica, so an update waits behind at most this many (and the batch
 /// being committed): it bounds what a stream that outruns the database (a stuck tab's, fed from
@@ -169,6 +173,7 @@ impl Application {
             identity: Arc::new(crate::gateway::Identities {
                 auth,
                 login_codes: LoginCodes::default(),
+                watched: oidc.as_ref().map(|o| o.watched.clone()).unwrap_or_default(),
                 oidc,
                 jwks,
                 admin: config.admin.clone(),
@@ -283,6 +288,13 @@ impl Application {
             gw.life
                 .tracker
                 .spawn(crate::identity::oidc::recheck::run(oidc, gw.life.shutdown.clone()));
+        } else {
+            gw.life.tracker.spawn(crate::identity::oidc::recheck::watch_ended(
+                gw.identity.watched.clone(),
+                gw.identity.store.clone(),
+                SIGN_INS_CHECKED_EVERY,
+                gw.life.shutdown.clone(),
+            ));
         }
         let router = crate::http::router(gw.clone());
         let signal_gw = gw.clone();

@@ -123,6 +123,9 @@ pub struct Identities {
     pub store: crate::identity::WebSessions,
     /// Device sign-in codes and the devices they signed in (`acp-gateway login`).
     pub devices: crate::identity::Devices,
+    /// The sign-ins with open connections on this replica: ending one (sign-out, a device
+    /// revoked, here or on another replica) closes them.
+    pub watched: Arc<crate::identity::oidc::Watched>,
     /// How long device codes and tokens last (`[device]`).
     pub device: crate::infra::config::DeviceConfig,
     /// Refused tokens are recorded.

@@ -144,10 +144,7 @@ fn ends(
     let expires = now
         .checked_add(Duration::from_secs(identity.expires_at.saturating_sub(now_secs())))
         .unwrap_or_else(|| now + Duration::from_secs(10 * 365 * 24 * 3600));
-    let watch = identity
-        .session
-        .as_deref()
-        .and_then(|sid| gw.identity.oidc.as_ref().map(|o| o.watched.watch(sid)));
+    let watch = identity.session.as_deref().map(|sid| gw.identity.watched.watch(sid));
     let signed_out = async move {
         match watch {
             Some(w) => w.ended.cancelled().await,

@@ -333,9 +333,7 @@ async fn revoke(
     if let Err(e) = ids.store.revoke(&sid, "device revoked").await {
         return unavailable(&e);
     }
-    if let Some(oidc) = &ids.oidc {
-        oidc.watched.end(&sid);
-    }
+    ids.watched.end(&sid);
     let device = found.map(|d| d.id.clone());
     audit(
         &audit_log,

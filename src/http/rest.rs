@@ -434,9 +434,7 @@ async fn logout(
             if let Err(e) = ids.store.revoke(&sid, "signed out").await {
                 tracing::warn!(error = %e, "cannot record that a sign-in ended");
             }
-            if let Some(oidc) = &ids.oidc {
-                oidc.watched.end(&sid);
-            }
+            ids.watched.end(&sid);
             None
         }
         None => super::oidc::sign_out(&ids, &headers).await,

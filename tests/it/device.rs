@@ -159,6 +159,19 @@ async fn approved_then_revoked(db: Db) {
         .api(Some("alice"), reqwest::Method::DELETE, &format!("/api/devices/{id}"))
         .await;
     assert_eq!(status, 204);
+    // Its connection open now is closed at once too (1008), with no identity provider configured.
+    let closed = tokio::time::timeout(Duration::from_secs(5), async {
+        loop {
+            match device.recv_frame().await {
+                Some(tokio_tungstenite::tungstenite::Message::Close(frame)) => return frame.map(|f| u16::from(f.code)),
+                None => return None,
+                Some(_) => {}
+            }
+        }
+    })
+    .await
+    .expect("the revoked device's open connection is closed within 5 s");
+    assert_eq!(closed, Some(1008));
     let refused = Client::connect(&gw.ws_url(), &token).await;
     assert!(refused.is_err(), "a revoked device's token still connects");
     let (_, mine) = gw.api(Some("alice"), reqwest::Method::GET, "/api/devices").await;

@@ -21,9 +21,16 @@ const CLIENT_ID: &str = "acp-gateway";
 const CLIENT_SECRET: &str = "a-client-secret-for-the-test-provider";
 
 /// A port for the gateway, known before it starts (the provider must know the redirect URL).
+/// A free address for the gateway, known before it starts (the provider is told its callback
+/// first, and takes seconds to start). Below the kernel's ephemeral range, so that no other
+/// test's connection or port-0 listener takes it meanwhile.
 fn free_addr() -> SocketAddr {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
-    l.local_addr().expect("addr")
+    loop {
+        let port = 20_000 + rand::random::<u16>() % 12_000;
+        if let Ok(l) = std::net::TcpListener::bind(("127.0.0.1", port)) {
+            return l.local_addr().expect("addr");
+        }
+    }
 }
 
 struct Setup {

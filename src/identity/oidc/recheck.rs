@@ -265,13 +265,37 @@ impl Oidc {
 
     /// Closes the WebSockets of sign-ins that ended (on any replica).
     async fn end_watched(&self) {
-        let now = crate::infra::clock::now_secs() as i64;
-        for sid in self.watched.sids() {
-            match self.store.get(&sid).await {
-                Ok(Some(r)) if r.revoked_at.is_none() && r.expires_at > now => {}
-                Ok(_) => self.watched.end(&sid),
-                Err(e) => tracing::debug!(error = %e, "cannot look a sign-in up"),
-            }
+        end_ended(&self.watched, &self.store).await;
+    }
+}
+
+/// Closes the connections of the sign-ins watched here that ended (signed out or revoked on any
+/// replica, or expired).
+pub async fn end_ended(watched: &Watched, store: &crate::identity::WebSessions) {
+    let now = crate::infra::clock::now_secs() as i64;
+    for sid in watched.sids() {
+        match store.get(&sid).await {
+            Ok(Some(r)) if r.revoked_at.is_none() && r.expires_at > now => {}
+            Ok(_) => watched.end(&sid),
+            Err(e) => tracing::debug!(error = %e, "cannot look a sign-in up"),
+        }
+    }
+}
+
+/// Without an identity provider, sign-ins still end: a device revoked or a login link's
+/// sign-in signed out on another replica. Looks every `every` until `stop`.
+pub async fn watch_ended(
+    watched: Arc<Watched>,
+    store: crate::identity::WebSessions,
+    every: Duration,
+    stop: CancellationToken,
+) {
+    let mut tick = tokio::time::interval(every);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = tick.tick() => end_ended(&watched, &store).await,
+            () = stop.cancelled() => return,
         }
     }
 }

@@ -5,6 +5,7 @@
 
 use crate::common;
 mod leases;
+mod revoke;
 
 use std::collections::HashSet;
 use std::time::{Duration, Instant};

@@ -15,6 +15,7 @@ use serde::Deserialize;
 use serde_json::json;
 
 use super::auth::authenticate;
+use super::error::refuse;
 use crate::gateway::Gateway;
 use crate::infra::config::DEFAULT_AGENT;
 
@@ -40,10 +41,6 @@ pub(super) fn router(registry: Arc<crate::connection::streamable::Registry>) -> 
 #[derive(Debug, Deserialize)]
 pub(super) struct AcpQuery {
     agent: Option<String>,
-}
-
-fn refuse(status: StatusCode, message: &str) -> Response {
-    (status, axum::Json(json!({ "error": message }))).into_response()
 }
 
 /// A connection let in: who, to which agent, and the slots it holds while it lives.
@@ -96,7 +93,7 @@ pub(super) async fn admit(
     let agent = q.agent.as_deref().unwrap_or(DEFAULT_AGENT);
     let Some(pool) = gw.agents.pools.get(agent).cloned() else {
         crate::infra::metrics::connection_refused("unknown_agent");
-        return Err(refuse(StatusCode::NOT_FOUND, &format!("unknown agent {agent:?}")));
+        return Err(refuse(StatusCode::NOT_FOUND, format!("unknown agent {agent:?}")));
     };
     if gw.life.is_draining() {
         crate::infra::metrics::connection_refused("draining");

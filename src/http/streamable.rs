@@ -18,10 +18,10 @@ use axum::extract::rejection::QueryRejection;
 use axum::extract::{Query, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use serde_json::json;
 
 use super::acp::{AcpQuery, Admitted, admit, connection_headers};
 use super::auth::authenticate;
+use super::error::refuse;
 use crate::connection::streamable::{self, Conn, ReadRefused, Refused, Registry};
 use crate::gateway::Gateway;
 use crate::identity::auth::Identity;
@@ -44,10 +44,6 @@ const SESSION_SCOPED: &[&str] = &[
 ];
 
 type Registered = axum::Extension<Arc<Registry>>;
-
-fn text(status: StatusCode, message: &str) -> Response {
-    (status, axum::Json(json!({ "error": message }))).into_response()
-}
 
 fn rpc_error(status: StatusCode, id: Option<&str>, error: &RpcError) -> Response {
     (
@@ -102,16 +98,16 @@ pub(super) async fn post(
         .and_then(|v| v.split(';').next())
         .is_some_and(|v| v.trim().eq_ignore_ascii_case("application/json"));
     if !json {
-        return text(
+        return refuse(
             StatusCode::UNSUPPORTED_MEDIA_TYPE,
             "Content-Type must be application/json",
         );
     }
     let max = gw.config.limits.max_frame_bytes;
     let Ok(bytes) = axum::body::to_bytes(body, max).await else {
-        return text(
+        return refuse(
             StatusCode::PAYLOAD_TOO_LARGE,
-            &format!("the body is over limits.max_frame_bytes ({max} bytes), or was cut short"),
+            format!("the body is over limits.max_frame_bytes ({max} bytes), or was cut short"),
         );
     };
     let Ok(body) = String::from_utf8(bytes.to_vec()) else {
@@ -150,7 +146,7 @@ pub(super) async fn post(
     let named_connection = header_str(&headers, CONNECTION_ID).is_some();
     if method == Some("initialize") && kind == Kind::Request {
         if named_connection {
-            return text(
+            return refuse(
                 StatusCode::BAD_REQUEST,
                 "initialize makes a connection: send it without Acp-Connection-Id",
             );
@@ -160,22 +156,22 @@ pub(super) async fn post(
     }
     let conn = match connection(&registry, &headers, &identity.user) {
         Ok(conn) => conn,
-        Err((status, why)) => return text(status, why),
+        Err((status, why)) => return refuse(status, why),
     };
     let header_session = header_str(&headers, SESSION_ID);
     let params_session = msg.params.and_then(session_of);
     if let (Some(h), Some(p)) = (header_session, params_session.as_deref())
         && h != p
     {
-        return text(
+        return refuse(
             StatusCode::BAD_REQUEST,
             "Acp-Session-Id and params.sessionId name different sessions",
         );
     }
     if method.is_some_and(|m| SESSION_SCOPED.contains(&m)) && header_session.is_none() {
-        return text(
+        return refuse(
             StatusCode::BAD_REQUEST,
-            &format!(
+            format!(
                 "{} acts on a session: Acp-Session-Id is missing",
                 method.unwrap_or_default()
             ),
@@ -194,7 +190,7 @@ pub(super) async fn post(
         header_session.filter(|sid| conn.has_stream(sid) || gw.sessions.live(&identity.user, sid).is_some());
     match conn.post(body.clone(), route, stream_for).await {
         Ok(()) => StatusCode::ACCEPTED.into_response(),
-        Err(_) => text(StatusCode::NOT_FOUND, "unknown Acp-Connection-Id"),
+        Err(_) => refuse(StatusCode::NOT_FOUND, "unknown Acp-Connection-Id"),
     }
 }
 
@@ -256,7 +252,7 @@ async fn initialize(
             answer.to_string(),
         )
             .into_response(),
-        Err(Refused::NoAnswer) => text(StatusCode::GATEWAY_TIMEOUT, "initialize was not answered in time"),
+        Err(Refused::NoAnswer) => refuse(StatusCode::GATEWAY_TIMEOUT, "initialize was not answered in time"),
     }
 }
 
@@ -277,14 +273,14 @@ pub(super) async fn open_stream(
         .filter_map(|v| v.to_str().ok())
         .any(|v| v.to_ascii_lowercase().contains("text/event-stream"));
     if !accepts {
-        return text(
+        return refuse(
             StatusCode::NOT_ACCEPTABLE,
             "a GET of /acp without Upgrade: websocket reads an SSE stream: Accept must include text/event-stream",
         );
     }
     let conn = match connection(registry, headers, &identity.user) {
         Ok(conn) => conn,
-        Err((status, why)) => return text(status, why),
+        Err((status, why)) => return refuse(status, why),
     };
     let session: Option<Arc<str>> = header_str(headers, SESSION_ID).map(Arc::from);
     if let Some(sid) = &session
@@ -292,7 +288,7 @@ pub(super) async fn open_stream(
         && gw.sessions.live(&identity.user, sid).is_none()
         && gw.sessions.stored(&identity.user, sid).await.is_err()
     {
-        return text(StatusCode::NOT_FOUND, "unknown Acp-Session-Id");
+        return refuse(StatusCode::NOT_FOUND, "unknown Acp-Session-Id");
     }
     let last_event_id = header_str(headers, "last-event-id");
     match streamable::read(registry, conn, &gw.sessions, session, last_event_id).await {
@@ -305,11 +301,11 @@ pub(super) async fn open_stream(
             h.insert("x-accel-buffering", HeaderValue::from_static("no"));
             response
         }
-        Err(ReadRefused::TooManyStreams) => text(
+        Err(ReadRefused::TooManyStreams) => refuse(
             StatusCode::TOO_MANY_REQUESTS,
             "too many streams (limits.max_streams_per_connection, limits.max_streams_per_user)",
         ),
-        Err(ReadRefused::Store) => text(
+        Err(ReadRefused::Store) => refuse(
             StatusCode::SERVICE_UNAVAILABLE,
             "cannot read the session's stored updates to resume after Last-Event-ID",
         ),
@@ -332,6 +328,6 @@ pub(super) async fn delete(
             conn.delete();
             StatusCode::ACCEPTED.into_response()
         }
-        Err((status, why)) => text(status, why),
+        Err((status, why)) => refuse(status, why),
     }
 }

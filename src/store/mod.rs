@@ -220,6 +220,13 @@ pub struct EventChunk {
     pub stored_at: i64,
 }
 
+impl EventChunk {
+    /// Its updates with their sequence numbers, in order.
+    pub fn updates(&self) -> impl Iterator<Item = (u64, &str)> {
+        (u64::try_from(self.seq_from).unwrap_or(0)..).zip(self.payload.split('\n'))
+    }
+}
+
 /// What [`Store::write_chunks_unsettled`] did.
 #[derive(Debug, Default)]
 pub struct ChunksStored {

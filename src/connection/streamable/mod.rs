@@ -22,7 +22,6 @@ use std::time::Duration;
 use axum::extract::ws::{Message, Utf8Bytes};
 use parking_lot::Mutex;
 use tokio::sync::{mpsc, oneshot};
-use tokio_util::sync::CancellationToken;
 
 use super::{close_draining, ends, methods, reader};
 use crate::agents::pool::AgentPool;
@@ -87,8 +86,6 @@ pub struct Conn {
     /// When a stream last told the connection it is read (ms since it was made).
     touched: AtomicU64,
     born: std::time::Instant,
-    /// Fired when the connection has ended.
-    ended: CancellationToken,
 }
 
 /// The connection ended.
@@ -108,10 +105,11 @@ impl Conn {
                 streams.route(id, sid);
             }
         }
-        tokio::select! {
-            sent = self.inbox.send(Message::Text(Utf8Bytes::from(text))) => sent.map_err(|_| Gone),
-            () = self.ended.cancelled() => Err(Gone),
-        }
+        // Refused once the connection's reading has ended (its receiver is gone).
+        self.inbox
+            .send(Message::Text(Utf8Bytes::from(text)))
+            .await
+            .map_err(|_| Gone)
     }
 
     /// Hands `initialize` (request `id`) to the connection and waits for its answer.
@@ -188,7 +186,6 @@ pub async fn open(
         keepalive: Duration::from_secs(limits.ping_interval_secs.max(1)),
         touched: AtomicU64::new(0),
         born: std::time::Instant::now(),
-        ended: CancellationToken::new(),
     });
     registry.connections.lock().insert(id.clone(), conn.clone());
     metrics::gauge!(crate::infra::metrics::CONNECTIONS).increment(1.0);
@@ -254,7 +251,6 @@ async fn run(
     };
     tokio::join!(reading, route_frames(&conn, rx));
     registry.connections.lock().remove(&conn.id);
-    conn.ended.cancel();
     drop(held);
     metrics::gauge!(crate::infra::metrics::CONNECTIONS).decrement(1.0);
     tracing::info!(connection = %conn.id, user = %identity.user, "client disconnected (Streamable HTTP)");

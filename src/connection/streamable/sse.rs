@@ -157,7 +157,7 @@ pub(super) async fn stored(
         .await?;
         let before = cursor;
         for chunk in chunks {
-            for (seq, update) in (u64::try_from(chunk.seq_from).unwrap_or(0)..).zip(chunk.payload.split('\n')) {
+            for (seq, update) in chunk.updates() {
                 if seq <= cursor || seq > upto {
                     continue;
                 }

@@ -227,7 +227,7 @@ impl LiveSession {
             let mut cursor = from;
             let mut run = Vec::new();
             for chunk in chunks {
-                for (seq, update) in (chunk.seq_from as u64..).zip(chunk.payload.split('\n')) {
+                for (seq, update) in chunk.updates() {
                     if seq <= cursor {
                         continue;
                     }

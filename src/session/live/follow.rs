@@ -87,7 +87,7 @@ impl LiveSession {
                             return;
                         }
                         for chunk in &chunks {
-                            for (seq, update) in (chunk.seq_from as u64..).zip(chunk.payload.split('\n')) {
+                            for (seq, update) in chunk.updates() {
                                 if seq <= f.released {
                                     continue;
                                 }
